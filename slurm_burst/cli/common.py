@@ -1,0 +1,87 @@
+"""What every command shares: exit codes, lazy collaborators, one output function."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, NoReturn
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from slurm_burst.config import Config, ConfigError, load_config, resolve_config_path
+
+EXIT_OK = 0
+"""The command did what was asked."""
+EXIT_FAILED = 1
+"""A step failed at run time (a Slurm command, a cloud call, a process)."""
+EXIT_BAD_INPUT = 2
+"""Bad input: usage, configuration problems, a malformed hostlist. Nothing was changed."""
+EXIT_PRECONDITION = 3
+"""The command cannot run here: not root, a required program is missing, the lab is down."""
+
+EXIT_CODES = {EXIT_OK: "success", EXIT_FAILED: "a step failed at run time",
+              EXIT_BAD_INPUT: "bad input (usage, config, hostlist); nothing changed",
+              EXIT_PRECONDITION: "cannot run here (not root, missing program, lab down)"}
+
+
+@dataclass
+class AppContext:
+    """Built once per invocation; collaborators are created on first use."""
+
+    config_path: Path
+    _config: Config | None = field(default=None, repr=False)
+
+    @property
+    def config(self) -> Config:
+        if self._config is None:
+            try:
+                self._config = load_config(self.config_path, driver_exists=_driver_exists)
+            except ConfigError as exc:
+                for p in exc.problems:
+                    click.echo(p.render(exc.source), err=True)
+                fail(f"configuration {exc.source} has {len(exc.problems)} problem(s); "
+                     "run 'slurm-burst config check' for details", EXIT_BAD_INPUT)
+        return self._config
+
+
+def _driver_exists(name: str) -> bool:
+    from slurm_burst.adapters.cloud.registry import driver_exists
+
+    return driver_exists(name)
+
+
+def app(ctx: click.Context) -> AppContext:
+    obj = ctx.find_object(AppContext)
+    assert obj is not None, "main() sets the AppContext"
+    return obj
+
+
+def fail(message: str, code: int = EXIT_FAILED) -> NoReturn:
+    click.echo(f"slurm-burst: error: {message}", err=True)
+    sys.exit(code)
+
+
+def emit(data: Any, as_json: bool, *, columns: Sequence[str] | None = None,
+         rows: Callable[[Any], Sequence[Sequence[Any]]] | None = None, title: str | None = None
+         ) -> None:
+    """Print ``data`` as JSON for scripts, or as a table for people."""
+    if as_json:
+        click.echo(json.dumps(data, indent=2, sort_keys=True, default=str))
+        return
+    if columns is None or rows is None:
+        click.echo(str(data))
+        return
+    table = Table(title=title, show_lines=False, header_style="bold")
+    for col in columns:
+        table.add_column(col)
+    for row in rows(data):
+        table.add_row(*(("" if v is None else str(v)) for v in row))
+    Console(soft_wrap=True).print(table)
+
+
+json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")

@@ -1,0 +1,38 @@
+"""``slurm-burst hostlist``: Slurm's hostlist grammar, for scripts that must not guess."""
+
+from __future__ import annotations
+
+import click
+
+from slurm_burst.cli.common import EXIT_BAD_INPUT, emit, fail, json_option
+from slurm_burst.core.hostlist import HostlistError, compress, expand
+
+
+@click.group("hostlist")
+def group() -> None:
+    """Expand or compress Slurm hostlist expressions (no controller needed)."""
+
+
+@group.command("expand")
+@click.argument("expression")
+@json_option
+def expand_cmd(expression: str, as_json: bool) -> None:
+    """Print one node name per line for EXPRESSION, e.g. 'gpu-a[01-02]-[1-2]'."""
+    try:
+        names = expand(expression)
+    except HostlistError as exc:
+        fail(str(exc), EXIT_BAD_INPUT)
+    emit(names, True) if as_json else click.echo("\n".join(names))
+
+
+@group.command("compress")
+@click.argument("names", nargs=-1, required=True)
+@click.option("--sort", is_flag=True, help="Sort like 'scontrol show hostlistsorted'.")
+@click.option("--unique", is_flag=True, help="Drop repeated names (implies --sort).")
+def compress_cmd(names: tuple[str, ...], sort: bool, unique: bool) -> None:
+    """Compress NAMES (or comma-separated lists) into one hostlist expression."""
+    try:
+        flat = [n for arg in names for n in expand(arg)]
+        click.echo(compress(flat, sort=sort, unique=unique))
+    except HostlistError as exc:
+        fail(str(exc), EXIT_BAD_INPUT)

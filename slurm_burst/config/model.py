@@ -1,0 +1,182 @@
+"""The configuration model. Every field is documented; the README's reference is built from it.
+
+Field docstrings live in ``metadata["doc"]`` so ``slurm-burst config schema`` and
+the README can print them; defaults here are the only defaults in the code base.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from functools import cached_property
+from types import MappingProxyType
+from typing import Any
+
+from slurm_burst.core.hostlist import compress
+
+
+
+def _empty() -> Mapping[str, Any]:
+    return MappingProxyType({})
+
+
+def doc(text: str, **kw: Any) -> Any:
+    """A dataclass field carrying its documentation."""
+    return field(metadata={"doc": text}, **kw)
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    name: str = doc("Slurm ClusterName; also tags every cloud instance we create.")
+    controller_host: str = doc("SlurmctldHost name of the controller.")
+    controller_addr: str = doc("Address of slurmctld as on-prem nodes reach it.")
+
+
+@dataclass(frozen=True)
+class SlurmConfig:
+    backend: str = doc("How we talk to Slurm: 'cli' (sinfo/squeue/scontrol).", default="cli")
+    bin_dir: str = doc("Directory holding sinfo, squeue, scontrol.", default="/usr/bin")
+    conf_dir: str = doc("Directory of slurm.conf on the controller.", default="/etc/slurm")
+    command_timeout: float = doc("Seconds before a Slurm command is abandoned.", default=30.0)
+    update_batch: int = doc("Nodes per 'scontrol update' call (at most 100).", default=100)
+    resume_timeout: int = doc("ResumeTimeout: seconds a node has to register.", default=600)
+    suspend_timeout: int = doc("SuspendTimeout: seconds to power a node down.", default=120)
+    suspend_time: int = doc("SuspendTime: idle seconds before a burst node is released.", default=600)
+    resume_rate: int = doc("ResumeRate: nodes per minute Slurm resumes (0 = unlimited).", default=0)
+    suspend_rate: int = doc("SuspendRate: nodes per minute Slurm suspends (0 = unlimited).", default=0)
+    hook_dir: str = doc("Directory of the slurm-burst-resume/-suspend/-resume-fail hooks.",
+                        default="/usr/local/bin")
+    onprem_partitions: tuple[str, ...] = doc("Partitions never powered down (SuspendExcParts).",
+                                             default=())
+    hostlist_max_names: int = doc("Largest hostlist we expand (guards against typos).",
+                                  default=1_000_000)
+
+
+@dataclass(frozen=True)
+class PartitionConfig:
+    name: str = doc("Partition name (the table key).")
+    suspend_time: int | None = doc("Per-partition SuspendTime; default slurm.suspend_time.",
+                                   default=None)
+    max_time: str = doc("MaxTime of the partition.", default="INFINITE")
+    default: bool = doc("Make this the default partition.", default=False)
+
+
+@dataclass(frozen=True)
+class Credentials:
+    file: str = doc("Path of a TOML file with 'key' and 'secret' (mode 0600).", default="")
+    key_env: str = doc("Environment variable holding the access key.", default="")
+    secret_env: str = doc("Environment variable holding the secret.", default="")
+
+
+@dataclass(frozen=True)
+class ProviderConfig:
+    name: str = doc("Profile name (the table key).")
+    driver: str = doc("libcloud compute driver: ec2, gce, azure_arm, openstack, nscloud, ...")
+    region: str = doc("Provider region or zone.", default="")
+    credentials: Credentials | None = doc("Where the credentials are (never inline).", default=None)
+    options: Mapping[str, Any] = doc("Driver-specific keyword arguments.", default_factory=_empty)
+
+
+_PATTERN = re.compile(r"^(?P<pre>[A-Za-z0-9][A-Za-z0-9._-]*?)\{n(?::0(?P<w>\d)d)?\}(?P<post>[A-Za-z0-9._-]*)$")
+
+
+@dataclass(frozen=True)
+class NodeGroup:
+    name: str = doc("Group name (the table key).")
+    pattern: str = doc("Node name pattern: '{n}' is the index, '{n:03d}' zero-pads it.")
+    count: int = doc("How many nodes the group defines (indices 1..count).")
+    partition: str = doc("Burst partition the nodes belong to.")
+    providers: tuple[str, ...] = doc("Provider profiles, in fallback order.")
+    sizes: tuple[str, ...] = doc("Instance sizes, in fallback order.")
+    image: str = doc("Image (AMI, image name or URN) to boot.")
+    cpus: int = doc("CPUs Slurm schedules on each node.")
+    memory_mb: int = doc("RealMemory (MB) Slurm schedules on each node.")
+    gpus: int = doc("GPUs per node.", default=0)
+    gpu_type: str = doc("GPU type for Gres (e.g. a100).", default="")
+    price_per_hour: Mapping[str, float] = doc("Price per instance-hour, by size.", default_factory=_empty)
+    max_nodes: int | None = doc("Most nodes running at once; default count.", default=None)
+    features: tuple[str, ...] = doc("Slurm node features.", default=())
+    spot: bool = doc("Ask for spot/preemptible capacity.", default=False)
+
+    def node_name(self, index: int) -> str:
+        m = _PATTERN.match(self.pattern)
+        if m is None:
+            raise ValueError(f"invalid node name pattern {self.pattern!r}")
+        width = int(m.group("w") or 0)
+        return f"{m.group('pre')}{index:0{width}d}{m.group('post')}"
+
+    def node_names(self) -> list[str]:
+        return [self.node_name(i) for i in range(1, self.count + 1)]
+
+    @property
+    def hostlist(self) -> str:
+        return compress(self.node_names())
+
+    @property
+    def limit(self) -> int:
+        return self.count if self.max_nodes is None else self.max_nodes
+
+
+@dataclass(frozen=True)
+class MeshConfig:
+    subnet: str = doc("WireGuard mesh subnet; the hub takes its first address.",
+                      default="10.77.0.0/16")
+    interface: str = doc("Hub WireGuard interface name.", default="wg-burst")
+    endpoint: str = doc("Public address cloud nodes dial to reach the hub.", default="")
+    port: int = doc("Hub UDP port.", default=51820)
+
+
+@dataclass(frozen=True)
+class LedgerConfig:
+    url: str = doc("SQLAlchemy database URL.", default="sqlite:////var/lib/slurm-burst/ledger.db")
+
+
+@dataclass(frozen=True)
+class DaemonConfig:
+    socket: str = doc("Local socket the hooks use to wake the daemon.",
+                      default="/run/slurm-burst/daemon.sock")
+    state_dir: str = doc("Directory of the daemon's state database and keys.",
+                         default="/var/lib/slurm-burst")
+    poll_period: float = doc("Seconds between reconcile passes.", default=30.0)
+    heartbeat_stale: float = doc("Seconds after which the daemon's heartbeat counts as stale.",
+                                 default=120.0)
+
+
+@dataclass(frozen=True)
+class LabConfig:
+    state_dir: str = doc("Where the lab keeps its state, logs and VM disks.",
+                         default="/var/lib/slurm-burst-lab")
+    lan_subnet: str = doc("On-prem network: the controller takes its first address, "
+                          "static nodes the next ones.", default="10.250.0.0/24")
+    cloud_provider: str = doc("Provider profile (driver 'nscloud') whose bridge is the "
+                              "lab's 'internet'.", default="lab")
+    onprem_partition: str = doc("Partition of the static on-prem nodes.", default="onprem")
+    onprem_nodes: int = doc("Static on-prem nodes.", default=1)
+    onprem_cpus: int = doc("CPUs of each on-prem node.", default=2)
+    onprem_memory_mb: int = doc("RealMemory of each on-prem node.", default=1000)
+
+
+@dataclass(frozen=True)
+class Config:
+    cluster: ClusterConfig = doc("The Slurm cluster.")
+    slurm: SlurmConfig = doc("Talking to Slurm.", default=SlurmConfig())
+    partitions: Mapping[str, PartitionConfig] = doc("Burst partition settings.", default_factory=_empty)
+    node_groups: Mapping[str, NodeGroup] = doc("Cloud node groups.", default_factory=_empty)
+    providers: Mapping[str, ProviderConfig] = doc("Cloud provider profiles.", default_factory=_empty)
+    mesh: MeshConfig = doc("WireGuard mesh.", default=MeshConfig())
+    ledger: LedgerConfig = doc("Cost ledger.", default=LedgerConfig())
+    daemon: DaemonConfig = doc("The daemon.", default=DaemonConfig())
+    lab: LabConfig | None = doc("The local lab (only for 'slurm-burst lab').", default=None)
+    source: str = field(default="<string>", metadata={"internal": True})
+
+    def burst_partitions(self) -> list[str]:
+        return list(dict.fromkeys(g.partition for g in self.node_groups.values()))
+
+    @cached_property
+    def _group_index(self) -> Mapping[str, NodeGroup]:
+        return {name: g for g in self.node_groups.values() for name in g.node_names()}
+
+    def group_of(self, node: str) -> NodeGroup | None:
+        """The node group defining ``node``, or None for a node we do not manage."""
+        return self._group_index.get(node)

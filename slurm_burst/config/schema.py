@@ -1,0 +1,130 @@
+"""Walk parsed TOML against the dataclass model, collecting every problem.
+
+The model's type annotations are the schema: scalars, ``tuple[str, ...]``,
+``Mapping[str, X]`` (TOML tables keyed by name) and nested dataclasses. Unknown
+keys are problems with a did-you-mean, because a typo silently ignored is a
+setting silently ignored.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import MISSING, dataclass
+from types import MappingProxyType
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong with a configuration, by key path."""
+
+    path: str
+    message: str
+    line: int | None = None
+    severity: str = "error"  # or "warning"
+
+    def render(self, source: str) -> str:
+        where = f"{source}:{self.line}" if self.line else source
+        return f"{where}: {self.severity}: {self.path}: {self.message}"
+
+
+_TYPE_NAMES = {str: "a string", int: "an integer", float: "a number", bool: "true or false"}
+
+
+def _join(path: str, key: str) -> str:
+    return f"{path}.{key}" if path else key
+
+
+def build(cls: type, data: Mapping[str, Any], path: str, problems: list[Problem],
+          key_name: str | None = None) -> Any:
+    """Build dataclass ``cls`` from a TOML table, appending problems; None if unusable."""
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls) if not f.metadata.get("internal")}
+    settable = {n for n in fields if n != "name" or key_name is None}
+    for key in data:
+        if key not in settable:
+            close = difflib.get_close_matches(key, sorted(settable), n=1, cutoff=0.6)
+            hint = f"; did you mean '{close[0]}'?" if close else ""
+            problems.append(Problem(_join(path, key), f"unknown key{hint}"))
+    kwargs: dict[str, Any] = {}
+    ok = True
+    for name, f in fields.items():
+        if name == "name" and key_name is not None:
+            kwargs[name] = key_name
+            continue
+        if name not in data:
+            if f.default is MISSING and f.default_factory is MISSING:
+                problems.append(Problem(_join(path, name), "required key is missing"))
+                ok = False
+            continue
+        value, good = _convert(hints[name], data[name], _join(path, name), problems)
+        ok &= good
+        if good:
+            kwargs[name] = value
+    if not ok:
+        return None
+    return cls(**kwargs)
+
+
+def _convert(tp: Any, value: Any, path: str, problems: list[Problem]) -> tuple[Any, bool]:
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin in (types.UnionType, typing.Union):  # X | None
+        inner = next(a for a in args if a is not type(None))
+        return _convert(inner, value, path, problems)
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            problems.append(Problem(path, "must be a table"))
+            return None, False
+        built = build(tp, value, path, problems)  # type: ignore[arg-type]
+        return built, built is not None
+    if origin is tuple:
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            problems.append(Problem(path, "must be a list of strings"))
+            return None, False
+        return tuple(value), True
+    if origin is Mapping or origin is typing.Mapping:
+        if not isinstance(value, dict):
+            problems.append(Problem(path, "must be a table"))
+            return None, False
+        vt = args[1]
+        out: dict[str, Any] = {}
+        good = True
+        for k, v in value.items():
+            sub = _join(path, k)
+            if dataclasses.is_dataclass(vt):
+                if not isinstance(v, dict):
+                    problems.append(Problem(sub, "must be a table"))
+                    good = False
+                    continue
+                item = build(vt, v, sub, problems, key_name=k)  # type: ignore[arg-type]
+                good &= item is not None
+                out[k] = item
+            elif vt is Any:
+                if not isinstance(v, str | int | float | bool):
+                    problems.append(Problem(sub, "must be a string, number or boolean"))
+                    good = False
+                out[k] = v
+            else:
+                conv, g = _convert(vt, v, sub, problems)
+                good &= g
+                out[k] = conv
+        return MappingProxyType(out), good
+    return _scalar(tp, value, path, problems)
+
+
+def _scalar(tp: Any, value: Any, path: str, problems: list[Problem]) -> tuple[Any, bool]:
+    if tp is float and isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value), True
+    if tp is int and isinstance(value, int) and not isinstance(value, bool):
+        return value, True
+    if tp is bool and isinstance(value, bool):
+        return value, True
+    if tp is str and isinstance(value, str):
+        return value, True
+    problems.append(Problem(path, f"must be {_TYPE_NAMES.get(tp, tp)}, not {type(value).__name__}"))
+    return None, False

@@ -1,0 +1,170 @@
+"""Semantic checks that types alone cannot express. Pure: no file or network access."""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from collections.abc import Callable
+
+from slurm_burst.config.model import _PATTERN, Config, NodeGroup
+from slurm_burst.config.schema import Problem
+
+_SLURM_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
+_IFNAME = re.compile(r"^[A-Za-z0-9_.-]{1,15}$")
+_FEATURE = re.compile(r"^[A-Za-z0-9_.-]+$")
+BACKENDS = ("cli",)
+
+
+def validate(cfg: Config, driver_exists: Callable[[str], bool] | None = None) -> list[Problem]:
+    """Every semantic problem in ``cfg``; ``driver_exists`` checks libcloud driver names."""
+    out: list[Problem] = []
+    _cluster(cfg, out)
+    _slurm(cfg, out)
+    _groups(cfg, out)
+    for name, prov in cfg.providers.items():
+        if not prov.driver:
+            out.append(Problem(f"providers.{name}.driver", "must name a libcloud driver"))
+        elif driver_exists is not None and not driver_exists(prov.driver):
+            out.append(Problem(f"providers.{name}.driver",
+                               f"libcloud has no compute driver {prov.driver!r}"))
+        creds = prov.credentials
+        if creds is not None and creds.file and (creds.key_env or creds.secret_env):
+            out.append(Problem(f"providers.{name}.credentials",
+                               "give either 'file' or 'key_env'/'secret_env', not both"))
+    _mesh(cfg, out)
+    if "://" not in cfg.ledger.url:
+        out.append(Problem("ledger.url", "must be an SQLAlchemy URL such as sqlite:////path.db"))
+    if cfg.daemon.poll_period <= 0:
+        out.append(Problem("daemon.poll_period", "must be positive"))
+    if cfg.daemon.heartbeat_stale <= cfg.daemon.poll_period:
+        out.append(Problem("daemon.heartbeat_stale", "must be longer than daemon.poll_period"))
+    if cfg.lab is not None:
+        _network(cfg.lab.lan_subnet, "lab.lan_subnet", out)
+        if cfg.lab.onprem_nodes < 1:
+            out.append(Problem("lab.onprem_nodes", "the lab needs at least one on-prem node"))
+        prov = cfg.providers.get(cfg.lab.cloud_provider)
+        if prov is None or prov.driver != "nscloud":
+            out.append(Problem("lab.cloud_provider",
+                               "must name a provider profile whose driver is 'nscloud'"))
+        if cfg.lab.onprem_partition not in cfg.slurm.onprem_partitions:
+            out.append(Problem("lab.onprem_partition", "must be listed in slurm.onprem_partitions"))
+    return out
+
+
+def _cluster(cfg: Config, out: list[Problem]) -> None:
+    if not _SLURM_NAME.match(cfg.cluster.name):
+        out.append(Problem("cluster.name", "must be letters, digits, '-' or '_'"))
+    if not cfg.cluster.controller_host:
+        out.append(Problem("cluster.controller_host", "must not be empty"))
+    try:
+        ipaddress.ip_address(cfg.cluster.controller_addr)
+    except ValueError:
+        out.append(Problem("cluster.controller_addr", "must be an IP address"))
+
+
+def _slurm(cfg: Config, out: list[Problem]) -> None:
+    s = cfg.slurm
+    if s.backend not in BACKENDS:
+        out.append(Problem("slurm.backend", f"must be one of {', '.join(BACKENDS)}"))
+    for key in ("command_timeout", "resume_timeout", "suspend_timeout", "suspend_time",
+                "hostlist_max_names"):
+        if getattr(s, key) <= 0:
+            out.append(Problem(f"slurm.{key}", "must be positive"))
+    if not 1 <= s.update_batch <= 100:
+        out.append(Problem("slurm.update_batch", "must be between 1 and 100"))
+    for key in ("resume_rate", "suspend_rate"):
+        if getattr(s, key) < 0:
+            out.append(Problem(f"slurm.{key}", "must not be negative"))
+    burst = set(cfg.burst_partitions())
+    for part in s.onprem_partitions:
+        if part in burst:
+            out.append(Problem("slurm.onprem_partitions",
+                               f"{part!r} is also a burst partition of a node group"))
+
+
+def _groups(cfg: Config, out: list[Problem]) -> None:
+    if not cfg.node_groups:
+        out.append(Problem("node_groups", "no node group defined", severity="warning"))
+    seen: dict[str, str] = {}
+    for gname, g in cfg.node_groups.items():
+        base = f"node_groups.{gname}"
+        _group(cfg, g, base, out)
+        if _PATTERN.match(g.pattern) and g.count >= 1:
+            for node in g.node_names():
+                if node in seen:
+                    out.append(Problem(f"{base}.pattern",
+                                       f"node {node} is also defined by node group {seen[node]!r}"))
+                    break
+                seen[node] = gname
+    for pname in cfg.partitions:
+        if pname not in cfg.burst_partitions():
+            out.append(Problem(f"partitions.{pname}", "no node group uses this partition",
+                               severity="warning"))
+
+
+def _group(cfg: Config, g: NodeGroup, base: str, out: list[Problem]) -> None:
+    if not _SLURM_NAME.match(g.name):
+        out.append(Problem(base, "group name must be letters, digits, '-' or '_'"))
+    if not _PATTERN.match(g.pattern):
+        out.append(Problem(f"{base}.pattern",
+                           "must be a node name with one '{n}' or '{n:0Wd}' index, e.g. 'gpu-{n}'"))
+    if g.count < 1:
+        out.append(Problem(f"{base}.count", "must be at least 1"))
+    if g.max_nodes is not None and not 0 <= g.max_nodes <= g.count:
+        out.append(Problem(f"{base}.max_nodes", f"must be between 0 and count ({g.count})"))
+    if not _SLURM_NAME.match(g.partition):
+        out.append(Problem(f"{base}.partition", "must be a Slurm partition name"))
+    if not g.providers:
+        out.append(Problem(f"{base}.providers", "must name at least one provider profile"))
+    for prov in g.providers:
+        if prov not in cfg.providers:
+            out.append(Problem(f"{base}.providers", f"no provider profile {prov!r} "
+                               f"(defined: {', '.join(cfg.providers) or 'none'})"))
+    if not g.sizes:
+        out.append(Problem(f"{base}.sizes", "must list at least one size"))
+    if len(set(g.sizes)) != len(g.sizes):
+        out.append(Problem(f"{base}.sizes", "lists a size twice"))
+    for size in g.price_per_hour:
+        if size not in g.sizes:
+            out.append(Problem(f"{base}.price_per_hour.{size}", "is not one of the group's sizes"))
+    for size, price in g.price_per_hour.items():
+        if price < 0:
+            out.append(Problem(f"{base}.price_per_hour.{size}", "must not be negative"))
+    for size in g.sizes:
+        if size not in g.price_per_hour:
+            out.append(Problem(f"{base}.price_per_hour",
+                               f"no price for size {size!r}: its cost will be recorded as 0",
+                               severity="warning"))
+    if not g.image:
+        out.append(Problem(f"{base}.image", "must not be empty"))
+    if g.cpus < 1:
+        out.append(Problem(f"{base}.cpus", "must be at least 1"))
+    if g.memory_mb < 1:
+        out.append(Problem(f"{base}.memory_mb", "must be at least 1"))
+    if g.gpus < 0:
+        out.append(Problem(f"{base}.gpus", "must not be negative"))
+    if g.gpu_type and not g.gpus:
+        out.append(Problem(f"{base}.gpu_type", "set, but gpus is 0"))
+    if g.gpu_type and not _FEATURE.match(g.gpu_type):
+        out.append(Problem(f"{base}.gpu_type", "must be letters, digits, '_', '.' or '-'"))
+    for feat in g.features:
+        if not _FEATURE.match(feat):
+            out.append(Problem(f"{base}.features", f"feature {feat!r} has characters Slurm rejects"))
+
+
+def _mesh(cfg: Config, out: list[Problem]) -> None:
+    net = _network(cfg.mesh.subnet, "mesh.subnet", out)
+    if net is not None and net.num_addresses < 4:
+        out.append(Problem("mesh.subnet", "is too small for a hub and nodes"))
+    if not _IFNAME.match(cfg.mesh.interface):
+        out.append(Problem("mesh.interface", "must be a Linux interface name (1-15 characters)"))
+    if not 1 <= cfg.mesh.port <= 65535:
+        out.append(Problem("mesh.port", "must be a UDP port (1-65535)"))
+
+
+def _network(text: str, path: str, out: list[Problem]) -> ipaddress.IPv4Network | ipaddress.IPv6Network | None:
+    try:
+        return ipaddress.ip_network(text)
+    except ValueError as exc:
+        out.append(Problem(path, f"is not a network: {exc}"))
+        return None
