@@ -1,0 +1,1 @@
+"""Cloud adapters: libcloud drivers and the namespace cloud used by the lab."""
