@@ -94,6 +94,7 @@ class NodeGroup:
     memory_mb: int = doc("RealMemory (MB) Slurm schedules on each node.")
     gpus: int = doc("GPUs per node.", default=0)
     gpu_type: str = doc("GPU type for Gres (e.g. a100).", default="")
+    gpu_files: str = doc("gres.conf File= for the GPUs; default /dev/nvidia[0-N].", default="")
     price_per_hour: Mapping[str, float] = doc("Price per instance-hour, by size.", default_factory=_empty)
     max_nodes: int | None = doc("Most nodes running at once; default count.", default=None)
     features: tuple[str, ...] = doc("Slurm node features.", default=())

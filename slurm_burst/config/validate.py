@@ -8,6 +8,7 @@ from collections.abc import Callable
 
 from slurm_burst.config.model import _PATTERN, Config, NodeGroup
 from slurm_burst.config.schema import Problem
+from slurm_burst.core.hostlist import HostlistError, expand
 
 _SLURM_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
 _IFNAME = re.compile(r"^[A-Za-z0-9_.-]{1,15}$")
@@ -147,6 +148,14 @@ def _group(cfg: Config, g: NodeGroup, base: str, out: list[Problem]) -> None:
         out.append(Problem(f"{base}.gpu_type", "set, but gpus is 0"))
     if g.gpu_type and not _FEATURE.match(g.gpu_type):
         out.append(Problem(f"{base}.gpu_type", "must be letters, digits, '_', '.' or '-'"))
+    if g.gpu_files:
+        try:  # File= takes hostlist brackets; '/' is only a path separator here
+            count = len(expand(g.gpu_files.replace("/", "_")))
+        except HostlistError as exc:
+            out.append(Problem(f"{base}.gpu_files", f"bad device list: {exc.message}"))
+        else:
+            if count != g.gpus:
+                out.append(Problem(f"{base}.gpu_files", f"names {count} device(s), gpus is {g.gpus}"))
     for feat in g.features:
         if not _FEATURE.match(feat):
             out.append(Problem(f"{base}.features", f"feature {feat!r} has characters Slurm rejects"))

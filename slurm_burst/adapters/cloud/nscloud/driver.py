@@ -101,7 +101,7 @@ class NamespaceNodeDriver(NodeDriver):  # type: ignore[misc]
                 gateway=str(self.gateway), boot_delay=self.boot_delay, hide=self.hide,
                 authorized_keys=(auth.pubkey.strip(),) if auth is not None else (),
             )
-            net.ensure_bridge(self.bridge, f"{self.gateway}/{self.subnet.prefixlen}")
+            self.ex_ensure_network()
             meta = {"id": vm_id, "name": name, "size": size.id, "image": image.id,
                     "ip": str(address), "token": ex_token, "tags": dict(ex_metadata or {}),
                     "created_at": time.time(), "state": "pending", "region": self.region}
@@ -144,6 +144,10 @@ class NamespaceNodeDriver(NodeDriver):  # type: ignore[misc]
                         ssh_host_key=status.get("ssh_host_key"))
             self._write_meta(meta)
         return True
+
+    def ex_ensure_network(self) -> None:
+        """Create the cloud's 'internet' bridge with the gateway address (idempotent)."""
+        net.ensure_bridge(self.bridge, f"{self.gateway}/{self.subnet.prefixlen}")
 
     def reboot_node(self, node: Node) -> bool:
         raise LibcloudError("reboot is not supported by the namespace cloud", driver=self)

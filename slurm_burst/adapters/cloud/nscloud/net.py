@@ -12,7 +12,7 @@ NETNS_DIR = Path("/run/netns")
 
 
 def link_exists(name: str) -> bool:
-    return Path("/sys/class/net", name).exists()
+    return bool(name) and Path("/sys/class/net", name).exists()
 
 
 def netns_exists(name: str) -> bool:
@@ -38,7 +38,7 @@ def ensure_bridge(name: str, gateway_cidr: str) -> None:
 
 
 def delete_link(name: str) -> None:
-    if link_exists(name):
+    if name and link_exists(name):
         try:
             run(["ip", "link", "del", name])
         except CommandError:

@@ -84,6 +84,7 @@ class VmInit:
         for path in self.spec.hide:
             if os.path.isdir(path):
                 mount(["-t", "tmpfs", "-o", "mode=0700,nosuid,nodev", "tmpfs", path])
+        self.write_hosts()
         os.makedirs("/run/sshd", mode=0o755, exist_ok=True)
         if self.spec.fresh_host_keys:
             self.new_host_key()
@@ -101,6 +102,15 @@ class VmInit:
                           ssh_host_key=self.status.get("ssh_host_key"))
         if userdata:
             self.run_userdata(userdata)
+
+    def write_hosts(self) -> None:
+        """Name -> address in /etc/hosts, as cloud-init's manage_etc_hosts does: daemons
+        such as munged resolve their own hostname and must not wait on unreachable DNS."""
+        hosts = Path("/etc/hosts")
+        lines = [ln for ln in hosts.read_text().splitlines()
+                 if self.spec.hostname not in ln.split()[1:]] if hosts.exists() else []
+        lines.append(f"{self.spec.ip}\t{self.spec.hostname}")
+        hosts.write_text("\n".join(lines) + "\n")
 
     def new_host_key(self) -> None:
         # Only ever inside our own /etc overlay: checked above, deleted in the upper layer.

@@ -1,0 +1,1 @@
+"""Slurm adapters: the CLI backend (sinfo/squeue/scontrol); pyslurm may slot in later."""

@@ -1,0 +1,122 @@
+"""The Slurm CLI backend: read with sinfo/squeue --json, write with scontrol update.
+
+Each read is one command (the reconcile loop's budget is a few Slurm calls per
+pass). Updates go in batches of at most ``batch`` nodes: a hostlist argument
+keeps the command short, and when scontrol rejects one node of a batch
+(``Invalid node name``) it may already have applied the change to the nodes
+before it, so callers treat a failed batch as "state unknown, re-read".
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from slurm_burst.adapters.proc import CommandError, Result, run
+from slurm_burst.adapters.slurm.openapi import SchemaError, parse_jobs, parse_nodes
+from slurm_burst.core.hostlist import compress
+from slurm_burst.core.slurm import SlurmJob, SlurmNode, SlurmPartition
+
+log = logging.getLogger(__name__)
+
+Runner = Callable[..., Result]
+
+
+class SlurmError(RuntimeError):
+    """A Slurm command failed; ``message`` is Slurm's own words."""
+
+    def __init__(self, command: str, message: str) -> None:
+        self.command = command
+        self.message = message
+        super().__init__(f"{command}: {message}")
+
+
+class SlurmCli:
+    """Scheduler port over Slurm's command-line tools."""
+
+    def __init__(self, bin_dir: str = "/usr/bin", slurm_conf: str | None = None,
+                 timeout: float = 30.0, batch: int = 100, runner: Runner = run) -> None:
+        if not 1 <= batch <= 100:
+            raise ValueError("batch must be between 1 and 100")
+        self.bin = Path(bin_dir)
+        self.env = {"SLURM_CONF": slurm_conf} if slurm_conf else None
+        self.timeout = timeout
+        self.batch = batch
+        self._run = runner
+
+    def _cmd(self, tool: str, *args: str) -> str:
+        argv = [str(self.bin / tool), *args]
+        try:
+            return self._run(argv, timeout=self.timeout, env=self.env).stdout
+        except CommandError as exc:
+            raise SlurmError(f"{tool} {' '.join(args[:2])}", exc.stderr or exc.reason) from exc
+
+    def _json(self, tool: str, *args: str) -> dict[str, object]:
+        text = self._cmd(tool, *args)
+        try:
+            doc = json.loads(text)
+        except ValueError as exc:
+            raise SchemaError(f"{tool} --json did not print JSON: {exc}") from exc
+        for err in doc.get("errors") or []:
+            raise SlurmError(tool, str(err.get("description") or err) if isinstance(err, dict)
+                             else str(err))
+        return dict(doc)
+
+    # -- reads --------------------------------------------------------------
+    def nodes(self) -> list[SlurmNode]:
+        return parse_nodes(self._json("sinfo", "--json"))
+
+    def jobs(self) -> list[SlurmJob]:
+        return parse_jobs(self._json("squeue", "--json"))
+
+    def partitions(self) -> list[SlurmPartition]:
+        out = []
+        for line in self._cmd("scontrol", "show", "partition", "--oneliner").splitlines():
+            fields = dict(tok.split("=", 1) for tok in line.split() if "=" in tok)
+            if "PartitionName" not in fields:
+                continue
+            out.append(SlurmPartition(
+                name=fields["PartitionName"], nodes=fields.get("Nodes", ""),
+                state=fields.get("State", ""), max_time=fields.get("MaxTime", ""),
+                default=fields.get("Default") == "YES",
+                total_nodes=int(fields.get("TotalNodes", "0") or 0),
+                suspend_time=fields.get("SuspendTime", ""),
+            ))
+        return out
+
+    def ping(self) -> bool:
+        try:
+            return " is UP" in self._cmd("scontrol", "ping")
+        except SlurmError:
+            return False
+
+    # -- writes -------------------------------------------------------------
+    def update_nodes(self, names: Sequence[str], *, state: str | None = None,
+                     reason: str | None = None, addrs: Sequence[str] | None = None,
+                     hostnames: Sequence[str] | None = None) -> None:
+        """``scontrol update nodename=...`` for ``names`` in batches.
+
+        ``addrs``/``hostnames``, when given, pair one-to-one with ``names``.
+        The reason is one argv element: quotes or spaces in it are data.
+        """
+        if addrs is not None and len(addrs) != len(names):
+            raise ValueError("addrs must pair one-to-one with names")
+        if hostnames is not None and len(hostnames) != len(names):
+            raise ValueError("hostnames must pair one-to-one with names")
+        if state is None and reason is None and addrs is None and hostnames is None:
+            raise ValueError("nothing to update")
+        for start in range(0, len(names), self.batch):
+            chunk = list(names[start:start + self.batch])
+            args = ["update", f"nodename={compress(chunk)}"]
+            if addrs is not None:
+                args.append("nodeaddr=" + ",".join(addrs[start:start + self.batch]))
+            if hostnames is not None:
+                args.append("nodehostname=" + ",".join(hostnames[start:start + self.batch]))
+            if state is not None:
+                args.append(f"state={state}")
+            if reason is not None:
+                args.append(f"reason={reason}")
+            log.info("slurm.update nodes=%d hostlist=%s state=%s", len(chunk), compress(chunk), state)
+            self._cmd("scontrol", *args)

@@ -1,0 +1,96 @@
+"""``slurm-burst lab``: bring the local hybrid lab up, down, or show it."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import click
+
+from slurm_burst.cli.common import EXIT_FAILED, EXIT_PRECONDITION, app, emit, fail, json_option
+from slurm_burst.services.lab.service import Lab, LabError
+
+
+@click.group("lab")
+def group() -> None:
+    """The local lab: real slurmctld and slurmd, a namespace cloud, one machine (root).
+
+    \b
+    Uses the config's [lab] section; the shipped one is slurm-conf/lab/slurm-burst.toml:
+      sudo slurm-burst --config slurm-conf/lab/slurm-burst.toml lab up
+      export SLURM_CONF=/var/lib/slurm-burst-lab/etc/slurm/slurm.conf; sinfo
+    """
+
+
+def _lab(ctx: click.Context, quiet: bool = False) -> Lab:
+    def progress(msg: str) -> None:
+        if not quiet:
+            click.echo(f"lab: {msg}", err=True)
+
+    try:
+        lab = Lab(app(ctx).config, progress=progress)
+        lab.preflight()
+    except LabError as exc:
+        fail(str(exc), EXIT_PRECONDITION)
+    return lab
+
+
+@group.command("up")
+@click.option("--timeout", default=60.0, show_default=True, help="Seconds to wait for Slurm.")
+@json_option
+@click.pass_context
+def up(ctx: click.Context, timeout: float, as_json: bool) -> None:
+    """Start the lab (idempotent: an up lab is left as it is)."""
+    lab = _lab(ctx)
+    try:
+        status = lab.up(timeout=timeout)
+    except (LabError, RuntimeError, TimeoutError, OSError) as exc:
+        fail(f"lab up failed: {exc}\n  logs: {lab.paths.log}; clean up with 'slurm-burst lab down'",
+             EXIT_FAILED)
+    _print_status(status, as_json)
+    if not as_json:
+        click.echo(f"\nexport SLURM_CONF={status['slurm_conf']}   # then: sinfo, sbatch, squeue")
+
+
+@group.command("down")
+@click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
+@click.pass_context
+def down(ctx: click.Context, yes: bool) -> None:
+    """Stop the lab and remove every process, namespace, link and file it created."""
+    lab = _lab(ctx)
+    if not yes and sys.stdin.isatty():
+        click.confirm(f"Destroy the lab under {lab.paths.state} and all its VMs?", abort=True)
+    removed = lab.down()
+    click.echo(f"lab: removed {len(removed)} item(s)" + "".join(f"\n  {r}" for r in removed))
+
+
+@group.command("status")
+@json_option
+@click.pass_context
+def status(ctx: click.Context, as_json: bool) -> None:
+    """Show the controller, nodes, VMs and their processes. Exits 3 when the lab is down."""
+    lab = _lab(ctx, quiet=True)
+    st = lab.status()
+    _print_status(st, as_json)
+    ctx.exit(0 if st["up"] else EXIT_PRECONDITION)
+
+
+def _print_status(st: dict[str, Any], as_json: bool) -> None:
+    if as_json:
+        emit(st, True)
+        return
+    click.echo(f"lab: {'UP' if st['up'] else 'DOWN'}  state: {st['state_dir']}")
+    if "processes" not in st:
+        return
+    rows = [(name, p["pid"], "running" if p["alive"] else "DEAD")
+            for name, p in st["processes"].items()]
+    rows += [(f"on-prem {name}", o["launcher_pid"], o["vm"] if o["alive"] else "DEAD")
+             for name, o in st["onprem"].items()]
+    emit(rows, False, columns=["process", "pid", "state"], rows=lambda r: r, title="Processes")
+    emit(st["slurm_nodes"], False, columns=["node", "state", "partitions", "addr"],
+         rows=lambda ns: [(n.get("name"), n.get("state"), ",".join(n.get("partitions", [])),
+                           n.get("addr")) for n in ns], title="Slurm nodes")
+    if st["cloud_vms"]:
+        emit(st["cloud_vms"], False, columns=["vm", "name", "state", "ip", "size"],
+             rows=lambda vs: [(v["id"], v["name"], v["state"], ",".join(v["ip"]), v["size"])
+                              for v in vs], title="Cloud VMs")

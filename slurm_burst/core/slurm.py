@@ -1,0 +1,78 @@
+"""Our own view of Slurm objects. Adapters translate Slurm's output into these;
+nothing above the adapters sees Slurm's JSON."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+
+
+@dataclass(frozen=True)
+class SlurmNode:
+    name: str
+    state: str  # base state, lower case: idle, mixed, allocated, down, ...
+    flags: frozenset[str] = frozenset()  # CLOUD, POWERED_DOWN, POWERING_UP, DRAIN, ...
+    partitions: tuple[str, ...] = ()
+    features: tuple[str, ...] = ()
+    gres: str = ""
+    addr: str = ""
+    hostname: str = ""
+    reason: str = ""
+    cpus: int = 0
+    real_memory_mb: int = 0
+    boot_time: datetime | None = None
+
+    @property
+    def is_cloud(self) -> bool:
+        return "CLOUD" in self.flags
+
+    @property
+    def powered_down(self) -> bool:
+        return "POWERED_DOWN" in self.flags
+
+    @property
+    def powering_up(self) -> bool:
+        return "POWERING_UP" in self.flags
+
+    @property
+    def sinfo_state(self) -> str:
+        """The state as sinfo prints it, with its power-saving suffix (idle~, mixed#, ...)."""
+        suffix = ""
+        for flag, mark in (("POWERED_DOWN", "~"), ("POWERING_UP", "#"),
+                           ("POWERING_DOWN", "%"), ("POWER_DOWN", "!"),
+                           ("NOT_RESPONDING", "*")):
+            if flag in self.flags:
+                suffix = mark
+                break
+        return f"{self.state}{suffix}"
+
+
+@dataclass(frozen=True)
+class SlurmJob:
+    job_id: int
+    name: str
+    state: str  # PENDING, RUNNING, COMPLETED, ...
+    partition: str
+    nodes: str = ""  # hostlist expression, empty while pending
+    account: str = ""
+    user: str = ""
+    time_limit_min: int | None = None  # None = unlimited
+    tres_requested: dict[str, str] = field(default_factory=dict)
+    tres_allocated: dict[str, str] = field(default_factory=dict)
+    node_count: int = 0
+    cpus: int = 0
+    submit_time: datetime | None = None
+    start_time: datetime | None = None
+    end_time: datetime | None = None
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class SlurmPartition:
+    name: str
+    nodes: str  # hostlist expression
+    state: str
+    max_time: str
+    default: bool = False
+    total_nodes: int = 0
+    suspend_time: str = ""

@@ -1,0 +1,221 @@
+"""``slurm-burst lab up | down | status``: a whole hybrid cluster on one machine.
+
+``up`` starts, in order: the LAN bridge, the lab's own munged (own key, own
+socket), slurmctld (in its own UTS namespace, so ``SlurmctldHost`` is its
+hostname), the on-prem nodes as namespace VMs running munged and slurmd, and
+the namespace cloud's "internet" bridge. It waits until Slurm shows the on-prem
+nodes idle and every burst node ``idle~``. What it started is recorded in
+``lab.json`` so that ``down`` removes exactly that: processes, namespaces,
+veths, bridges and the state directory, and nothing else.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from slurm_burst.adapters.cloud.nscloud import net, vm
+from slurm_burst.adapters.proc import alive, pid_start_time
+from slurm_burst.adapters.slurm.cli import SlurmCli, SlurmError
+from slurm_burst.config import Config
+from slurm_burst.services.lab import components as c
+from slurm_burst.wiring import cloud_driver
+
+log = logging.getLogger(__name__)
+
+REQUIRED_PROGRAMS = ("slurmctld", "slurmd", "munged", "sshd", "ssh-keygen", "ip", "nsenter",
+                     "unshare", "mount", "runuser", "sinfo", "scontrol")
+Progress = Callable[[str], None]
+
+
+class LabError(RuntimeError):
+    """The lab cannot be brought up or down; the message says what to do."""
+
+
+@dataclass
+class Lab:
+    cfg: Config
+    progress: Progress = lambda msg: None  # noqa: E731
+
+    def __post_init__(self) -> None:
+        if self.cfg.lab is None:
+            raise LabError(f"{self.cfg.source} has no [lab] section")
+        self.lab = self.cfg.lab
+        self.paths = c.Paths(Path(self.lab.state_dir))
+        self.slurm_conf = Path(self.cfg.slurm.conf_dir) / "slurm.conf"
+        self.slurm = SlurmCli(self.cfg.slurm.bin_dir, str(self.slurm_conf), timeout=10)
+
+    # -- preconditions --------------------------------------------------------
+    @staticmethod
+    def preflight() -> None:
+        if os.geteuid() != 0:
+            raise LabError("the lab needs root (namespaces, bridges, munge): run it with sudo")
+        missing = [p for p in REQUIRED_PROGRAMS
+                   if not shutil.which(p, path="/usr/sbin:/usr/bin:/sbin:/bin")]
+        if missing:
+            raise LabError(f"missing programs: {', '.join(missing)}; run 'make demo' or "
+                           "scripts/setup-system.sh to install them")
+
+    def cloud(self) -> Any:
+        return cloud_driver(self.cfg.providers[self.lab.cloud_provider])
+
+    # -- up -------------------------------------------------------------------
+    def up(self, timeout: float = 60.0) -> dict[str, Any]:
+        self.preflight()
+        record = self._read_record()
+        if record and self._all_alive(record):
+            self.progress("lab is already up")
+            return self.status()
+        if record or self.paths.state.exists():
+            self.progress("cleaning up an incomplete lab first")
+            self.down()
+        started = time.monotonic()
+        for d in (self.paths.state, self.paths.run, self.paths.log):
+            d.mkdir(parents=True, exist_ok=True)
+        record = {"started_at": time.time(), "config": self.cfg.source, "processes": {},
+                  "onprem": {}, "bridges": [c.LAN_BRIDGE]}
+        self._write_record(record)
+        self.progress("network: LAN bridge")
+        c.ensure_lan(self.cfg)
+        self.progress("munge: key and daemon")
+        c.ensure_munge_key(self.paths)
+        record["processes"]["munged"] = vars(c.start_munged(self.paths))
+        self._write_record(record)
+        self.progress("slurm: configuration")
+        c.write_slurm_conf(self.cfg, self.paths)
+        self.progress("slurm: slurmctld")
+        ctld = c.start_slurmctld(self.cfg, self.paths, self.slurm_conf)
+        record["processes"]["slurmctld"] = vars(ctld)
+        self._write_record(record)
+        c.wait_for(self.slurm.ping, 30, "slurmctld answering ping", ctld)
+        self.progress("cloud: 'internet' bridge of the namespace cloud")
+        cloud = self.cloud()
+        cloud.ex_ensure_network()
+        record["bridges"].append(cloud.bridge)
+        self.progress("on-prem: booting static nodes")
+        record["onprem"] = c.boot_onprem(self.cfg, self.paths)
+        self._write_record(record)
+        self.progress("slurm: waiting for on-prem nodes idle and burst nodes idle~")
+        remaining = max(5.0, timeout - (time.monotonic() - started))
+        c.wait_for(self._ready, remaining, "nodes ready", ctld)
+        record["up_seconds"] = round(time.monotonic() - started, 2)
+        self._write_record(record)
+        self.progress(f"lab is up in {record['up_seconds']} s")
+        return self.status()
+
+    def _ready(self) -> bool:
+        try:
+            nodes = self.slurm.nodes()
+        except SlurmError:
+            return False
+        onprem = set(c.onprem_names(self.lab))
+        burst = {n for g in self.cfg.node_groups.values() for n in g.node_names()}
+        seen = {n.name: n for n in nodes}
+        return (all(n in seen and seen[n].state == "idle" and not seen[n].flags & {"NOT_RESPONDING"}
+                    for n in onprem)
+                and all(n in seen and seen[n].sinfo_state == "idle~" for n in burst))
+
+    # -- down -----------------------------------------------------------------
+    def down(self) -> list[str]:
+        """Remove everything the lab made; return what was removed (for the report)."""
+        self.preflight()
+        removed: list[str] = []
+        record = self._read_record() or {}
+        if self.paths.state.exists() or record:
+            try:
+                self.cloud().ex_teardown()
+                removed.append("cloud VMs and bridge")
+            except Exception as exc:  # keep going: down must always finish
+                log.warning("lab.down cloud teardown failed: %s", exc)
+        for name, info in (record.get("onprem") or {}).items():
+            vm.halt(Path(info["vmdir"]), info.get("launcher_pid"), info.get("launcher_start"))
+            removed.append(f"on-prem node {name}")
+        for name in ("slurmctld", "munged"):
+            info = (record.get("processes") or {}).get(name)
+            if info:
+                c.stop(c.Proc(info["pid"], info["start"]))
+                removed.append(name)
+        removed += self._sweep()
+        for bridge in [c.LAN_BRIDGE, *record.get("bridges", [])]:
+            if net.link_exists(bridge):
+                net.delete_link(bridge)
+                removed.append(f"bridge {bridge}")
+        if self.paths.state.exists():
+            shutil.rmtree(self.paths.state)
+            removed.append(str(self.paths.state))
+        conf_dir = Path(self.cfg.slurm.conf_dir)
+        if conf_dir.exists() and self.paths.state in conf_dir.parents:
+            shutil.rmtree(conf_dir)
+        return removed
+
+    def _sweep(self) -> list[str]:
+        """Processes and namespaces of the lab that the record missed (a crashed 'up')."""
+        removed = []
+        marker = str(self.paths.state)
+        for pid in _pids():
+            try:
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+            except OSError:
+                continue
+            if marker in cmdline and pid != os.getpid():
+                start = pid_start_time(pid)
+                c.stop(c.Proc(pid, start or 0), grace=2.0)
+                removed.append(f"stray process {pid}")
+        for ns in net.list_netns("sbl-"):
+            net.delete_guest_network(ns, "")
+            removed.append(f"netns {ns}")
+        return removed
+
+    # -- status -----------------------------------------------------------------
+    def status(self) -> dict[str, Any]:
+        record = self._read_record()
+        if record is None:
+            return {"up": False, "state_dir": str(self.paths.state)}
+        procs = {name: {**info, "alive": alive(info["pid"], info["start"])}
+                 for name, info in record.get("processes", {}).items()}
+        onprem = {name: {**info, "alive": alive(info["launcher_pid"], info["launcher_start"]),
+                         "vm": vm.read_status(Path(info["vmdir"])).get("state")}
+                  for name, info in record.get("onprem", {}).items()}
+        nodes: list[dict[str, Any]] = []
+        if procs.get("slurmctld", {}).get("alive"):
+            try:
+                nodes = [{"name": n.name, "state": n.sinfo_state, "partitions": list(n.partitions),
+                          "addr": n.addr} for n in self.slurm.nodes()]
+            except SlurmError as exc:
+                nodes = [{"error": str(exc)}]
+        vms = []
+        if self.paths.state.exists():
+            vms = [{"id": n.id, "name": n.name, "state": n.state, "ip": n.public_ips,
+                    "size": n.extra.get("size")} for n in self.cloud().list_nodes()]
+        return {"up": self._all_alive(record), "state_dir": str(self.paths.state),
+                "slurm_conf": str(self.slurm_conf), "up_seconds": record.get("up_seconds"),
+                "processes": procs, "onprem": onprem, "slurm_nodes": nodes, "cloud_vms": vms}
+
+    # -- record -----------------------------------------------------------------
+    def _read_record(self) -> dict[str, Any] | None:
+        try:
+            return dict(json.loads(self.paths.record.read_text()))
+        except (OSError, ValueError):
+            return None
+
+    def _write_record(self, record: dict[str, Any]) -> None:
+        vm.write_json_atomic(self.paths.record, record)
+
+    @staticmethod
+    def _all_alive(record: dict[str, Any]) -> bool:
+        procs = record.get("processes", {})
+        onprem = record.get("onprem", {})
+        return (bool(procs) and bool(onprem)
+                and all(alive(p["pid"], p["start"]) for p in procs.values())
+                and all(alive(o["launcher_pid"], o["launcher_start"]) for o in onprem.values()))
+
+
+def _pids() -> list[int]:
+    return [int(p) for p in os.listdir("/proc") if p.isdigit()]

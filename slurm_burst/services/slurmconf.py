@@ -1,0 +1,80 @@
+"""Render the slurm.conf ``Include`` fragment and gres.conf from the configuration.
+
+The templates live in ``slurm-conf/templates`` (installed under
+``share/slurm-burst``); the lines that depend on node groups are built here.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from string import Template
+
+from slurm_burst.config import Config, NodeGroup
+from slurm_burst.core.hostlist import compress
+
+FRAGMENT = "slurm-burst.conf"
+GRES = "gres.conf"
+
+
+def template_dir() -> Path:
+    """Templates from the source tree, else from the installed share directory."""
+    here = Path(__file__).resolve().parents[2] / "slurm-conf" / "templates"
+    if here.is_dir():
+        return here
+    return Path(sys.prefix) / "share" / "slurm-burst" / "templates"
+
+
+def node_line(g: NodeGroup) -> str:
+    parts = [f"NodeName={g.hostlist}", "State=CLOUD", f"CPUs={g.cpus}",
+             f"RealMemory={g.memory_mb}"]
+    if g.features:
+        parts.append("Features=" + ",".join(g.features))
+    if g.gpus:
+        gres = f"gpu:{g.gpu_type}:{g.gpus}" if g.gpu_type else f"gpu:{g.gpus}"
+        parts.append(f"Gres={gres}")
+    return f"# node group {g.name}: sizes {', '.join(g.sizes)}\n" + " ".join(parts)
+
+
+def gres_line(g: NodeGroup) -> str:
+    files = g.gpu_files or (f"/dev/nvidia[0-{g.gpus - 1}]" if g.gpus > 1 else "/dev/nvidia0")
+    type_ = f" Type={g.gpu_type}" if g.gpu_type else ""
+    return f"NodeName={g.hostlist} Name=gpu{type_} File={files}"
+
+
+def partition_lines(cfg: Config) -> list[str]:
+    lines = []
+    for part in cfg.burst_partitions():
+        names = [n for g in cfg.node_groups.values() if g.partition == part for n in g.node_names()]
+        pcfg = cfg.partitions.get(part)
+        suspend = pcfg.suspend_time if pcfg and pcfg.suspend_time is not None else cfg.slurm.suspend_time
+        fields = [f"PartitionName={part}", f"Nodes={compress(names)}",
+                  f"MaxTime={pcfg.max_time if pcfg else 'INFINITE'}",
+                  f"Default={'YES' if pcfg and pcfg.default else 'NO'}",
+                  f"SuspendTime={suspend}", "State=UP"]
+        lines.append(" ".join(fields))
+    return lines
+
+
+def render(cfg: Config) -> dict[str, str]:
+    """``{"slurm-burst.conf": ..., "gres.conf": ...}`` for ``cfg``."""
+    tdir = template_dir()
+    s = cfg.slurm
+    exc = (f"SuspendExcParts={','.join(s.onprem_partitions)}" if s.onprem_partitions
+           else "# no on-prem partitions listed: set slurm.onprem_partitions, or every node "
+                "with SuspendTime may be powered down")
+    fragment = Template((tdir / "slurm-burst.conf.in").read_text()).substitute(
+        source=cfg.source, conf_dir=s.conf_dir, hook_dir=s.hook_dir,
+        resume_timeout=s.resume_timeout, suspend_timeout=s.suspend_timeout,
+        suspend_time=s.suspend_time, resume_rate=s.resume_rate, suspend_rate=s.suspend_rate,
+        suspend_exc_parts=exc,
+        node_lines="\n".join(node_line(g) for g in cfg.node_groups.values()),
+        partition_lines="\n".join(partition_lines(cfg)),
+    )
+    gpu_groups = [g for g in cfg.node_groups.values() if g.gpus]
+    gres = Template((tdir / "gres.conf.in").read_text()).substitute(
+        source=cfg.source,
+        gres_lines="\n".join(gres_line(g) for g in gpu_groups) or "# no GPU node groups",
+    )
+    return {FRAGMENT: fragment, GRES: gres}
+
