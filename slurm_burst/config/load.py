@@ -74,7 +74,9 @@ def parse_config(text: str, source: str = "<string>",
     if cfg is None:
         return None, problems
     cfg = _with_source(cfg, source)
-    problems += validate(cfg, driver_exists)
+    declared = data.get("providers")
+    problems += validate(cfg, driver_exists,
+                         declared_providers=set(declared) if isinstance(declared, dict) else set())
     return cfg, problems
 
 

@@ -56,15 +56,18 @@ def build(cls: type, data: Mapping[str, Any], path: str, problems: list[Problem]
         if name == "name" and key_name is not None:
             kwargs[name] = key_name
             continue
+        required = f.default is MISSING and f.default_factory is MISSING
         if name not in data:
-            if f.default is MISSING and f.default_factory is MISSING:
+            if required:
                 problems.append(Problem(_join(path, name), "required key is missing"))
                 ok = False
             continue
         value, good = _convert(hints[name], data[name], _join(path, name), problems)
-        ok &= good
         if good:
             kwargs[name] = value
+        elif required:
+            ok = False
+        # an optional key that failed keeps its default, so later checks still run
     if not ok:
         return None
     return cls(**kwargs)
@@ -102,8 +105,8 @@ def _convert(tp: Any, value: Any, path: str, problems: list[Problem]) -> tuple[A
                     good = False
                     continue
                 item = build(vt, v, sub, problems, key_name=k)  # type: ignore[arg-type]
-                good &= item is not None
-                out[k] = item
+                if item is not None:  # a broken item is left out; the others are still checked
+                    out[k] = item
             elif vt is Any:
                 if not isinstance(v, str | int | float | bool):
                     problems.append(Problem(sub, "must be a string, number or boolean"))

@@ -16,12 +16,17 @@ _FEATURE = re.compile(r"^[A-Za-z0-9_.-]+$")
 BACKENDS = ("cli",)
 
 
-def validate(cfg: Config, driver_exists: Callable[[str], bool] | None = None) -> list[Problem]:
-    """Every semantic problem in ``cfg``; ``driver_exists`` checks libcloud driver names."""
+def validate(cfg: Config, driver_exists: Callable[[str], bool] | None = None,
+             declared_providers: set[str] | None = None) -> list[Problem]:
+    """Every semantic problem in ``cfg``; ``driver_exists`` checks libcloud driver names.
+
+    ``declared_providers`` are the profile names in the file, including ones that
+    failed to load (already reported), so references to them are not errors twice.
+    """
     out: list[Problem] = []
     _cluster(cfg, out)
     _slurm(cfg, out)
-    _groups(cfg, out)
+    _groups(cfg, out, declared_providers or set(cfg.providers))
     for name, prov in cfg.providers.items():
         if not prov.driver:
             out.append(Problem(f"providers.{name}.driver", "must name a libcloud driver"))
@@ -83,13 +88,13 @@ def _slurm(cfg: Config, out: list[Problem]) -> None:
                                f"{part!r} is also a burst partition of a node group"))
 
 
-def _groups(cfg: Config, out: list[Problem]) -> None:
+def _groups(cfg: Config, out: list[Problem], declared: set[str]) -> None:
     if not cfg.node_groups:
         out.append(Problem("node_groups", "no node group defined", severity="warning"))
     seen: dict[str, str] = {}
     for gname, g in cfg.node_groups.items():
         base = f"node_groups.{gname}"
-        _group(cfg, g, base, out)
+        _group(cfg, g, base, out, declared)
         if _PATTERN.match(g.pattern) and g.count >= 1:
             for node in g.node_names():
                 if node in seen:
@@ -103,7 +108,7 @@ def _groups(cfg: Config, out: list[Problem]) -> None:
                                severity="warning"))
 
 
-def _group(cfg: Config, g: NodeGroup, base: str, out: list[Problem]) -> None:
+def _group(cfg: Config, g: NodeGroup, base: str, out: list[Problem], declared: set[str]) -> None:
     if not _SLURM_NAME.match(g.name):
         out.append(Problem(base, "group name must be letters, digits, '-' or '_'"))
     if not _PATTERN.match(g.pattern):
@@ -118,7 +123,7 @@ def _group(cfg: Config, g: NodeGroup, base: str, out: list[Problem]) -> None:
     if not g.providers:
         out.append(Problem(f"{base}.providers", "must name at least one provider profile"))
     for prov in g.providers:
-        if prov not in cfg.providers:
+        if prov not in declared:
             out.append(Problem(f"{base}.providers", f"no provider profile {prov!r} "
                                f"(defined: {', '.join(cfg.providers) or 'none'})"))
     if not g.sizes:

@@ -51,7 +51,8 @@ class NamespaceNodeDriver(NodeDriver):  # type: ignore[misc]
                  host: str | None = None, port: int | None = None, region: str = "lab-1",
                  state_dir: str = "/var/lib/slurm-burst-lab/cloud", bridge: str = "sbl-inet",
                  subnet: str = "10.251.0.0/24", boot_delay: float = 2.0,
-                 hide: tuple[str, ...] | list[str] = (), **kwargs: Any) -> None:
+                 hide: tuple[str, ...] | list[str] = (), gpu_dir: str = "/run/simgpu",
+                 **kwargs: Any) -> None:
         self.key = key
         self.region = region
         self.state_dir = Path(state_dir)
@@ -60,6 +61,7 @@ class NamespaceNodeDriver(NodeDriver):  # type: ignore[misc]
         self.gateway = next(self.subnet.hosts())
         self.boot_delay = float(boot_delay)
         self.hide = (*vm.DEFAULT_HIDE, str(self.state_dir), *hide)
+        self.gpu_dir = gpu_dir
         # NodeDriver.__init__ would build an HTTP connection; there is none to build.
 
     # -- catalogue ----------------------------------------------------------
@@ -100,6 +102,8 @@ class NamespaceNodeDriver(NodeDriver):  # type: ignore[misc]
                 bridge=self.bridge, address=f"{address}/{self.subnet.prefixlen}",
                 gateway=str(self.gateway), boot_delay=self.boot_delay, hide=self.hide,
                 authorized_keys=(auth.pubkey.strip(),) if auth is not None else (),
+                # a GPU size's VM has its (simulated) GPU device files, as gres.conf expects
+                extra_files={f"{self.gpu_dir}/nvidia{i}": "" for i in range(SIZES[size.id][2])},
             )
             self.ex_ensure_network()
             meta = {"id": vm_id, "name": name, "size": size.id, "image": image.id,

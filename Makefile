@@ -1,0 +1,64 @@
+# slurm-burst: `make demo` and `make test` each set up everything they need
+# (Debian packages, a .venv in the repo root) and are safe to run again.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+SB := $(VENV)/bin/slurm-burst
+LAB_CONFIG := slurm-conf/lab/slurm-burst.toml
+LAB_SLURM_CONF := /var/lib/slurm-burst-lab/etc/slurm/slurm.conf
+
+.PHONY: help setup system venv demo test test-fast bench lab-up lab-down lint typecheck clean
+
+help:
+	@echo "make demo      set up, bring the lab up, show sinfo"
+	@echo "make test      set up and run the whole test suite (root: the lab tests need it)"
+	@echo "make bench     set up and print the benchmark figures"
+	@echo "make lab-down  remove the lab: processes, namespaces, links, files"
+	@echo "make lint      ruff and mypy"
+
+setup: system venv
+
+system:
+	@scripts/setup-system.sh
+
+# Re-install when packaging metadata changes; the stamp lives inside the venv.
+$(VENV)/.installed: setup.cfg pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[test]'
+	@touch $@
+
+venv: $(VENV)/.installed
+
+demo: setup
+	$(SB) --config $(LAB_CONFIG) lab up
+	SLURM_CONF=$(LAB_SLURM_CONF) sinfo
+	@echo
+	@echo "The lab is up. Try:  export SLURM_CONF=$(LAB_SLURM_CONF); sinfo; srun -p onprem hostname"
+	@echo "Status:              $(SB) --config $(LAB_CONFIG) lab status"
+	@echo "Tear it all down:    make lab-down"
+
+lab-up: setup
+	$(SB) --config $(LAB_CONFIG) lab up
+
+lab-down: venv
+	$(SB) --config $(LAB_CONFIG) lab down --yes
+
+# pytest exits 5 when it collected nothing (e.g. a -m selection with no tests): say so.
+test: setup
+	@set +e; $(PY) -m pytest $(PYTEST_ARGS); rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "pytest: no tests were collected"; exit 1; fi; exit $$rc
+
+test-fast: venv
+	$(PY) -m pytest -m 'not lab' $(PYTEST_ARGS)
+
+bench: setup
+	$(PY) benchmarks/run.py
+
+lint: venv
+	$(VENV)/bin/ruff check slurm_burst tests benchmarks
+	$(VENV)/bin/mypy slurm_burst
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis build *.egg-info

@@ -1,0 +1,160 @@
+"""Config loading: every problem reported with key path and line, exit 2."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from slurm_burst.config import ConfigError, check_config, load_config
+from tests.conftest import invoke
+
+LAB = Path(__file__).resolve().parents[2] / "slurm-conf" / "lab" / "slurm-burst.toml"
+
+GOOD = """
+[cluster]
+name = "c1"
+controller_host = "ctl"
+controller_addr = "10.0.0.1"
+
+[slurm]
+onprem_partitions = ["batch"]
+
+[providers.aws]
+driver = "ec2"
+region = "eu-west-1"
+credentials = { key_env = "AWS_KEY", secret_env = "AWS_SECRET" }
+
+[node_groups.gpu]
+pattern = "gpu-{n:02d}"
+count = 3
+partition = "burst-gpu"
+providers = ["aws"]
+sizes = ["g5.xlarge", "g5.2xlarge"]
+image = "ami-123"
+cpus = 4
+memory_mb = 15000
+gpus = 1
+gpu_type = "a10g"
+price_per_hour = { "g5.xlarge" = 1.006, "g5.2xlarge" = 1.212 }
+"""
+
+
+def write(tmp_path: Path, text: str, mode: int = 0o640) -> Path:
+    path = tmp_path / "slurm-burst.toml"
+    path.write_text(text)
+    path.chmod(mode)
+    return path
+
+
+def test_good_config_loads(tmp_path: Path) -> None:
+    cfg = load_config(write(tmp_path, GOOD))
+    group = cfg.node_groups["gpu"]
+    assert group.node_names() == ["gpu-01", "gpu-02", "gpu-03"]
+    assert group.hostlist == "gpu-[01-03]"
+    assert cfg.group_of("gpu-02") is group and cfg.group_of("gpu-04") is None
+    assert cfg.slurm.command_timeout == 30.0  # default filled in
+    with pytest.raises(TypeError):
+        cfg.node_groups["x"] = group  # type: ignore[index]
+
+
+def test_shipped_lab_config_is_clean() -> None:
+    cfg, problems = check_config(LAB)
+    assert cfg is not None and cfg.lab is not None
+    assert [p for p in problems if p.severity == "error"] == []
+
+
+def test_three_planted_mistakes_all_reported_exit_2(tmp_path: Path) -> None:
+    bad = (GOOD.replace('image = "ami-123"', 'image = "ami-123"\nspot = "yes"')  # wrong type
+               .replace('region = "eu-west-1"', 'regoin = "eu-west-1"')  # unknown key (typo)
+               .replace('providers = ["aws"]', 'providers = ["gcp"]'))   # dangling reference
+    path = write(tmp_path, bad)
+    result = invoke(["--config", str(path), "config", "check"], expect=2)
+    err = result.stderr
+    assert "node_groups.gpu.spot: must be true or false, not str" in err
+    assert "providers.aws.regoin: unknown key; did you mean 'region'?" in err
+    assert "node_groups.gpu.providers: no provider profile 'gcp'" in err
+    assert ": 3 error(s)," in err
+    lines = {ln.split(": error: ")[1].split(":")[0]: ln.split(": error: ")[0].rsplit(":", 1)[1]
+             for ln in err.splitlines() if ": error: " in ln}
+    assert lines["providers.aws.regoin"] == str(bad.splitlines().index('regoin = "eu-west-1"') + 1)
+
+
+def test_check_json_lists_every_problem(tmp_path: Path) -> None:
+    bad = (GOOD.replace('cpus = 4', 'cpus = 0')
+               .replace('providers = ["aws"]', 'providers = ["gcp"]')
+               .replace('name = "c1"', 'name = "c1"\nnmae = "x"'))
+    result = invoke(["--config", str(write(tmp_path, bad)), "config", "check", "--json"], expect=2)
+    doc = json.loads(result.stdout)
+    paths = sorted(p["path"] for p in doc["problems"] if p["severity"] == "error")
+    assert paths == ["cluster.nmae", "node_groups.gpu.cpus", "node_groups.gpu.providers"]
+    assert doc["ok"] is False
+
+
+@pytest.mark.parametrize(
+    ("edit", "path", "fragment"),
+    [
+        (('credentials = { key_env = "AWS_KEY", secret_env = "AWS_SECRET" }',
+          'credentials = { key = "AKIAXXXX" }'), "providers.aws.credentials.key", "never written"),
+        (('pattern = "gpu-{n:02d}"', 'pattern = "gpu-{i}"'), "node_groups.gpu.pattern", "{n}"),
+        (('controller_addr = "10.0.0.1"', 'controller_addr = "ctl"'), "cluster.controller_addr",
+         "IP address"),
+        (('"g5.2xlarge" = 1.212', '"g6.xlarge" = 1.2'), "node_groups.gpu.price_per_hour.g6.xlarge",
+         "not one of the group's sizes"),
+        (('onprem_partitions = ["batch"]', 'onprem_partitions = ["burst-gpu"]'),
+         "slurm.onprem_partitions", "also a burst partition"),
+        (('[slurm]', '[slurm]\nupdate_batch = 500'), "slurm.update_batch", "between 1 and 100"),
+    ],
+    ids=["inline-secret", "bad-pattern", "addr", "price-size", "onprem-burst", "batch"],
+)
+def test_semantic_errors(tmp_path: Path, edit: tuple[str, str], path: str, fragment: str) -> None:
+    assert edit[0] in GOOD
+    _, problems = check_config(write(tmp_path, GOOD.replace(*edit)))
+    hits = [p for p in problems if p.path == path and p.severity == "error"]
+    assert hits and fragment in hits[0].message, problems
+
+
+def test_toml_syntax_error_has_line(tmp_path: Path) -> None:
+    _, problems = check_config(write(tmp_path, GOOD.replace('cpus = 4', 'cpus = = 4')))
+    assert len(problems) == 1 and problems[0].line == GOOD.splitlines().index("cpus = 4") + 1
+
+
+def test_world_writable_config_and_readable_credentials(tmp_path: Path) -> None:
+    creds = tmp_path / "aws.toml"
+    creds.write_text('key = "k"\nsecret = "s"\n')
+    creds.chmod(0o644)
+    text = GOOD.replace('{ key_env = "AWS_KEY", secret_env = "AWS_SECRET" }', f'{{ file = "{creds}" }}')
+    _, problems = check_config(write(tmp_path, text, mode=0o666))
+    messages = [p.message for p in problems if p.severity == "error"]
+    assert any("world-writable" in m for m in messages)
+    assert any("world-readable" in m for m in messages)
+
+
+def test_missing_env_credentials_is_a_warning(tmp_path: Path) -> None:
+    os.environ.pop("AWS_KEY", None)
+    _, problems = check_config(write(tmp_path, GOOD))
+    assert {p.severity for p in problems if "AWS_KEY" in p.message} == {"warning"}
+
+
+def test_required_key_with_wrong_type_keeps_other_checks(tmp_path: Path) -> None:
+    bad = GOOD.replace('count = 3', 'count = "three"').replace('cpus = 1', 'x').replace(
+        '[slurm]', '[slurm]\nupdate_batch = 0')
+    _, problems = check_config(write(tmp_path, bad))
+    paths = {p.path for p in problems if p.severity == "error"}
+    assert {"node_groups.gpu.count", "slurm.update_batch"} <= paths
+
+
+def test_load_raises_with_all_errors(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(write(tmp_path, GOOD.replace("[cluster]", "[clustr]")))
+    assert {p.path for p in info.value.problems} >= {"clustr", "cluster"}
+
+
+def test_config_path_precedence(tmp_path: Path) -> None:
+    path = write(tmp_path, GOOD)
+    result = invoke(["config", "check"], env={"SLURM_BURST_CONFIG": str(path)})
+    assert str(path) in result.stdout
+    missing = invoke(["--config", str(tmp_path / "nope.toml"), "config", "check"], expect=2)
+    assert "cannot read the config" in missing.stderr
