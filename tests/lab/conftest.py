@@ -1,0 +1,55 @@
+"""Lab fixtures: a real slurmctld (the shipped lab config) and a private namespace cloud."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from slurm_burst.adapters.cloud.registry import driver_class
+from slurm_burst.config import Config, load_config
+from slurm_burst.services.lab.service import Lab
+
+LAB_CONFIG = Path(__file__).resolve().parents[2] / "slurm-conf" / "lab" / "slurm-burst.toml"
+
+needs_root = pytest.mark.skipif(
+    os.geteuid() != 0 or not shutil.which("slurmctld", path="/usr/sbin:/usr/bin"),
+    reason="lab tests need root and Slurm (make test installs it; CI runs as root)",
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if "tests/lab/" in str(item.fspath):
+            item.add_marker(pytest.mark.lab)
+            item.add_marker(needs_root)
+
+
+@pytest.fixture(scope="session")
+def lab_config() -> Config:
+    return load_config(LAB_CONFIG)
+
+
+@pytest.fixture(scope="session")
+def lab(lab_config: Config) -> Iterator[Lab]:
+    """The lab, up. Left as found: a lab that was already up stays up."""
+    the_lab = Lab(lab_config)
+    was_up = the_lab.status()["up"]
+    the_lab.up(timeout=90)
+    yield the_lab
+    if not was_up:
+        the_lab.down()
+
+
+@pytest.fixture(scope="module")
+def nscloud(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A namespace cloud of its own (bridge, subnet, state), torn down afterwards."""
+    state = tmp_path_factory.mktemp("nscloud")
+    driver = driver_class("nscloud")(state_dir=str(state / "cloud"), bridge="sbt-br0",
+                                     subnet="10.252.0.0/24", boot_delay=0.5)
+    yield driver
+    driver.ex_teardown()

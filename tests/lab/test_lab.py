@@ -1,0 +1,44 @@
+"""The lab as `make demo` shows it, and its status."""
+
+from __future__ import annotations
+
+import json
+
+from slurm_burst.adapters.proc import run
+from slurm_burst.services.lab.service import Lab
+from tests.conftest import invoke
+from tests.lab.conftest import LAB_CONFIG
+
+
+def test_sinfo_shows_onprem_idle_and_burst_idle_powered_down(lab: Lab) -> None:
+    out = run(["sinfo", "-h", "-N", "-o", "%N %t"], env={"SLURM_CONF": str(lab.slurm_conf)}).stdout
+    states = dict(line.split() for line in out.splitlines())
+    assert states.pop("onprem-1") == "idle"
+    assert states and set(states.values()) == {"idle~"}
+    assert set(states) == {f"burst-cpu-{i}" for i in range(1, 5)} | {"burst-gpu-1", "burst-gpu-2"}
+
+
+def test_job_runs_on_onprem_node(lab: Lab) -> None:
+    out = run(["srun", "-p", "onprem", "-N1", "-t", "1", "hostname"],
+              env={"SLURM_CONF": str(lab.slurm_conf)}, timeout=60).stdout
+    assert out.strip() == "onprem-1"
+
+
+def test_status_json(lab: Lab) -> None:
+    doc = json.loads(invoke(["--config", str(LAB_CONFIG), "lab", "status", "--json"]).stdout)
+    assert doc["up"] is True
+    assert {"munged", "slurmctld"} <= {k for k, v in doc["processes"].items() if v["alive"]}
+    assert doc["onprem"]["onprem-1"]["vm"] == "running"
+    assert {n["name"]: n["state"] for n in doc["slurm_nodes"]}["burst-cpu-1"] == "idle~"
+
+
+def test_up_again_is_a_no_op(lab: Lab) -> None:
+    before = lab.status()["processes"]["slurmctld"]["pid"]
+    lab.up()
+    assert lab.status()["processes"]["slurmctld"]["pid"] == before
+
+
+def test_conf_render_is_what_slurmctld_runs(lab: Lab) -> None:
+    out = invoke(["--config", str(LAB_CONFIG), "conf", "render"]).stdout
+    deployed = (lab.slurm_conf.parent / "slurm-burst.conf").read_text()
+    assert deployed in out

@@ -1,0 +1,36 @@
+"""Last lab module: `lab down` leaves no namespace, process, link or file behind."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from slurm_burst.services.lab.service import Lab
+from tests.conftest import invoke
+from tests.lab.conftest import LAB_CONFIG
+
+
+def _lab_processes(marker: str) -> list[str]:
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if marker in cmd and int(pid) != os.getpid():
+            found.append(f"{pid}: {cmd}")
+    return found
+
+
+def test_down_removes_everything(lab: Lab) -> None:
+    state = str(lab.paths.state)
+    assert _lab_processes(state)  # the lab really was running
+    invoke(["--config", str(LAB_CONFIG), "lab", "down", "--yes"])
+    netns = os.listdir("/run/netns") if os.path.isdir("/run/netns") else []
+    assert [n for n in netns if n.startswith("sbl-")] == []
+    assert _lab_processes(state) == []
+    assert not Path(state).exists()
+    assert not Path("/sys/class/net/sbl-lan").exists() and not Path("/sys/class/net/sbl-inet").exists()
+    assert Path("/etc/munge/munge.key").exists()  # the host's own munge is not ours to touch
+    status = invoke(["--config", str(LAB_CONFIG), "lab", "status", "--json"], expect=3)
+    assert '"up": false' in status.stdout
