@@ -24,9 +24,15 @@ class Scheduler(Protocol):
 
     def ping(self) -> bool: ...
 
-    def update_nodes(self, names: Sequence[str], *, state: str | None = None,
-                     reason: str | None = None, addrs: Sequence[str] | None = None,
-                     hostnames: Sequence[str] | None = None) -> None: ...
+    def update_nodes(
+        self,
+        names: Sequence[str],
+        *,
+        state: str | None = None,
+        reason: str | None = None,
+        addrs: Sequence[str] | None = None,
+        hostnames: Sequence[str] | None = None,
+    ) -> None: ...
 
 
 class Clock(Protocol):

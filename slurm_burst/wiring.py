@@ -12,8 +12,12 @@ from slurm_burst.config import Config, ProviderConfig
 
 def scheduler(cfg: Config) -> SlurmCli:
     s = cfg.slurm
-    return SlurmCli(bin_dir=s.bin_dir, slurm_conf=str(Path(s.conf_dir) / "slurm.conf"),
-                    timeout=s.command_timeout, batch=s.update_batch)
+    return SlurmCli(
+        bin_dir=s.bin_dir,
+        slurm_conf=str(Path(s.conf_dir) / "slurm.conf"),
+        timeout=s.command_timeout,
+        batch=s.update_batch,
+    )
 
 
 def cloud_driver(provider: ProviderConfig) -> Any:

@@ -19,7 +19,9 @@ log = logging.getLogger(__name__)
 class CommandError(RuntimeError):
     """A program failed, timed out or is missing; keeps its argv, exit status and stderr."""
 
-    def __init__(self, argv: Sequence[str], returncode: int | None, stderr: str, reason: str) -> None:
+    def __init__(
+        self, argv: Sequence[str], returncode: int | None, stderr: str, reason: str
+    ) -> None:
         self.argv = list(argv)
         self.returncode = returncode
         self.stderr = stderr.strip()
@@ -37,16 +39,29 @@ class Result:
     seconds: float
 
 
-def run(argv: Sequence[str], *, timeout: float = 30.0, check: bool = True,
-        env: Mapping[str, str] | None = None, input_text: str | None = None) -> Result:
+def run(
+    argv: Sequence[str],
+    *,
+    timeout: float = 30.0,
+    check: bool = True,
+    env: Mapping[str, str] | None = None,
+    input_text: str | None = None,
+) -> Result:
     """Run ``argv`` and return its output; raise :class:`CommandError` when it fails."""
     if not argv or any(not isinstance(a, str) for a in argv):
         raise TypeError(f"argv must be a non-empty list of str, got {argv!r}")
     full_env = None if env is None else {**os.environ, **env}
     started = time.monotonic()
     try:
-        proc = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout,
-                              env=full_env, input=input_text, check=False)
+        proc = subprocess.run(
+            list(argv),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=full_env,
+            input=input_text,
+            check=False,
+        )
     except FileNotFoundError as exc:
         raise CommandError(argv, None, "", "is not installed") from exc
     except subprocess.TimeoutExpired as exc:
@@ -55,8 +70,12 @@ def run(argv: Sequence[str], *, timeout: float = 30.0, check: bool = True,
     seconds = time.monotonic() - started
     log.debug("proc.run argv0=%s rc=%d seconds=%.3f", argv[0], proc.returncode, seconds)
     if check and proc.returncode != 0:
-        raise CommandError(argv, proc.returncode, proc.stderr or proc.stdout,
-                           f"exited with status {proc.returncode}")
+        raise CommandError(
+            argv,
+            proc.returncode,
+            proc.stderr or proc.stdout,
+            f"exited with status {proc.returncode}",
+        )
     return Result(tuple(argv), proc.returncode, proc.stdout, proc.stderr, seconds)
 
 

@@ -13,7 +13,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from slurm_burst.config import Config, ConfigError, load_config, resolve_config_path
+from slurm_burst.config import Config, ConfigError, load_config
 
 EXIT_OK = 0
 """The command did what was asked."""
@@ -24,9 +24,12 @@ EXIT_BAD_INPUT = 2
 EXIT_PRECONDITION = 3
 """The command cannot run here: not root, a required program is missing, the lab is down."""
 
-EXIT_CODES = {EXIT_OK: "success", EXIT_FAILED: "a step failed at run time",
-              EXIT_BAD_INPUT: "bad input (usage, config, hostlist); nothing changed",
-              EXIT_PRECONDITION: "cannot run here (not root, missing program, lab down)"}
+EXIT_CODES = {
+    EXIT_OK: "success",
+    EXIT_FAILED: "a step failed at run time",
+    EXIT_BAD_INPUT: "bad input (usage, config, hostlist); nothing changed",
+    EXIT_PRECONDITION: "cannot run here (not root, missing program, lab down)",
+}
 
 
 @dataclass
@@ -44,8 +47,11 @@ class AppContext:
             except ConfigError as exc:
                 for p in exc.problems:
                     click.echo(p.render(exc.source), err=True)
-                fail(f"configuration {exc.source} has {len(exc.problems)} problem(s); "
-                     "run 'slurm-burst config check' for details", EXIT_BAD_INPUT)
+                fail(
+                    f"configuration {exc.source} has {len(exc.problems)} problem(s); "
+                    "run 'slurm-burst config check' for details",
+                    EXIT_BAD_INPUT,
+                )
         return self._config
 
 
@@ -66,9 +72,14 @@ def fail(message: str, code: int = EXIT_FAILED) -> NoReturn:
     sys.exit(code)
 
 
-def emit(data: Any, as_json: bool, *, columns: Sequence[str] | None = None,
-         rows: Callable[[Any], Sequence[Sequence[Any]]] | None = None, title: str | None = None
-         ) -> None:
+def emit(
+    data: Any,
+    as_json: bool,
+    *,
+    columns: Sequence[str] | None = None,
+    rows: Callable[[Any], Sequence[Sequence[Any]]] | None = None,
+    title: str | None = None,
+) -> None:
     """Print ``data`` as JSON for scripts, or as a table for people."""
     if as_json:
         click.echo(json.dumps(data, indent=2, sort_keys=True, default=str))

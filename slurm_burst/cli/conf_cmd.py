@@ -16,8 +16,12 @@ def group() -> None:
 
 
 @group.command("render")
-@click.option("--output-dir", "-o", type=click.Path(file_okay=False, path_type=Path),
-              help="Write slurm-burst.conf and gres.conf here instead of printing them.")
+@click.option(
+    "--output-dir",
+    "-o",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Write slurm-burst.conf and gres.conf here instead of printing them.",
+)
 @click.pass_context
 def render_cmd(ctx: click.Context, output_dir: Path | None) -> None:
     """Print the slurm.conf Include fragment (power saving, CLOUD nodes, burst

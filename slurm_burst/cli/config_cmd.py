@@ -28,14 +28,22 @@ def check(ctx: click.Context, as_json: bool) -> None:
     cfg, problems = check_config(path, driver_exists=_driver_exists)
     errors = [p for p in problems if p.severity == "error"]
     if as_json:
-        emit({"config": str(path), "ok": not errors and cfg is not None,
-              "problems": [dataclasses.asdict(p) for p in problems]}, True)
+        emit(
+            {
+                "config": str(path),
+                "ok": not errors and cfg is not None,
+                "problems": [dataclasses.asdict(p) for p in problems],
+            },
+            True,
+        )
     else:
         for p in problems:
             click.echo(p.render(str(path)), err=p.severity == "error")
         if errors:
-            click.echo(f"{path}: {len(errors)} error(s), "
-                       f"{len(problems) - len(errors)} warning(s)", err=True)
+            click.echo(
+                f"{path}: {len(errors)} error(s), {len(problems) - len(errors)} warning(s)",
+                err=True,
+            )
         else:
             click.echo(f"{path}: OK ({len(problems)} warning(s))")
     ctx.exit(EXIT_BAD_INPUT if errors or cfg is None else EXIT_OK)

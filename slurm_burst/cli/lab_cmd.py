@@ -45,8 +45,10 @@ def up(ctx: click.Context, timeout: float, as_json: bool) -> None:
     try:
         status = lab.up(timeout=timeout)
     except (LabError, RuntimeError, TimeoutError, OSError) as exc:
-        fail(f"lab up failed: {exc}\n  logs: {lab.paths.log}; clean up with 'slurm-burst lab down'",
-             EXIT_FAILED)
+        fail(
+            f"lab up failed: {exc}\n  logs: {lab.paths.log}; clean up with 'slurm-burst lab down'",
+            EXIT_FAILED,
+        )
     _print_status(status, as_json)
     if not as_json:
         click.echo(f"\nexport SLURM_CONF={status['slurm_conf']}   # then: sinfo, sbatch, squeue")
@@ -82,15 +84,31 @@ def _print_status(st: dict[str, Any], as_json: bool) -> None:
     click.echo(f"lab: {'UP' if st['up'] else 'DOWN'}  state: {st['state_dir']}")
     if "processes" not in st:
         return
-    rows = [(name, p["pid"], "running" if p["alive"] else "DEAD")
-            for name, p in st["processes"].items()]
-    rows += [(f"on-prem {name}", o["launcher_pid"], o["vm"] if o["alive"] else "DEAD")
-             for name, o in st["onprem"].items()]
+    rows = [
+        (name, p["pid"], "running" if p["alive"] else "DEAD") for name, p in st["processes"].items()
+    ]
+    rows += [
+        (f"on-prem {name}", o["launcher_pid"], o["vm"] if o["alive"] else "DEAD")
+        for name, o in st["onprem"].items()
+    ]
     emit(rows, False, columns=["process", "pid", "state"], rows=lambda r: r, title="Processes")
-    emit(st["slurm_nodes"], False, columns=["node", "state", "partitions", "addr"],
-         rows=lambda ns: [(n.get("name"), n.get("state"), ",".join(n.get("partitions", [])),
-                           n.get("addr")) for n in ns], title="Slurm nodes")
+    emit(
+        st["slurm_nodes"],
+        False,
+        columns=["node", "state", "partitions", "addr"],
+        rows=lambda ns: [
+            (n.get("name"), n.get("state"), ",".join(n.get("partitions", [])), n.get("addr"))
+            for n in ns
+        ],
+        title="Slurm nodes",
+    )
     if st["cloud_vms"]:
-        emit(st["cloud_vms"], False, columns=["vm", "name", "state", "ip", "size"],
-             rows=lambda vs: [(v["id"], v["name"], v["state"], ",".join(v["ip"]), v["size"])
-                              for v in vs], title="Cloud VMs")
+        emit(
+            st["cloud_vms"],
+            False,
+            columns=["vm", "name", "state", "ip", "size"],
+            rows=lambda vs: [
+                (v["id"], v["name"], v["state"], ",".join(v["ip"]), v["size"]) for v in vs
+            ],
+            title="Cloud VMs",
+        )

@@ -15,8 +15,13 @@ _EPILOG = "Exit codes: " + "; ".join(f"{k} {v}" for k, v in EXIT_CODES.items()) 
 
 
 @click.group(epilog=_EPILOG, context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--config", "config_path", metavar="PATH", envvar="SLURM_BURST_CONFIG",
-              help="Config file [env SLURM_BURST_CONFIG; default /etc/slurm-burst/slurm-burst.toml].")
+@click.option(
+    "--config",
+    "config_path",
+    metavar="PATH",
+    envvar="SLURM_BURST_CONFIG",
+    help="Config file [env SLURM_BURST_CONFIG; default /etc/slurm-burst/slurm-burst.toml].",
+)
 @click.option("-v", "--verbose", count=True, help="More log output (-vv for debug).")
 @click.version_option(__version__, prog_name="slurm-burst")
 @click.pass_context

@@ -8,7 +8,6 @@ problems (warnings included) for ``slurm-burst config check``.
 from slurm_burst.config.load import (
     DEFAULT_CONFIG_PATH,
     ConfigError,
-    Problem,
     check_config,
     load_config,
     resolve_config_path,
@@ -26,6 +25,7 @@ from slurm_burst.config.model import (
     ProviderConfig,
     SlurmConfig,
 )
+from slurm_burst.config.schema import Problem
 
 __all__ = [
     "DEFAULT_CONFIG_PATH",

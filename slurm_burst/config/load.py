@@ -16,8 +16,16 @@ from slurm_burst.config.validate import validate
 
 DEFAULT_CONFIG_PATH = "/etc/slurm-burst/slurm-burst.toml"
 ENV_VAR = "SLURM_BURST_CONFIG"
-_INLINE_SECRETS = ("key", "secret", "password", "token", "access_key", "secret_key",
-                   "client_secret", "private_key")
+_INLINE_SECRETS = (
+    "key",
+    "secret",
+    "password",
+    "token",
+    "access_key",
+    "secret_key",
+    "client_secret",
+    "private_key",
+)
 
 
 class ConfigError(Exception):
@@ -35,8 +43,9 @@ def resolve_config_path(explicit: str | None) -> Path:
     return Path(explicit or os.environ.get(ENV_VAR) or DEFAULT_CONFIG_PATH)
 
 
-def check_config(path: Path, driver_exists: Callable[[str], bool] | None = None
-                 ) -> tuple[Config | None, list[Problem]]:
+def check_config(
+    path: Path, driver_exists: Callable[[str], bool] | None = None
+) -> tuple[Config | None, list[Problem]]:
     """Load ``path``; return the config (None if unusable) and every problem found."""
     source = str(path)
     try:
@@ -60,9 +69,9 @@ def load_config(path: Path, driver_exists: Callable[[str], bool] | None = None) 
     return cfg
 
 
-def parse_config(text: str, source: str = "<string>",
-                 driver_exists: Callable[[str], bool] | None = None
-                 ) -> tuple[Config | None, list[Problem]]:
+def parse_config(
+    text: str, source: str = "<string>", driver_exists: Callable[[str], bool] | None = None
+) -> tuple[Config | None, list[Problem]]:
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
@@ -75,8 +84,11 @@ def parse_config(text: str, source: str = "<string>",
         return None, problems
     cfg = _with_source(cfg, source)
     declared = data.get("providers")
-    problems += validate(cfg, driver_exists,
-                         declared_providers=set(declared) if isinstance(declared, dict) else set())
+    problems += validate(
+        cfg,
+        driver_exists,
+        declared_providers=set(declared) if isinstance(declared, dict) else set(),
+    )
     return cfg, problems
 
 
@@ -96,10 +108,13 @@ def _strip_inline_secrets(data: dict[str, Any], problems: list[Problem]) -> None
             continue
         for key in [k for k in creds if k in _INLINE_SECRETS]:
             del creds[key]
-            problems.append(Problem(
-                f"providers.{name}.credentials.{key}",
-                "secrets are never written in the config; reference them with 'file' "
-                "or 'key_env'/'secret_env'"))
+            problems.append(
+                Problem(
+                    f"providers.{name}.credentials.{key}",
+                    "secrets are never written in the config; reference them with 'file' "
+                    "or 'key_env'/'secret_env'",
+                )
+            )
 
 
 def _file_mode_problems(path: Path, what: str, secret: bool = False) -> list[Problem]:
@@ -131,8 +146,13 @@ def _credential_file_problems(cfg: Config) -> list[Problem]:
         for key in ("key_env", "secret_env"):
             var = getattr(creds, key)
             if var and var not in os.environ:
-                out.append(Problem(f"{path}.{key}", f"environment variable {var} is not set here",
-                                   severity="warning"))
+                out.append(
+                    Problem(
+                        f"{path}.{key}",
+                        f"environment variable {var} is not set here",
+                        severity="warning",
+                    )
+                )
     return out
 
 

@@ -16,7 +16,6 @@ from typing import Any
 from slurm_burst.core.hostlist import compress
 
 
-
 def _empty() -> Mapping[str, Any]:
     return MappingProxyType({})
 
@@ -42,22 +41,30 @@ class SlurmConfig:
     update_batch: int = doc("Nodes per 'scontrol update' call (at most 100).", default=100)
     resume_timeout: int = doc("ResumeTimeout: seconds a node has to register.", default=600)
     suspend_timeout: int = doc("SuspendTimeout: seconds to power a node down.", default=120)
-    suspend_time: int = doc("SuspendTime: idle seconds before a burst node is released.", default=600)
+    suspend_time: int = doc(
+        "SuspendTime: idle seconds before a burst node is released.", default=600
+    )
     resume_rate: int = doc("ResumeRate: nodes per minute Slurm resumes (0 = unlimited).", default=0)
-    suspend_rate: int = doc("SuspendRate: nodes per minute Slurm suspends (0 = unlimited).", default=0)
-    hook_dir: str = doc("Directory of the slurm-burst-resume/-suspend/-resume-fail hooks.",
-                        default="/usr/local/bin")
-    onprem_partitions: tuple[str, ...] = doc("Partitions never powered down (SuspendExcParts).",
-                                             default=())
-    hostlist_max_names: int = doc("Largest hostlist we expand (guards against typos).",
-                                  default=1_000_000)
+    suspend_rate: int = doc(
+        "SuspendRate: nodes per minute Slurm suspends (0 = unlimited).", default=0
+    )
+    hook_dir: str = doc(
+        "Directory of the slurm-burst-resume/-suspend/-resume-fail hooks.", default="/usr/local/bin"
+    )
+    onprem_partitions: tuple[str, ...] = doc(
+        "Partitions never powered down (SuspendExcParts).", default=()
+    )
+    hostlist_max_names: int = doc(
+        "Largest hostlist we expand (guards against typos).", default=1_000_000
+    )
 
 
 @dataclass(frozen=True)
 class PartitionConfig:
     name: str = doc("Partition name (the table key).")
-    suspend_time: int | None = doc("Per-partition SuspendTime; default slurm.suspend_time.",
-                                   default=None)
+    suspend_time: int | None = doc(
+        "Per-partition SuspendTime; default slurm.suspend_time.", default=None
+    )
     max_time: str = doc("MaxTime of the partition.", default="INFINITE")
     default: bool = doc("Make this the default partition.", default=False)
 
@@ -78,7 +85,9 @@ class ProviderConfig:
     options: Mapping[str, Any] = doc("Driver-specific keyword arguments.", default_factory=_empty)
 
 
-_PATTERN = re.compile(r"^(?P<pre>[A-Za-z0-9][A-Za-z0-9._-]*?)\{n(?::0(?P<w>\d)d)?\}(?P<post>[A-Za-z0-9._-]*)$")
+_PATTERN = re.compile(
+    r"^(?P<pre>[A-Za-z0-9][A-Za-z0-9._-]*?)\{n(?::0(?P<w>\d)d)?\}(?P<post>[A-Za-z0-9._-]*)$"
+)
 
 
 @dataclass(frozen=True)
@@ -95,7 +104,9 @@ class NodeGroup:
     gpus: int = doc("GPUs per node.", default=0)
     gpu_type: str = doc("GPU type for Gres (e.g. a100).", default="")
     gpu_files: str = doc("gres.conf File= for the GPUs; default /dev/nvidia[0-N].", default="")
-    price_per_hour: Mapping[str, float] = doc("Price per instance-hour, by size.", default_factory=_empty)
+    price_per_hour: Mapping[str, float] = doc(
+        "Price per instance-hour, by size.", default_factory=_empty
+    )
     max_nodes: int | None = doc("Most nodes running at once; default count.", default=None)
     features: tuple[str, ...] = doc("Slurm node features.", default=())
     spot: bool = doc("Ask for spot/preemptible capacity.", default=False)
@@ -121,8 +132,9 @@ class NodeGroup:
 
 @dataclass(frozen=True)
 class MeshConfig:
-    subnet: str = doc("WireGuard mesh subnet; the hub takes its first address.",
-                      default="10.77.0.0/16")
+    subnet: str = doc(
+        "WireGuard mesh subnet; the hub takes its first address.", default="10.77.0.0/16"
+    )
     interface: str = doc("Hub WireGuard interface name.", default="wg-burst")
     endpoint: str = doc("Public address cloud nodes dial to reach the hub.", default="")
     port: int = doc("Hub UDP port.", default=51820)
@@ -135,23 +147,30 @@ class LedgerConfig:
 
 @dataclass(frozen=True)
 class DaemonConfig:
-    socket: str = doc("Local socket the hooks use to wake the daemon.",
-                      default="/run/slurm-burst/daemon.sock")
-    state_dir: str = doc("Directory of the daemon's state database and keys.",
-                         default="/var/lib/slurm-burst")
+    socket: str = doc(
+        "Local socket the hooks use to wake the daemon.", default="/run/slurm-burst/daemon.sock"
+    )
+    state_dir: str = doc(
+        "Directory of the daemon's state database and keys.", default="/var/lib/slurm-burst"
+    )
     poll_period: float = doc("Seconds between reconcile passes.", default=30.0)
-    heartbeat_stale: float = doc("Seconds after which the daemon's heartbeat counts as stale.",
-                                 default=120.0)
+    heartbeat_stale: float = doc(
+        "Seconds after which the daemon's heartbeat counts as stale.", default=120.0
+    )
 
 
 @dataclass(frozen=True)
 class LabConfig:
-    state_dir: str = doc("Where the lab keeps its state, logs and VM disks.",
-                         default="/var/lib/slurm-burst-lab")
-    lan_subnet: str = doc("On-prem network: the controller takes its first address, "
-                          "static nodes the next ones.", default="10.250.0.0/24")
-    cloud_provider: str = doc("Provider profile (driver 'nscloud') whose bridge is the "
-                              "lab's 'internet'.", default="lab")
+    state_dir: str = doc(
+        "Where the lab keeps its state, logs and VM disks.", default="/var/lib/slurm-burst-lab"
+    )
+    lan_subnet: str = doc(
+        "On-prem network: the controller takes its first address, static nodes the next ones.",
+        default="10.250.0.0/24",
+    )
+    cloud_provider: str = doc(
+        "Provider profile (driver 'nscloud') whose bridge is the lab's 'internet'.", default="lab"
+    )
     onprem_partition: str = doc("Partition of the static on-prem nodes.", default="onprem")
     onprem_nodes: int = doc("Static on-prem nodes.", default=1)
     onprem_cpus: int = doc("CPUs of each on-prem node.", default=2)
@@ -162,9 +181,13 @@ class LabConfig:
 class Config:
     cluster: ClusterConfig = doc("The Slurm cluster.")
     slurm: SlurmConfig = doc("Talking to Slurm.", default=SlurmConfig())
-    partitions: Mapping[str, PartitionConfig] = doc("Burst partition settings.", default_factory=_empty)
+    partitions: Mapping[str, PartitionConfig] = doc(
+        "Burst partition settings.", default_factory=_empty
+    )
     node_groups: Mapping[str, NodeGroup] = doc("Cloud node groups.", default_factory=_empty)
-    providers: Mapping[str, ProviderConfig] = doc("Cloud provider profiles.", default_factory=_empty)
+    providers: Mapping[str, ProviderConfig] = doc(
+        "Cloud provider profiles.", default_factory=_empty
+    )
     mesh: MeshConfig = doc("WireGuard mesh.", default=MeshConfig())
     ledger: LedgerConfig = doc("Cost ledger.", default=LedgerConfig())
     daemon: DaemonConfig = doc("The daemon.", default=DaemonConfig())

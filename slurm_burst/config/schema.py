@@ -39,8 +39,13 @@ def _join(path: str, key: str) -> str:
     return f"{path}.{key}" if path else key
 
 
-def build(cls: type, data: Mapping[str, Any], path: str, problems: list[Problem],
-          key_name: str | None = None) -> Any:
+def build(
+    cls: type,
+    data: Mapping[str, Any],
+    path: str,
+    problems: list[Problem],
+    key_name: str | None = None,
+) -> Any:
     """Build dataclass ``cls`` from a TOML table, appending problems; None if unusable."""
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls) if not f.metadata.get("internal")}

@@ -16,8 +16,11 @@ _FEATURE = re.compile(r"^[A-Za-z0-9_.-]+$")
 BACKENDS = ("cli",)
 
 
-def validate(cfg: Config, driver_exists: Callable[[str], bool] | None = None,
-             declared_providers: set[str] | None = None) -> list[Problem]:
+def validate(
+    cfg: Config,
+    driver_exists: Callable[[str], bool] | None = None,
+    declared_providers: set[str] | None = None,
+) -> list[Problem]:
     """Every semantic problem in ``cfg``; ``driver_exists`` checks libcloud driver names.
 
     ``declared_providers`` are the profile names in the file, including ones that
@@ -31,12 +34,19 @@ def validate(cfg: Config, driver_exists: Callable[[str], bool] | None = None,
         if not prov.driver:
             out.append(Problem(f"providers.{name}.driver", "must name a libcloud driver"))
         elif driver_exists is not None and not driver_exists(prov.driver):
-            out.append(Problem(f"providers.{name}.driver",
-                               f"libcloud has no compute driver {prov.driver!r}"))
+            out.append(
+                Problem(
+                    f"providers.{name}.driver", f"libcloud has no compute driver {prov.driver!r}"
+                )
+            )
         creds = prov.credentials
         if creds is not None and creds.file and (creds.key_env or creds.secret_env):
-            out.append(Problem(f"providers.{name}.credentials",
-                               "give either 'file' or 'key_env'/'secret_env', not both"))
+            out.append(
+                Problem(
+                    f"providers.{name}.credentials",
+                    "give either 'file' or 'key_env'/'secret_env', not both",
+                )
+            )
     _mesh(cfg, out)
     if "://" not in cfg.ledger.url:
         out.append(Problem("ledger.url", "must be an SQLAlchemy URL such as sqlite:////path.db"))
@@ -48,10 +58,13 @@ def validate(cfg: Config, driver_exists: Callable[[str], bool] | None = None,
         _network(cfg.lab.lan_subnet, "lab.lan_subnet", out)
         if cfg.lab.onprem_nodes < 1:
             out.append(Problem("lab.onprem_nodes", "the lab needs at least one on-prem node"))
-        prov = cfg.providers.get(cfg.lab.cloud_provider)
-        if prov is None or prov.driver != "nscloud":
-            out.append(Problem("lab.cloud_provider",
-                               "must name a provider profile whose driver is 'nscloud'"))
+        cloud = cfg.providers.get(cfg.lab.cloud_provider)
+        if cloud is None or cloud.driver != "nscloud":
+            out.append(
+                Problem(
+                    "lab.cloud_provider", "must name a provider profile whose driver is 'nscloud'"
+                )
+            )
         if cfg.lab.onprem_partition not in cfg.slurm.onprem_partitions:
             out.append(Problem("lab.onprem_partition", "must be listed in slurm.onprem_partitions"))
     return out
@@ -72,8 +85,13 @@ def _slurm(cfg: Config, out: list[Problem]) -> None:
     s = cfg.slurm
     if s.backend not in BACKENDS:
         out.append(Problem("slurm.backend", f"must be one of {', '.join(BACKENDS)}"))
-    for key in ("command_timeout", "resume_timeout", "suspend_timeout", "suspend_time",
-                "hostlist_max_names"):
+    for key in (
+        "command_timeout",
+        "resume_timeout",
+        "suspend_timeout",
+        "suspend_time",
+        "hostlist_max_names",
+    ):
         if getattr(s, key) <= 0:
             out.append(Problem(f"slurm.{key}", "must be positive"))
     if not 1 <= s.update_batch <= 100:
@@ -84,8 +102,11 @@ def _slurm(cfg: Config, out: list[Problem]) -> None:
     burst = set(cfg.burst_partitions())
     for part in s.onprem_partitions:
         if part in burst:
-            out.append(Problem("slurm.onprem_partitions",
-                               f"{part!r} is also a burst partition of a node group"))
+            out.append(
+                Problem(
+                    "slurm.onprem_partitions", f"{part!r} is also a burst partition of a node group"
+                )
+            )
 
 
 def _groups(cfg: Config, out: list[Problem], declared: set[str]) -> None:
@@ -98,22 +119,33 @@ def _groups(cfg: Config, out: list[Problem], declared: set[str]) -> None:
         if _PATTERN.match(g.pattern) and g.count >= 1:
             for node in g.node_names():
                 if node in seen:
-                    out.append(Problem(f"{base}.pattern",
-                                       f"node {node} is also defined by node group {seen[node]!r}"))
+                    out.append(
+                        Problem(
+                            f"{base}.pattern",
+                            f"node {node} is also defined by node group {seen[node]!r}",
+                        )
+                    )
                     break
                 seen[node] = gname
     for pname in cfg.partitions:
         if pname not in cfg.burst_partitions():
-            out.append(Problem(f"partitions.{pname}", "no node group uses this partition",
-                               severity="warning"))
+            out.append(
+                Problem(
+                    f"partitions.{pname}", "no node group uses this partition", severity="warning"
+                )
+            )
 
 
 def _group(cfg: Config, g: NodeGroup, base: str, out: list[Problem], declared: set[str]) -> None:
     if not _SLURM_NAME.match(g.name):
         out.append(Problem(base, "group name must be letters, digits, '-' or '_'"))
     if not _PATTERN.match(g.pattern):
-        out.append(Problem(f"{base}.pattern",
-                           "must be a node name with one '{n}' or '{n:0Wd}' index, e.g. 'gpu-{n}'"))
+        out.append(
+            Problem(
+                f"{base}.pattern",
+                "must be a node name with one '{n}' or '{n:0Wd}' index, e.g. 'gpu-{n}'",
+            )
+        )
     if g.count < 1:
         out.append(Problem(f"{base}.count", "must be at least 1"))
     if g.max_nodes is not None and not 0 <= g.max_nodes <= g.count:
@@ -124,8 +156,12 @@ def _group(cfg: Config, g: NodeGroup, base: str, out: list[Problem], declared: s
         out.append(Problem(f"{base}.providers", "must name at least one provider profile"))
     for prov in g.providers:
         if prov not in declared:
-            out.append(Problem(f"{base}.providers", f"no provider profile {prov!r} "
-                               f"(defined: {', '.join(cfg.providers) or 'none'})"))
+            out.append(
+                Problem(
+                    f"{base}.providers",
+                    f"no provider profile {prov!r} (defined: {', '.join(cfg.providers) or 'none'})",
+                )
+            )
     if not g.sizes:
         out.append(Problem(f"{base}.sizes", "must list at least one size"))
     if len(set(g.sizes)) != len(g.sizes):
@@ -138,9 +174,13 @@ def _group(cfg: Config, g: NodeGroup, base: str, out: list[Problem], declared: s
             out.append(Problem(f"{base}.price_per_hour.{size}", "must not be negative"))
     for size in g.sizes:
         if size not in g.price_per_hour:
-            out.append(Problem(f"{base}.price_per_hour",
-                               f"no price for size {size!r}: its cost will be recorded as 0",
-                               severity="warning"))
+            out.append(
+                Problem(
+                    f"{base}.price_per_hour",
+                    f"no price for size {size!r}: its cost will be recorded as 0",
+                    severity="warning",
+                )
+            )
     if not g.image:
         out.append(Problem(f"{base}.image", "must not be empty"))
     if g.cpus < 1:
@@ -160,10 +200,14 @@ def _group(cfg: Config, g: NodeGroup, base: str, out: list[Problem], declared: s
             out.append(Problem(f"{base}.gpu_files", f"bad device list: {exc.message}"))
         else:
             if count != g.gpus:
-                out.append(Problem(f"{base}.gpu_files", f"names {count} device(s), gpus is {g.gpus}"))
+                out.append(
+                    Problem(f"{base}.gpu_files", f"names {count} device(s), gpus is {g.gpus}")
+                )
     for feat in g.features:
         if not _FEATURE.match(feat):
-            out.append(Problem(f"{base}.features", f"feature {feat!r} has characters Slurm rejects"))
+            out.append(
+                Problem(f"{base}.features", f"feature {feat!r} has characters Slurm rejects")
+            )
 
 
 def _mesh(cfg: Config, out: list[Problem]) -> None:
@@ -176,7 +220,9 @@ def _mesh(cfg: Config, out: list[Problem]) -> None:
         out.append(Problem("mesh.port", "must be a UDP port (1-65535)"))
 
 
-def _network(text: str, path: str, out: list[Problem]) -> ipaddress.IPv4Network | ipaddress.IPv6Network | None:
+def _network(
+    text: str, path: str, out: list[Problem]
+) -> ipaddress.IPv4Network | ipaddress.IPv6Network | None:
     try:
         return ipaddress.ip_network(text)
     except ValueError as exc:

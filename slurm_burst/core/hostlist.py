@@ -20,8 +20,9 @@ property test:
 Where Slurm is lax we are strict, because a hook acting on a misread list
 powers up or tears down the wrong machines: empty parts (``a,,b``), brackets
 that do not balance, text after a closing bracket (22.05 rejects it too),
-reversed ranges, and any character outside ``[A-Za-z0-9._-]`` (shell
-metacharacters included) and names starting with ``-`` or ``.`` raise :class:`HostlistError` with the position.
+reversed ranges, any character outside ``[A-Za-z0-9._-]`` (shell
+metacharacters included) and names starting with ``-`` or ``.`` (they would
+read as options) raise :class:`HostlistError` with the position.
 """
 
 from __future__ import annotations
@@ -127,7 +128,9 @@ def _expand_part(expr: str, offset: int, part: str, max_names: int) -> list[str]
         ranges = _parse_ranges(expr, offset + open_at + 1, part[open_at + 1 : close_at], max_names)
         count = sum(r.hi - r.lo + 1 for r in ranges)
         if len(names) * count > max_names:
-            raise HostlistError(expr, offset + open_at, f"expands past the cap of {max_names} names")
+            raise HostlistError(
+                expr, offset + open_at, f"expands past the cap of {max_names} names"
+            )
         literal = part[pos:open_at]
         numbers = [f"{n:0{r.width}d}" for r in ranges for n in range(r.lo, r.hi + 1)]
         names = [f"{head}{literal}{num}" for head in names for num in numbers]
@@ -359,7 +362,11 @@ def _ranged_string(ranges: list[_HostRange]) -> str:
             i += 1
             continue
         j = i
-        while j + 1 < len(ranges) and ranges[j + 1].prefix == first.prefix and not ranges[j + 1].single:
+        while (
+            j + 1 < len(ranges)
+            and ranges[j + 1].prefix == first.prefix
+            and not ranges[j + 1].single
+        ):
             j += 1
         group = ranges[i : j + 1]
         items = [

@@ -38,9 +38,13 @@ class SlurmNode:
     def sinfo_state(self) -> str:
         """The state as sinfo prints it, with its power-saving suffix (idle~, mixed#, ...)."""
         suffix = ""
-        for flag, mark in (("POWERED_DOWN", "~"), ("POWERING_UP", "#"),
-                           ("POWERING_DOWN", "%"), ("POWER_DOWN", "!"),
-                           ("NOT_RESPONDING", "*")):
+        for flag, mark in (
+            ("POWERED_DOWN", "~"),
+            ("POWERING_UP", "#"),
+            ("POWERING_DOWN", "%"),
+            ("POWER_DOWN", "!"),
+            ("NOT_RESPONDING", "*"),
+        ):
             if flag in self.flags:
                 suffix = mark
                 break

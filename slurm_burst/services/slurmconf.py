@@ -26,8 +26,7 @@ def template_dir() -> Path:
 
 
 def node_line(g: NodeGroup) -> str:
-    parts = [f"NodeName={g.hostlist}", "State=CLOUD", f"CPUs={g.cpus}",
-             f"RealMemory={g.memory_mb}"]
+    parts = [f"NodeName={g.hostlist}", "State=CLOUD", f"CPUs={g.cpus}", f"RealMemory={g.memory_mb}"]
     if g.features:
         parts.append("Features=" + ",".join(g.features))
     if g.gpus:
@@ -47,11 +46,17 @@ def partition_lines(cfg: Config) -> list[str]:
     for part in cfg.burst_partitions():
         names = [n for g in cfg.node_groups.values() if g.partition == part for n in g.node_names()]
         pcfg = cfg.partitions.get(part)
-        suspend = pcfg.suspend_time if pcfg and pcfg.suspend_time is not None else cfg.slurm.suspend_time
-        fields = [f"PartitionName={part}", f"Nodes={compress(names)}",
-                  f"MaxTime={pcfg.max_time if pcfg else 'INFINITE'}",
-                  f"Default={'YES' if pcfg and pcfg.default else 'NO'}",
-                  f"SuspendTime={suspend}", "State=UP"]
+        suspend = (
+            pcfg.suspend_time if pcfg and pcfg.suspend_time is not None else cfg.slurm.suspend_time
+        )
+        fields = [
+            f"PartitionName={part}",
+            f"Nodes={compress(names)}",
+            f"MaxTime={pcfg.max_time if pcfg else 'INFINITE'}",
+            f"Default={'YES' if pcfg and pcfg.default else 'NO'}",
+            f"SuspendTime={suspend}",
+            "State=UP",
+        ]
         lines.append(" ".join(fields))
     return lines
 
@@ -60,13 +65,21 @@ def render(cfg: Config) -> dict[str, str]:
     """``{"slurm-burst.conf": ..., "gres.conf": ...}`` for ``cfg``."""
     tdir = template_dir()
     s = cfg.slurm
-    exc = (f"SuspendExcParts={','.join(s.onprem_partitions)}" if s.onprem_partitions
-           else "# no on-prem partitions listed: set slurm.onprem_partitions, or every node "
-                "with SuspendTime may be powered down")
+    exc = (
+        f"SuspendExcParts={','.join(s.onprem_partitions)}"
+        if s.onprem_partitions
+        else "# no on-prem partitions listed: set slurm.onprem_partitions, or every node "
+        "with SuspendTime may be powered down"
+    )
     fragment = Template((tdir / "slurm-burst.conf.in").read_text()).substitute(
-        source=cfg.source, conf_dir=s.conf_dir, hook_dir=s.hook_dir,
-        resume_timeout=s.resume_timeout, suspend_timeout=s.suspend_timeout,
-        suspend_time=s.suspend_time, resume_rate=s.resume_rate, suspend_rate=s.suspend_rate,
+        source=cfg.source,
+        conf_dir=s.conf_dir,
+        hook_dir=s.hook_dir,
+        resume_timeout=s.resume_timeout,
+        suspend_timeout=s.suspend_timeout,
+        suspend_time=s.suspend_time,
+        resume_rate=s.resume_rate,
+        suspend_rate=s.suspend_rate,
         suspend_exc_parts=exc,
         node_lines="\n".join(node_line(g) for g in cfg.node_groups.values()),
         partition_lines="\n".join(partition_lines(cfg)),
@@ -77,4 +90,3 @@ def render(cfg: Config) -> dict[str, str]:
         gres_lines="\n".join(gres_line(g) for g in gpu_groups) or "# no GPU node groups",
     )
     return {FRAGMENT: fragment, GRES: gres}
-

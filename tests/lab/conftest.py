@@ -49,7 +49,8 @@ def lab(lab_config: Config) -> Iterator[Lab]:
 def nscloud(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """A namespace cloud of its own (bridge, subnet, state), torn down afterwards."""
     state = tmp_path_factory.mktemp("nscloud")
-    driver = driver_class("nscloud")(state_dir=str(state / "cloud"), bridge="sbt-br0",
-                                     subnet="10.252.0.0/24", boot_delay=0.5)
+    driver = driver_class("nscloud")(
+        state_dir=str(state / "cloud"), bridge="sbt-br0", subnet="10.252.0.0/24", boot_delay=0.5
+    )
     yield driver
     driver.ex_teardown()

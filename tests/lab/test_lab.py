@@ -19,8 +19,11 @@ def test_sinfo_shows_onprem_idle_and_burst_idle_powered_down(lab: Lab) -> None:
 
 
 def test_job_runs_on_onprem_node(lab: Lab) -> None:
-    out = run(["srun", "-p", "onprem", "-N1", "-t", "1", "hostname"],
-              env={"SLURM_CONF": str(lab.slurm_conf)}, timeout=60).stdout
+    out = run(
+        ["srun", "-p", "onprem", "-N1", "-t", "1", "hostname"],
+        env={"SLURM_CONF": str(lab.slurm_conf)},
+        timeout=60,
+    ).stdout
     assert out.strip() == "onprem-1"
 
 

@@ -35,7 +35,9 @@ def wait_state(driver: Any, node: Node, state: str, timeout: float = 10) -> Node
         if current.state == state:
             return current
         time.sleep(0.05)
-    raise AssertionError(f"{node.id} not {state} after {timeout} s: {current.state} {current.extra}")
+    raise AssertionError(
+        f"{node.id} not {state} after {timeout} s: {current.state} {current.extra}"
+    )
 
 
 def ssh(node: Node, key: paramiko.Ed25519Key, command: str) -> str:
@@ -48,8 +50,14 @@ def ssh(node: Node, key: paramiko.Ed25519Key, command: str) -> str:
     deadline = time.monotonic() + 5
     while True:
         try:
-            client.connect(node.public_ips[0], username="root", pkey=key, timeout=2,
-                           allow_agent=False, look_for_keys=False)
+            client.connect(
+                node.public_ips[0],
+                username="root",
+                pkey=key,
+                timeout=2,
+                allow_agent=False,
+                look_for_keys=False,
+            )
             break
         except (paramiko.ssh_exception.NoValidConnectionsError, OSError):
             if time.monotonic() > deadline:
@@ -67,8 +75,13 @@ def ssh(node: Node, key: paramiko.Ed25519Key, command: str) -> str:
 @pytest.fixture(scope="module")
 def client_key() -> paramiko.Ed25519Key:
     path = Path("/tmp/sbt-client-key")
-    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(path)], check=True,
-                   input="y\n", text=True, capture_output=True)
+    subprocess.run(
+        ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(path)],
+        check=True,
+        input="y\n",
+        text=True,
+        capture_output=True,
+    )
     key = paramiko.Ed25519Key.from_private_key_file(str(path))
     path.unlink()
     Path(str(path) + ".pub").unlink()
@@ -78,9 +91,14 @@ def client_key() -> paramiko.Ed25519Key:
 @pytest.fixture(scope="module")
 def booted(nscloud: Any, client_key: paramiko.Ed25519Key) -> Node:
     auth = NodeAuthSSHKey(f"{client_key.get_name()} {client_key.get_base64()}")
-    node = nscloud.create_node("vm-contract", size(nscloud, "ns.gpu1"), nscloud.list_images()[0],
-                               auth=auth, ex_userdata=USERDATA,
-                               ex_metadata={"slurm-burst:cluster": "t", "slurm-burst:node": "vm-1"})
+    node = nscloud.create_node(
+        "vm-contract",
+        size(nscloud, "ns.gpu1"),
+        nscloud.list_images()[0],
+        auth=auth,
+        ex_userdata=USERDATA,
+        ex_metadata={"slurm-burst:cluster": "t", "slurm-burst:node": "vm-1"},
+    )
     assert node.state == NodeState.PENDING
     return wait_state(nscloud, node, NodeState.RUNNING)
 
@@ -97,24 +115,35 @@ def test_running_node_has_address_and_host_key(booted: Node) -> None:
 
 
 def test_sshd_presents_the_recorded_host_key_and_userdata_ran(
-        booted: Node, client_key: paramiko.Ed25519Key) -> None:
+    booted: Node, client_key: paramiko.Ed25519Key
+) -> None:
     assert ssh(booted, client_key, "cat /root/userdata-ran").split() == ["root", "vm-contract"]
 
 
 def test_wrong_host_key_is_rejected(booted: Node, client_key: paramiko.Ed25519Key) -> None:
     """A valid ed25519 key that is not the VM's: the connection must be refused."""
     wrong = f"{client_key.get_name()} {client_key.get_base64()}"
-    forged = Node(id=booted.id, name=booted.name, state=booted.state, public_ips=booted.public_ips,
-                  private_ips=[], driver=booted.driver, extra={"ssh_host_key": wrong})
+    forged = Node(
+        id=booted.id,
+        name=booted.name,
+        state=booted.state,
+        public_ips=booted.public_ips,
+        private_ips=[],
+        driver=booted.driver,
+        extra={"ssh_host_key": wrong},
+    )
     with pytest.raises(paramiko.BadHostKeyException):
         ssh(forged, client_key, "true")
 
 
 def test_vm_is_private(booted: Node, client_key: paramiko.Ed25519Key) -> None:
     """The VM sees the host's files as its image, never the host's secrets or hostname."""
-    out = ssh(booted, client_key,
-              "hostname; test ! -e /etc/munge/munge.key && echo no-munge-key; "
-              "ls /etc/ssh | grep -c ssh_host_; cut -d' ' -f1 /proc/uptime; ls /run/simgpu")
+    out = ssh(
+        booted,
+        client_key,
+        "hostname; test ! -e /etc/munge/munge.key && echo no-munge-key; "
+        "ls /etc/ssh | grep -c ssh_host_; cut -d' ' -f1 /proc/uptime; ls /run/simgpu",
+    )
     lines = out.split()
     assert lines[0] == "vm-contract" and lines[1] == "no-munge-key"
     assert lines[2] == "2"  # only the fresh ed25519 pair
@@ -124,7 +153,9 @@ def test_vm_is_private(booted: Node, client_key: paramiko.Ed25519Key) -> None:
 
 
 def test_list_filters_by_tag(nscloud: Any, booted: Node) -> None:
-    assert [n.id for n in nscloud.list_nodes(ex_filters={"tag:slurm-burst:node": "vm-1"})] == [booted.id]
+    assert [n.id for n in nscloud.list_nodes(ex_filters={"tag:slurm-burst:node": "vm-1"})] == [
+        booted.id
+    ]
     assert nscloud.list_nodes(ex_filters={"tag:slurm-burst:node": "vm-2"}) == []
 
 
@@ -167,5 +198,7 @@ def test_destroy_during_boot_delay(nscloud: Any) -> None:
     node = nscloud.create_node("vm-early", size(nscloud, "ns.cpu2"), nscloud.list_images()[0])
     assert nscloud.destroy_node(node)
     assert nscloud.list_nodes(ex_node_ids=[node.id])[0].state == NodeState.TERMINATED
-    assert f"sbl-{node.id}" not in subprocess.run(["ip", "netns", "list"], capture_output=True,
-                                                  text=True).stdout
+    assert (
+        f"sbl-{node.id}"
+        not in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    )

@@ -37,8 +37,21 @@ def test_partitions(slurm: SlurmCli) -> None:
 
 def test_jobs(slurm: SlurmCli, lab: Lab) -> None:
     env = {"SLURM_CONF": str(lab.slurm_conf)}
-    out = run(["sbatch", "--parsable", "-p", "onprem", "-t", "5", "-J", "adapter-test",
-               "--wrap", "sleep 30"], env=env).stdout
+    out = run(
+        [
+            "sbatch",
+            "--parsable",
+            "-p",
+            "onprem",
+            "-t",
+            "5",
+            "-J",
+            "adapter-test",
+            "--wrap",
+            "sleep 30",
+        ],
+        env=env,
+    ).stdout
     job_id = int(out.strip().split(";")[0])
     try:
         deadline = time.monotonic() + 15

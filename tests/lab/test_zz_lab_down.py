@@ -30,7 +30,9 @@ def test_down_removes_everything(lab: Lab) -> None:
     assert [n for n in netns if n.startswith("sbl-")] == []
     assert _lab_processes(state) == []
     assert not Path(state).exists()
-    assert not Path("/sys/class/net/sbl-lan").exists() and not Path("/sys/class/net/sbl-inet").exists()
+    assert (
+        not Path("/sys/class/net/sbl-lan").exists() and not Path("/sys/class/net/sbl-inet").exists()
+    )
     assert Path("/etc/munge/munge.key").exists()  # the host's own munge is not ours to touch
     status = invoke(["--config", str(LAB_CONFIG), "lab", "status", "--json"], expect=3)
     assert '"up": false' in status.stdout

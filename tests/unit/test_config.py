@@ -67,9 +67,11 @@ def test_shipped_lab_config_is_clean() -> None:
 
 
 def test_three_planted_mistakes_all_reported_exit_2(tmp_path: Path) -> None:
-    bad = (GOOD.replace('image = "ami-123"', 'image = "ami-123"\nspot = "yes"')  # wrong type
-               .replace('region = "eu-west-1"', 'regoin = "eu-west-1"')  # unknown key (typo)
-               .replace('providers = ["aws"]', 'providers = ["gcp"]'))   # dangling reference
+    bad = (
+        GOOD.replace('image = "ami-123"', 'image = "ami-123"\nspot = "yes"')  # wrong type
+        .replace('region = "eu-west-1"', 'regoin = "eu-west-1"')  # unknown key (typo)
+        .replace('providers = ["aws"]', 'providers = ["gcp"]')
+    )  # dangling reference
     path = write(tmp_path, bad)
     result = invoke(["--config", str(path), "config", "check"], expect=2)
     err = result.stderr
@@ -77,15 +79,20 @@ def test_three_planted_mistakes_all_reported_exit_2(tmp_path: Path) -> None:
     assert "providers.aws.regoin: unknown key; did you mean 'region'?" in err
     assert "node_groups.gpu.providers: no provider profile 'gcp'" in err
     assert ": 3 error(s)," in err
-    lines = {ln.split(": error: ")[1].split(":")[0]: ln.split(": error: ")[0].rsplit(":", 1)[1]
-             for ln in err.splitlines() if ": error: " in ln}
+    lines = {
+        ln.split(": error: ")[1].split(":")[0]: ln.split(": error: ")[0].rsplit(":", 1)[1]
+        for ln in err.splitlines()
+        if ": error: " in ln
+    }
     assert lines["providers.aws.regoin"] == str(bad.splitlines().index('regoin = "eu-west-1"') + 1)
 
 
 def test_check_json_lists_every_problem(tmp_path: Path) -> None:
-    bad = (GOOD.replace('cpus = 4', 'cpus = 0')
-               .replace('providers = ["aws"]', 'providers = ["gcp"]')
-               .replace('name = "c1"', 'name = "c1"\nnmae = "x"'))
+    bad = (
+        GOOD.replace("cpus = 4", "cpus = 0")
+        .replace('providers = ["aws"]', 'providers = ["gcp"]')
+        .replace('name = "c1"', 'name = "c1"\nnmae = "x"')
+    )
     result = invoke(["--config", str(write(tmp_path, bad)), "config", "check", "--json"], expect=2)
     doc = json.loads(result.stdout)
     paths = sorted(p["path"] for p in doc["problems"] if p["severity"] == "error")
@@ -96,16 +103,31 @@ def test_check_json_lists_every_problem(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("edit", "path", "fragment"),
     [
-        (('credentials = { key_env = "AWS_KEY", secret_env = "AWS_SECRET" }',
-          'credentials = { key = "AKIAXXXX" }'), "providers.aws.credentials.key", "never written"),
+        (
+            (
+                'credentials = { key_env = "AWS_KEY", secret_env = "AWS_SECRET" }',
+                'credentials = { key = "AKIAXXXX" }',
+            ),
+            "providers.aws.credentials.key",
+            "never written",
+        ),
         (('pattern = "gpu-{n:02d}"', 'pattern = "gpu-{i}"'), "node_groups.gpu.pattern", "{n}"),
-        (('controller_addr = "10.0.0.1"', 'controller_addr = "ctl"'), "cluster.controller_addr",
-         "IP address"),
-        (('"g5.2xlarge" = 1.212', '"g6.xlarge" = 1.2'), "node_groups.gpu.price_per_hour.g6.xlarge",
-         "not one of the group's sizes"),
-        (('onprem_partitions = ["batch"]', 'onprem_partitions = ["burst-gpu"]'),
-         "slurm.onprem_partitions", "also a burst partition"),
-        (('[slurm]', '[slurm]\nupdate_batch = 500'), "slurm.update_batch", "between 1 and 100"),
+        (
+            ('controller_addr = "10.0.0.1"', 'controller_addr = "ctl"'),
+            "cluster.controller_addr",
+            "IP address",
+        ),
+        (
+            ('"g5.2xlarge" = 1.212', '"g6.xlarge" = 1.2'),
+            "node_groups.gpu.price_per_hour.g6.xlarge",
+            "not one of the group's sizes",
+        ),
+        (
+            ('onprem_partitions = ["batch"]', 'onprem_partitions = ["burst-gpu"]'),
+            "slurm.onprem_partitions",
+            "also a burst partition",
+        ),
+        (("[slurm]", "[slurm]\nupdate_batch = 500"), "slurm.update_batch", "between 1 and 100"),
     ],
     ids=["inline-secret", "bad-pattern", "addr", "price-size", "onprem-burst", "batch"],
 )
@@ -117,7 +139,7 @@ def test_semantic_errors(tmp_path: Path, edit: tuple[str, str], path: str, fragm
 
 
 def test_toml_syntax_error_has_line(tmp_path: Path) -> None:
-    _, problems = check_config(write(tmp_path, GOOD.replace('cpus = 4', 'cpus = = 4')))
+    _, problems = check_config(write(tmp_path, GOOD.replace("cpus = 4", "cpus = = 4")))
     assert len(problems) == 1 and problems[0].line == GOOD.splitlines().index("cpus = 4") + 1
 
 
@@ -125,7 +147,9 @@ def test_world_writable_config_and_readable_credentials(tmp_path: Path) -> None:
     creds = tmp_path / "aws.toml"
     creds.write_text('key = "k"\nsecret = "s"\n')
     creds.chmod(0o644)
-    text = GOOD.replace('{ key_env = "AWS_KEY", secret_env = "AWS_SECRET" }', f'{{ file = "{creds}" }}')
+    text = GOOD.replace(
+        '{ key_env = "AWS_KEY", secret_env = "AWS_SECRET" }', f'{{ file = "{creds}" }}'
+    )
     _, problems = check_config(write(tmp_path, text, mode=0o666))
     messages = [p.message for p in problems if p.severity == "error"]
     assert any("world-writable" in m for m in messages)
@@ -139,8 +163,11 @@ def test_missing_env_credentials_is_a_warning(tmp_path: Path) -> None:
 
 
 def test_required_key_with_wrong_type_keeps_other_checks(tmp_path: Path) -> None:
-    bad = GOOD.replace('count = 3', 'count = "three"').replace('cpus = 1', 'x').replace(
-        '[slurm]', '[slurm]\nupdate_batch = 0')
+    bad = (
+        GOOD.replace("count = 3", 'count = "three"')
+        .replace("cpus = 1", "x")
+        .replace("[slurm]", "[slurm]\nupdate_batch = 0")
+    )
     _, problems = check_config(write(tmp_path, bad))
     paths = {p.path for p in problems if p.severity == "error"}
     assert {"node_groups.gpu.count", "slurm.update_batch"} <= paths

@@ -45,7 +45,7 @@ def test_unknown_schema_is_an_explicit_error() -> None:
 def test_misshapen_document_is_a_schema_error() -> None:
     doc = load("squeue.json")
     del doc["jobs"][0]["job_id"]  # type: ignore[index]
-    with pytest.raises(SchemaError, match="not shaped as v0.0.38"):
+    with pytest.raises(SchemaError, match=r"not shaped as v0\.0\.38"):
         parse_jobs(doc)
-    with pytest.raises(SchemaError, match="no meta.plugin.type"):
+    with pytest.raises(SchemaError, match=r"no meta\.plugin\.type"):
         parse_nodes({"nodes": []})

@@ -13,8 +13,10 @@ from tests.unit.test_config import GOOD, write
 def test_render_from_config(tmp_path: Path) -> None:
     files = render(load_config(write(tmp_path, GOOD)))
     frag = files["slurm-burst.conf"]
-    assert ("NodeName=gpu-[01-03] State=CLOUD CPUs=4 RealMemory=15000 Gres=gpu:a10g:1"
-            in frag.splitlines())
+    assert (
+        "NodeName=gpu-[01-03] State=CLOUD CPUs=4 RealMemory=15000 Gres=gpu:a10g:1"
+        in frag.splitlines()
+    )
     assert "SuspendExcParts=batch" in frag
     assert "ResumeProgram=/usr/local/bin/slurm-burst-resume" in frag
     assert "SlurmctldParameters=enable_configless,idle_on_node_suspend,cloud_reg_addrs" in frag

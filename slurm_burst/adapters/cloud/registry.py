@@ -17,7 +17,8 @@ _MODULE = "slurm_burst.adapters.cloud.nscloud.driver"
 def register() -> None:
     """Register the namespace cloud with libcloud (idempotent)."""
     if NSCLOUD not in DRIVERS:
-        set_driver(NSCLOUD, _MODULE, "NamespaceNodeDriver")
+        # libcloud's stubs say module/type; at run time it takes dotted names, as documented.
+        set_driver(NSCLOUD, _MODULE, "NamespaceNodeDriver")  # type: ignore[arg-type]
 
 
 def driver_class(name: str) -> Any:

@@ -36,8 +36,14 @@ class SlurmError(RuntimeError):
 class SlurmCli:
     """Scheduler port over Slurm's command-line tools."""
 
-    def __init__(self, bin_dir: str = "/usr/bin", slurm_conf: str | None = None,
-                 timeout: float = 30.0, batch: int = 100, runner: Runner = run) -> None:
+    def __init__(
+        self,
+        bin_dir: str = "/usr/bin",
+        slurm_conf: str | None = None,
+        timeout: float = 30.0,
+        batch: int = 100,
+        runner: Runner = run,
+    ) -> None:
         if not 1 <= batch <= 100:
             raise ValueError("batch must be between 1 and 100")
         self.bin = Path(bin_dir)
@@ -60,8 +66,9 @@ class SlurmCli:
         except ValueError as exc:
             raise SchemaError(f"{tool} --json did not print JSON: {exc}") from exc
         for err in doc.get("errors") or []:
-            raise SlurmError(tool, str(err.get("description") or err) if isinstance(err, dict)
-                             else str(err))
+            raise SlurmError(
+                tool, str(err.get("description") or err) if isinstance(err, dict) else str(err)
+            )
         return dict(doc)
 
     # -- reads --------------------------------------------------------------
@@ -77,13 +84,17 @@ class SlurmCli:
             fields = dict(tok.split("=", 1) for tok in line.split() if "=" in tok)
             if "PartitionName" not in fields:
                 continue
-            out.append(SlurmPartition(
-                name=fields["PartitionName"], nodes=fields.get("Nodes", ""),
-                state=fields.get("State", ""), max_time=fields.get("MaxTime", ""),
-                default=fields.get("Default") == "YES",
-                total_nodes=int(fields.get("TotalNodes", "0") or 0),
-                suspend_time=fields.get("SuspendTime", ""),
-            ))
+            out.append(
+                SlurmPartition(
+                    name=fields["PartitionName"],
+                    nodes=fields.get("Nodes", ""),
+                    state=fields.get("State", ""),
+                    max_time=fields.get("MaxTime", ""),
+                    default=fields.get("Default") == "YES",
+                    total_nodes=int(fields.get("TotalNodes", "0") or 0),
+                    suspend_time=fields.get("SuspendTime", ""),
+                )
+            )
         return out
 
     def ping(self) -> bool:
@@ -93,9 +104,15 @@ class SlurmCli:
             return False
 
     # -- writes -------------------------------------------------------------
-    def update_nodes(self, names: Sequence[str], *, state: str | None = None,
-                     reason: str | None = None, addrs: Sequence[str] | None = None,
-                     hostnames: Sequence[str] | None = None) -> None:
+    def update_nodes(
+        self,
+        names: Sequence[str],
+        *,
+        state: str | None = None,
+        reason: str | None = None,
+        addrs: Sequence[str] | None = None,
+        hostnames: Sequence[str] | None = None,
+    ) -> None:
         """``scontrol update nodename=...`` for ``names`` in batches.
 
         ``addrs``/``hostnames``, when given, pair one-to-one with ``names``.
@@ -108,15 +125,17 @@ class SlurmCli:
         if state is None and reason is None and addrs is None and hostnames is None:
             raise ValueError("nothing to update")
         for start in range(0, len(names), self.batch):
-            chunk = list(names[start:start + self.batch])
+            chunk = list(names[start : start + self.batch])
             args = ["update", f"nodename={compress(chunk)}"]
             if addrs is not None:
-                args.append("nodeaddr=" + ",".join(addrs[start:start + self.batch]))
+                args.append("nodeaddr=" + ",".join(addrs[start : start + self.batch]))
             if hostnames is not None:
-                args.append("nodehostname=" + ",".join(hostnames[start:start + self.batch]))
+                args.append("nodehostname=" + ",".join(hostnames[start : start + self.batch]))
             if state is not None:
                 args.append(f"state={state}")
             if reason is not None:
                 args.append(f"reason={reason}")
-            log.info("slurm.update nodes=%d hostlist=%s state=%s", len(chunk), compress(chunk), state)
+            log.info(
+                "slurm.update nodes=%d hostlist=%s state=%s", len(chunk), compress(chunk), state
+            )
             self._cmd("scontrol", *args)

@@ -51,15 +51,22 @@ def _split(text: str) -> tuple[str, ...]:
 def nodes_v0038(doc: Mapping[str, Any]) -> list[SlurmNode]:
     out = []
     for n in doc["nodes"]:
-        out.append(SlurmNode(
-            name=n["name"], state=str(n["state"]).lower(),
-            flags=frozenset(str(f).upper() for f in n.get("state_flags", [])),
-            partitions=tuple(n.get("partitions") or ()),
-            features=_split(n.get("active_features") or n.get("features", "")),
-            gres=n.get("gres", ""), addr=n.get("address", ""), hostname=n.get("hostname", ""),
-            reason=n.get("reason", ""), cpus=int(n.get("cpus") or 0),
-            real_memory_mb=int(n.get("real_memory") or 0), boot_time=_time(n.get("boot_time")),
-        ))
+        out.append(
+            SlurmNode(
+                name=n["name"],
+                state=str(n["state"]).lower(),
+                flags=frozenset(str(f).upper() for f in n.get("state_flags", [])),
+                partitions=tuple(n.get("partitions") or ()),
+                features=_split(n.get("active_features") or n.get("features", "")),
+                gres=n.get("gres", ""),
+                addr=n.get("address", ""),
+                hostname=n.get("hostname", ""),
+                reason=n.get("reason", ""),
+                cpus=int(n.get("cpus") or 0),
+                real_memory_mb=int(n.get("real_memory") or 0),
+                boot_time=_time(n.get("boot_time")),
+            )
+        )
     return out
 
 
@@ -67,30 +74,43 @@ def jobs_v0038(doc: Mapping[str, Any]) -> list[SlurmJob]:
     out = []
     for j in doc["jobs"]:
         limit = j.get("time_limit")
-        out.append(SlurmJob(
-            job_id=int(j["job_id"]), name=j.get("name", ""), state=str(j["job_state"]).upper(),
-            partition=j.get("partition", ""), nodes=j.get("nodes", ""),
-            account=j.get("account", ""), user=j.get("user_name", ""),
-            time_limit_min=int(limit) if isinstance(limit, int) and limit < 0xFFFFFFFE else None,
-            tres_requested=_tres(j.get("tres_req_str", "")),
-            tres_allocated=_tres(j.get("tres_alloc_str", "")),
-            node_count=int(j.get("node_count") or 0), cpus=int(j.get("cpus") or 0),
-            submit_time=_time(j.get("submit_time")), start_time=_time(j.get("start_time")),
-            end_time=_time(j.get("end_time")), reason=j.get("state_reason", ""),
-        ))
+        out.append(
+            SlurmJob(
+                job_id=int(j["job_id"]),
+                name=j.get("name", ""),
+                state=str(j["job_state"]).upper(),
+                partition=j.get("partition", ""),
+                nodes=j.get("nodes", ""),
+                account=j.get("account", ""),
+                user=j.get("user_name", ""),
+                time_limit_min=int(limit)
+                if isinstance(limit, int) and limit < 0xFFFFFFFE
+                else None,
+                tres_requested=_tres(j.get("tres_req_str", "")),
+                tres_allocated=_tres(j.get("tres_alloc_str", "")),
+                node_count=int(j.get("node_count") or 0),
+                cpus=int(j.get("cpus") or 0),
+                submit_time=_time(j.get("submit_time")),
+                start_time=_time(j.get("start_time")),
+                end_time=_time(j.get("end_time")),
+                reason=j.get("state_reason", ""),
+            )
+        )
     return out
 
 
-Parser = tuple[Callable[[Mapping[str, Any]], list[SlurmNode]],
-               Callable[[Mapping[str, Any]], list[SlurmJob]]]
+Parser = tuple[
+    Callable[[Mapping[str, Any]], list[SlurmNode]], Callable[[Mapping[str, Any]], list[SlurmJob]]
+]
 PARSERS: dict[str, Parser] = {"v0.0.38": (nodes_v0038, jobs_v0038)}
 
 
 def _parser(doc: Mapping[str, Any]) -> Parser:
     version = schema_version(doc)
     if version not in PARSERS:
-        raise SchemaError(f"Slurm JSON schema {version} is not supported yet "
-                          f"(supported: {', '.join(PARSERS)})")
+        raise SchemaError(
+            f"Slurm JSON schema {version} is not supported yet (supported: {', '.join(PARSERS)})"
+        )
     return PARSERS[version]
 
 

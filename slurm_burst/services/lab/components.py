@@ -76,14 +76,24 @@ class Proc:
         return alive(self.pid, self.start)
 
 
-def spawn(argv: list[str], logfile: Path, env: dict[str, str] | None = None,
-          user: str | None = None) -> Proc:
+def spawn(
+    argv: list[str], logfile: Path, env: dict[str, str] | None = None, user: str | None = None
+) -> Proc:
     """Start ``argv`` detached from us (as ``user``), output appended to ``logfile``."""
     with open(logfile, "ab") as out:
-        p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out,
-                             start_new_session=True, close_fds=True, cwd="/",
-                             env={**os.environ, **(env or {})}, user=user, group=user,
-                             extra_groups=[] if user else None)
+        p = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=out,
+            start_new_session=True,
+            close_fds=True,
+            cwd="/",
+            env={**os.environ, **(env or {})},
+            user=user,
+            group=user,
+            extra_groups=[] if user else None,
+        )
     start = pid_start_time(p.pid)
     if start is None:
         raise RuntimeError(f"{argv[0]} exited at once; see {logfile}")
@@ -120,16 +130,24 @@ def write_slurm_conf(cfg: Config, paths: Paths) -> Path:
     assert cfg.lab is not None
     conf_dir = Path(cfg.slurm.conf_dir)
     conf_dir.mkdir(parents=True, exist_ok=True)
-    ctl, addrs = lan_addresses(cfg.lab)
+    _ctl, addrs = lan_addresses(cfg.lab)
     names = onprem_names(cfg.lab)
     nodes = "\n".join(
         f"NodeName={n} NodeAddr={a} NodeHostname={n} CPUs={cfg.lab.onprem_cpus} "
-        f"RealMemory={cfg.lab.onprem_memory_mb} State=UNKNOWN" for n, a in zip(names, addrs, strict=True))
+        f"RealMemory={cfg.lab.onprem_memory_mb} State=UNKNOWN"
+        for n, a in zip(names, addrs, strict=True)
+    )
     text = Template((CONF_TEMPLATES / "slurm.conf.in").read_text()).substitute(
-        cluster=cfg.cluster.name, controller_host=cfg.cluster.controller_host,
-        controller_addr=cfg.cluster.controller_addr, munge_socket=paths.munge_socket,
-        state=paths.state, conf_dir=conf_dir, onprem_nodes=nodes,
-        onprem_partition=cfg.lab.onprem_partition, onprem_hostlist=compress(names))
+        cluster=cfg.cluster.name,
+        controller_host=cfg.cluster.controller_host,
+        controller_addr=cfg.cluster.controller_addr,
+        munge_socket=paths.munge_socket,
+        state=paths.state,
+        conf_dir=conf_dir,
+        onprem_nodes=nodes,
+        onprem_partition=cfg.lab.onprem_partition,
+        onprem_hostlist=compress(names),
+    )
     files = {"slurm.conf": text, **render(cfg)}
     for name, body in files.items():
         (conf_dir / name).write_text(body)
@@ -156,21 +174,40 @@ def ensure_munge_key(paths: Paths) -> None:
 
 
 def start_munged(paths: Paths) -> Proc:
-    proc = spawn(["/usr/sbin/munged", "--foreground",
-                  f"--key-file={paths.munge_key}", f"--socket={paths.munge_socket}",
-                  f"--pid-file={paths.run / 'munge' / 'munged.pid'}",
-                  f"--seed-file={paths.munge_dir / 'munged.seed'}",
-                  f"--log-file={paths.log / 'munge' / 'munged.log'}"],
-                 paths.log / "munged.out", user="munge")
+    proc = spawn(
+        [
+            "/usr/sbin/munged",
+            "--foreground",
+            f"--key-file={paths.munge_key}",
+            f"--socket={paths.munge_socket}",
+            f"--pid-file={paths.run / 'munge' / 'munged.pid'}",
+            f"--seed-file={paths.munge_dir / 'munged.seed'}",
+            f"--log-file={paths.log / 'munge' / 'munged.log'}",
+        ],
+        paths.log / "munged.out",
+        user="munge",
+    )
     wait_for(lambda: paths.munge_socket.exists(), 10, "munged socket", proc)
     return proc
 
 
 def start_slurmctld(cfg: Config, paths: Paths, slurm_conf: Path) -> Proc:
     (paths.state / "slurmctld").mkdir(parents=True, exist_ok=True)
-    argv = ["unshare", "--uts", "--", sys.executable, "-m", "slurm_burst.services.lab.sethostname",
-            cfg.cluster.controller_host, "--", "/usr/sbin/slurmctld", "-D", "-i",
-            "-f", str(slurm_conf)]
+    argv = [
+        "unshare",
+        "--uts",
+        "--",
+        sys.executable,
+        "-m",
+        "slurm_burst.services.lab.sethostname",
+        cfg.cluster.controller_host,
+        "--",
+        "/usr/sbin/slurmctld",
+        "-D",
+        "-i",
+        "-f",
+        str(slurm_conf),
+    ]
     return spawn(argv, paths.log / "slurmctld.out", env={"SLURM_CONF": str(slurm_conf)})
 
 
@@ -184,18 +221,36 @@ def boot_onprem(cfg: Config, paths: Paths) -> dict[str, dict[str, object]]:
     out: dict[str, dict[str, object]] = {}
     for i, (name, addr) in enumerate(zip(onprem_names(cfg.lab), addrs, strict=True), start=1):
         spec = vm.VmSpec(
-            id=name, hostname=name, netns=f"sbl-{name}", host_if=f"sbl-op{i}", bridge=LAN_BRIDGE,
-            address=f"{addr}/{prefix}", gateway=ctl, boot_delay=0.0,
-            hide=(*vm.DEFAULT_HIDE, str(paths.run), str(paths.state / "slurmctld"),
-                  *([cloud_state] if cloud_state else [])),
+            id=name,
+            hostname=name,
+            netns=f"sbl-{name}",
+            host_if=f"sbl-op{i}",
+            bridge=LAN_BRIDGE,
+            address=f"{addr}/{prefix}",
+            gateway=ctl,
+            boot_delay=0.0,
+            hide=(
+                *vm.DEFAULT_HIDE,
+                str(paths.run),
+                str(paths.state / "slurmctld"),
+                *([cloud_state] if cloud_state else []),
+            ),
         )
-        userdata = template.substitute(state=paths.state, munge_key=paths.munge_key,
-                                       munge_socket=paths.munge_socket,
-                                       conf_dir=cfg.slurm.conf_dir, node=name)
+        userdata = template.substitute(
+            state=paths.state,
+            munge_key=paths.munge_key,
+            munge_socket=paths.munge_socket,
+            conf_dir=cfg.slurm.conf_dir,
+            node=name,
+        )
         vmdir = paths.onprem / name
         pid, start = vm.boot(vmdir, spec, userdata)
-        out[name] = {"vmdir": str(vmdir), "launcher_pid": pid, "launcher_start": start,
-                     "address": addr}
+        out[name] = {
+            "vmdir": str(vmdir),
+            "launcher_pid": pid,
+            "launcher_start": start,
+            "address": addr,
+        }
     return out
 
 

@@ -30,8 +30,20 @@ from slurm_burst.wiring import cloud_driver
 
 log = logging.getLogger(__name__)
 
-REQUIRED_PROGRAMS = ("slurmctld", "slurmd", "munged", "sshd", "ssh-keygen", "ip", "nsenter",
-                     "unshare", "mount", "runuser", "sinfo", "scontrol")
+REQUIRED_PROGRAMS = (
+    "slurmctld",
+    "slurmd",
+    "munged",
+    "sshd",
+    "ssh-keygen",
+    "ip",
+    "nsenter",
+    "unshare",
+    "mount",
+    "runuser",
+    "sinfo",
+    "scontrol",
+)
 Progress = Callable[[str], None]
 
 
@@ -42,7 +54,7 @@ class LabError(RuntimeError):
 @dataclass
 class Lab:
     cfg: Config
-    progress: Progress = lambda msg: None  # noqa: E731
+    progress: Progress = lambda msg: None
 
     def __post_init__(self) -> None:
         if self.cfg.lab is None:
@@ -57,11 +69,16 @@ class Lab:
     def preflight() -> None:
         if os.geteuid() != 0:
             raise LabError("the lab needs root (namespaces, bridges, munge): run it with sudo")
-        missing = [p for p in REQUIRED_PROGRAMS
-                   if not shutil.which(p, path="/usr/sbin:/usr/bin:/sbin:/bin")]
+        missing = [
+            p
+            for p in REQUIRED_PROGRAMS
+            if not shutil.which(p, path="/usr/sbin:/usr/bin:/sbin:/bin")
+        ]
         if missing:
-            raise LabError(f"missing programs: {', '.join(missing)}; run 'make demo' or "
-                           "scripts/setup-system.sh to install them")
+            raise LabError(
+                f"missing programs: {', '.join(missing)}; run 'make demo' or "
+                "scripts/setup-system.sh to install them"
+            )
 
     def cloud(self) -> Any:
         return cloud_driver(self.cfg.providers[self.lab.cloud_provider])
@@ -79,8 +96,13 @@ class Lab:
         started = time.monotonic()
         for d in (self.paths.state, self.paths.run, self.paths.log):
             d.mkdir(parents=True, exist_ok=True)
-        record = {"started_at": time.time(), "config": self.cfg.source, "processes": {},
-                  "onprem": {}, "bridges": [c.LAN_BRIDGE]}
+        record = {
+            "started_at": time.time(),
+            "config": self.cfg.source,
+            "processes": {},
+            "onprem": {},
+            "bridges": [c.LAN_BRIDGE],
+        }
         self._write_record(record)
         self.progress("network: LAN bridge")
         c.ensure_lan(self.cfg)
@@ -118,9 +140,10 @@ class Lab:
         onprem = set(c.onprem_names(self.lab))
         burst = {n for g in self.cfg.node_groups.values() for n in g.node_names()}
         seen = {n.name: n for n in nodes}
-        return (all(n in seen and seen[n].state == "idle" and not seen[n].flags & {"NOT_RESPONDING"}
-                    for n in onprem)
-                and all(n in seen and seen[n].sinfo_state == "idle~" for n in burst))
+        return all(
+            n in seen and seen[n].state == "idle" and not seen[n].flags & {"NOT_RESPONDING"}
+            for n in onprem
+        ) and all(n in seen and seen[n].sinfo_state == "idle~" for n in burst)
 
     # -- down -----------------------------------------------------------------
     def down(self) -> list[str]:
@@ -178,25 +201,54 @@ class Lab:
         record = self._read_record()
         if record is None:
             return {"up": False, "state_dir": str(self.paths.state)}
-        procs = {name: {**info, "alive": alive(info["pid"], info["start"])}
-                 for name, info in record.get("processes", {}).items()}
-        onprem = {name: {**info, "alive": alive(info["launcher_pid"], info["launcher_start"]),
-                         "vm": vm.read_status(Path(info["vmdir"])).get("state")}
-                  for name, info in record.get("onprem", {}).items()}
+        procs = {
+            name: {**info, "alive": alive(info["pid"], info["start"])}
+            for name, info in record.get("processes", {}).items()
+        }
+        onprem = {
+            name: {
+                **info,
+                "alive": alive(info["launcher_pid"], info["launcher_start"]),
+                "vm": vm.read_status(Path(info["vmdir"])).get("state"),
+            }
+            for name, info in record.get("onprem", {}).items()
+        }
         nodes: list[dict[str, Any]] = []
         if procs.get("slurmctld", {}).get("alive"):
             try:
-                nodes = [{"name": n.name, "state": n.sinfo_state, "partitions": list(n.partitions),
-                          "addr": n.addr} for n in self.slurm.nodes()]
+                nodes = [
+                    {
+                        "name": n.name,
+                        "state": n.sinfo_state,
+                        "partitions": list(n.partitions),
+                        "addr": n.addr,
+                    }
+                    for n in self.slurm.nodes()
+                ]
             except SlurmError as exc:
                 nodes = [{"error": str(exc)}]
         vms = []
         if self.paths.state.exists():
-            vms = [{"id": n.id, "name": n.name, "state": n.state, "ip": n.public_ips,
-                    "size": n.extra.get("size")} for n in self.cloud().list_nodes()]
-        return {"up": self._all_alive(record), "state_dir": str(self.paths.state),
-                "slurm_conf": str(self.slurm_conf), "up_seconds": record.get("up_seconds"),
-                "processes": procs, "onprem": onprem, "slurm_nodes": nodes, "cloud_vms": vms}
+            vms = [
+                {
+                    "id": n.id,
+                    "name": n.name,
+                    "state": n.state,
+                    "ip": n.public_ips,
+                    "size": n.extra.get("size"),
+                }
+                for n in self.cloud().list_nodes()
+            ]
+        return {
+            "up": self._all_alive(record),
+            "state_dir": str(self.paths.state),
+            "slurm_conf": str(self.slurm_conf),
+            "up_seconds": record.get("up_seconds"),
+            "processes": procs,
+            "onprem": onprem,
+            "slurm_nodes": nodes,
+            "cloud_vms": vms,
+        }
 
     # -- record -----------------------------------------------------------------
     def _read_record(self) -> dict[str, Any] | None:
@@ -212,9 +264,12 @@ class Lab:
     def _all_alive(record: dict[str, Any]) -> bool:
         procs = record.get("processes", {})
         onprem = record.get("onprem", {})
-        return (bool(procs) and bool(onprem)
-                and all(alive(p["pid"], p["start"]) for p in procs.values())
-                and all(alive(o["launcher_pid"], o["launcher_start"]) for o in onprem.values()))
+        return (
+            bool(procs)
+            and bool(onprem)
+            and all(alive(p["pid"], p["start"]) for p in procs.values())
+            and all(alive(o["launcher_pid"], o["launcher_start"]) for o in onprem.values())
+        )
 
 
 def _pids() -> list[int]:

@@ -101,7 +101,9 @@ SCONTROL = shutil.which("scontrol")
 @pytest.fixture(scope="module")
 def slurm_conf(tmp_path_factory: pytest.TempPathFactory) -> Path:
     conf = tmp_path_factory.mktemp("slurm") / "slurm.conf"
-    conf.write_text("ClusterName=oracle\nSlurmctldHost=localhost\nNodeName=n1\nPartitionName=p Nodes=n1\n")
+    conf.write_text(
+        "ClusterName=oracle\nSlurmctldHost=localhost\nNodeName=n1\nPartitionName=p Nodes=n1\n"
+    )
     return conf
 
 
@@ -110,7 +112,10 @@ def _scontrol(conf: Path, what: str, expr: str) -> str:
     proc = subprocess.run(
         [SCONTROL, "show", what, expr],
         env={"SLURM_CONF": str(conf), "PATH": "/usr/bin:/bin"},
-        capture_output=True, text=True, timeout=10, check=True,
+        capture_output=True,
+        text=True,
+        timeout=10,
+        check=True,
     )
     return proc.stdout
 
@@ -123,12 +128,18 @@ _range = st.tuples(st.integers(0, 40), st.integers(0, 12), st.integers(1, 3)).ma
 )
 _bracket = st.lists(_range, min_size=1, max_size=3).map(lambda rs: "[" + ",".join(rs) + "]")
 _plain = st.tuples(_prefix, st.one_of(st.just(""), _num)).map("".join)
-_grouped = st.tuples(_prefix, _bracket, st.one_of(st.just(""), st.tuples(_infix, _bracket).map("".join))).map("".join)
+_grouped = st.tuples(
+    _prefix, _bracket, st.one_of(st.just(""), st.tuples(_infix, _bracket).map("".join))
+).map("".join)
 expressions = st.lists(st.one_of(_plain, _grouped), min_size=1, max_size=6).map(",".join)
 
 
-@pytest.mark.skipif(SCONTROL is None, reason="scontrol not installed (make test installs slurm-client)")
-@settings(max_examples=1200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@pytest.mark.skipif(
+    SCONTROL is None, reason="scontrol not installed (make test installs slurm-client)"
+)
+@settings(
+    max_examples=1200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(expr=expressions)
 def test_matches_scontrol(slurm_conf: Path, expr: str) -> None:
     names = expand(expr)

@@ -25,10 +25,24 @@ def main(vmdir: Path) -> None:
     with open("/proc/uptime", encoding="ascii") as fh:
         uptime = int(float(fh.read().split()[0]))
     argv = [
-        "nsenter", f"--net={net.NETNS_DIR / spec.netns}", "--",
-        "unshare", "--mount", "--uts", "--pid", "--fork", "--time", f"--boottime=-{uptime}",
-        "--mount-proc", "--propagation", "private", "--",
-        sys.executable, "-m", "slurm_burst.adapters.cloud.nscloud.vminit", str(vmdir),
+        "nsenter",
+        f"--net={net.NETNS_DIR / spec.netns}",
+        "--",
+        "unshare",
+        "--mount",
+        "--uts",
+        "--pid",
+        "--fork",
+        "--time",
+        f"--boottime=-{uptime}",
+        "--mount-proc",
+        "--propagation",
+        "private",
+        "--",
+        sys.executable,
+        "-m",
+        "slurm_burst.adapters.cloud.nscloud.vminit",
+        str(vmdir),
     ]
     print(f"launcher: booting {spec.id} ({spec.hostname}) at {spec.address}", flush=True)
     os.execvp(argv[0], argv)

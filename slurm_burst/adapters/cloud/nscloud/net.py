@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import os
 from pathlib import Path
@@ -31,10 +32,8 @@ def ensure_bridge(name: str, gateway_cidr: str) -> None:
     # Bridged frames must not be judged by the host's iptables (Docker-style hosts drop them).
     nf = Path("/proc/sys/net/bridge/bridge-nf-call-iptables")
     if nf.exists() and nf.read_text().strip() != "0":
-        try:
+        with contextlib.suppress(OSError):
             nf.write_text("0")
-        except OSError:
-            pass
 
 
 def delete_link(name: str) -> None:
@@ -46,14 +45,14 @@ def delete_link(name: str) -> None:
                 raise
 
 
-def create_guest_network(netns: str, host_if: str, bridge: str, address_cidr: str,
-                         gateway: str) -> None:
+def create_guest_network(
+    netns: str, host_if: str, bridge: str, address_cidr: str, gateway: str
+) -> None:
     """Network namespace ``netns`` with eth0 = ``address_cidr`` on ``bridge`` via veth."""
     if not netns_exists(netns):
         run(["ip", "netns", "add", netns])
     if not link_exists(host_if):
-        run(["ip", "link", "add", host_if, "type", "veth", "peer", "name", "eth0",
-             "netns", netns])
+        run(["ip", "link", "add", host_if, "type", "veth", "peer", "name", "eth0", "netns", netns])
     run(["ip", "link", "set", host_if, "master", bridge, "up"])
     ns = ["ip", "-n", netns]
     run([*ns, "link", "set", "lo", "up"])

@@ -10,6 +10,7 @@ veth. Nothing else of a VM lives on the host.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -25,8 +26,13 @@ from slurm_burst.adapters.proc import alive, pid_start_time
 
 # What a VM must never see of its host: secrets and other machines' state.
 DEFAULT_HIDE = (
-    "/etc/munge", "/etc/wireguard", "/etc/slurm-burst", "/root/.ssh",
-    "/var/lib/munge", "/var/lib/slurm-burst", "/var/log/munge",
+    "/etc/munge",
+    "/etc/wireguard",
+    "/etc/slurm-burst",
+    "/root/.ssh",
+    "/var/lib/munge",
+    "/var/lib/slurm-burst",
+    "/var/log/munge",
 )
 
 
@@ -77,8 +83,12 @@ def boot(vmdir: Path, spec: VmSpec, userdata: str | None) -> tuple[int, int]:
     try:
         proc = subprocess.Popen(
             [sys.executable, "-m", "slurm_burst.adapters.cloud.nscloud.launcher", str(vmdir)],
-            stdin=subprocess.DEVNULL, stdout=console, stderr=console,
-            start_new_session=True, close_fds=True, cwd="/",
+            stdin=subprocess.DEVNULL,
+            stdout=console,
+            stderr=console,
+            start_new_session=True,
+            close_fds=True,
+            cwd="/",
         )
     finally:
         console.close()
@@ -111,8 +121,9 @@ def init_pid(launcher_pid: int) -> int | None:
     return int(children[0]) if children else None
 
 
-def halt(vmdir: Path, launcher_pid: int | None, launcher_start: int | None,
-         grace: float = 3.0) -> None:
+def halt(
+    vmdir: Path, launcher_pid: int | None, launcher_start: int | None, grace: float = 3.0
+) -> None:
     """Stop every process of the VM and remove its network (idempotent)."""
     if launcher_pid and alive(launcher_pid, launcher_start):
         pid1 = init_pid(launcher_pid)
@@ -138,14 +149,12 @@ def halt(vmdir: Path, launcher_pid: int | None, launcher_start: int | None,
 
 
 def _signal(pid: int, sig: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.kill(pid, sig)
-    except ProcessLookupError:
-        pass
 
 
 def enter_argv(launcher_pid: int) -> list[str]:
-    """argv prefix that runs a command inside the VM (all its namespaces), for tests and debugging."""
+    """argv prefix running a command inside the VM (all its namespaces): tests, debugging."""
     pid1 = init_pid(launcher_pid)
     if pid1 is None:
         raise RuntimeError("the VM is not running")

@@ -49,8 +49,9 @@ class VmInit:
     def write_status(self, **changes: Any) -> None:
         self.status.update(changes)
         data = json.dumps(self.status, indent=1, sort_keys=True).encode()
-        fd = os.open("status.json.tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644,
-                     dir_fd=self.dirfd)
+        fd = os.open(
+            "status.json.tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644, dir_fd=self.dirfd
+        )
         try:
             os.write(fd, data)
         finally:
@@ -77,8 +78,16 @@ class VmInit:
             layer = f"{DISK}{top.replace('/', '_')}"
             os.makedirs(f"{layer}/upper", mode=0o755)
             os.makedirs(f"{layer}/work", mode=0o700)
-            mount(["-t", "overlay", "overlay", "-o",
-                   f"lowerdir={top},upperdir={layer}/upper,workdir={layer}/work", top])
+            mount(
+                [
+                    "-t",
+                    "overlay",
+                    "overlay",
+                    "-o",
+                    f"lowerdir={top},upperdir={layer}/upper,workdir={layer}/work",
+                    top,
+                ]
+            )
             if mount_type(top) != "overlay":
                 raise RuntimeError(f"{top} is not an overlay after mounting it")
         for path in self.spec.hide:
@@ -98,8 +107,12 @@ class VmInit:
             with os.fdopen(fd, "w") as fh:
                 fh.write("\n".join(self.spec.authorized_keys) + "\n")
         self.start_sshd()
-        self.write_status(state="running", booted_at=time.time(), ip=self.spec.ip,
-                          ssh_host_key=self.status.get("ssh_host_key"))
+        self.write_status(
+            state="running",
+            booted_at=time.time(),
+            ip=self.spec.ip,
+            ssh_host_key=self.status.get("ssh_host_key"),
+        )
         if userdata:
             self.run_userdata(userdata)
 
@@ -107,8 +120,15 @@ class VmInit:
         """Name -> address in /etc/hosts, as cloud-init's manage_etc_hosts does: daemons
         such as munged resolve their own hostname and must not wait on unreachable DNS."""
         hosts = Path("/etc/hosts")
-        lines = [ln for ln in hosts.read_text().splitlines()
-                 if self.spec.hostname not in ln.split()[1:]] if hosts.exists() else []
+        lines = (
+            [
+                ln
+                for ln in hosts.read_text().splitlines()
+                if self.spec.hostname not in ln.split()[1:]
+            ]
+            if hosts.exists()
+            else []
+        )
         lines.append(f"{self.spec.ip}\t{self.spec.hostname}")
         hosts.write_text("\n".join(lines) + "\n")
 
@@ -120,21 +140,47 @@ class VmInit:
             if name.startswith("ssh_host_"):
                 os.unlink(f"/etc/ssh/{name}")
         key = "/etc/ssh/ssh_host_ed25519_key"
-        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", self.spec.hostname,
-                        "-f", key], check=True, stdin=subprocess.DEVNULL)
+        subprocess.run(
+            ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", self.spec.hostname, "-f", key],
+            check=True,
+            stdin=subprocess.DEVNULL,
+        )
         pub = Path(key + ".pub").read_text().strip()
-        print("-----BEGIN SSH HOST KEY KEYS-----", pub, "-----END SSH HOST KEY KEYS-----",
-              sep="\n", flush=True)
+        print(
+            "-----BEGIN SSH HOST KEY KEYS-----",
+            pub,
+            "-----END SSH HOST KEY KEYS-----",
+            sep="\n",
+            flush=True,
+        )
         self.status["ssh_host_key"] = pub
 
     def start_sshd(self) -> None:
         log = open("/var/log/sshd.log", "ab")  # noqa: SIM115 - owned by the child
         self.sshd = subprocess.Popen(
-            ["/usr/sbin/sshd", "-D", "-e", "-h", "/etc/ssh/ssh_host_ed25519_key",
-             "-o", f"ListenAddress={self.spec.ip}", "-o", "PermitRootLogin=prohibit-password",
-             "-o", "PasswordAuthentication=no", "-o", "KbdInteractiveAuthentication=no",
-             "-o", "UsePAM=no", "-o", "PidFile=/run/sshd.pid"],
-            stdin=subprocess.DEVNULL, stdout=log, stderr=log)
+            [
+                "/usr/sbin/sshd",
+                "-D",
+                "-e",
+                "-h",
+                "/etc/ssh/ssh_host_ed25519_key",
+                "-o",
+                f"ListenAddress={self.spec.ip}",
+                "-o",
+                "PermitRootLogin=prohibit-password",
+                "-o",
+                "PasswordAuthentication=no",
+                "-o",
+                "KbdInteractiveAuthentication=no",
+                "-o",
+                "UsePAM=no",
+                "-o",
+                "PidFile=/run/sshd.pid",
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+        )
         log.close()
 
     def run_userdata(self, userdata: str) -> None:
@@ -145,8 +191,14 @@ class VmInit:
             fh.write(userdata)
         argv = [script] if userdata.startswith("#!") else ["/bin/sh", script]
         with open("/var/log/cloud-init-output.log", "ab") as out:
-            self.userdata = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out,
-                                             stderr=out, cwd="/root", start_new_session=True)
+            self.userdata = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=out,
+                cwd="/root",
+                start_new_session=True,
+            )
 
     # -- run ----------------------------------------------------------------
     def loop(self) -> None:

@@ -1,0 +1,119 @@
+"""`make bench`: print the figures the issues ask for.
+
+Hostlists: expand 100,000 names and compress them back (goal <= 0.5 s).
+Lab (root): `lab up` (goal <= 60 s), `lab down` (goal <= 10 s), and namespace VM
+create -> sshd accepting (goal <= 1 s + the boot delay). Timings are wall clock,
+best and median of several runs; the lab is brought up/down here, so run it
+with no lab of yours up.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from slurm_burst.core.hostlist import compress, expand  # noqa: E402
+
+
+def timed(fn: Callable[[], object], runs: int) -> tuple[float, float]:
+    samples = []
+    for _ in range(runs):
+        t = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - t)
+    return min(samples), statistics.median(samples)
+
+
+def report(name: str, best: float, median: float, goal: float | None = None) -> None:
+    verdict = "" if goal is None else ("  OK" if median <= goal else "  OVER GOAL")
+    goal_s = "" if goal is None else f"  (goal <= {goal:g} s)"
+    print(f"{name:<46} best {best:8.4f} s  median {median:8.4f} s{goal_s}{verdict}")
+
+
+def bench_hostlist() -> None:
+    expr = "gpu-[00001-50000],cpu-a[1-25000]-[1-2]"
+    names = expand(expr)
+    assert len(names) == 100_000
+    report("hostlist expand 100,000 names", *timed(lambda: expand(expr), 7))
+    report("hostlist compress 100,000 names", *timed(lambda: compress(names), 7))
+    report(
+        "hostlist expand + compress (round trip)",
+        *timed(lambda: compress(expand(expr)), 7),
+        goal=0.5,
+    )
+    shuffled = names[::-1]
+    report(
+        "hostlist compress sorted (hostlistsorted)",
+        *timed(lambda: compress(shuffled, sort=True), 5),
+    )
+
+
+def bench_lab() -> None:
+    from slurm_burst.adapters.cloud.registry import driver_class
+    from slurm_burst.config import load_config
+    from slurm_burst.services.lab.service import Lab
+
+    lab = Lab(load_config(ROOT / "slurm-conf" / "lab" / "slurm-burst.toml"))
+    if lab.status()["up"]:
+        print("lab benchmarks skipped: a lab is up (make lab-down first)")
+        return
+    ups, downs = [], []
+    for _ in range(3):
+        t = time.perf_counter()
+        lab.up()
+        ups.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        lab.down()
+        downs.append(time.perf_counter() - t)
+    report("lab up (to on-prem idle, burst idle~)", min(ups), statistics.median(ups), goal=60)
+    report("lab down (everything removed)", min(downs), statistics.median(downs), goal=10)
+
+    delay = 1.0
+    with tempfile.TemporaryDirectory() as tmp:
+        cloud = driver_class("nscloud")(
+            state_dir=f"{tmp}/cloud", bridge="sbb-br0", subnet="10.253.0.0/24", boot_delay=delay
+        )
+        size = next(s for s in cloud.list_sizes() if s.id == "ns.cpu2")
+        image = cloud.list_images()[0]
+        samples = []
+        try:
+            for i in range(5):
+                t = time.perf_counter()
+                node = cloud.create_node(f"bench-{i}", size, image)
+                ip = node.public_ips[0]
+                while True:
+                    try:
+                        with socket.create_connection((ip, 22), timeout=0.2) as s:
+                            if s.recv(4) == b"SSH-":
+                                break
+                    except OSError:
+                        time.sleep(0.01)
+                samples.append(time.perf_counter() - t)
+                cloud.destroy_node(node)
+        finally:
+            cloud.ex_teardown()
+    over = [s - delay for s in samples]
+    report(
+        f"VM create -> sshd banner (boot delay {delay:g} s)",
+        min(samples),
+        statistics.median(samples),
+    )
+    report("  of which beyond the boot delay", min(over), statistics.median(over), goal=1.0)
+
+
+if __name__ == "__main__":
+    print(f"slurm-burst benchmarks on {os.cpu_count()} CPU(s)\n")
+    bench_hostlist()
+    if os.geteuid() == 0:
+        bench_lab()
+    else:
+        print("lab benchmarks skipped: they need root")
