@@ -79,6 +79,37 @@ def run(
     return Result(tuple(argv), proc.returncode, proc.stdout, proc.stderr, seconds)
 
 
+def spawn_detached(
+    argv: Sequence[str],
+    logfile: str | os.PathLike[str],
+    *,
+    env: Mapping[str, str] | None = None,
+    user: str | None = None,
+) -> tuple[int, int]:
+    """Start ``argv`` in a session of its own (it outlives us), output appended to ``logfile``.
+
+    Returns (pid, kernel start time). Runs as ``user`` (and its group) when given.
+    """
+    with open(logfile, "ab") as out:
+        proc = subprocess.Popen(
+            list(argv),
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=out,
+            start_new_session=True,
+            close_fds=True,
+            cwd="/",
+            env=None if env is None else {**os.environ, **env},
+            user=user,
+            group=user,
+            extra_groups=[] if user else None,
+        )
+    start = pid_start_time(proc.pid)
+    if start is None:
+        raise CommandError(argv, proc.poll(), "", f"exited at once; see {logfile}")
+    return proc.pid, start
+
+
 def pid_start_time(pid: int) -> int | None:
     """The kernel's start time of ``pid`` (clock ticks since boot), None if it is gone.
 

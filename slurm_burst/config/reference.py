@@ -52,8 +52,10 @@ def markdown() -> str:
             else:
                 default = "**required**"
             if not dataclasses.is_dataclass(hints[f.name]):
-                out.append(f"| `{f.name}` | {_type(hints[f.name])} | {default} | "
-                           f"{f.metadata.get('doc', '')} |")
+                out.append(
+                    f"| `{f.name}` | {_type(hints[f.name])} | {default} | "
+                    f"{f.metadata.get('doc', '')} |"
+                )
         out.append("")
     return "\n".join(out)
 

@@ -15,7 +15,9 @@ property test:
   (Slurm's ``_width_equiv``: ``a9,a10`` -> ``a[9-10]`` but ``a8,a09`` stays
   ``a[8,09]``). ``compress(..., sort=True)`` is ``hostlistsorted``: prefixes
   in natural order (``strnatcmp``), names without a number first, then by
-  width, then by number. ``unique=True`` also drops duplicates.
+  width, then by number. ``unique=True`` also drops duplicates. (For overlapping
+  duplicate ranges of mixed zero-padding, 22.05's ``hostlistsorted`` drops a
+  host; we keep every name, see ``_sort_ranges``.)
 
 Where Slurm is lax we are strict, because a hook acting on a misread list
 powers up or tears down the wrong machines: empty parts (``a,,b``), brackets
@@ -320,11 +322,14 @@ def _sort_ranges(ranges: list[_HostRange]) -> list[_HostRange]:
     prefixes = sorted({r.prefix for r in ranges}, key=functools.cmp_to_key(_strnatcmp))
     rank = {p: i for i, p in enumerate(prefixes)}
     hr = sorted(ranges, key=lambda r: (rank[r.prefix], not r.single, r.width, r.lo))
-    # hostlist_coalesce: split intersecting neighbours so duplicates stand alone
+    # hostlist_coalesce: split intersecting neighbours so duplicates stand alone.
+    # Slurm assumes prev.lo <= nxt.lo here; with widths it merely deems equivalent
+    # (``10`` then ``00``) that fails, it "intersects" disjoint ranges, empties one
+    # and deletes the other, losing a host. We require a real overlap.
     i = len(hr) - 1
     while i > 0:
         prev, nxt = hr[i - 1], hr[i]
-        if prev.combinable(nxt) and prev.hi > nxt.lo:
+        if prev.combinable(nxt) and prev.lo <= nxt.lo < prev.hi:
             new_lo, new_hi = nxt.lo, min(nxt.hi, prev.hi)
             j = i
             if new_hi < prev.hi:

@@ -10,4 +10,5 @@ from slurm_burst.config.reference import markdown
 def test_readme_has_current_config_reference() -> None:
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
     assert markdown().strip() in readme, (
-        "README config reference is stale: paste `python -m slurm_burst.config.reference`")
+        "README config reference is stale: paste `python -m slurm_burst.config.reference`"
+    )

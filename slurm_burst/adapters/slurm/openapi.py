@@ -114,19 +114,17 @@ def _parser(doc: Mapping[str, Any]) -> Parser:
     return PARSERS[version]
 
 
-def parse_nodes(doc: Mapping[str, Any]) -> list[SlurmNode]:
+def _parse(doc: Mapping[str, Any], which: int, tool: str) -> list[Any]:
+    parser = _parser(doc)[which]
     try:
-        return _parser(doc)[0](doc)
+        return parser(doc)
     except (KeyError, TypeError, ValueError) as exc:
-        if isinstance(exc, SchemaError):
-            raise
-        raise SchemaError(f"sinfo JSON not shaped as {schema_version(doc)}: {exc!r}") from exc
+        raise SchemaError(f"{tool} JSON not shaped as {schema_version(doc)}: {exc!r}") from exc
+
+
+def parse_nodes(doc: Mapping[str, Any]) -> list[SlurmNode]:
+    return _parse(doc, 0, "sinfo")
 
 
 def parse_jobs(doc: Mapping[str, Any]) -> list[SlurmJob]:
-    try:
-        return _parser(doc)[1](doc)
-    except (KeyError, TypeError, ValueError) as exc:
-        if isinstance(exc, SchemaError):
-            raise
-        raise SchemaError(f"squeue JSON not shaped as {schema_version(doc)}: {exc!r}") from exc
+    return _parse(doc, 1, "squeue")

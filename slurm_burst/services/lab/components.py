@@ -12,7 +12,6 @@ import os
 import pwd
 import secrets
 import signal
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -20,7 +19,7 @@ from pathlib import Path
 from string import Template
 
 from slurm_burst.adapters.cloud.nscloud import net, vm
-from slurm_burst.adapters.proc import alive, pid_start_time
+from slurm_burst.adapters.proc import alive, spawn_detached
 from slurm_burst.config import Config, LabConfig
 from slurm_burst.core.hostlist import compress
 from slurm_burst.services.slurmconf import render
@@ -80,24 +79,7 @@ def spawn(
     argv: list[str], logfile: Path, env: dict[str, str] | None = None, user: str | None = None
 ) -> Proc:
     """Start ``argv`` detached from us (as ``user``), output appended to ``logfile``."""
-    with open(logfile, "ab") as out:
-        p = subprocess.Popen(
-            argv,
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=out,
-            start_new_session=True,
-            close_fds=True,
-            cwd="/",
-            env={**os.environ, **(env or {})},
-            user=user,
-            group=user,
-            extra_groups=[] if user else None,
-        )
-    start = pid_start_time(p.pid)
-    if start is None:
-        raise RuntimeError(f"{argv[0]} exited at once; see {logfile}")
-    return Proc(p.pid, start)
+    return Proc(*spawn_detached(argv, logfile, env=env, user=user))
 
 
 def stop(proc: Proc, grace: float = 5.0) -> None:

@@ -14,7 +14,6 @@ import contextlib
 import json
 import os
 import signal
-import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -22,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from slurm_burst.adapters.cloud.nscloud import net
-from slurm_burst.adapters.proc import alive, pid_start_time
+from slurm_burst.adapters.proc import alive, spawn_detached
 
 # What a VM must never see of its host: secrets and other machines' state.
 DEFAULT_HIDE = (
@@ -79,23 +78,10 @@ def boot(vmdir: Path, spec: VmSpec, userdata: str | None) -> tuple[int, int]:
     write_json_atomic(vmdir / "spec.json", asdict(spec))
     if userdata:
         write_private(vmdir / "user-data", userdata, 0o600)
-    console = open(vmdir / "console.log", "ab")  # noqa: SIM115 - handed to the child
-    try:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "slurm_burst.adapters.cloud.nscloud.launcher", str(vmdir)],
-            stdin=subprocess.DEVNULL,
-            stdout=console,
-            stderr=console,
-            start_new_session=True,
-            close_fds=True,
-            cwd="/",
-        )
-    finally:
-        console.close()
-    start = pid_start_time(proc.pid)
-    if start is None:
-        raise RuntimeError(f"VM launcher for {spec.id} died at once; see {vmdir}/console.log")
-    return proc.pid, start
+    return spawn_detached(
+        [sys.executable, "-m", "slurm_burst.adapters.cloud.nscloud.launcher", str(vmdir)],
+        vmdir / "console.log",
+    )
 
 
 def read_status(vmdir: Path) -> dict[str, Any]:
