@@ -36,3 +36,26 @@ def test_down_removes_everything(lab: Lab) -> None:
     assert Path("/etc/munge/munge.key").exists()  # the host's own munge is not ours to touch
     status = invoke(["--config", str(LAB_CONFIG), "lab", "status", "--json"], expect=3)
     assert '"up": false' in status.stdout
+
+
+def test_down_after_a_crashed_up_sweeps_only_lab_programs(lab: Lab) -> None:
+    """Processes missing from lab.json are still found; an admin's `tail -f` is left alone."""
+    import json
+    import subprocess
+
+    lab.up()
+    record = json.loads(lab.paths.record.read_text())
+    record["onprem"] = {}
+    record["processes"].pop("munged")
+    lab.paths.record.write_text(json.dumps(record))
+    log = lab.paths.log / "slurmctld.log"
+    admin = subprocess.Popen(["tail", "-f", str(log)], stdout=subprocess.DEVNULL)
+    try:
+        lab.down()
+        assert admin.poll() is None  # still running
+        assert _lab_processes(str(lab.paths.state)) == [f"{admin.pid}: tail -f {log} "]
+        netns = os.listdir("/run/netns") if os.path.isdir("/run/netns") else []
+        assert [n for n in netns if n.startswith("sbl-")] == []
+    finally:
+        admin.kill()
+        admin.wait()

@@ -179,15 +179,20 @@ class Lab:
         return removed
 
     def _sweep(self) -> list[str]:
-        """Processes and namespaces of the lab that the record missed (a crashed 'up')."""
+        """Processes and namespaces of the lab that the record missed (a crashed 'up').
+
+        Only the lab's own programs are candidates: an admin's ``tail -f`` of a lab
+        log names the state directory too, and is not ours to kill.
+        """
         removed = []
         marker = str(self.paths.state)
         for pid in _pids():
             try:
-                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+                argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
             except OSError:
                 continue
-            if marker in cmdline and pid != os.getpid():
+            cmdline = b" ".join(argv).decode(errors="replace")
+            if marker in cmdline and pid != os.getpid() and _is_lab_program(argv, cmdline):
                 start = pid_start_time(pid)
                 c.stop(c.Proc(pid, start or 0), grace=2.0)
                 removed.append(f"stray process {pid}")
@@ -270,6 +275,15 @@ class Lab:
             and all(alive(p["pid"], p["start"]) for p in procs.values())
             and all(alive(o["launcher_pid"], o["launcher_start"]) for o in onprem.values())
         )
+
+
+LAB_PROGRAMS = frozenset({"munged", "slurmctld", "slurmd", "sshd", "unshare", "nsenter"})
+LAB_MODULES = ("slurm_burst.adapters.cloud.nscloud.", "slurm_burst.services.lab.")
+
+
+def _is_lab_program(argv: list[bytes], cmdline: str) -> bool:
+    name = os.path.basename(argv[0].decode(errors="replace")) if argv and argv[0] else ""
+    return name in LAB_PROGRAMS or any(m in cmdline for m in LAB_MODULES)
 
 
 def _pids() -> list[int]:
