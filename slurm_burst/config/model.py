@@ -111,15 +111,21 @@ class NodeGroup:
     features: tuple[str, ...] = doc("Slurm node features.", default=())
     spot: bool = doc("Ask for spot/preemptible capacity.", default=False)
 
-    def node_name(self, index: int) -> str:
+    @cached_property
+    def _name_parts(self) -> tuple[str, int, str]:
+        """(prefix, index width, suffix) of ``pattern``, parsed once."""
         m = _PATTERN.match(self.pattern)
         if m is None:
             raise ValueError(f"invalid node name pattern {self.pattern!r}")
-        width = int(m.group("w") or 0)
-        return f"{m.group('pre')}{index:0{width}d}{m.group('post')}"
+        return m.group("pre"), int(m.group("w") or 0), m.group("post")
+
+    def node_name(self, index: int) -> str:
+        pre, width, post = self._name_parts
+        return f"{pre}{index:0{width}d}{post}"
 
     def node_names(self) -> list[str]:
-        return [self.node_name(i) for i in range(1, self.count + 1)]
+        pre, width, post = self._name_parts
+        return [f"{pre}{i:0{width}d}{post}" for i in range(1, self.count + 1)]
 
     @property
     def hostlist(self) -> str:

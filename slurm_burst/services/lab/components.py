@@ -14,6 +14,7 @@ import secrets
 import signal
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from string import Template
@@ -142,12 +143,7 @@ def ensure_munge_key(paths: Paths) -> None:
     paths.munge_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     os.chown(paths.munge_dir, munge.pw_uid, munge.pw_gid)
     if not paths.munge_key.exists():
-        vm.write_private(paths.munge_key, "", 0o400)
-        fd = os.open(paths.munge_key, os.O_WRONLY | os.O_TRUNC)
-        try:
-            os.write(fd, secrets.token_bytes(1024))
-        finally:
-            os.close(fd)
+        vm.write_private(paths.munge_key, secrets.token_bytes(1024), 0o400)
     os.chown(paths.munge_key, munge.pw_uid, munge.pw_gid)
     os.chmod(paths.munge_key, 0o400)
     for d in (paths.run / "munge", paths.log / "munge"):
@@ -242,9 +238,10 @@ def ensure_lan(cfg: Config) -> None:
     net.ensure_bridge(LAN_BRIDGE, f"{lan_addresses(cfg.lab)[0]}/{net_.prefixlen}")
 
 
-def wait_for(predicate: object, timeout: float, what: str, proc: Proc | None = None) -> None:
+def wait_for(
+    predicate: Callable[[], bool], timeout: float, what: str, proc: Proc | None = None
+) -> None:
     """Poll ``predicate`` until true; fail early if ``proc`` died."""
-    assert callable(predicate)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if predicate():

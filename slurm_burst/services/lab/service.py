@@ -173,9 +173,6 @@ class Lab:
         if self.paths.state.exists():
             shutil.rmtree(self.paths.state)
             removed.append(str(self.paths.state))
-        conf_dir = Path(self.cfg.slurm.conf_dir)
-        if conf_dir.exists() and self.paths.state in conf_dir.parents:
-            shutil.rmtree(conf_dir)
         return removed
 
     def _sweep(self) -> list[str]:

@@ -57,11 +57,11 @@ class VmSpec:
         return self.address.split("/")[0]
 
 
-def write_private(path: Path, text: str, mode: int = 0o600) -> None:
+def write_private(path: str | Path, data: str | bytes, mode: int = 0o600) -> None:
     """Create ``path`` with ``mode`` from the start (no window where it is readable)."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-    with os.fdopen(fd, "w") as fh:
-        fh.write(text)
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(data.encode() if isinstance(data, str) else data)
     os.chmod(path, mode)
 
 

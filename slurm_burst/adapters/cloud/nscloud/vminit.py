@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from slurm_burst.adapters.cloud.nscloud.vm import VmSpec, read_spec
+from slurm_burst.adapters.cloud.nscloud.vm import VmSpec, read_spec, write_private
 
 OVERLAID = ("/etc", "/var/lib", "/var/log", "/root", "/home")
 DISK = "/run/.vmdisk"
@@ -102,10 +102,9 @@ class VmInit:
             Path(path).write_text(content)
         if self.spec.authorized_keys:
             os.makedirs("/root/.ssh", mode=0o700, exist_ok=True)
-            auth = "/root/.ssh/authorized_keys"
-            fd = os.open(auth, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            with os.fdopen(fd, "w") as fh:
-                fh.write("\n".join(self.spec.authorized_keys) + "\n")
+            write_private(
+                "/root/.ssh/authorized_keys", "\n".join(self.spec.authorized_keys) + "\n", 0o600
+            )
         self.start_sshd()
         self.write_status(
             state="running",
@@ -186,9 +185,7 @@ class VmInit:
     def run_userdata(self, userdata: str) -> None:
         os.makedirs("/run/cloud-init", mode=0o700, exist_ok=True)
         script = "/run/cloud-init/user-data"
-        fd = os.open(script, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o700)
-        with os.fdopen(fd, "w") as fh:
-            fh.write(userdata)
+        write_private(script, userdata, 0o700)
         argv = [script] if userdata.startswith("#!") else ["/bin/sh", script]
         with open("/var/log/cloud-init-output.log", "ab") as out:
             self.userdata = subprocess.Popen(
