@@ -8,8 +8,10 @@ adapter's libraries.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
+from slurm_burst.core.cloud import Instance, LaunchSpec
 from slurm_burst.core.slurm import SlurmJob, SlurmNode, SlurmPartition
 
 
@@ -32,6 +34,78 @@ class Scheduler(Protocol):
         reason: str | None = None,
         addrs: Sequence[str] | None = None,
         hostnames: Sequence[str] | None = None,
+    ) -> None: ...
+
+
+class Cloud(Protocol):
+    """One provider profile (a libcloud driver with its region and credentials)."""
+
+    name: str
+
+    def launch(self, spec: LaunchSpec) -> Instance: ...
+
+    def get(self, instance_id: str) -> Instance | None: ...
+
+    def list_instances(self, cluster: str) -> list[Instance]: ...
+
+    def terminate(self, instance_id: str) -> None: ...
+
+    def host_keys(self, instance_id: str) -> list[tuple[str, str]]: ...
+
+
+@dataclass(frozen=True)
+class Peer:
+    public_key: str
+    allowed_ips: tuple[str, ...]
+    endpoint: str = ""
+    latest_handshake: int = 0  # unix time, 0 = never
+    comment: str = ""
+
+
+class Mesh(Protocol):
+    """The WireGuard hub on the controller side."""
+
+    def ensure_hub(self) -> str: ...  # returns the hub's public key
+
+    def add_peer(self, public_key: str, address: str, node: str) -> None: ...
+
+    def remove_peer(self, public_key: str) -> None: ...
+
+    def peers(self) -> list[Peer]: ...
+
+
+class RemoteShell(Protocol):
+    """An authenticated session on a node (SSH)."""
+
+    def run(self, argv: Sequence[str], timeout: float = 60.0) -> str: ...
+
+    def put(
+        self, data: bytes, path: str, mode: int, owner: tuple[int, int] | None = None
+    ) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class Connector(Protocol):
+    def connect(
+        self, host: str, host_keys: Sequence[tuple[str, str]], deadline: float
+    ) -> RemoteShell: ...
+
+
+class Ledger(Protocol):
+    """Append-only cost records (the SQL ledger)."""
+
+    def instance_event(
+        self,
+        *,
+        node: str,
+        instance_id: str,
+        provider: str,
+        size: str,
+        price_per_hour: float,
+        event: str,
+        at: float,
+        detail: str = "",
     ) -> None: ...
 
 

@@ -1,29 +1,90 @@
-"""The one place adapters are built from the configuration."""
+"""The one place adapters are built from the configuration.
+
+Imports are inside the functions: the hooks use this module and must not pay
+for libcloud, paramiko or SQLAlchemy.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from slurm_burst.adapters.cloud.registry import driver_class
-from slurm_burst.adapters.slurm.cli import SlurmCli
 from slurm_burst.config import Config, ProviderConfig
 
+if TYPE_CHECKING:
+    from slurm_burst.adapters.cloud.compute import LibcloudCloud
+    from slurm_burst.adapters.slurm.cli import SlurmCli
 
-def scheduler(cfg: Config) -> SlurmCli:
+
+def state_db_path(cfg: Config) -> Path:
+    return Path(cfg.daemon.state_dir) / "state.db"
+
+
+def scheduler(cfg: Config, timeout: float | None = None) -> SlurmCli:
+    from slurm_burst.adapters.slurm.cli import SlurmCli
+
     s = cfg.slurm
     return SlurmCli(
         bin_dir=s.bin_dir,
         slurm_conf=str(Path(s.conf_dir) / "slurm.conf"),
-        timeout=s.command_timeout,
+        timeout=s.command_timeout if timeout is None else min(timeout, s.command_timeout),
         batch=s.update_batch,
     )
 
 
 def cloud_driver(provider: ProviderConfig) -> Any:
     """A libcloud driver for ``provider`` (credentials resolution comes with real providers)."""
+    from slurm_burst.adapters.cloud.registry import driver_class
+
     cls = driver_class(provider.driver)
     kwargs: dict[str, Any] = dict(provider.options)
     if provider.region:
         kwargs["region"] = provider.region
     return cls("lab" if provider.driver == "nscloud" else "", **kwargs)
+
+
+def clouds(cfg: Config) -> dict[str, LibcloudCloud]:
+    from slurm_burst.adapters.cloud.compute import LibcloudCloud
+
+    return {name: LibcloudCloud(name, cloud_driver(p)) for name, p in cfg.providers.items()}
+
+
+def daemon(cfg: Config) -> Any:
+    """The daemon with every collaborator built from ``cfg`` (the hub is brought up)."""
+    from slurm_burst.adapters.ssh.session import SshConnector, generate_key
+    from slurm_burst.adapters.state.store import Store
+    from slurm_burst.services.daemon import Daemon
+    from slurm_burst.services.provisioner import Provisioner, Secrets
+
+    key_path = str(Path(cfg.daemon.state_dir) / "ssh" / "id_ed25519")
+    ssh_public = generate_key(key_path)
+    munge_key = Path(cfg.slurm.munge_key).read_bytes()
+    hub = mesh_hub(cfg)
+    hub_public = hub.ensure_hub()
+    store = Store(state_db_path(cfg))
+    prov = Provisioner(
+        cfg,
+        store,
+        dict(clouds(cfg)),
+        hub,
+        SshConnector(cfg.daemon.ssh_user, key_path),
+        scheduler(cfg),
+        ledger(cfg),
+        Secrets(ssh_public, munge_key, hub_public),
+    )
+    return Daemon(cfg, store, prov)
+
+
+def mesh_hub(cfg: Config) -> Any:
+    from slurm_burst.adapters.mesh.wireguard import WireGuardHub
+
+    m = cfg.mesh
+    return WireGuardHub(m.interface, m.subnet, m.port, m.state_dir)
+
+
+def ledger(cfg: Config) -> Any:
+    from slurm_burst.adapters.ledger.sql import SqlLedger
+
+    return SqlLedger(
+        cfg.ledger.url, cfg.cluster.name, {n: p.region for n, p in cfg.providers.items()}
+    )

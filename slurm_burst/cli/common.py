@@ -10,8 +10,6 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 import click
-from rich.console import Console
-from rich.table import Table
 
 from slurm_burst.config import Config, ConfigError, load_config
 
@@ -37,6 +35,7 @@ class AppContext:
     """Built once per invocation; collaborators are created on first use."""
 
     config_path: Path
+    verbose: int = 0
     _config: Config | None = field(default=None, repr=False)
 
     @property
@@ -87,6 +86,9 @@ def emit(
     if columns is None or rows is None:
         click.echo(str(data))
         return
+    from rich.console import Console  # imported here: the hooks never print tables
+    from rich.table import Table
+
     table = Table(title=title, show_lines=False, header_style="bold")
     for col in columns:
         table.add_column(col)

@@ -30,7 +30,7 @@ def render_cmd(ctx: click.Context, output_dir: Path | None) -> None:
     \b
     Install with:
       slurm-burst conf render -o /etc/slurm
-      echo 'Include /etc/slurm/slurm-burst.conf' >> /etc/slurm/slurm.conf
+      echo 'Include slurm-burst.conf' >> /etc/slurm/slurm.conf   # relative: configless
       scontrol reconfigure   # node definition changes need a slurmctld restart
     """
     files = render(app(ctx).config)
@@ -46,3 +46,21 @@ def render_cmd(ctx: click.Context, output_dir: Path | None) -> None:
         tmp.chmod(0o644)
         tmp.replace(path)
         click.echo(f"wrote {path}")
+
+
+@group.command("install-hooks")
+@click.option("--dir", "hook_dir", help="Install here instead of slurm.hook_dir.")
+@click.pass_context
+def install_hooks_cmd(ctx: click.Context, hook_dir: str | None) -> None:
+    """Install slurm-burst-resume, -suspend and -resume-fail into slurm.hook_dir.
+
+    \b
+    They are what the rendered fragment's ResumeProgram, SuspendProgram and
+    ResumeFailProgram name; each runs 'slurm-burst --config THIS_CONFIG resume|...'
+    with this Python, so slurmctld needs no environment of ours.
+    """
+    from slurm_burst.services.slurmconf import install_hooks
+
+    a = app(ctx)
+    for path in install_hooks(hook_dir or a.config.slurm.hook_dir, str(a.config_path.resolve())):
+        click.echo(f"installed {path}")

@@ -1,20 +1,58 @@
-"""``slurm-burst``: the sysadmin's command line. Each command group lives in its own module."""
+"""``slurm-burst``: the sysadmin's command line. Each command group lives in its own module.
+
+Command modules are imported only when their command runs: the resume/suspend
+hooks are this same program, and slurmctld waits for them, so ``slurm-burst
+resume`` must not pay for importing libcloud, paramiko or SQLAlchemy.
+"""
 
 from __future__ import annotations
 
+import importlib
 import logging
 
 import click
 
 from slurm_burst import __version__
-from slurm_burst.cli import conf_cmd, config_cmd, hostlist_cmd, lab_cmd
 from slurm_burst.cli.common import EXIT_CODES, AppContext
 from slurm_burst.config import resolve_config_path
 
 _EPILOG = "Exit codes: " + "; ".join(f"{k} {v}" for k, v in EXIT_CODES.items()) + "."
 
+# command name -> "module:attribute"
+COMMANDS = {
+    "config": "slurm_burst.cli.config_cmd:group",
+    "conf": "slurm_burst.cli.conf_cmd:group",
+    "hostlist": "slurm_burst.cli.hostlist_cmd:group",
+    "lab": "slurm_burst.cli.lab_cmd:group",
+    "resume": "slurm_burst.cli.hooks_cmd:resume",
+    "suspend": "slurm_burst.cli.hooks_cmd:suspend",
+    "resume-fail": "slurm_burst.cli.hooks_cmd:resume_fail",
+    "daemon": "slurm_burst.cli.daemon_cmd:daemon",
+    "nodes": "slurm_burst.cli.daemon_cmd:nodes",
+    "events": "slurm_burst.cli.daemon_cmd:events",
+    "ledger": "slurm_burst.cli.ledger_cmd:group",
+}
 
-@click.group(epilog=_EPILOG, context_settings={"help_option_names": ["-h", "--help"]})
+
+class LazyGroup(click.Group):
+    """A group whose subcommands are imported on first use."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(COMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        target = COMMANDS.get(cmd_name)
+        if target is None:
+            return None
+        module, attr = target.split(":")
+        cmd = getattr(importlib.import_module(module), attr)
+        assert isinstance(cmd, click.Command)
+        return cmd
+
+
+@click.group(
+    cls=LazyGroup, epilog=_EPILOG, context_settings={"help_option_names": ["-h", "--help"]}
+)
 @click.option(
     "--config",
     "config_path",
@@ -29,11 +67,7 @@ def cli(ctx: click.Context, config_path: str | None, verbose: int) -> None:
     """Cloud bursting for Slurm: hooks, provisioning daemon, cost ledger and a local lab."""
     level = logging.WARNING - 10 * min(verbose, 2)
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    ctx.obj = AppContext(config_path=resolve_config_path(config_path))
-
-
-for _module in (config_cmd, conf_cmd, hostlist_cmd, lab_cmd):
-    cli.add_command(_module.group)
+    ctx.obj = AppContext(config_path=resolve_config_path(config_path), verbose=verbose)
 
 
 def main() -> None:

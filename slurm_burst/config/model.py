@@ -57,6 +57,19 @@ class SlurmConfig:
     hostlist_max_names: int = doc(
         "Largest hostlist we expand (guards against typos).", default=1_000_000
     )
+    power_save_interval: int = doc(
+        "SlurmctldParameters power_save_interval: seconds between Slurm's power-save passes "
+        "(Slurm's default 10; it dominates job start latency on a small cluster).",
+        default=10,
+    )
+    munge_socket: str = doc(
+        "munged socket path on cloud nodes; must match AuthInfo=socket= in slurm.conf.",
+        default="/run/munge/munge.socket.2",
+    )
+    munge_key: str = doc(
+        "The cluster's munge key on this host; pushed to cloud nodes over SFTP only.",
+        default="/etc/munge/munge.key",
+    )
 
 
 @dataclass(frozen=True)
@@ -144,6 +157,10 @@ class MeshConfig:
     interface: str = doc("Hub WireGuard interface name.", default="wg-burst")
     endpoint: str = doc("Public address cloud nodes dial to reach the hub.", default="")
     port: int = doc("Hub UDP port.", default=51820)
+    keepalive: int = doc("PersistentKeepalive seconds from nodes to the hub (NAT).", default=15)
+    state_dir: str = doc(
+        "Hub key and persistent WireGuard config (mode 0700).", default="/etc/slurm-burst/wireguard"
+    )
 
 
 @dataclass(frozen=True)
@@ -163,6 +180,21 @@ class DaemonConfig:
     heartbeat_stale: float = doc(
         "Seconds after which the daemon's heartbeat counts as stale.", default=120.0
     )
+    hook_log: str = doc(
+        "Log file of the resume/suspend hooks (Slurm discards their output).",
+        default="/var/log/slurm-burst/hooks.log",
+    )
+    log_file: str = doc("Log file of the daemon; empty: standard error (journald).", default="")
+    workers: int = doc("Nodes provisioned or torn down at the same time.", default=64)
+    ssh_user: str = doc(
+        "User the daemon logs in as on cloud nodes (needs root rights).", default="root"
+    )
+    boot_timeout: float = doc(
+        "Seconds for an instance to run and report its SSH host key.", default=300.0
+    )
+    bootstrap_timeout: float = doc(
+        "Seconds for SSH to answer and the node to join after it runs.", default=300.0
+    )
 
 
 @dataclass(frozen=True)
@@ -181,6 +213,11 @@ class LabConfig:
     onprem_nodes: int = doc("Static on-prem nodes.", default=1)
     onprem_cpus: int = doc("CPUs of each on-prem node.", default=2)
     onprem_memory_mb: int = doc("RealMemory of each on-prem node.", default=1000)
+    shared_dir: str = doc(
+        "The lab's shared filesystem (like a site's NFS): seen by every node, for job output.",
+        default="/srv/slurm-burst-lab",
+    )
+    daemon: bool = doc("Start the slurm-burst daemon with the lab.", default=True)
 
 
 @dataclass(frozen=True)

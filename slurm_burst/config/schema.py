@@ -113,8 +113,13 @@ def _convert(tp: Any, value: Any, path: str, problems: list[Problem]) -> tuple[A
                 if item is not None:  # a broken item is left out; the others are still checked
                     out[k] = item
             elif vt is Any:
-                if not isinstance(v, str | int | float | bool):
-                    problems.append(Problem(sub, "must be a string, number or boolean"))
+                scalar = str | int | float | bool
+                if isinstance(v, list) and all(isinstance(x, scalar) for x in v):
+                    v = tuple(v)
+                elif not isinstance(v, scalar):
+                    problems.append(
+                        Problem(sub, "must be a string, number, boolean or a list of them")
+                    )
                     good = False
                 out[k] = v
             else:

@@ -52,6 +52,15 @@ def validate(
         out.append(Problem("ledger.url", "must be an SQLAlchemy URL such as sqlite:////path.db"))
     if cfg.daemon.poll_period <= 0:
         out.append(Problem("daemon.poll_period", "must be positive"))
+    if cfg.daemon.workers < 1:
+        out.append(Problem("daemon.workers", "must be at least 1"))
+    for key in ("boot_timeout", "bootstrap_timeout"):
+        if getattr(cfg.daemon, key) <= 0:
+            out.append(Problem(f"daemon.{key}", "must be positive"))
+    if cfg.slurm.power_save_interval < 1:
+        out.append(Problem("slurm.power_save_interval", "must be at least 1 second"))
+    if cfg.node_groups and not cfg.mesh.endpoint:
+        out.append(Problem("mesh.endpoint", "cloud nodes need the hub's public address"))
     if cfg.daemon.heartbeat_stale <= cfg.daemon.poll_period:
         out.append(Problem("daemon.heartbeat_stale", "must be longer than daemon.poll_period"))
     if cfg.lab is not None:

@@ -79,6 +79,7 @@ def render(cfg: Config) -> dict[str, str]:
         suspend_timeout=s.suspend_timeout,
         suspend_time=s.suspend_time,
         resume_rate=s.resume_rate,
+        power_save_interval=s.power_save_interval,
         suspend_rate=s.suspend_rate,
         suspend_exc_parts=exc,
         node_lines="\n".join(node_line(g) for g in cfg.node_groups.values()),
@@ -90,3 +91,43 @@ def render(cfg: Config) -> dict[str, str]:
         gres_lines="\n".join(gres_line(g) for g in gpu_groups) or "# no GPU node groups",
     )
     return {FRAGMENT: fragment, GRES: gres}
+
+
+HOOKS = {
+    "resume": "slurm-burst-resume",
+    "suspend": "slurm-burst-suspend",
+    "resume-fail": "slurm-burst-resume-fail",
+}
+
+_SHIM = """#!{python}
+# slurm-burst {kind} hook, installed by `slurm-burst conf install-hooks`.
+# slurmctld runs it as SlurmUser with a minimal environment, so the config path is
+# fixed here. Node names arrive as one argv element and are never given to a shell.
+import sys
+
+from slurm_burst.cli.main import cli
+
+cli(["--config", {config!r}, {kind!r}, *sys.argv[1:]], prog_name="slurm-burst")
+"""
+
+
+def hook_programs(config_path: str, python: str = sys.executable) -> dict[str, str]:
+    """``{file name: program text}`` of the three power-saving programs slurm.conf names."""
+    return {
+        name: _SHIM.format(python=python, kind=kind, config=str(config_path))
+        for kind, name in HOOKS.items()
+    }
+
+
+def install_hooks(hook_dir: str, config_path: str) -> list[Path]:
+    out = []
+    d = Path(hook_dir)
+    d.mkdir(parents=True, exist_ok=True)
+    for name, text in hook_programs(config_path).items():
+        path = d / name
+        tmp = path.with_name(name + ".tmp")
+        tmp.write_text(text)
+        tmp.chmod(0o755)
+        tmp.replace(path)
+        out.append(path)
+    return out

@@ -22,6 +22,9 @@ controller_addr = "10.0.0.1"
 [slurm]
 onprem_partitions = ["batch"]
 
+[mesh]
+endpoint = "203.0.113.10"
+
 [providers.aws]
 driver = "ec2"
 region = "eu-west-1"

@@ -189,6 +189,35 @@ def start_slurmctld(cfg: Config, paths: Paths, slurm_conf: Path) -> Proc:
     return spawn(argv, paths.log / "slurmctld.out", env={"SLURM_CONF": str(slurm_conf)})
 
 
+def start_daemon(cfg: Config, paths: Paths) -> Proc:
+    """The slurm-burst daemon, as systemd would run it; ready once its heartbeat is written."""
+    from slurm_burst.adapters.state.store import Store
+    from slurm_burst.wiring import state_db_path
+
+    argv = [
+        sys.executable,
+        "-m",
+        "slurm_burst",
+        "--config",
+        str(Path(cfg.source).resolve()),
+        "daemon",
+    ]
+    proc = spawn(argv, paths.log / "daemon.out")
+    db = state_db_path(cfg)
+
+    def beating() -> bool:
+        if not db.exists():
+            return False
+        store = Store(db, create=False)
+        try:
+            return store.heartbeat() is not None
+        finally:
+            store.close()
+
+    wait_for(beating, 30, "slurm-burst daemon heartbeat", proc)
+    return proc
+
+
 def boot_onprem(cfg: Config, paths: Paths) -> dict[str, dict[str, object]]:
     """Boot each static on-prem node as a namespace VM on the lab LAN."""
     assert cfg.lab is not None
@@ -212,6 +241,8 @@ def boot_onprem(cfg: Config, paths: Paths) -> dict[str, dict[str, object]]:
                 str(paths.run),
                 str(paths.state / "slurmctld"),
                 *([cloud_state] if cloud_state else []),
+                cfg.daemon.state_dir,  # the daemon's SSH key and the hub's WireGuard key
+                cfg.mesh.state_dir,
             ),
         )
         userdata = template.substitute(

@@ -26,7 +26,8 @@ from slurm_burst.adapters.proc import alive, pid_start_time
 from slurm_burst.adapters.slurm.cli import SlurmCli, SlurmError
 from slurm_burst.config import Config
 from slurm_burst.services.lab import components as c
-from slurm_burst.wiring import cloud_driver
+from slurm_burst.services.slurmconf import install_hooks
+from slurm_burst.wiring import cloud_driver, mesh_hub
 
 log = logging.getLogger(__name__)
 
@@ -110,8 +111,10 @@ class Lab:
         c.ensure_munge_key(self.paths)
         record["processes"]["munged"] = vars(c.start_munged(self.paths))
         self._write_record(record)
-        self.progress("slurm: configuration")
+        self.progress("slurm: configuration and power-saving hooks")
         c.write_slurm_conf(self.cfg, self.paths)
+        install_hooks(self.cfg.slurm.hook_dir, str(Path(self.cfg.source).resolve()))
+        Path(self.lab.shared_dir).mkdir(parents=True, exist_ok=True)
         self.progress("slurm: slurmctld")
         ctld = c.start_slurmctld(self.cfg, self.paths, self.slurm_conf)
         record["processes"]["slurmctld"] = vars(ctld)
@@ -121,6 +124,10 @@ class Lab:
         cloud = self.cloud()
         cloud.ex_ensure_network()
         record["bridges"].append(cloud.bridge)
+        if self.lab.daemon:
+            self.progress("slurm-burst daemon (WireGuard hub, provisioning)")
+            record["processes"]["daemon"] = vars(c.start_daemon(self.cfg, self.paths))
+            self._write_record(record)
         self.progress("on-prem: booting static nodes")
         record["onprem"] = c.boot_onprem(self.cfg, self.paths)
         self._write_record(record)
@@ -151,6 +158,10 @@ class Lab:
         self.preflight()
         removed: list[str] = []
         record = self._read_record() or {}
+        daemon = (record.get("processes") or {}).get("daemon")
+        if daemon:  # first: it must not act on what is being removed
+            c.stop(c.Proc(daemon["pid"], daemon["start"]), grace=10.0)
+            removed.append("daemon")
         if self.paths.state.exists() or record:
             try:
                 self.cloud().ex_teardown()
@@ -166,6 +177,13 @@ class Lab:
                 c.stop(c.Proc(info["pid"], info["start"]))
                 removed.append(name)
         removed += self._sweep()
+        hub = mesh_hub(self.cfg)
+        if net.link_exists(hub.interface):
+            hub.down()
+            removed.append(f"WireGuard hub {hub.interface}")
+        if Path(self.lab.shared_dir).exists():
+            shutil.rmtree(self.lab.shared_dir)
+            removed.append(self.lab.shared_dir)
         for bridge in [c.LAN_BRIDGE, *record.get("bridges", [])]:
             if net.link_exists(bridge):
                 net.delete_link(bridge)
@@ -183,13 +201,17 @@ class Lab:
         """
         removed = []
         marker = str(self.paths.state)
+        config = str(Path(self.cfg.source).resolve())
         for pid in _pids():
             try:
                 argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
             except OSError:
                 continue
             cmdline = b" ".join(argv).decode(errors="replace")
-            if marker in cmdline and pid != os.getpid() and _is_lab_program(argv, cmdline):
+            ours = (marker in cmdline and _is_lab_program(argv, cmdline)) or (
+                config in cmdline and b"daemon" in argv  # the lab's slurm-burst daemon
+            )
+            if ours and pid != os.getpid():
                 start = pid_start_time(pid)
                 c.stop(c.Proc(pid, start or 0), grace=2.0)
                 removed.append(f"stray process {pid}")

@@ -92,7 +92,9 @@ class VmInit:
                 raise RuntimeError(f"{top} is not an overlay after mounting it")
         for path in self.spec.hide:
             if os.path.isdir(path):
-                mount(["-t", "tmpfs", "-o", "mode=0700,nosuid,nodev", "tmpfs", path])
+                # empty, so nothing to protect: 0755 lets daemons such as munged
+                # (not root) reach what the VM itself creates below it
+                mount(["-t", "tmpfs", "-o", "mode=0755,nosuid,nodev", "tmpfs", path])
         self.write_hosts()
         os.makedirs("/run/sshd", mode=0o755, exist_ok=True)
         if self.spec.fresh_host_keys:

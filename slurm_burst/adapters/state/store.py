@@ -1,0 +1,299 @@
+"""The daemon's state database: requests from the hooks, each node's state, the mesh
+address pool, events and the heartbeat. SQLite (stdlib), WAL, one file on the
+controller host.
+
+Why not the SQL ledger's engine: the hooks write here, and they must return in
+well under 300 ms; the stdlib driver opens a database in about a millisecond.
+Every write is its own transaction (``BEGIN IMMEDIATE``), so a request a hook
+recorded survives a crash of either side, and two writers never interleave.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import sqlite3
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from slurm_burst.core.nodestate import NodeState, check_transition
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (
+    key   TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS requests (
+    id         INTEGER PRIMARY KEY,
+    kind       TEXT NOT NULL CHECK (kind IN ('resume', 'suspend', 'resume-fail')),
+    nodes      TEXT NOT NULL,            -- JSON list of node names
+    jobs       TEXT NOT NULL DEFAULT '[]', -- JSON: the resume file's jobs
+    created_at REAL NOT NULL,
+    done_at    REAL
+);
+CREATE INDEX IF NOT EXISTS requests_pending ON requests (done_at) WHERE done_at IS NULL;
+CREATE TABLE IF NOT EXISTS nodes (
+    name        TEXT PRIMARY KEY,
+    grp         TEXT NOT NULL,
+    state       TEXT NOT NULL,
+    want        TEXT NOT NULL CHECK (want IN ('up', 'down')),
+    error       TEXT NOT NULL DEFAULT '',
+    message     TEXT NOT NULL DEFAULT '',
+    provider    TEXT NOT NULL DEFAULT '',
+    size        TEXT NOT NULL DEFAULT '',
+    launch_seq  INTEGER NOT NULL DEFAULT 0,
+    token       TEXT NOT NULL DEFAULT '',
+    instance_id TEXT NOT NULL DEFAULT '',
+    ip          TEXT NOT NULL DEFAULT '',
+    host_keys   TEXT NOT NULL DEFAULT '[]',
+    wg_pubkey   TEXT NOT NULL DEFAULT '',
+    mesh_addr   TEXT NOT NULL DEFAULT '',
+    jobs        TEXT NOT NULL DEFAULT '[]',
+    requested_at REAL NOT NULL DEFAULT 0,
+    state_since REAL NOT NULL DEFAULT 0
+);
+CREATE TABLE IF NOT EXISTS mesh_addresses (
+    address      TEXT PRIMARY KEY,
+    node         TEXT NOT NULL UNIQUE,
+    allocated_at REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS events (
+    id     INTEGER PRIMARY KEY,
+    at     REAL NOT NULL,
+    node   TEXT NOT NULL DEFAULT '',
+    event  TEXT NOT NULL,
+    detail TEXT NOT NULL DEFAULT ''
+);
+"""
+
+
+class StoreError(RuntimeError):
+    """The state database cannot be used (permissions, corruption, full pool)."""
+
+
+@dataclass(frozen=True)
+class NodeRecord:
+    name: str
+    grp: str
+    state: NodeState
+    want: str
+    error: str = ""
+    message: str = ""
+    provider: str = ""
+    size: str = ""
+    launch_seq: int = 0
+    token: str = ""
+    instance_id: str = ""
+    ip: str = ""
+    host_keys: str = "[]"
+    wg_pubkey: str = ""
+    mesh_addr: str = ""
+    jobs: str = "[]"
+    requested_at: float = 0.0
+    state_since: float = 0.0
+
+    @classmethod
+    def from_row(cls, row: sqlite3.Row) -> NodeRecord:
+        data = dict(row)
+        data["state"] = NodeState(data["state"])
+        return cls(**data)
+
+    def as_dict(self) -> dict[str, Any]:
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        out["state"] = str(self.state)
+        out["host_keys"] = json.loads(self.host_keys)
+        out["jobs"] = json.loads(self.jobs)
+        return out
+
+
+@dataclass(frozen=True)
+class Request:
+    id: int
+    kind: str
+    nodes: tuple[str, ...]
+    jobs: list[dict[str, Any]]
+    created_at: float
+
+
+NODE_COLUMNS = frozenset(f.name for f in fields(NodeRecord)) - {"name"}
+
+
+class Store:
+    """Thread-safe access to the state database (one connection, one lock)."""
+
+    def __init__(self, path: str | os.PathLike[str], create: bool = True) -> None:
+        self.path = Path(path)
+        if create:
+            self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o750)
+        elif not self.path.exists():
+            raise StoreError(f"state database {self.path} does not exist (is the daemon set up?)")
+        try:
+            self._db = sqlite3.connect(
+                self.path, timeout=10.0, isolation_level=None, check_same_thread=False
+            )
+            self._db.row_factory = sqlite3.Row
+            self._db.execute("PRAGMA busy_timeout = 10000")
+            if create:
+                self._db.execute("PRAGMA journal_mode = WAL")
+                self._db.executescript(SCHEMA)
+                os.chmod(self.path, 0o640)
+            self._db.execute("PRAGMA synchronous = FULL")
+        except sqlite3.Error as exc:
+            raise StoreError(f"state database {self.path}: {exc}") from exc
+        self._lock = threading.RLock()
+
+    def close(self) -> None:
+        self._db.close()
+
+    @contextmanager
+    def tx(self) -> Iterator[sqlite3.Connection]:
+        """One write transaction, taken at once (BEGIN IMMEDIATE) so writers queue."""
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._db
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+
+    def _read(self, sql: str, args: Sequence[Any] = ()) -> list[sqlite3.Row]:
+        with self._lock:
+            return list(self._db.execute(sql, args))
+
+    # -- heartbeat ------------------------------------------------------------
+    def beat(self, now: float, info: dict[str, Any]) -> None:
+        with self.tx() as db:
+            db.execute(
+                "INSERT OR REPLACE INTO meta VALUES ('heartbeat', ?)",
+                (json.dumps({"at": now, **info}),),
+            )
+
+    def heartbeat(self) -> dict[str, Any] | None:
+        rows = self._read("SELECT value FROM meta WHERE key = 'heartbeat'")
+        return dict(json.loads(rows[0]["value"])) if rows else None
+
+    # -- requests (hooks write, the daemon consumes) --------------------------
+    def add_request(
+        self, kind: str, nodes: Sequence[str], jobs: Sequence[dict[str, Any]], now: float
+    ) -> int:
+        with self.tx() as db:
+            cur = db.execute(
+                "INSERT INTO requests (kind, nodes, jobs, created_at) VALUES (?, ?, ?, ?)",
+                (kind, json.dumps(list(nodes)), json.dumps(list(jobs)), now),
+            )
+            return int(cur.lastrowid or 0)
+
+    def pending_requests(self) -> list[Request]:
+        return [
+            Request(
+                r["id"],
+                r["kind"],
+                tuple(json.loads(r["nodes"])),
+                json.loads(r["jobs"]),
+                r["created_at"],
+            )
+            for r in self._read("SELECT * FROM requests WHERE done_at IS NULL ORDER BY id")
+        ]
+
+    def finish_request(self, request_id: int, now: float) -> None:
+        with self.tx() as db:
+            db.execute("UPDATE requests SET done_at = ? WHERE id = ?", (now, request_id))
+
+    # -- nodes ----------------------------------------------------------------
+    def node(self, name: str) -> NodeRecord | None:
+        rows = self._read("SELECT * FROM nodes WHERE name = ?", (name,))
+        return NodeRecord.from_row(rows[0]) if rows else None
+
+    def nodes(self) -> list[NodeRecord]:
+        return [NodeRecord.from_row(r) for r in self._read("SELECT * FROM nodes ORDER BY name")]
+
+    def transition(
+        self, name: str, new: NodeState, now: float, grp: str = "", **changes: Any
+    ) -> NodeRecord:
+        """Move ``name`` to ``new`` (checked against the state machine) and set ``changes``."""
+        bad = set(changes) - NODE_COLUMNS
+        if bad:
+            raise ValueError(f"unknown node columns {sorted(bad)}")
+        with self.tx() as db:
+            rows = list(db.execute("SELECT * FROM nodes WHERE name = ?", (name,)))
+            old = NodeRecord.from_row(rows[0]) if rows else None
+            check_transition(old.state if old else None, new)
+            if old is None:
+                db.execute(
+                    "INSERT INTO nodes (name, grp, state, want, state_since) VALUES (?,?,?,?,?)",
+                    (name, grp, str(new), changes.pop("want", "down"), now),
+                )
+            values = {**changes, "state": str(new)}
+            if old is None or old.state != new:
+                values["state_since"] = now
+            sets = ", ".join(f"{k} = ?" for k in values)
+            db.execute(f"UPDATE nodes SET {sets} WHERE name = ?", (*values.values(), name))  # noqa: S608 - column names are checked above
+            db.execute(
+                "INSERT INTO events (at, node, event, detail) VALUES (?, ?, ?, ?)",
+                (now, name, f"node.{new}", changes.get("error", "")),
+            )
+            row = next(iter(db.execute("SELECT * FROM nodes WHERE name = ?", (name,))))
+        return NodeRecord.from_row(row)
+
+    def update(self, name: str, **changes: Any) -> None:
+        """Set columns of ``name`` without a state change (want, ip, host keys...)."""
+        bad = set(changes) - NODE_COLUMNS - {"state"}
+        if bad or "state" in changes:
+            wrong = sorted(bad | ({"state"} & set(changes)))
+            raise ValueError(f"update cannot set {wrong}")  # noqa: S608 - not SQL
+        sets = ", ".join(f"{k} = ?" for k in changes)
+        with self.tx() as db:
+            db.execute(f"UPDATE nodes SET {sets} WHERE name = ?", (*changes.values(), name))  # noqa: S608 - column names are checked above
+
+    def event(self, now: float, event: str, node: str = "", detail: str = "") -> None:
+        with self.tx() as db:
+            db.execute(
+                "INSERT INTO events (at, node, event, detail) VALUES (?, ?, ?, ?)",
+                (now, node, event, detail),
+            )
+
+    def events(self, since_id: int = 0, limit: int = 1000) -> list[dict[str, Any]]:
+        return [
+            dict(r)
+            for r in self._read(
+                "SELECT * FROM events WHERE id > ? ORDER BY id LIMIT ?", (since_id, limit)
+            )
+        ]
+
+    # -- mesh address pool ----------------------------------------------------
+    def allocate_address(self, node: str, subnet: str, now: float) -> str:
+        """The node's mesh address: its existing one, or the lowest free host address.
+
+        The hub holds the subnet's first host address. The primary key and the
+        UNIQUE node column make a duplicate impossible even across processes.
+        """
+        net = ipaddress.ip_network(subnet)
+        with self.tx() as db:
+            row = list(db.execute("SELECT address FROM mesh_addresses WHERE node = ?", (node,)))
+            if row:
+                return str(row[0]["address"])
+            used = {r["address"] for r in db.execute("SELECT address FROM mesh_addresses")}
+            hosts = net.hosts()
+            next(hosts)  # the hub's
+            for host in hosts:
+                if str(host) not in used:
+                    db.execute(
+                        "INSERT INTO mesh_addresses VALUES (?, ?, ?)", (str(host), node, now)
+                    )
+                    return str(host)
+        raise StoreError(f"mesh subnet {subnet} has no free address left")
+
+    def release_address(self, node: str) -> str | None:
+        with self.tx() as db:
+            row = list(db.execute("SELECT address FROM mesh_addresses WHERE node = ?", (node,)))
+            db.execute("DELETE FROM mesh_addresses WHERE node = ?", (node,))
+        return str(row[0]["address"]) if row else None
+
+    def addresses(self) -> dict[str, str]:
+        return {r["node"]: r["address"] for r in self._read("SELECT * FROM mesh_addresses")}

@@ -1,0 +1,140 @@
+"""``slurm-burst daemon | nodes | events``: run the provisioning daemon and look at it."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+import click
+
+from slurm_burst.cli.common import EXIT_FAILED, EXIT_PRECONDITION, app, emit, fail, json_option
+
+
+@click.command("daemon")
+@click.pass_context
+def daemon(ctx: click.Context) -> None:
+    """Run the provisioning daemon in the foreground (systemd: slurm-burst.service).
+
+    \b
+    Takes the resume/suspend requests the hooks record, launches instances
+    through libcloud, bootstraps them over SSH and WireGuard, and tears them
+    down. Logs to daemon.log_file (or standard error). SIGTERM stops it; a
+    restart carries on from the state database. Exit 3 when another daemon
+    holds the lock, 1 when set-up fails (hub, keys, database).
+    """
+    from slurm_burst import wiring
+    from slurm_burst.services.daemon import DaemonError
+
+    cfg = app(ctx).config
+    _daemon_logging(cfg.daemon.log_file, app(ctx).verbose)
+    try:
+        d = wiring.daemon(cfg)
+    except (OSError, RuntimeError) as exc:
+        fail(f"daemon set-up failed: {exc}", EXIT_FAILED)
+
+    def stop(signum: int, frame: Any) -> None:
+        logging.getLogger(__name__).info("daemon.signal %s", signal.Signals(signum).name)
+        d.stop.set()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    try:
+        d.run()
+    except DaemonError as exc:
+        fail(str(exc), EXIT_PRECONDITION)
+
+
+def _daemon_logging(path: str, verbose: int) -> None:
+    handler: logging.Handler = logging.FileHandler(path) if path else logging.StreamHandler()
+    handler.setFormatter(
+        logging.Formatter("%(asctime)s %(levelname)s %(threadName)s %(name)s %(message)s")
+    )
+    root = logging.getLogger()
+    for h in list(root.handlers):
+        root.removeHandler(h)
+    root.addHandler(handler)
+    root.setLevel(logging.DEBUG if verbose > 1 else logging.INFO)
+    for noisy in ("paramiko", "urllib3"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def _store(ctx: click.Context) -> Any:
+    from slurm_burst.adapters.state.store import Store, StoreError
+    from slurm_burst.wiring import state_db_path
+
+    try:
+        return Store(state_db_path(app(ctx).config), create=False)
+    except StoreError as exc:
+        fail(str(exc), EXIT_PRECONDITION)
+
+
+def _ts(t: float) -> str:
+    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%SZ") if t else ""
+
+
+@click.command("nodes")
+@json_option
+@click.pass_context
+def nodes(ctx: click.Context, as_json: bool) -> None:
+    """Cloud nodes the daemon knows: state, instance, addresses, last error."""
+    store = _store(ctx)
+    recs = [r.as_dict() for r in store.nodes()]
+    beat = store.heartbeat()
+    if as_json:
+        emit({"nodes": recs, "heartbeat": beat}, True)
+        return
+    emit(
+        recs,
+        False,
+        columns=["NODE", "GROUP", "STATE", "WANT", "SINCE", "INSTANCE", "ADDRESS", "MESH", "ERROR"],
+        rows=lambda rs: [
+            [
+                r["name"],
+                r["grp"],
+                r["state"],
+                r["want"],
+                _ts(r["state_since"]),
+                r["instance_id"],
+                r["ip"],
+                r["mesh_addr"],
+                r["error"],
+            ]
+            for r in rs
+        ],
+        title="slurm-burst nodes",
+    )
+    if beat is None:
+        click.echo("daemon: never ran", err=True)
+    else:
+        click.echo(
+            f"daemon: pid {beat.get('pid')}, heartbeat {time.time() - beat['at']:.0f} s ago",
+            err=True,
+        )
+
+
+@click.command("events")
+@click.option("--follow", "-f", is_flag=True, help="Keep printing new events.")
+@click.option("--node", help="Only events of this node.")
+@json_option
+@click.pass_context
+def events(ctx: click.Context, follow: bool, node: str | None, as_json: bool) -> None:
+    """Node state changes and daemon events, oldest first."""
+    store = _store(ctx)
+    last = 0
+    while True:
+        batch = [e for e in store.events(last) if node is None or e["node"] == node]
+        new = store.events(last)
+        last = new[-1]["id"] if new else last
+        for e in batch:
+            if as_json:
+                click.echo(__import__("json").dumps(e, sort_keys=True))
+            else:
+                click.echo(f"{_ts(e['at'])}  {e['node']:<16} {e['event']:<24} {e['detail']}")
+        if not follow:
+            return
+        sys.stdout.flush()
+        time.sleep(1.0)

@@ -1,0 +1,64 @@
+"""``slurm-burst resume|suspend|resume-fail HOSTLIST``: what slurm.conf's power-saving
+programs run. They record the request and return; the daemon does the work."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import click
+
+from slurm_burst.cli.common import app
+from slurm_burst.services.hooks import run_hook, setup_hook_logging
+
+# A hook must not hold slurmctld's power-save thread: Slurm commands get seconds, not minutes.
+HOOK_SLURM_TIMEOUT = 5.0
+_EPILOG = (
+    "Exit codes: 0 recorded; 1 the daemon's heartbeat is stale (resume: nodes set DOWN); "
+    "2 bad hostlist, bad config, or no node of ours."
+)
+
+
+def _hook(kind: str) -> click.Command:
+    @click.command(kind, epilog=_EPILOG)
+    @click.argument("hostlist")
+    @click.pass_context
+    def command(ctx: click.Context, hostlist: str) -> None:
+        from slurm_burst.adapters.state.store import Store, StoreError
+        from slurm_burst.wiring import scheduler, state_db_path
+
+        cfg = app(ctx).config
+        setup_hook_logging(cfg.daemon.hook_log)
+        try:
+            store = Store(state_db_path(cfg))
+        except StoreError as exc:
+            click.echo(f"slurm-burst {kind}: {exc}", err=True)
+            sys.exit(1)
+        result = run_hook(
+            kind,
+            hostlist,
+            cfg,
+            store,
+            lambda: scheduler(cfg, timeout=HOOK_SLURM_TIMEOUT),
+            time.time(),
+        )
+        if result.unknown:
+            click.echo(
+                f"slurm-burst {kind}: not ours, skipped: {','.join(result.unknown)}", err=True
+            )
+        if result.message:
+            click.echo(f"slurm-burst {kind}: {result.message}", err=True)
+        sys.exit(result.code)
+
+    command.help = {
+        "resume": "ResumeProgram: ask the daemon to start cloud nodes HOSTLIST.",
+        "suspend": "SuspendProgram: ask the daemon to release cloud nodes HOSTLIST.",
+        "resume-fail": "ResumeFailProgram: release nodes that failed to resume; return them "
+        "to service.",
+    }[kind]
+    return command
+
+
+resume = _hook("resume")
+suspend = _hook("suspend")
+resume_fail = _hook("resume-fail")

@@ -1,0 +1,103 @@
+"""Cloud instances and cloud errors in our own terms (adapters translate libcloud's).
+
+Errors keep the provider's code (``InsufficientInstanceCapacity``...) because it
+ends up in the Slurm node reason as ``(Code:...)``, the way operators search for it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    node: str
+    cluster: str
+    group: str
+    size: str
+    image: str
+    token: str  # idempotency token: the same token never makes a second instance
+    ssh_public_key: str
+    user_data: str
+    tags: dict[str, str] = field(default_factory=dict)
+    spot: bool = False
+
+
+@dataclass(frozen=True)
+class Instance:
+    id: str
+    name: str
+    state: str  # pending, running, terminated, error, unknown, ...
+    provider: str
+    size: str = ""
+    public_ips: tuple[str, ...] = ()
+    private_ips: tuple[str, ...] = ()
+    tags: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def address(self) -> str:
+        """Where the daemon reaches the instance's sshd (public first)."""
+        ips = self.public_ips or self.private_ips
+        return ips[0] if ips else ""
+
+
+class CloudError(RuntimeError):
+    """A cloud call failed; ``code`` is the provider's error code (or ours)."""
+
+    code = "CloudError"
+    retryable = False
+
+    def __init__(self, message: str, code: str | None = None) -> None:
+        super().__init__(message)
+        if code:
+            self.code = code
+
+
+class CapacityError(CloudError):
+    code = "InsufficientInstanceCapacity"
+
+
+class ThrottledError(CloudError):
+    code = "RequestLimitExceeded"
+    retryable = True
+
+
+class AuthError(CloudError):
+    code = "AuthFailure"
+
+
+class QuotaError(CloudError):
+    code = "InstanceLimitExceeded"
+
+
+class NotFoundError(CloudError):
+    code = "InvalidInstanceID.NotFound"
+
+
+# Provider error codes -> our types; the code itself is kept on the error.
+CODES: dict[str, type[CloudError]] = {
+    "InsufficientInstanceCapacity": CapacityError,
+    "InsufficientHostCapacity": CapacityError,
+    "InsufficientCapacity": CapacityError,
+    "SpotMaxPriceTooLow": CapacityError,
+    "ZONE_RESOURCE_POOL_EXHAUSTED": CapacityError,
+    "SkuNotAvailable": CapacityError,
+    "RequestLimitExceeded": ThrottledError,
+    "Throttling": ThrottledError,
+    "ServiceUnavailable": ThrottledError,
+    "rateLimitExceeded": ThrottledError,
+    "AuthFailure": AuthError,
+    "UnauthorizedOperation": AuthError,
+    "InvalidClientTokenId": AuthError,
+    "InstanceLimitExceeded": QuotaError,
+    "QUOTA_EXCEEDED": QuotaError,
+    "InvalidInstanceID.NotFound": NotFoundError,
+}
+
+
+def classify(message: str) -> CloudError:
+    """A typed error from provider text such as ``InsufficientInstanceCapacity: ...``."""
+    for code, cls in CODES.items():
+        if code in message:
+            return cls(message, code)
+    return CloudError(message)

@@ -1,0 +1,90 @@
+"""The life of a cloud node, as the daemon records it: a small explicit state machine.
+
+::
+
+    requested -> launching -> booting -> bootstrapping -> joined
+        \\            \\           \\             \\            \\
+         +------------+-----------+-------------+------------+--> terminating -> terminated
+    any state before joined --(error code)--> failed --> terminating -> terminated
+
+``requested``    a resume hook asked for the node; nothing exists in the cloud yet.
+``launching``    create_node is being called (an idempotency token is fixed first,
+                 so a retry after a crash finds the same instance).
+``booting``      the instance exists; waiting for it to run and for its SSH host key.
+``bootstrapping`` over SSH: WireGuard, munge, NodeAddr, slurmd.
+``joined``       slurmd runs on the node, reachable over the mesh.
+``terminating``  a suspend (or a failure) is tearing the node down.
+``terminated``   nothing of the node is left in the cloud, on the hub or in the pool.
+``failed``       a step failed; ``error`` holds a code such as ``BootTimeout`` that ends
+                 up in the Slurm node reason as ``(Code:BootTimeout)``.
+
+Pure: no I/O, no clock. The daemon persists every transition before acting on it.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class NodeState(StrEnum):
+    REQUESTED = "requested"
+    LAUNCHING = "launching"
+    BOOTING = "booting"
+    BOOTSTRAPPING = "bootstrapping"
+    JOINED = "joined"
+    TERMINATING = "terminating"
+    TERMINATED = "terminated"
+    FAILED = "failed"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+S = NodeState
+
+# Forward progress of a resume; each state may also fail or be torn down.
+RESUME_PATH = (S.REQUESTED, S.LAUNCHING, S.BOOTING, S.BOOTSTRAPPING, S.JOINED)
+
+TRANSITIONS: dict[NodeState, frozenset[NodeState]] = {
+    S.REQUESTED: frozenset({S.LAUNCHING, S.FAILED, S.TERMINATING, S.TERMINATED}),
+    S.LAUNCHING: frozenset({S.BOOTING, S.FAILED, S.TERMINATING}),
+    S.BOOTING: frozenset({S.BOOTSTRAPPING, S.FAILED, S.TERMINATING}),
+    S.BOOTSTRAPPING: frozenset({S.JOINED, S.FAILED, S.TERMINATING}),
+    S.JOINED: frozenset({S.TERMINATING, S.FAILED}),
+    S.FAILED: frozenset({S.TERMINATING, S.TERMINATED}),
+    S.TERMINATING: frozenset({S.TERMINATED, S.FAILED}),
+    S.TERMINATED: frozenset({S.REQUESTED}),
+}
+
+# States in which the node may own cloud, mesh or Slurm resources.
+LIVE = frozenset({S.LAUNCHING, S.BOOTING, S.BOOTSTRAPPING, S.JOINED, S.TERMINATING, S.FAILED})
+# States in which a resume is already under way or done: a duplicate resume is a no-op.
+RESUMING = frozenset({S.REQUESTED, S.LAUNCHING, S.BOOTING, S.BOOTSTRAPPING, S.JOINED})
+# States the daemon picks up again after a restart.
+IN_FLIGHT = frozenset({S.REQUESTED, S.LAUNCHING, S.BOOTING, S.BOOTSTRAPPING, S.TERMINATING})
+
+
+class TransitionError(ValueError):
+    """A state change the machine does not allow (a bug or a race, never ignored)."""
+
+
+def check_transition(old: NodeState | None, new: NodeState) -> None:
+    """Raise :class:`TransitionError` unless ``old -> new`` is allowed.
+
+    ``old`` is None for a node the database has never seen: only ``requested``
+    (a resume) or ``terminated`` (a suspend of a node we never launched) may start it.
+    """
+    if old is None:
+        if new not in (S.REQUESTED, S.TERMINATED):
+            raise TransitionError(f"a new node cannot start in state {new}")
+        return
+    if new == old and new in (S.FAILED, S.TERMINATING):
+        return  # recording a second error, or a retried teardown
+    if new not in TRANSITIONS[old]:
+        raise TransitionError(f"{old} -> {new} is not a valid node transition")
+
+
+def reason(code: str, message: str) -> str:
+    """A Slurm node reason carrying the error code the way operators grep for it."""
+    text = " ".join(message.split())[:200]
+    return f"slurm-burst: {text} (Code:{code})"

@@ -1,0 +1,228 @@
+"""``slurm-burst daemon``: takes the hooks' requests and drives each node's state machine.
+
+One process per controller host (an exclusive lock on the state directory).
+The main thread waits on the wake-up socket (or ``poll_period``), writes the
+heartbeat the hooks check, turns pending requests into each node's ``want``,
+and hands nodes that need work to a pool of ``daemon.workers`` threads, at
+most one worker per node. After a crash or restart, every node whose state is
+not where its ``want`` says is picked up again from the database: the steps
+are idempotent, so finishing a half-done step is safe.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+
+from slurm_burst.adapters.state.store import Store
+from slurm_burst.config import Config
+from slurm_burst.core.hostlist import compress
+from slurm_burst.core.nodestate import RESUMING
+from slurm_burst.core.nodestate import NodeState as S
+from slurm_burst.services.provisioner import Provisioner
+
+log = logging.getLogger(__name__)
+
+
+class DaemonError(RuntimeError):
+    pass
+
+
+class Daemon:
+    def __init__(
+        self,
+        cfg: Config,
+        store: Store,
+        provisioner: Provisioner,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.cfg = cfg
+        self.store = store
+        self.prov = provisioner
+        self.now = clock
+        self.stop = threading.Event()
+        self.pool = ThreadPoolExecutor(cfg.daemon.workers, thread_name_prefix="node")
+        self._active: dict[str, Future[None]] = {}
+        self._again: set[str] = set()
+        self._force: set[str] = set()
+        self._lock = threading.Lock()
+        self._sock: socket.socket | None = None
+        self._lockfile: int | None = None
+        self.started_at = clock()
+
+    # -- lifecycle ------------------------------------------------------------------
+    def acquire(self) -> None:
+        """One daemon per host: an exclusive lock on the state directory."""
+        state = Path(self.cfg.daemon.state_dir)
+        state.mkdir(parents=True, exist_ok=True, mode=0o750)
+        fd = os.open(state / "daemon.lock", os.O_RDWR | os.O_CREAT, 0o640)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise DaemonError(f"another slurm-burst daemon holds {state / 'daemon.lock'}") from None
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        self._lockfile = fd
+
+    def open_socket(self) -> None:
+        path = Path(self.cfg.daemon.socket)
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        sock.bind(str(path))
+        os.chmod(path, 0o660)  # the hooks run as SlurmUser: give its group access
+        sock.settimeout(1.0)
+        self._sock = sock
+
+    def run(self) -> None:
+        self.acquire()
+        self.open_socket()
+        self.beat()
+        self.recover()
+        log.info("daemon.started pid=%d workers=%d", os.getpid(), self.cfg.daemon.workers)
+        next_scan = 0.0
+        try:
+            while not self.stop.is_set():
+                self.beat()
+                self.handle_requests()
+                if time.monotonic() >= next_scan:
+                    self.rescan()
+                    next_scan = time.monotonic() + self.cfg.daemon.poll_period
+                self._wait()
+        finally:
+            self.shutdown()
+
+    def _wait(self) -> None:
+        assert self._sock is not None
+        try:
+            self._sock.recv(64)
+            while True:  # drain a burst of wake-ups
+                self._sock.setblocking(False)
+                self._sock.recv(64)
+        except (TimeoutError, BlockingIOError, InterruptedError):
+            pass
+        finally:
+            self._sock.settimeout(1.0)
+
+    def shutdown(self) -> None:
+        log.info("daemon.stopping in_flight=%d", len(self._active))
+        self.pool.shutdown(wait=True, cancel_futures=True)
+        if self._sock is not None:
+            self._sock.close()
+            with contextlib.suppress(FileNotFoundError):
+                Path(self.cfg.daemon.socket).unlink()
+
+    def beat(self) -> None:
+        self.store.beat(
+            self.now(),
+            {"pid": os.getpid(), "started_at": self.started_at, "in_flight": len(self._active)},
+        )
+
+    # -- requests -----------------------------------------------------------------
+    def handle_requests(self) -> None:
+        for req in self.store.pending_requests():
+            jobs = json.dumps(req.jobs)
+            for name in req.nodes:
+                group = self.cfg.group_of(name)
+                if group is None:
+                    log.warning("request.unknown_node request=%d node=%s", req.id, name)
+                    continue
+                rec = self.store.node(name)
+                if req.kind == "resume":
+                    if rec is not None and rec.state in RESUMING and rec.want == "up":
+                        log.info("node.resume.duplicate node=%s state=%s", name, rec.state)
+                        continue
+                    if rec is None or rec.state == S.TERMINATED:
+                        self.store.transition(
+                            name,
+                            S.REQUESTED,
+                            self.now(),
+                            grp=group.name,
+                            want="up",
+                            launch_seq=(rec.launch_seq + 1) if rec else 1,
+                            requested_at=req.created_at,
+                            jobs=jobs,
+                            error="",
+                            message="",
+                        )
+                    else:
+                        self.store.update(name, want="up", jobs=jobs)
+                else:
+                    if rec is None:
+                        self.store.transition(name, S.TERMINATED, self.now(), grp=group.name)
+                    elif rec.want != "down":
+                        self.store.update(name, want="down")
+                    if req.kind == "resume-fail":
+                        with self._lock:
+                            self._force.add(name)
+                self.submit(name)
+            self.store.finish_request(req.id, self.now())
+            log.info(
+                "request.done id=%d kind=%s count=%d hostlist=%s",
+                req.id,
+                req.kind,
+                len(req.nodes),
+                compress(list(req.nodes)),
+            )
+
+    # -- workers ------------------------------------------------------------------
+    def submit(self, name: str) -> None:
+        with self._lock:
+            if name in self._active:
+                self._again.add(name)  # the worker re-reads the node before it ends
+                return
+            self._active[name] = self.pool.submit(self._work, name)
+
+    def _work(self, name: str) -> None:
+        try:
+            while True:
+                try:
+                    self.prov.drive(name)
+                except Exception:
+                    log.exception("node.worker_crashed node=%s", name)
+                with self._lock:
+                    if name in self._again:
+                        self._again.discard(name)
+                        continue
+                    force = name in self._force
+                    self._force.discard(name)
+                    break
+            if force:
+                self.prov.power_down_force(name)
+        finally:
+            with self._lock:
+                self._active.pop(name, None)
+
+    def recover(self) -> None:
+        """After a (re)start: pick up every node that is not where it should be."""
+        todo = [r.name for r in self.store.nodes() if _needs_work(r.state, r.want)]
+        if todo:
+            log.info("daemon.recover count=%d hostlist=%s", len(todo), compress(todo))
+        for name in todo:
+            self.submit(name)
+
+    def rescan(self) -> None:
+        for rec in self.store.nodes():
+            if _needs_work(rec.state, rec.want) and rec.name not in self._active:
+                self.submit(rec.name)
+
+    def idle(self) -> bool:
+        with self._lock:
+            return not self._active
+
+
+def _needs_work(state: S, want: str) -> bool:
+    if want == "up":
+        return state != S.JOINED
+    return state != S.TERMINATED

@@ -1,0 +1,372 @@
+"""Bring one cloud node up, or take it down: the steps behind the node state machine.
+
+:meth:`Provisioner.drive` moves a node towards what was asked of it (``want``
+up or down), one persisted state at a time, and may be called again at any
+point (after a crash, a duplicate resume, a suspend arriving mid-bootstrap):
+
+- ``requested -> launching``: fix the idempotency token, then ``create_node``.
+  A retry with the same token returns the same instance, never a second one.
+- ``launching -> booting``: wait for the instance to run and to print its SSH
+  host key on its console (read through the provider's API: our trust anchor).
+- ``booting -> bootstrapping -> joined``: over SSH, WireGuard (node key made on
+  the node), a mesh address from the pool, the hub peer, munge key over SFTP,
+  NodeAddr, configless slurmd. Each step is idempotent and timed in the log.
+- ``* -> terminating -> terminated``: instance, hub peer, address, NodeAddr,
+  ledger row closed. Whatever is already gone counts as done.
+
+A failed step records an error code, sets the Slurm node DOWN with
+``(Code:...)`` in its reason (Slurm requeues the job), tears down, and powers
+the node down so Slurm may try again.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import logging
+import shlex
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from importlib import resources
+
+from slurm_burst.adapters.state.store import NodeRecord, Store, StoreError
+from slurm_burst.config import Config, NodeGroup
+from slurm_burst.core.cloud import CloudError, LaunchSpec
+from slurm_burst.core.nodestate import NodeState as S
+from slurm_burst.core.nodestate import reason
+from slurm_burst.ports import Cloud, Connector, Ledger, Mesh, RemoteShell, Scheduler
+
+log = logging.getLogger(__name__)
+
+REMOTE_SCRIPT = "/run/slurm-burst-bootstrap.sh"
+POLL = 0.5
+
+
+class StepError(RuntimeError):
+    """A provisioning step failed; ``code`` goes into the node reason."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class Cancelled(Exception):
+    """The node's ``want`` changed while a step waited."""
+
+
+@dataclass
+class Secrets:
+    """Material the daemon holds; read once at start, never logged."""
+
+    ssh_public_key: str
+    munge_key: bytes
+    hub_public_key: str
+
+
+class Provisioner:
+    def __init__(
+        self,
+        cfg: Config,
+        store: Store,
+        clouds: dict[str, Cloud],
+        mesh: Mesh,
+        connector: Connector,
+        scheduler: Scheduler,
+        ledger: Ledger,
+        secrets: Secrets,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.cfg = cfg
+        self.store = store
+        self.clouds = clouds
+        self.mesh = mesh
+        self.connector = connector
+        self.scheduler = scheduler
+        self.ledger = ledger
+        self.secrets = secrets
+        self.now = clock
+        self.script = (
+            resources.files("slurm_burst.adapters.ssh").joinpath("node-bootstrap.sh").read_bytes()
+        )
+
+    # -- the driver ---------------------------------------------------------------
+    def drive(self, name: str) -> NodeRecord | None:
+        """Advance ``name`` until it is where ``want`` says, or failed and torn down."""
+        while True:
+            rec = self.store.node(name)
+            if rec is None:
+                return None
+            if rec.want == "down" or rec.state in (S.FAILED, S.TERMINATING):
+                if rec.state != S.TERMINATED:
+                    failed = rec.state == S.FAILED
+                    self._teardown(rec)
+                    if failed:
+                        self.power_down_force(name)
+                    continue
+                return rec
+            # want == up
+            if rec.state == S.JOINED:
+                return rec
+            if rec.state == S.TERMINATED:
+                self.store.transition(
+                    name,
+                    S.REQUESTED,
+                    self.now(),
+                    launch_seq=rec.launch_seq + 1,
+                    requested_at=self.now(),
+                    error="",
+                    message="",
+                )
+                continue
+            step = {
+                S.REQUESTED: self._launch,
+                S.LAUNCHING: self._launch,
+                S.BOOTING: self._boot,
+                S.BOOTSTRAPPING: self._bootstrap,
+            }[rec.state]
+            try:
+                step(rec)
+            except Cancelled:
+                log.info("node.cancelled node=%s state=%s (want down)", name, rec.state)
+            except StepError as exc:
+                self._fail(rec, exc.code, str(exc))
+            except CloudError as exc:
+                self._fail(rec, exc.code, str(exc))
+            except (OSError, StoreError) as exc:
+                self._fail(rec, "InternalError", f"{type(exc).__name__}: {exc}")
+            except Exception as exc:
+                code = getattr(exc, "code", None)
+                if not isinstance(code, str):
+                    raise
+                self._fail(rec, code, str(exc))
+
+    # -- steps --------------------------------------------------------------------
+    def _group(self, rec: NodeRecord) -> NodeGroup:
+        group = self.cfg.group_of(rec.name)
+        if group is None:
+            raise StepError("NotConfigured", f"{rec.name} is in no node group of the config")
+        return group
+
+    def _launch(self, rec: NodeRecord) -> None:
+        group = self._group(rec)
+        provider, size = group.providers[0], group.sizes[0]
+        token = (
+            rec.token
+            if rec.state == S.LAUNCHING
+            else (f"{self.cfg.cluster.name}-{rec.name}-{rec.launch_seq}")[:64]
+        )
+        if rec.state == S.REQUESTED:
+            rec = self.store.transition(
+                rec.name, S.LAUNCHING, self.now(), token=token, provider=provider, size=size
+            )
+        spec = LaunchSpec(
+            node=rec.name,
+            cluster=self.cfg.cluster.name,
+            group=group.name,
+            size=size,
+            image=group.image,
+            token=token,
+            ssh_public_key=self.secrets.ssh_public_key,
+            user_data=user_data(self.cfg.cluster.name, rec.name),
+            spot=group.spot,
+        )
+        with self._timed(rec.name, "launch"):
+            inst = self.clouds[provider].launch(spec)
+        self._ledger(rec, inst.id, "requested", rec.requested_at or self.now())
+        self.store.transition(rec.name, S.BOOTING, self.now(), instance_id=inst.id, ip=inst.address)
+
+    def _boot(self, rec: NodeRecord) -> None:
+        cloud = self.clouds[rec.provider]
+        deadline = rec.state_since + self.cfg.daemon.boot_timeout
+        with self._timed(rec.name, "boot"):
+            while True:
+                self._check_want(rec.name)
+                inst = cloud.get(rec.instance_id)
+                if inst is None or inst.state in ("terminated", "error", "stopped"):
+                    raise StepError(
+                        "InstanceVanished",
+                        f"instance {rec.instance_id} is {inst.state if inst else 'gone'}",
+                    )
+                if inst.state == "running" and inst.address:
+                    keys = cloud.host_keys(rec.instance_id)
+                    if keys:
+                        break
+                if self.now() > deadline:
+                    raise StepError(
+                        "BootTimeout",
+                        f"instance {rec.instance_id} not running with "
+                        f"a host key after {self.cfg.daemon.boot_timeout:g} s",
+                    )
+                time.sleep(POLL)
+        self._ledger(rec, rec.instance_id, "running", self.now())
+        self.store.transition(
+            rec.name, S.BOOTSTRAPPING, self.now(), ip=inst.address, host_keys=json.dumps(keys)
+        )
+
+    def _bootstrap(self, rec: NodeRecord) -> None:
+        mesh_cfg = self.cfg.mesh
+        iface = mesh_cfg.interface
+        net = ipaddress.ip_network(mesh_cfg.subnet)
+        hub_ip = str(next(net.hosts()))
+        remaining = rec.state_since + self.cfg.daemon.bootstrap_timeout - self.now()
+        deadline = time.monotonic() + max(remaining, 5.0)
+        keys = [tuple(k) for k in json.loads(rec.host_keys)]
+        with self._timed(rec.name, "ssh"):
+            sh = self.connector.connect(rec.ip, keys, deadline)
+        try:
+            with self._timed(rec.name, "script"):
+                sh.put(self.script, REMOTE_SCRIPT, 0o700)
+            with self._timed(rec.name, "wg-key"):
+                pub = self._step(sh, "wg-key", iface).strip()
+            if len(pub) != 44 or not pub.endswith("="):
+                raise StepError("WireGuardKey", "the node did not return a WireGuard public key")
+            addr = self.store.allocate_address(rec.name, mesh_cfg.subnet, self.now())
+            self.store.update(rec.name, wg_pubkey=pub, mesh_addr=addr)
+            with self._timed(rec.name, "hub-peer"):
+                self.mesh.add_peer(pub, addr, rec.name)
+            from slurm_burst.adapters.mesh.wireguard import node_config
+
+            routes = (
+                []
+                if ipaddress.ip_address(self.cfg.cluster.controller_addr) in net
+                else [f"{self.cfg.cluster.controller_addr}/32"]
+            )
+            conf = node_config(
+                self.secrets.hub_public_key,
+                mesh_cfg.endpoint,
+                mesh_cfg.port,
+                [str(net), *routes],
+                mesh_cfg.keepalive,
+            )
+            conf_path = f"/etc/wireguard/{iface}-hub.conf"
+            with self._timed(rec.name, "wg-up"):
+                sh.put(conf.encode(), conf_path, 0o600)
+                self._step(sh, "wg-up", iface, f"{addr}/{net.prefixlen}", conf_path, *routes)
+                self._wait_handshake(rec.name, pub, deadline)
+            with self._timed(rec.name, "munge"):
+                uid, gid = (int(x) for x in self._step(sh, "munge-dirs").strip().split(":"))
+                sh.put(self.secrets.munge_key, "/etc/munge/munge.key", 0o400, (uid, gid))
+                self._step(sh, "munge-start", self.cfg.slurm.munge_socket)
+            with self._timed(rec.name, "nodeaddr"):
+                self.scheduler.update_nodes([rec.name], addrs=[addr], hostnames=[rec.name])
+            self._check_want(rec.name)
+            with self._timed(rec.name, "slurmd"):
+                self._step(sh, "slurmd-start", rec.name, hub_ip)
+        finally:
+            sh.close()
+        self._ledger(rec, rec.instance_id, "joined", self.now())
+        self.store.transition(rec.name, S.JOINED, self.now())
+        log.info(
+            "node.joined node=%s mesh_addr=%s total_seconds=%.1f",
+            rec.name,
+            addr,
+            self.now() - rec.requested_at,
+        )
+
+    def _step(self, sh: RemoteShell, step: str, *args: str) -> str:
+        try:
+            return sh.run(["sh", REMOTE_SCRIPT, step, *args], timeout=60)
+        except Exception as exc:
+            code = getattr(exc, "code", "RemoteCommand")
+            raise StepError(
+                f"Bootstrap.{step}" if code == "RemoteCommand" else code, str(exc)
+            ) from exc
+
+    def _wait_handshake(self, name: str, pub: str, deadline: float) -> None:
+        limit = min(deadline, time.monotonic() + 20)
+        while time.monotonic() < limit:
+            if any(p.public_key == pub and p.latest_handshake for p in self.mesh.peers()):
+                return
+            time.sleep(0.2)
+        raise StepError("WireGuardHandshake", f"{name}: no WireGuard handshake with the hub")
+
+    # -- teardown -----------------------------------------------------------------
+    def _teardown(self, rec: NodeRecord) -> None:
+        name = rec.name
+        if rec.state != S.TERMINATING:
+            rec = self.store.transition(name, S.TERMINATING, self.now(), want="down")
+        with self._timed(name, "teardown"):
+            if rec.instance_id and rec.provider:
+                self.clouds[rec.provider].terminate(rec.instance_id)
+            if rec.wg_pubkey:
+                self.mesh.remove_peer(rec.wg_pubkey)
+            self.store.release_address(name)
+            if rec.mesh_addr:
+                try:  # NodeAddr back to the name: nothing points at a released address
+                    self.scheduler.update_nodes([name], addrs=[name], hostnames=[name])
+                except Exception as exc:
+                    log.warning("node.nodeaddr_reset_failed node=%s error=%s", name, exc)
+            if rec.instance_id:
+                self._ledger(rec, rec.instance_id, "terminated", self.now(), rec.error)
+        self.store.transition(
+            name, S.TERMINATED, self.now(), wg_pubkey="", mesh_addr="", ip="", host_keys="[]"
+        )
+
+    def _fail(self, rec: NodeRecord, code: str, message: str) -> None:
+        log.error(
+            "node.failed node=%s state=%s code=%s error=%s", rec.name, rec.state, code, message
+        )
+        self.store.transition(
+            rec.name, S.FAILED, self.now(), error=code, message=message[:500], want="down"
+        )
+        if rec.instance_id:
+            self._ledger(rec, rec.instance_id, "failed", self.now(), code)
+        try:
+            self.scheduler.update_nodes([rec.name], state="down", reason=reason(code, message))
+        except Exception as exc:
+            log.warning("node.mark_down_failed node=%s error=%s", rec.name, exc)
+
+    def power_down_force(self, name: str) -> None:
+        """Return a node to service after a failed resume (Slurm may try it again)."""
+        try:
+            self.scheduler.update_nodes([name], state="power_down_force")
+        except Exception as exc:
+            log.warning("node.power_down_force_failed node=%s error=%s", name, exc)
+
+    # -- helpers --------------------------------------------------------------------
+    def _check_want(self, name: str) -> None:
+        rec = self.store.node(name)
+        if rec is None or rec.want != "up":
+            raise Cancelled()
+
+    def _ledger(
+        self, rec: NodeRecord, instance_id: str, event: str, at: float, detail: str = ""
+    ) -> None:
+        group = self.cfg.group_of(rec.name)
+        size = rec.size or (group.sizes[0] if group else "")
+        price = float(group.price_per_hour.get(size, 0.0)) if group else 0.0
+        try:
+            self.ledger.instance_event(
+                node=rec.name,
+                instance_id=instance_id,
+                provider=rec.provider,
+                size=size,
+                price_per_hour=price,
+                event=event,
+                at=at,
+                detail=detail,
+            )
+        except Exception as exc:  # the ledger never stops provisioning (spooling: issue 4)
+            log.error("ledger.write_failed node=%s event=%s error=%s", rec.name, event, exc)
+
+    @contextmanager
+    def _timed(self, node: str, step: str) -> Iterator[None]:
+        started = time.monotonic()
+        try:
+            yield
+        finally:
+            log.info(
+                "node.step node=%s step=%s seconds=%.2f", node, step, time.monotonic() - started
+            )
+
+
+def user_data(cluster: str, node: str) -> str:
+    """The instance's user-data: public facts only. The SSH public key goes in the
+    provider's key slot; everything secret arrives later over SSH."""
+    return (
+        "#!/bin/sh\n"
+        f"# slurm-burst cloud node {node} of cluster {cluster}; public data only.\n"
+        f"echo slurm-burst: node {shlex.quote(node)} booted, waiting for bootstrap over SSH\n"
+    )
