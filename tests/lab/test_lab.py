@@ -15,7 +15,7 @@ def test_sinfo_shows_onprem_idle_and_burst_idle_powered_down(lab: Lab) -> None:
     states = dict(line.split() for line in out.splitlines())
     assert states.pop("onprem-1") == "idle"
     assert states and set(states.values()) == {"idle~"}
-    assert set(states) == {f"burst-cpu-{i}" for i in range(1, 5)} | {"burst-gpu-1", "burst-gpu-2"}
+    assert set(states) == {f"burst-cpu-{i}" for i in range(1, 33)} | {"burst-gpu-1", "burst-gpu-2"}
 
 
 def test_job_runs_on_onprem_node(lab: Lab) -> None:
@@ -30,7 +30,9 @@ def test_job_runs_on_onprem_node(lab: Lab) -> None:
 def test_status_json(lab: Lab) -> None:
     doc = json.loads(invoke(["--config", str(LAB_CONFIG), "lab", "status", "--json"]).stdout)
     assert doc["up"] is True
-    assert {"munged", "slurmctld"} <= {k for k, v in doc["processes"].items() if v["alive"]}
+    assert {"munged", "slurmctld", "daemon"} <= {
+        k for k, v in doc["processes"].items() if v["alive"]
+    }
     assert doc["onprem"]["onprem-1"]["vm"] == "running"
     assert {n["name"]: n["state"] for n in doc["slurm_nodes"]}["burst-cpu-1"] == "idle~"
 

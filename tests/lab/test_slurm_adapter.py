@@ -31,7 +31,9 @@ def test_nodes(slurm: SlurmCli, lab: Lab) -> None:
 
 def test_partitions(slurm: SlurmCli) -> None:
     parts = {p.name: p for p in slurm.partitions()}
-    assert parts["burst-cpu"].nodes == "burst-cpu-[1-4]" and parts["burst-cpu"].suspend_time == "60"
+    assert (
+        parts["burst-cpu"].nodes == "burst-cpu-[1-32]" and parts["burst-cpu"].suspend_time == "30"
+    )
     assert parts["onprem"].default and not parts["burst-gpu"].default
 
 

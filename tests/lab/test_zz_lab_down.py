@@ -33,6 +33,9 @@ def test_down_removes_everything(lab: Lab) -> None:
     assert (
         not Path("/sys/class/net/sbl-lan").exists() and not Path("/sys/class/net/sbl-inet").exists()
     )
+    assert not Path("/sys/class/net/wg-burst").exists()  # the WireGuard hub
+    assert not Path(lab.lab.shared_dir).exists()
+    assert _lab_processes(str(LAB_CONFIG.resolve())) == []  # the daemon
     assert Path("/etc/munge/munge.key").exists()  # the host's own munge is not ours to touch
     status = invoke(["--config", str(LAB_CONFIG), "lab", "status", "--json"], expect=3)
     assert '"up": false' in status.stdout

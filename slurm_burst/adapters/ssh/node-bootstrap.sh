@@ -28,8 +28,10 @@ wg-up)
     # link up first: the keepalive that starts the handshake must not be dropped
     ip address replace "$addr" dev "$iface"
     ip link set dev "$iface" up
-    wg setconf "$iface" "$conf"
-    wg set "$iface" private-key "/etc/wireguard/$iface.key"
+    # key and peer in one setconf (the key through a pipe, never argv): a peer without
+    # a key would send its first handshake too early and wait 5 s to retry
+    { printf '[Interface]\nPrivateKey = '; cat "/etc/wireguard/$iface.key"; cat "$conf"; } \
+        | wg setconf "$iface" /dev/stdin
     for route in "$@"; do
         ip route replace "$route" dev "$iface" src "${addr%/*}"
     done

@@ -1,0 +1,303 @@
+"""The burst path end to end in the lab: sbatch on a burst partition runs on namespace VMs
+that the daemon launched, bootstrapped over SSH and joined over WireGuard; when they
+idle, everything is released and the ledger rows are closed.
+
+The tests run in file order and share the lab's state: the 2-node job, the GPU job,
+the 8-node job, the secret scan while nodes are up, then the suspend check.
+"""
+
+from __future__ import annotations
+
+import base64
+import ipaddress
+import os
+import re
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from slurm_burst.adapters.proc import run
+from slurm_burst.adapters.state.store import Store
+from slurm_burst.config import Config
+from slurm_burst.core.hostlist import expand
+from slurm_burst.services.lab.service import Lab
+from slurm_burst.wiring import cloud_driver, ledger, mesh_hub, state_db_path
+from tests.conftest import invoke
+from tests.lab.conftest import LAB_CONFIG
+
+TIMING: dict[str, float] = {}
+
+
+@pytest.fixture(scope="module")
+def env(lab: Lab) -> dict[str, str]:
+    return {"SLURM_CONF": str(lab.slurm_conf)}
+
+
+@pytest.fixture(scope="module")
+def store(lab: Lab, lab_config: Config) -> Iterator[Store]:
+    s = Store(state_db_path(lab_config), create=False)
+    yield s
+    s.close()
+
+
+@pytest.fixture(scope="module")
+def cloud(lab_config: Config) -> Any:
+    return cloud_driver(lab_config.providers["lab"])
+
+
+def sbatch(env: dict[str, str], shared: str, *args: str) -> int:
+    out = run(
+        ["sbatch", "--parsable", "-t", "5", "-o", f"{shared}/%j.out", "-D", shared, *args],
+        env=env,
+    ).stdout
+    return int(out.strip().split(";")[0])
+
+
+def job(env: dict[str, str], job_id: int) -> dict[str, str]:
+    out = run(["scontrol", "show", "job", "-o", str(job_id)], env=env).stdout
+    return dict(tok.split("=", 1) for tok in out.split() if "=" in tok)
+
+
+def wait_job(env: dict[str, str], job_id: int, timeout: float = 180) -> dict[str, str]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        info = job(env, job_id)
+        if info["JobState"] in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL"):
+            return info
+        time.sleep(0.5)
+    pytest.fail(f"job {job_id} not done after {timeout} s: {job(env, job_id)}")
+
+
+def node_records(env: dict[str, str]) -> dict[str, dict[str, str]]:
+    out = run(["scontrol", "show", "node", "-o"], env=env).stdout
+    recs = {}
+    for line in out.splitlines():
+        fields = dict(tok.split("=", 1) for tok in line.split() if "=" in tok)
+        recs[fields["NodeName"]] = fields
+    return recs
+
+
+def running_vms(cloud: Any) -> dict[str, Any]:
+    return {n.name: n for n in cloud.list_nodes() if n.state == "running"}
+
+
+def in_vm(cloud: Any, vm: Any, *argv: str) -> str:
+    return run([*cloud.ex_enter_argv(vm), *argv], timeout=20).stdout
+
+
+def test_two_node_job_runs_on_cloud_nodes_joined_over_wireguard(
+    lab: Lab, lab_config: Config, env: dict[str, str], store: Store, cloud: Any
+) -> None:
+    shared = lab.lab.shared_dir
+    started = time.time()
+    job_id = sbatch(env, shared, "-p", "burst-cpu", "-N2", "--wrap", "srun hostname")
+    # a duplicate resume of the same nodes while Slurm's own is in flight
+    deadline = time.monotonic() + 20
+    while (nodelist := job(env, job_id).get("NodeList", "")) in ("", "(null)"):
+        assert time.monotonic() < deadline, "job never got nodes"
+        time.sleep(0.2)
+    for _ in range(2):
+        invoke(["--config", str(LAB_CONFIG), "resume", nodelist])
+    info = wait_job(env, job_id)
+    assert info["JobState"] == "COMPLETED", info
+    nodes = expand(info["NodeList"])
+    assert len(nodes) == 2 and all(n.startswith("burst-cpu-") for n in nodes)
+
+    # the job's output holds the two VMs' hostnames
+    output = Path(shared, f"{job_id}.out").read_text().split()
+    vms = running_vms(cloud)
+    hostnames = sorted(in_vm(cloud, vms[n], "hostname").strip() for n in nodes)
+    assert sorted(output) == hostnames == sorted(nodes)
+
+    # one instance per node, in spite of the duplicate resume
+    for n in nodes:
+        live = [i for i in cloud.list_nodes() if i.name == n and i.state != "terminated"]
+        assert len(live) == 1, f"{n}: {len(live)} live instances"
+
+    # NodeAddr in the mesh subnet; the VMs' bridge addresses nowhere in Slurm's records
+    mesh = ipaddress.ip_network(lab_config.mesh.subnet)
+    recs = node_records(env)
+    for n in nodes:
+        assert ipaddress.ip_address(recs[n]["NodeAddr"]) in mesh, recs[n]
+    slurm_text = run(["scontrol", "show", "node", "-o"], env=env).stdout
+    slurm_text += run(["sinfo", "--json"], env=env).stdout
+    for n in nodes:
+        for ip in vms[n].public_ips:
+            assert ip not in slurm_text
+
+    # the hub saw a recent handshake from each node's key
+    peers = {p.public_key: p for p in mesh_hub(lab_config).peers()}
+    for n in nodes:
+        rec = store.node(n)
+        assert rec is not None and rec.state == "joined"
+        peer = peers[rec.wg_pubkey]
+        assert peer.allowed_ips == (f"{rec.mesh_addr}/32",)
+        assert time.time() - peer.latest_handshake < 180
+
+    joined = [e["at"] for e in store.events() if e["event"] == "node.joined" and e["node"] in nodes]
+    TIMING["one_node"] = max(
+        e_at - store.node(n).requested_at  # type: ignore[union-attr]
+        for n, e_at in zip(nodes, joined, strict=False)
+    )
+    TIMING["two_node_job"] = time.time() - started
+
+
+def test_gpu_job_runs_with_the_group_gres(lab: Lab, env: dict[str, str]) -> None:
+    shared = lab.lab.shared_dir
+    job_id = sbatch(
+        env,
+        shared,
+        "-p",
+        "burst-gpu",
+        "--gres=gpu:1",
+        "--wrap",
+        "echo gpus=$SLURM_GPUS_ON_NODE; hostname",
+    )
+    info = wait_job(env, job_id)
+    assert info["JobState"] == "COMPLETED", info
+    node = info["NodeList"]
+    assert node.startswith("burst-gpu-")
+    out = Path(shared, f"{job_id}.out").read_text().split()
+    # slurmd granted one of the node's GPUs to the job (the simulated device files are not
+    # character devices, so the gpu plugin sets no CUDA_VISIBLE_DEVICES)
+    assert out == ["gpus=1", node]
+    assert info["TresPerNode"] == "gres:gpu:1"
+    rec = node_records(env)[node]
+    assert rec["Gres"] == "gpu:simgpu:2"  # from the node group (gpus = 2, gpu_type)
+
+
+def test_eight_nodes_resume_in_parallel(lab: Lab, env: dict[str, str], store: Store) -> None:
+    shared = lab.lab.shared_dir
+    before = {r.name: r.launch_seq for r in store.nodes()}
+    job_id = sbatch(env, shared, "-p", "burst-cpu", "-N8", "--wrap", "srun hostname")
+    info = wait_job(env, job_id)
+    assert info["JobState"] == "COMPLETED", info
+    nodes = expand(info["NodeList"])
+    assert sorted(Path(shared, f"{job_id}.out").read_text().split()) == sorted(nodes)
+    fresh = [n for n in nodes if store.node(n).launch_seq > before.get(n, 0)]  # type: ignore[union-attr]
+    assert len(fresh) >= 6  # the two nodes of the first job may still be up and used
+    requested = min(store.node(n).requested_at for n in fresh)  # type: ignore[union-attr]
+    joined = max(
+        e["at"] for e in store.events() if e["event"] == "node.joined" and e["node"] in fresh
+    )
+    wall = joined - requested
+    TIMING["eight"] = wall
+    assert wall < 0.5 * len(fresh) * TIMING["one_node"], (wall, TIMING)
+
+
+def _needles(secret: bytes) -> list[bytes]:
+    text = secret.strip()
+    out = [text, base64.b64encode(secret), secret.hex().encode()]
+    if b"PRIVATE KEY" in text:  # an OpenSSH key: its body lines
+        out = [ln for ln in text.splitlines() if len(ln) > 40 and b"PRIVATE" not in ln]
+    elif len(text) > 64:  # binary (munge): any 32-byte window would do; take three
+        out += [secret[i : i + 32] for i in (0, len(secret) // 2, len(secret) - 32)]
+    return out
+
+
+def test_no_secret_in_logs_user_data_or_world_readable_files(
+    lab: Lab, lab_config: Config, cloud: Any
+) -> None:
+    state = Path(lab_config.lab.state_dir)  # type: ignore[union-attr]
+    hub_key = Path(lab_config.mesh.state_dir) / f"{lab_config.mesh.interface}.key"
+    ssh_key = Path(lab_config.daemon.state_dir) / "ssh" / "id_ed25519"
+    munge_key = Path(lab_config.slurm.munge_key)
+    secrets: dict[str, bytes] = {
+        "munge key": munge_key.read_bytes(),
+        "hub WireGuard key": hub_key.read_bytes(),
+        "daemon SSH key": ssh_key.read_bytes(),
+    }
+    vms = running_vms(cloud)
+    assert vms, "the scan needs running cloud nodes"
+    vm_logs: dict[str, bytes] = {}
+    for name, vm in vms.items():
+        key_file = f"/etc/wireguard/{lab_config.mesh.interface}.key"
+        secrets[f"{name} WireGuard key"] = in_vm(cloud, vm, "cat", key_file).encode()
+        modes = in_vm(cloud, vm, "stat", "-c", "%a %U", key_file, "/etc/munge/munge.key")
+        assert modes.split("\n")[:2] == ["600 root", "400 munge"], (name, modes)
+        vm_logs[name] = in_vm(
+            cloud,
+            vm,
+            "sh",
+            "-c",
+            "cat /var/log/cloud-init-output.log /var/log/sshd.log /var/log/slurm/*.log "
+            "/var/log/munge/*.log /run/cloud-init/user-data 2>/dev/null; true",
+        ).encode()
+    allowed = {munge_key, hub_key, ssh_key, hub_key.with_name(f"{lab_config.mesh.interface}.conf")}
+    found: list[str] = []
+    for path in [*state.rglob("*"), *Path(lab.lab.shared_dir).rglob("*")]:
+        if not path.is_file() or path.is_symlink():
+            continue
+        data = path.read_bytes()
+        for what, secret in secrets.items():
+            if any(n and n in data for n in _needles(secret)):
+                if path not in allowed:
+                    found.append(f"{what} in {path}")
+                elif path.stat().st_mode & 0o077:
+                    found.append(f"{what} in {path}, mode {oct(path.stat().st_mode & 0o777)}")
+    for name, data in vm_logs.items():
+        for what, secret in secrets.items():
+            if any(n and n in data for n in _needles(secret)):
+                found.append(f"{what} in a log or the user-data of VM {name}")
+    assert found == []
+    # the cloud nodes' user-data: comments and an echo, public material only
+    user_data = list(Path(cloud.state_dir).rglob("user-data"))
+    assert user_data
+    for ud in user_data:
+        assert re.fullmatch(r"(#[^\n]*\n|echo [^\n]*\n)+", ud.read_text()), ud
+
+
+def test_idle_nodes_are_suspended_and_everything_released(
+    lab: Lab, lab_config: Config, env: dict[str, str], store: Store, cloud: Any
+) -> None:
+    burst = [n for g in lab_config.node_groups.values() for n in g.node_names()]
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline:
+        recs = node_records(env)
+        db_done = all(r.state == "terminated" for r in store.nodes())
+        if db_done and all(recs[n]["State"] == "IDLE+CLOUD+POWERED_DOWN" for n in burst):
+            break
+        time.sleep(1)
+    else:
+        pytest.fail(f"not released: {[(r.name, str(r.state)) for r in store.nodes()]}")
+    assert store.nodes(), "the earlier tests launched nodes"
+    assert [i.id for i in cloud.list_nodes() if i.state != "terminated"] == []
+    netns = os.listdir("/run/netns") if os.path.isdir("/run/netns") else []
+    assert [n for n in netns if n.startswith("sbl-ns-")] == []
+    assert mesh_hub(lab_config).peers() == []
+    assert store.addresses() == {}
+    recs = node_records(env)
+    assert all(recs[n]["NodeAddr"] == n for n in burst)
+    rows = ledger(lab_config).instances()
+    assert len(rows) == len(cloud.list_nodes())
+    for r in rows:
+        assert r["requested"] and r["running"] and r["joined"] and r["terminated"], r
+        assert r["requested"] <= r["running"] <= r["joined"] <= r["terminated"]
+        assert 0 < r["hours"] < 0.25
+        assert r["cost"] == pytest.approx(r["hours"] * r["price_per_hour"], abs=1e-5)
+    print(f"timings: {TIMING}")
+
+
+def test_stale_heartbeat_sets_nodes_down_with_a_reason(
+    lab: Lab, env: dict[str, str], tmp_path: Path
+) -> None:
+    text = LAB_CONFIG.read_text()
+    text = text.replace(
+        'state_dir = "/var/lib/slurm-burst-lab/daemon"', f'state_dir = "{tmp_path}/daemon"'
+    ).replace(
+        'hook_log = "/var/lib/slurm-burst-lab/log/hooks.log"', f'hook_log = "{tmp_path}/hooks.log"'
+    )
+    cfg = tmp_path / "stale.toml"
+    cfg.write_text(text)
+    r = invoke(["--config", str(cfg), "resume", "burst-gpu-2,nosuch-1"], expect=1)
+    assert "nosuch-1" in r.stderr and "never ran" in r.stderr
+    try:
+        rec = node_records(env)["burst-gpu-2"]
+        assert rec["State"].startswith("DOWN")
+        assert "Code:DaemonDown" in run(["scontrol", "show", "node", "burst-gpu-2"], env=env).stdout
+        assert "hook.resume.daemon_stale" in (tmp_path / "hooks.log").read_text()
+    finally:
+        run(["scontrol", "update", "nodename=burst-gpu-2", "state=resume"], env=env)
