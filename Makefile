@@ -11,7 +11,7 @@ LAB_SLURM_CONF := /var/lib/slurm-burst-lab/etc/slurm/slurm.conf
 .PHONY: help setup system venv demo test test-fast bench lab-up lab-down lint typecheck clean
 
 help:
-	@echo "make demo      set up, bring the lab up, show sinfo"
+	@echo "make demo      set up, bring the lab up, run a 2-node job on burst cloud nodes"
 	@echo "make test      set up and run the whole test suite (root: the lab tests need it)"
 	@echo "make bench     set up and print the benchmark figures"
 	@echo "make lab-down  remove the lab: processes, namespaces, links, files"
@@ -32,12 +32,7 @@ $(VENV)/.installed: setup.cfg pyproject.toml
 venv: $(VENV)/.installed
 
 demo: setup
-	$(SB) --config $(LAB_CONFIG) lab up
-	SLURM_CONF=$(LAB_SLURM_CONF) sinfo
-	@echo
-	@echo "The lab is up. Try:  export SLURM_CONF=$(LAB_SLURM_CONF); sinfo; srun -p onprem hostname"
-	@echo "Status:              $(SB) --config $(LAB_CONFIG) lab status"
-	@echo "Tear it all down:    make lab-down"
+	scripts/demo.sh
 
 lab-up: setup
 	$(SB) --config $(LAB_CONFIG) lab up

@@ -113,7 +113,11 @@ def bench_lab() -> None:
 if __name__ == "__main__":
     print(f"slurm-burst benchmarks on {os.cpu_count()} CPU(s)\n")
     bench_hostlist()
+    import burst
+
+    burst.bench_hooks()
     if os.geteuid() == 0:
         bench_lab()
+        burst.bench_lab_burst()
     else:
         print("lab benchmarks skipped: they need root")
