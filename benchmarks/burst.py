@@ -11,7 +11,6 @@
 from __future__ import annotations
 
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -25,7 +24,7 @@ LAB_CONFIG = ROOT / "slurm-conf" / "lab" / "slurm-burst.toml"
 
 def pct(samples: list[float], p: float) -> float:
     s = sorted(samples)
-    return s[min(len(s) - 1, int(round(p / 100 * (len(s) - 1))))]
+    return s[min(len(s) - 1, round(p / 100 * (len(s) - 1)))]
 
 
 def bench_hooks(calls: int = 1000) -> None:

@@ -36,13 +36,16 @@ class AppContext:
 
     config_path: Path
     verbose: int = 0
+    check_drivers: bool = True
     _config: Config | None = field(default=None, repr=False)
 
     @property
     def config(self) -> Config:
         if self._config is None:
             try:
-                self._config = load_config(self.config_path, driver_exists=_driver_exists)
+                self._config = load_config(
+                    self.config_path, driver_exists=_driver_exists if self.check_drivers else None
+                )
             except ConfigError as exc:
                 for p in exc.problems:
                     click.echo(p.render(exc.source), err=True)
@@ -94,7 +97,8 @@ def emit(
         table.add_column(col)
     for row in rows(data):
         table.add_row(*(("" if v is None else str(v)) for v in row))
-    Console(soft_wrap=True).print(table)
+    # piped (make demo, a log): do not squeeze the table into rich's default 80 columns
+    Console(soft_wrap=True, width=None if sys.stdout.isatty() else 200).print(table)
 
 
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")

@@ -27,7 +27,9 @@ def _hook(kind: str) -> click.Command:
         from slurm_burst.adapters.state.store import Store, StoreError
         from slurm_burst.wiring import scheduler, state_db_path
 
-        cfg = app(ctx).config
+        a = app(ctx)
+        a.check_drivers = False  # importing libcloud to check driver names costs ~150 ms
+        cfg = a.config
         setup_hook_logging(cfg.daemon.hook_log)
         try:
             store = Store(state_db_path(cfg))

@@ -157,5 +157,7 @@ def setup_hook_logging(path: str) -> None:
         logging.Formatter("%(asctime)s %(process)d %(levelname)s %(name)s %(message)s")
     )
     root = logging.getLogger()
+    for h in root.handlers:  # a person running a hook by hand sees warnings, not the log
+        h.setLevel(logging.WARNING)
     root.addHandler(handler)
     root.setLevel(logging.INFO)

@@ -14,14 +14,13 @@ interface only, not host-wide.
 
 from __future__ import annotations
 
-import fcntl
 import ipaddress
 import logging
 import os
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from pathlib import Path
 
+from slurm_burst.adapters.filelock import locked
 from slurm_burst.adapters.proc import CommandError, run
 from slurm_burst.ports import Peer
 
@@ -190,15 +189,8 @@ class WireGuardHub:
             # wg's own messages never contain key material; ours must not either
             raise MeshError(f"wg {args[0]}: {exc.stderr or exc.reason}") from exc
 
-    @contextmanager
-    def _locked(self) -> Iterator[None]:
-        self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        with open(self.dir / ".lock", "a") as fh:
-            fcntl.flock(fh, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(fh, fcntl.LOCK_UN)
+    def _locked(self) -> AbstractContextManager[None]:
+        return locked(self.dir)
 
 
 def _peer(d: dict[str, str]) -> Peer:

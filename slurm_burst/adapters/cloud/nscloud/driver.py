@@ -12,14 +12,12 @@ mutations hold an exclusive lock on it, so several processes can share it.
 
 from __future__ import annotations
 
-import fcntl
 import ipaddress
 import json
 import secrets
 import shutil
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +33,7 @@ from libcloud.compute.base import (
 from libcloud.compute.types import NodeState
 
 from slurm_burst.adapters.cloud.nscloud import net, vm
+from slurm_burst.adapters.filelock import locked
 from slurm_burst.adapters.proc import alive
 
 # name: (cpus, ram MB, gpus, list price per hour)
@@ -240,15 +239,8 @@ class NamespaceNodeDriver(NodeDriver):
         shutil.rmtree(self.state_dir, ignore_errors=True)
 
     # -- internals ----------------------------------------------------------
-    @contextmanager
-    def _locked(self) -> Iterator[None]:
-        self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        with open(self.state_dir / ".lock", "a") as fh:
-            fcntl.flock(fh, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(fh, fcntl.LOCK_UN)
+    def _locked(self) -> AbstractContextManager[None]:
+        return locked(self.state_dir)
 
     def _all_meta(self) -> list[dict[str, Any]]:
         vms = self.state_dir / "vms"
