@@ -73,6 +73,8 @@ class Mesh(Protocol):
 
     def peers(self) -> list[Peer]: ...
 
+    def node_config(self, allowed: Sequence[str]) -> str: ...  # the node's side, no key
+
 
 class RemoteShell(Protocol):
     """An authenticated session on a node (SSH)."""

@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING, Any
 from slurm_burst.config import Config, ProviderConfig
 
 if TYPE_CHECKING:
-    from slurm_burst.adapters.cloud.compute import LibcloudCloud
     from slurm_burst.adapters.slurm.cli import SlurmCli
+    from slurm_burst.ports import Cloud
 
 
 def state_db_path(cfg: Config) -> Path:
@@ -43,7 +43,7 @@ def cloud_driver(provider: ProviderConfig) -> Any:
     return cls("lab" if provider.driver == "nscloud" else "", **kwargs)
 
 
-def clouds(cfg: Config) -> dict[str, LibcloudCloud]:
+def clouds(cfg: Config) -> dict[str, Cloud]:
     from slurm_burst.adapters.cloud.compute import LibcloudCloud
 
     return {name: LibcloudCloud(name, cloud_driver(p)) for name, p in cfg.providers.items()}
@@ -60,17 +60,17 @@ def daemon(cfg: Config) -> Any:
     ssh_public = generate_key(key_path)
     munge_key = Path(cfg.slurm.munge_key).read_bytes()
     hub = mesh_hub(cfg)
-    hub_public = hub.ensure_hub()
+    hub.ensure_hub()
     store = Store(state_db_path(cfg))
     prov = Provisioner(
         cfg,
         store,
-        dict(clouds(cfg)),
+        clouds(cfg),
         hub,
         SshConnector(cfg.daemon.ssh_user, key_path),
         scheduler(cfg),
         ledger(cfg),
-        Secrets(ssh_public, munge_key, hub_public),
+        Secrets(ssh_public, munge_key),
     )
     return Daemon(cfg, store, prov)
 
@@ -79,7 +79,7 @@ def mesh_hub(cfg: Config) -> Any:
     from slurm_burst.adapters.mesh.wireguard import WireGuardHub
 
     m = cfg.mesh
-    return WireGuardHub(m.interface, m.subnet, m.port, m.state_dir)
+    return WireGuardHub(m.interface, m.subnet, m.port, m.state_dir, m.endpoint, m.keepalive)
 
 
 def ledger(cfg: Config) -> Any:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import signal
 import sys
@@ -126,14 +127,18 @@ def events(ctx: click.Context, follow: bool, node: str | None, as_json: bool) ->
     store = _store(ctx)
     last = 0
     while True:
-        batch = [e for e in store.events(last) if node is None or e["node"] == node]
-        new = store.events(last)
-        last = new[-1]["id"] if new else last
+        batch = store.events(last)  # at most 1,000 at a time
+        if batch:
+            last = batch[-1]["id"]
         for e in batch:
+            if node is not None and e["node"] != node:
+                continue
             if as_json:
-                click.echo(__import__("json").dumps(e, sort_keys=True))
+                click.echo(json.dumps(e, sort_keys=True))
             else:
                 click.echo(f"{_ts(e['at'])}  {e['node']:<16} {e['event']:<24} {e['detail']}")
+        if batch:
+            continue  # drain what is there before waiting
         if not follow:
             return
         sys.stdout.flush()

@@ -80,8 +80,8 @@ def run_hook(
     beat = store.heartbeat()
     age = None if beat is None else now - float(beat["at"])
     stale = age is None or age > cfg.daemon.heartbeat_stale
+    said = "never ran" if age is None else f"heartbeat {age:.0f} s old"
     if stale and kind == "resume":
-        said = "never ran" if age is None else f"heartbeat {age:.0f} s old"
         why = reason("DaemonDown", f"slurm-burst daemon not running ({said}); resume refused")
         try:
             scheduler().update_nodes(accepted, state="down", reason=why)  # short timeout
@@ -108,7 +108,6 @@ def run_hook(
         ",".join(str(j.job_id) for j in jobs),
     )
     if stale:
-        said = "never ran" if age is None else f"heartbeat {age:.0f} s old"
         log.error("hook.%s.daemon_stale %s; recorded for when it returns", kind, said)
         return HookResult(EXIT_FAILED, accepted, unknown, f"daemon {said}; request recorded")
     return HookResult(EXIT_OK, accepted, unknown)

@@ -62,7 +62,6 @@ class Secrets:
 
     ssh_public_key: str
     munge_key: bytes
-    hub_public_key: str
 
 
 class Provisioner:
@@ -226,20 +225,12 @@ class Provisioner:
             self.store.update(rec.name, wg_pubkey=pub, mesh_addr=addr)
             with self._timed(rec.name, "hub-peer"):
                 self.mesh.add_peer(pub, addr, rec.name)
-            from slurm_burst.adapters.mesh.wireguard import node_config
-
             routes = (
                 []
                 if ipaddress.ip_address(self.cfg.cluster.controller_addr) in net
                 else [f"{self.cfg.cluster.controller_addr}/32"]
             )
-            conf = node_config(
-                self.secrets.hub_public_key,
-                mesh_cfg.endpoint,
-                mesh_cfg.port,
-                [str(net), *routes],
-                mesh_cfg.keepalive,
-            )
+            conf = self.mesh.node_config([str(net), *routes])
             conf_path = f"/etc/wireguard/{iface}-hub.conf"
             with self._timed(rec.name, "wg-up"):
                 sh.put(conf.encode(), conf_path, 0o600)

@@ -19,7 +19,14 @@ from libcloud.common.exceptions import BaseHTTPError
 from libcloud.common.types import LibcloudError
 from libcloud.compute.base import Node, NodeAuthSSHKey, NodeImage, NodeSize
 
-from slurm_burst.core.cloud import CloudError, Instance, LaunchSpec, NotFoundError, classify
+from slurm_burst.core.cloud import (
+    CloudError,
+    Instance,
+    LaunchSpec,
+    NotFoundError,
+    ThrottledError,
+    classify,
+)
 from slurm_burst.core.hostkeys import parse_console_host_keys
 
 log = logging.getLogger(__name__)
@@ -177,8 +184,6 @@ class LibcloudCloud:
     def _error(self, exc: Exception) -> CloudError:
         err = classify(f"{self.name}: {exc}")
         if isinstance(exc, BaseHTTPError) and exc.code in (429, 503) and not err.retryable:
-            from slurm_burst.core.cloud import ThrottledError
-
             err = ThrottledError(str(err), f"HTTP{exc.code}")
         return err
 

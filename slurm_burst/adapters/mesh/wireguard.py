@@ -17,6 +17,7 @@ from __future__ import annotations
 import ipaddress
 import logging
 import os
+from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
 
@@ -34,14 +35,25 @@ class MeshError(RuntimeError):
 
 
 class WireGuardHub:
-    def __init__(self, interface: str, subnet: str, port: int, state_dir: str) -> None:
+    def __init__(
+        self,
+        interface: str,
+        subnet: str,
+        port: int,
+        state_dir: str,
+        endpoint: str = "",
+        keepalive: int = 15,
+    ) -> None:
         self.interface = interface
         self.net = ipaddress.ip_network(subnet)
         self.address = f"{next(self.net.hosts())}/{self.net.prefixlen}"
         self.port = port
+        self.endpoint = endpoint
+        self.keepalive = keepalive
         self.dir = Path(state_dir)
         self.conf = self.dir / f"{interface}.conf"
         self.key = self.dir / f"{interface}.key"
+        self._public_key: str | None = None
 
     # -- hub --------------------------------------------------------------------
     def ensure_hub(self) -> str:
@@ -66,7 +78,23 @@ class WireGuardHub:
         return self.public_key()
 
     def public_key(self) -> str:
-        return self._wg("pubkey", input_text=self.key.read_text()).strip()
+        if self._public_key is None:
+            self._public_key = self._wg("pubkey", input_text=self.key.read_text()).strip()
+        return self._public_key
+
+    def node_config(self, allowed: Sequence[str]) -> str:
+        """A node's wg(8) config for this hub, without a private key (the node adds its own)."""
+        return "\n".join(
+            [
+                "# slurm-burst: tunnel to the cluster's WireGuard hub",
+                "[Peer]",
+                f"PublicKey = {self.public_key()}",
+                f"Endpoint = {self.endpoint}:{self.port}",
+                f"AllowedIPs = {', '.join(allowed)}",
+                f"PersistentKeepalive = {self.keepalive}",
+                "",
+            ]
+        )
 
     def down(self) -> None:
         """Remove the interface (wireguard-go exits with it); keep key and config."""
@@ -198,21 +226,4 @@ def _peer(d: dict[str, str]) -> Peer:
         public_key=d.get("PublicKey", ""),
         allowed_ips=tuple(a.strip() for a in d.get("AllowedIPs", "").split(",") if a.strip()),
         comment=d.get("comment", ""),
-    )
-
-
-def node_config(
-    hub_public_key: str, endpoint: str, port: int, allowed: list[str], keepalive: int
-) -> str:
-    """The node side's wg(8) config, without a private key (the node adds its own)."""
-    return "\n".join(
-        [
-            "# slurm-burst: tunnel to the cluster's WireGuard hub",
-            "[Peer]",
-            f"PublicKey = {hub_public_key}",
-            f"Endpoint = {endpoint}:{port}",
-            f"AllowedIPs = {', '.join(allowed)}",
-            f"PersistentKeepalive = {keepalive}",
-            "",
-        ]
     )

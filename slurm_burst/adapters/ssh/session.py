@@ -21,8 +21,11 @@ import logging
 import shlex
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 import paramiko
+
+from slurm_burst.adapters.proc import run
 
 log = logging.getLogger(__name__)
 
@@ -162,10 +165,6 @@ def generate_key(path: str) -> str:
 
     Generated here, where it lives; only the public half ever leaves this host.
     """
-    from pathlib import Path
-
-    from slurm_burst.adapters.proc import run
-
     priv = Path(path)
     pub = Path(path + ".pub")
     if not priv.exists():
