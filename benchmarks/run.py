@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import socket
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -113,6 +114,12 @@ def bench_lab() -> None:
 if __name__ == "__main__":
     print(f"slurm-burst benchmarks on {os.cpu_count()} CPU(s)\n")
     bench_hostlist()
+    # the ledger: 10M charge rows per database by default (BENCH_LEDGER_ROWS to change)
+    subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "ledger.py"),
+         "--rows", os.environ.get("BENCH_LEDGER_ROWS", "10000000")],
+        check=False,
+    )  # fmt: skip
     import burst
 
     burst.bench_hooks()

@@ -7,6 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SB=(.venv/bin/slurm-burst --config slurm-conf/lab/slurm-burst.toml)
+PY=.venv/bin/python
 export SLURM_CONF=/var/lib/slurm-burst-lab/etc/slurm/slurm.conf
 SHARED=/srv/slurm-burst-lab
 
@@ -44,16 +45,30 @@ scontrol show node -o "$(scontrol show job -o "$job" | tr ' ' '\n' | sed -n 's/^
 say "WireGuard hub"
 wg show wg-burst | grep -E 'peer|allowed ips|latest handshake'
 
-say "ledger: one row per instance (closed when the node is released)"
+say "waiting for the nodes to be released (idle for SuspendTime, 30 s in the lab)"
+start=$(date +%s)
+until "${SB[@]}" ledger sync --json >/dev/null 2>&1 && \
+      [ "$("${SB[@]}" ledger report --by job --format json --from 2000-01-01 --to 2100-01-01 \
+            | "$PY" -c 'import json,sys; print(any(r["job"] == sys.argv[1] for r in json.load(sys.stdin)["rows"]))' "$job")" = True ]; do
+    printf '  %3ss  %s\n' "$(( $(date +%s) - start ))" \
+        "$("${SB[@]}" nodes --json | "$PY" -c 'import json,sys; print(" ".join(n["name"] + ":" + n["state"] for n in json.load(sys.stdin)["nodes"]))')"
+    if (( $(date +%s) - start > 180 )); then echo "not released in 180 s"; exit 1; fi
+    sleep 5
+done
+
+say "ledger: one row per instance (price, the rate it came from, cost)"
 "${SB[@]}" ledger instances
+
+say "chargeback: job $job's cost, overhead (boot, idle before suspend) included"
+"${SB[@]}" ledger report --by job --from 2000-01-01 --to 2100-01-01
+"${SB[@]}" ledger report --by account --from 2000-01-01 --to 2100-01-01
 
 cat <<TXT
 
-The nodes stay up until they have been idle for the partition's SuspendTime (30 s in the
-lab); Slurm then calls slurm-burst-suspend and the daemon destroys the VMs, removes the hub
-peers, releases the mesh addresses and closes the ledger rows. Watch it:
+The daemon destroyed the VMs, removed the hub peers, released the mesh addresses, read the
+job from slurmdbd (sacct) and split each instance's cost among its jobs. Watch a release:
     ${SB[*]} events --follow
-    ${SB[*]} ledger instances
+Budgets (Slurm enforces them):  ${SB[*]} budget set physics 0; ${SB[*]} budget show
 Try more:   export SLURM_CONF=$SLURM_CONF
             sbatch -p burst-gpu --gres=gpu:1 --wrap 'hostname; echo \$SLURM_GPUS_ON_NODE'
 Tear the whole lab down (VMs, daemon, hub, slurmctld, files):   make lab-down

@@ -8,6 +8,7 @@ PACKAGES=(
   wireguard-tools wireguard-go                # the mesh (no kernel module here)
   openssh-server openssh-client               # sshd inside each namespace VM
   iproute2 util-linux procps                  # ip, nsenter/unshare/mount, pgrep
+  mariadb-server mariadb-client               # the lab's slurmdbd keeps accounting here
 )
 
 if [ "$(id -u)" -ne 0 ]; then
@@ -31,4 +32,19 @@ if [ ${#missing[@]} -gt 0 ]; then
   apt-get install -y -qq --no-install-recommends "${missing[@]}"
 else
   echo "setup-system: all ${#PACKAGES[@]} Debian packages present"
+fi
+
+# Database servers: MariaDB for the lab's slurmdbd, PostgreSQL for the ledger's tests
+# (production ledgers live there). Started only if installed and not answering.
+if ! mariadb -u root -e 'SELECT 1' >/dev/null 2>&1; then
+  echo "setup-system: starting MariaDB"
+  mkdir -p /run/mysqld && chown mysql:mysql /run/mysqld 2>/dev/null || true
+  start-stop-daemon --start --oknodo --background --exec /usr/sbin/mariadbd
+  for _ in $(seq 1 60); do mariadb -u root -e 'SELECT 1' >/dev/null 2>&1 && break; sleep 0.5; done
+fi
+if command -v pg_ctlcluster >/dev/null && [ -d /etc/postgresql ]; then
+  if ! pg_isready -q -h 127.0.0.1 2>/dev/null; then
+    echo "setup-system: starting PostgreSQL"
+    pg_ctlcluster --skip-systemctl-redirect "$(ls /etc/postgresql | sort | tail -1)" main start || true
+  fi
 fi

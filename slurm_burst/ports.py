@@ -108,6 +108,12 @@ class Ledger(Protocol):
         event: str,
         at: float,
         detail: str = "",
+        group: str = "",
+        partition: str = "",
+        cpus: int = 0,
+        gpus: int = 0,
+        price_source: str = "",
+        price_version: str = "",
     ) -> None: ...
 
 

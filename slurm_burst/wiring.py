@@ -62,6 +62,7 @@ def daemon(cfg: Config) -> Any:
     hub = mesh_hub(cfg)
     hub.ensure_hub()
     store = Store(state_db_path(cfg))
+    spooling = daemon_ledger(cfg)
     prov = Provisioner(
         cfg,
         store,
@@ -69,10 +70,10 @@ def daemon(cfg: Config) -> Any:
         hub,
         SshConnector(cfg.daemon.ssh_user, key_path),
         scheduler(cfg),
-        ledger(cfg),
+        spooling,
         Secrets(ssh_public, munge_key),
     )
-    return Daemon(cfg, store, prov)
+    return Daemon(cfg, store, prov, chargeback(cfg, spooling.ledger))
 
 
 def mesh_hub(cfg: Config) -> Any:
@@ -82,9 +83,47 @@ def mesh_hub(cfg: Config) -> Any:
     return WireGuardHub(m.interface, m.subnet, m.port, m.state_dir, m.endpoint, m.keepalive)
 
 
-def ledger(cfg: Config) -> Any:
+def ledger(cfg: Config, check_schema: bool = True) -> Any:
+    """The SQL ledger; readers check that the schema is current (else: run db upgrade)."""
     from slurm_burst.adapters.ledger.sql import SqlLedger
 
     return SqlLedger(
-        cfg.ledger.url, cfg.cluster.name, {n: p.region for n, p in cfg.providers.items()}
+        cfg.ledger.url,
+        cfg.cluster.name,
+        {n: p.region for n, p in cfg.providers.items()},
+        check_schema=check_schema,
+    )
+
+
+def spool_dir(cfg: Config) -> Path:
+    return Path(cfg.ledger.spool_dir or Path(cfg.daemon.state_dir) / "ledger-spool")
+
+
+def daemon_ledger(cfg: Config) -> Any:
+    """The daemon's ledger: never blocks provisioning, spools while the database is away."""
+    from slurm_burst.adapters.ledger.spool import Spool, SpoolingLedger
+
+    return SpoolingLedger(ledger(cfg, check_schema=False), Spool(spool_dir(cfg)))
+
+
+def accounting(cfg: Config) -> Any:
+    """Slurm accounting (sacct, sacctmgr) for the ledger's ingest and budgets."""
+    from slurm_burst.adapters.slurm.accounting import SlurmAccounting
+
+    return SlurmAccounting(
+        cfg.slurm.bin_dir,
+        str(Path(cfg.slurm.conf_dir) / "slurm.conf"),
+        cfg.cluster.name,
+        timeout=max(cfg.slurm.command_timeout, 60.0),
+    )
+
+
+def chargeback(cfg: Config, sql_ledger: Any | None = None) -> Any:
+    from slurm_burst.services.chargeback import Chargeback
+
+    return Chargeback(
+        cfg,
+        sql_ledger or ledger(cfg),
+        accounting(cfg) if cfg.ledger.accounting else None,
+        scheduler(cfg),
     )

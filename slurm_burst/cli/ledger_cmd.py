@@ -1,25 +1,79 @@
-"""``slurm-burst ledger``: what the cloud cost, from the SQL ledger."""
+"""``slurm-burst ledger``: what the cloud cost, and whom to charge, from the SQL ledger."""
 
 from __future__ import annotations
 
+import contextlib
+import csv
+import json
+import sys
+from datetime import UTC, date, datetime, timedelta
+from typing import Any
+
 import click
 
-from slurm_burst.cli.common import app, emit, json_option
+from slurm_burst.cli.common import EXIT_BAD_INPUT, EXIT_FAILED, app, emit, fail, json_option
+
+BY_CHOICES = ("account", "user", "partition", "month", "day", "job")
+
+
+def _ledger(ctx: click.Context) -> Any:
+    from slurm_burst.core.usage import LedgerError
+    from slurm_burst.wiring import ledger
+
+    try:
+        return ledger(app(ctx).config)
+    except LedgerError as exc:
+        fail(str(exc), EXIT_FAILED)
+
+
+def _period(start: str | None, end: str | None) -> tuple[date, date]:
+    """[from, to] as given (to inclusive) -> [from, to+1); default: this month so far."""
+    today = datetime.now(UTC).date()
+    try:
+        first = date.fromisoformat(start) if start else today.replace(day=1)
+        last = date.fromisoformat(end) if end else today
+    except ValueError as exc:
+        fail(f"dates are YYYY-MM-DD: {exc}", EXIT_BAD_INPUT)
+    if last < first:
+        fail(f"--to {last} is before --from {first}", EXIT_BAD_INPUT)
+    return first, last + timedelta(days=1)
+
+
+period_options = [
+    click.option(
+        "--from",
+        "start",
+        metavar="YYYY-MM-DD",
+        help="First day (UTC) [default: the 1st of this month].",
+    ),
+    click.option(
+        "--to", "end", metavar="YYYY-MM-DD", help="Last day (UTC), included [default: today]."
+    ),
+]
+
+
+def with_period(f: Any) -> Any:
+    for opt in reversed(period_options):
+        f = opt(f)
+    return f
 
 
 @click.group("ledger")
 def group() -> None:
-    """The cost ledger: every instance slurm-burst launched, with its times and price."""
+    """The cost ledger: instances, job usage, cost allocation, reports for finance.
+
+    Money is kept in integer micro-dollars; every dollar an instance cost is
+    allocated exactly once: to the jobs that used it, or as overhead (boot,
+    idle, failed launches) spread by ledger.overhead.
+    """
 
 
 @group.command("instances")
 @json_option
 @click.pass_context
 def instances(ctx: click.Context, as_json: bool) -> None:
-    """One row per instance: requested/running/joined/terminated times, hours, cost."""
-    from slurm_burst.wiring import ledger
-
-    rows = ledger(app(ctx).config).instances()
+    """One row per instance: times, hours, price (with its rate), cost, failure code."""
+    rows = _ledger(ctx).instances()
     emit(
         rows,
         as_json,
@@ -33,6 +87,7 @@ def instances(ctx: click.Context, as_json: bool) -> None:
             "TERMINATED",
             "HOURS",
             "COST",
+            "FAILED",
         ],
         rows=lambda rs: [
             [
@@ -44,9 +99,187 @@ def instances(ctx: click.Context, as_json: bool) -> None:
                 (r["joined"] or "")[11:19],
                 (r["terminated"] or "")[11:19],
                 "" if r["hours"] is None else f"{r['hours']:.4f}",
-                "" if r["cost"] is None else f"{r['cost']:.4f}",
+                "" if r["cost"] is None else f"{r['cost']:.6f}",
+                r["failure_code"] or "",
             ]
             for r in rs
         ],
         title="slurm-burst ledger: instances",
+    )
+
+
+@group.command("report")
+@click.option(
+    "--by",
+    "by",
+    default="account",
+    show_default=True,
+    metavar="KEY[,KEY]",
+    help=f"Group by one or more of: {', '.join(BY_CHOICES)}.",
+)
+@with_period
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["table", "csv", "json"]),
+    default="table",
+    show_default=True,
+)
+@json_option
+@click.pass_context
+def report(
+    ctx: click.Context, by: str, start: str | None, end: str | None, fmt: str, as_json: bool
+) -> None:
+    """Chargeback: instance-hours, GPU-hours, allocated, overhead, total, idle share.
+
+    \b
+    Examples:
+      slurm-burst ledger report --by account
+      slurm-burst ledger report --by month,account --from 2026-01-01 --to 2026-06-30
+      slurm-burst ledger report --by job --format json
+    """
+    from slurm_burst.adapters.ledger.reports import report as run_report
+    from slurm_burst.adapters.ledger.reports import totals
+    from slurm_burst.core.usage import LedgerError
+
+    keys = [k.strip() for k in by.split(",") if k.strip()]
+    bad = [k for k in keys if k not in BY_CHOICES]
+    if not keys or bad:
+        fail(f"--by takes {', '.join(BY_CHOICES)} (got {by!r})", EXIT_BAD_INPUT)
+    if "job" in keys and len(keys) > 1:
+        fail("--by job cannot be combined with other keys", EXIT_BAD_INPUT)
+    first, after = _period(start, end)
+    led = _ledger(ctx)
+    try:
+        rows = run_report(led.engine, keys, first, after)
+    except LedgerError as exc:
+        fail(str(exc), EXIT_FAILED)
+    head = ["job", "account", "user", "partition", "state"] if keys == ["job"] else keys
+    nums = ["instance_hours", "gpu_hours", "allocated", "overhead", "total", "idle_share"]
+    if as_json or fmt == "json":
+        click.echo(
+            json.dumps(
+                {
+                    "by": keys,
+                    "from": first.isoformat(),
+                    "to": (after - timedelta(days=1)).isoformat(),
+                    "currency": "USD",
+                    "rows": rows,
+                    "total": totals(rows),
+                },
+                indent=2,
+                default=str,
+            )
+        )
+        return
+    if fmt == "csv":
+        w = csv.writer(sys.stdout)
+        w.writerow([*head, *nums])
+        for r in rows:
+            w.writerow([*(r[k] for k in head), *(r[k] for k in nums)])
+        return
+    t = totals(rows)
+
+    def table(rs: list[dict[str, Any]]) -> list[list[Any]]:
+        out = [
+            [
+                *(r[k] for k in head),
+                f"{r['instance_hours']:.3f}",
+                f"{r['gpu_hours']:.3f}",
+                f"{r['allocated']:.6f}",
+                f"{r['overhead']:.6f}",
+                f"{r['total']:.6f}",
+                f"{r['idle_share']:.1%}",
+            ]
+            for r in rs
+        ]
+        out.append(
+            [
+                "TOTAL",
+                *[""] * (len(head) - 1),
+                f"{t['instance_hours']:.3f}",
+                f"{t['gpu_hours']:.3f}",
+                f"{t['allocated']:.6f}",
+                f"{t['overhead']:.6f}",
+                f"{t['total']:.6f}",
+                "",
+            ]
+        )
+        return out
+
+    emit(
+        rows,
+        False,
+        columns=[
+            *(h.upper() for h in head),
+            "INST-H",
+            "GPU-H",
+            "ALLOCATED $",
+            "OVERHEAD $",
+            "TOTAL $",
+            "IDLE",
+        ],
+        rows=table,
+        title=f"slurm-burst chargeback {first} .. {after - timedelta(days=1)}",
+    )
+
+
+@group.command("export")
+@with_period
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(dir_okay=False, allow_dash=True),
+    default="-",
+    show_default=True,
+    help="CSV file to write ('-': standard output).",
+)
+@click.pass_context
+def export(ctx: click.Context, start: str | None, end: str | None, output: str) -> None:
+    """Every charge line as CSV for finance (one row per instance, day, payer and kind)."""
+    import os
+
+    from slurm_burst.adapters.ledger.reports import EXPORT_COLUMNS, charge_lines
+    from slurm_burst.core.usage import LedgerError
+
+    first, after = _period(start, end)
+    led = _ledger(ctx)
+    tmp = None if output == "-" else f"{output}.tmp"
+    n = 0
+    try:
+        with contextlib.ExitStack() as stack:
+            fh = sys.stdout if tmp is None else stack.enter_context(open(tmp, "w", newline=""))
+            w = csv.writer(fh)
+            w.writerow(EXPORT_COLUMNS)
+            for line in charge_lines(led.engine, first, after):
+                w.writerow(line)
+                n += 1
+    except LedgerError as exc:
+        if tmp:
+            os.unlink(tmp)
+        fail(str(exc), EXIT_FAILED)
+    if tmp:
+        os.replace(tmp, output)  # a half-written export never takes the file's name
+        click.echo(f"wrote {n} charge lines to {output}", err=True)
+
+
+@group.command("sync")
+@json_option
+@click.pass_context
+def sync(ctx: click.Context, as_json: bool) -> None:
+    """Ingest finished jobs from sacct and split closed instances now (the daemon does
+    this every ledger.ingest_interval)."""
+    from slurm_burst.wiring import chargeback
+
+    cb = chargeback(app(ctx).config, _ledger(ctx))
+    try:
+        seen, added = cb.ingest()
+        allocated = cb.allocate()
+    except Exception as exc:  # the ledger (LedgerError) or sacct failing
+        fail(str(exc), EXIT_FAILED)
+    emit(
+        {"jobs_seen": seen, "jobs_added": added, "instances_allocated": allocated},
+        as_json,
+        columns=["JOBS SEEN", "JOBS ADDED", "INSTANCES ALLOCATED"],
+        rows=lambda d: [[d["jobs_seen"], d["jobs_added"], d["instances_allocated"]]],
     )

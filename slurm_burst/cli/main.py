@@ -31,6 +31,8 @@ COMMANDS = {
     "nodes": "slurm_burst.cli.daemon_cmd:nodes",
     "events": "slurm_burst.cli.daemon_cmd:events",
     "ledger": "slurm_burst.cli.ledger_cmd:group",
+    "budget": "slurm_burst.cli.budget_cmd:group",
+    "db": "slurm_burst.cli.db_cmd:group",
 }
 
 

@@ -23,6 +23,7 @@ from slurm_burst.config.model import (
     NodeGroup,
     PartitionConfig,
     ProviderConfig,
+    RateConfig,
     SlurmConfig,
 )
 from slurm_burst.config.schema import Problem
@@ -41,6 +42,7 @@ __all__ = [
     "PartitionConfig",
     "Problem",
     "ProviderConfig",
+    "RateConfig",
     "SlurmConfig",
     "check_config",
     "load_config",

@@ -14,6 +14,7 @@ from types import MappingProxyType
 from typing import Any
 
 from slurm_burst.core.hostlist import compress
+from slurm_burst.core.pricing import PricingError, Rate, RateTable, parse_instant, to_micros
 
 
 def _empty() -> Mapping[str, Any]:
@@ -165,7 +166,60 @@ class MeshConfig:
 
 @dataclass(frozen=True)
 class LedgerConfig:
-    url: str = doc("SQLAlchemy database URL.", default="sqlite:////var/lib/slurm-burst/ledger.db")
+    url: str = doc(
+        "SQLAlchemy database URL: sqlite:////path.db (default), "
+        "postgresql+psycopg://user@host/db or mysql+pymysql://user@host/db.",
+        default="sqlite:////var/lib/slurm-burst/ledger.db",
+    )
+    spool_dir: str = doc(
+        "Where ledger writes wait while the database is unreachable (mode 0700); "
+        "default <daemon.state_dir>/ledger-spool.",
+        default="",
+    )
+    accounting: bool = doc(
+        "Read job usage from Slurm accounting (sacct; needs slurmdbd).", default=True
+    )
+    ingest_interval: float = doc("Seconds between sacct ingest passes.", default=60.0)
+    ingest_overlap: float = doc(
+        "Seconds of the previous sacct window read again (clock skew, late records).",
+        default=300.0,
+    )
+    overhead: str = doc(
+        "Who pays what no job used (boot, idle, failed launches): 'usage' spreads an "
+        "instance's overhead over the accounts that used it, by usage share; 'site' "
+        "books all of it to site_account.",
+        default="usage",
+    )
+    site_account: str = doc(
+        "Account that pays overhead nobody used, and rate-override differences.",
+        default="burst-overhead",
+    )
+    budget_sync_interval: float = doc(
+        "Seconds between budget syncs into Slurm's GrpTRESMins=billing limits.", default=60.0
+    )
+    billing_weights: bool = doc(
+        "Render TRESBillingWeights (micro-dollars per minute) on burst partitions, so "
+        "Slurm can enforce budgets with GrpTRESMins=billing.",
+        default=True,
+    )
+
+
+@dataclass(frozen=True)
+class RateConfig:
+    name: str = doc("Rate name (the table key); recorded with every price it sets.")
+    size: str = doc("Instance size this rate prices.")
+    price_per_hour: float = doc("Price in dollars per hour (per instance, or per GPU).")
+    per: str = doc(
+        "'instance' (price per instance-hour) or 'gpu' (per GPU-hour).", default="instance"
+    )
+    valid_from: str = doc(
+        "First day (UTC, YYYY-MM-DD or ISO 8601 time) it applies.", default="1970-01-01"
+    )
+    valid_to: str = doc("First day it no longer applies; empty: open-ended.", default="")
+    account: str = doc(
+        "Slurm account this rate is for (a chargeback override); empty: the provider price.",
+        default="",
+    )
 
 
 @dataclass(frozen=True)
@@ -213,6 +267,15 @@ class LabConfig:
     onprem_nodes: int = doc("Static on-prem nodes.", default=1)
     onprem_cpus: int = doc("CPUs of each on-prem node.", default=2)
     onprem_memory_mb: int = doc("RealMemory of each on-prem node.", default=1000)
+    accounts: tuple[str, ...] = doc(
+        "Slurm accounts the lab creates in slurmdbd; root's default is the first.",
+        default=("physics", "chemistry"),
+    )
+    accounting_db: str = doc(
+        "MariaDB database of the lab's slurmdbd (dropped by 'lab down').",
+        default="slurm_burst_lab_acct",
+    )
+    dbd_port: int = doc("Port of the lab's slurmdbd.", default=6819)
     shared_dir: str = doc(
         "The lab's shared filesystem (like a site's NFS): seen by every node, for job output.",
         default="/srv/slurm-burst-lab",
@@ -233,6 +296,11 @@ class Config:
     )
     mesh: MeshConfig = doc("WireGuard mesh.", default=MeshConfig())
     ledger: LedgerConfig = doc("Cost ledger.", default=LedgerConfig())
+    rates: Mapping[str, RateConfig] = doc(
+        "Prices with validity periods (and per-account overrides); they add to and win "
+        "over node_groups.*.price_per_hour.",
+        default_factory=_empty,
+    )
     daemon: DaemonConfig = doc("The daemon.", default=DaemonConfig())
     lab: LabConfig | None = doc("The local lab (only for 'slurm-burst lab').", default=None)
     source: str = field(default="<string>", metadata={"internal": True})
@@ -243,6 +311,45 @@ class Config:
     @cached_property
     def _group_index(self) -> Mapping[str, NodeGroup]:
         return {name: g for g in self.node_groups.values() for name in g.node_names()}
+
+    def rate_list(self) -> list[Rate]:
+        """Every price as a core Rate: node groups' price_per_hour, then [rates.*].
+
+        A group's ``price_per_hour`` is a rate valid since 1970; a [rates] entry for
+        the same size starts later and so wins from its ``valid_from`` on. Entries
+        whose dates do not parse are left out (validation reports them).
+        """
+        out = [
+            Rate(f"node_groups.{g.name}.price_per_hour.{size}", size, to_micros(price))
+            for g in self.node_groups.values()
+            for size, price in g.price_per_hour.items()
+        ]
+        for r in self.rates.values():
+            try:
+                start = parse_instant(r.valid_from, f"rates.{r.name}.valid_from")
+                end = parse_instant(r.valid_to, f"rates.{r.name}.valid_to") if r.valid_to else None
+            except PricingError:
+                continue
+            out.append(
+                Rate(
+                    f"rates.{r.name}",
+                    r.size,
+                    to_micros(r.price_per_hour),
+                    r.per,
+                    start,
+                    end,
+                    r.account,
+                )
+            )
+        return out
+
+    @cached_property
+    def rate_table(self) -> RateTable:
+        return RateTable(self.rate_list())
+
+    def gpus_of_size(self, size: str) -> int:
+        """GPUs of the node group(s) using ``size`` (0 for a CPU size)."""
+        return max((g.gpus for g in self.node_groups.values() if size in g.sizes), default=0)
 
     def group_of(self, node: str) -> NodeGroup | None:
         """The node group defining ``node``, or None for a node we do not manage."""

@@ -15,6 +15,7 @@ from slurm_burst.config.model import (
     NodeGroup,
     PartitionConfig,
     ProviderConfig,
+    RateConfig,
     SlurmConfig,
 )
 
@@ -27,6 +28,7 @@ SECTIONS: list[tuple[str, type]] = [
     ("[node_groups.NAME]", NodeGroup),
     ("[mesh]", MeshConfig),
     ("[ledger]", LedgerConfig),
+    ("[rates.NAME]", RateConfig),
     ("[daemon]", DaemonConfig),
     ("[lab]", LabConfig),
 ]

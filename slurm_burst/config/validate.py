@@ -9,6 +9,7 @@ from collections.abc import Callable
 from slurm_burst.config.model import _PATTERN, Config, NodeGroup
 from slurm_burst.config.schema import Problem
 from slurm_burst.core.hostlist import HostlistError, expand
+from slurm_burst.core.pricing import PricingError, ambiguous, parse_instant
 
 _SLURM_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
 _IFNAME = re.compile(r"^[A-Za-z0-9_.-]{1,15}$")
@@ -48,8 +49,8 @@ def validate(
                 )
             )
     _mesh(cfg, out)
-    if "://" not in cfg.ledger.url:
-        out.append(Problem("ledger.url", "must be an SQLAlchemy URL such as sqlite:////path.db"))
+    _ledger(cfg, out)
+    _rates(cfg, out)
     if cfg.daemon.poll_period <= 0:
         out.append(Problem("daemon.poll_period", "must be positive"))
     if cfg.daemon.workers < 1:
@@ -74,9 +75,62 @@ def validate(
                     "lab.cloud_provider", "must name a provider profile whose driver is 'nscloud'"
                 )
             )
+        if not re.match(r"^[A-Za-z0-9_]{1,64}$", cfg.lab.accounting_db):
+            out.append(Problem("lab.accounting_db", "must be letters, digits or '_'"))
+        for acct in cfg.lab.accounts:
+            if not _SLURM_NAME.match(acct):
+                out.append(Problem("lab.accounts", f"{acct!r} is not a Slurm account name"))
         if cfg.lab.onprem_partition not in cfg.slurm.onprem_partitions:
             out.append(Problem("lab.onprem_partition", "must be listed in slurm.onprem_partitions"))
     return out
+
+
+def _ledger(cfg: Config, out: list[Problem]) -> None:
+    led = cfg.ledger
+    if "://" not in led.url:
+        out.append(Problem("ledger.url", "must be an SQLAlchemy URL such as sqlite:////path.db"))
+    if led.overhead not in ("usage", "site"):
+        out.append(Problem("ledger.overhead", "must be 'usage' or 'site'"))
+    if not _SLURM_NAME.match(led.site_account):
+        out.append(Problem("ledger.site_account", "must be a Slurm account name"))
+    for key in ("ingest_interval", "budget_sync_interval"):
+        if getattr(led, key) <= 0:
+            out.append(Problem(f"ledger.{key}", "must be positive"))
+    if led.ingest_overlap < 0:
+        out.append(Problem("ledger.ingest_overlap", "must not be negative"))
+
+
+def _rates(cfg: Config, out: list[Problem]) -> None:
+    sizes = {s for g in cfg.node_groups.values() for s in g.sizes}
+    for name, r in cfg.rates.items():
+        base = f"rates.{name}"
+        if r.per not in ("instance", "gpu"):
+            out.append(Problem(f"{base}.per", "must be 'instance' or 'gpu'"))
+        if r.price_per_hour < 0:
+            out.append(Problem(f"{base}.price_per_hour", "must not be negative"))
+        if r.size not in sizes:
+            out.append(
+                Problem(f"{base}.size", f"no node group uses size {r.size!r}", severity="warning")
+            )
+        if r.per == "gpu" and r.size in sizes and cfg.gpus_of_size(r.size) == 0:
+            out.append(Problem(f"{base}.per", f"'gpu', but size {r.size!r} has no GPUs"))
+        if r.account and not _SLURM_NAME.match(r.account):
+            out.append(Problem(f"{base}.account", "must be a Slurm account name"))
+        try:
+            start = parse_instant(r.valid_from, "valid_from")
+            end = parse_instant(r.valid_to, "valid_to") if r.valid_to else None
+        except PricingError as exc:
+            out.append(Problem(base, str(exc)))
+            continue
+        if end is not None and end <= start:
+            out.append(Problem(f"{base}.valid_to", "must be after valid_from"))
+    for a, b in ambiguous(cfg.rate_list()):
+        out.append(
+            Problem(
+                b.name.removeprefix("rates.") if b.name.startswith("rates.") else b.name,
+                f"starts at the same time as {a.name} for the same size and account",
+            )
+        )
 
 
 def _cluster(cfg: Config, out: list[Problem]) -> None:

@@ -28,6 +28,7 @@ from slurm_burst.config import Config
 from slurm_burst.core.hostlist import compress
 from slurm_burst.core.nodestate import RESUMING
 from slurm_burst.core.nodestate import NodeState as S
+from slurm_burst.services.chargeback import Chargeback, ChargebackLoop
 from slurm_burst.services.provisioner import Provisioner
 
 log = logging.getLogger(__name__)
@@ -43,9 +44,13 @@ class Daemon:
         cfg: Config,
         store: Store,
         provisioner: Provisioner,
+        chargeback: Chargeback | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.cfg = cfg
+        self.ledger_loop = (
+            ChargebackLoop(cfg, chargeback, provisioner.ledger) if chargeback else None
+        )
         self.store = store
         self.prov = provisioner
         self.now = clock
@@ -89,6 +94,9 @@ class Daemon:
         self.acquire()
         self.open_socket()
         self.beat()
+        if self.ledger_loop is not None:
+            self.ledger_loop.ensure_schema()  # db upgrade at start, under the migration lock
+            self.ledger_loop.start()  # spool replay, ingest, split: now, then every interval
         self.recover()
         log.info("daemon.started pid=%d workers=%d", os.getpid(), self.cfg.daemon.workers)
         next_scan = 0.0
@@ -117,6 +125,8 @@ class Daemon:
 
     def shutdown(self) -> None:
         log.info("daemon.stopping in_flight=%d", len(self._active))
+        if self.ledger_loop is not None:
+            self.ledger_loop.stop.set()
         self.pool.shutdown(wait=True, cancel_futures=True)
         if self._sock is not None:
             self._sock.close()

@@ -29,6 +29,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from importlib import resources
 
 from slurm_burst.adapters.state.store import NodeRecord, Store, StoreError
@@ -36,6 +37,7 @@ from slurm_burst.config import Config, NodeGroup
 from slurm_burst.core.cloud import CloudError, LaunchSpec
 from slurm_burst.core.nodestate import NodeState as S
 from slurm_burst.core.nodestate import reason
+from slurm_burst.core.pricing import dollars
 from slurm_burst.ports import Cloud, Connector, Ledger, Mesh, RemoteShell, Scheduler
 
 log = logging.getLogger(__name__)
@@ -325,21 +327,30 @@ class Provisioner:
     def _ledger(
         self, rec: NodeRecord, instance_id: str, event: str, at: float, detail: str = ""
     ) -> None:
+        """Record an instance event; the ledger port spools it if the database is away."""
         group = self.cfg.group_of(rec.name)
         size = rec.size or (group.sizes[0] if group else "")
-        price = float(group.price_per_hour.get(size, 0.0)) if group else 0.0
+        launched = datetime.fromtimestamp(rec.requested_at or at, UTC)
+        gpus = group.gpus if group else 0
+        price = self.cfg.rate_table.price(size, gpus, launched)
         try:
             self.ledger.instance_event(
                 node=rec.name,
                 instance_id=instance_id,
                 provider=rec.provider,
                 size=size,
-                price_per_hour=price,
+                price_per_hour=float(dollars(price.micros_per_hour)) if price else 0.0,
                 event=event,
                 at=at,
                 detail=detail,
+                group=group.name if group else "",
+                partition=group.partition if group else "",
+                cpus=group.cpus if group else 0,
+                gpus=gpus,
+                price_source=price.source if price else "none",
+                price_version=price.version if price else "",
             )
-        except Exception as exc:  # the ledger never stops provisioning (spooling: issue 4)
+        except Exception as exc:  # the ledger never stops provisioning
             log.error("ledger.write_failed node=%s event=%s error=%s", rec.name, event, exc)
 
     @contextmanager

@@ -7,11 +7,13 @@ The templates live in ``slurm-conf/templates`` (installed under
 from __future__ import annotations
 
 import sys
+from datetime import UTC, datetime
 from pathlib import Path
 from string import Template
 
 from slurm_burst.config import Config, NodeGroup
 from slurm_burst.core.hostlist import compress
+from slurm_burst.core.pricing import billing_weight
 
 FRAGMENT = "slurm-burst.conf"
 GRES = "gres.conf"
@@ -57,8 +59,34 @@ def partition_lines(cfg: Config) -> list[str]:
             f"SuspendTime={suspend}",
             "State=UP",
         ]
+        weights = billing_weights(cfg, part) if cfg.ledger.billing_weights else ""
+        if weights:
+            fields.append(f'TRESBillingWeights="{weights}"')
         lines.append(" ".join(fields))
     return lines
+
+
+def billing_weights(cfg: Config, partition: str, at: datetime | None = None) -> str:
+    """TRESBillingWeights making a job's billing TRES its cost in micro-dollars per minute.
+
+    CPU partitions bill per CPU, GPU partitions per GPU (as the ledger allocates);
+    with node groups of different prices in one partition, the dearest wins. The
+    price is the general rate in force at ``at`` (now): re-render after a change.
+    """
+    at = at or datetime.now(UTC)
+    groups = [g for g in cfg.node_groups.values() if g.partition == partition]
+    gpu = any(g.gpus for g in groups)
+    best = 0
+    for g in groups:
+        price = cfg.rate_table.price(g.sizes[0], g.gpus, at) if g.sizes else None
+        if price is None:
+            continue
+        units = g.gpus if gpu else g.cpus
+        if units:
+            best = max(best, billing_weight(price.micros_per_hour, units))
+    if not best:
+        return ""
+    return f"GRES/gpu={best}" if gpu else f"CPU={best}"
 
 
 def render(cfg: Config) -> dict[str, str]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 from pathlib import Path
 
 from slurm_burst.services.lab.service import Lab
@@ -37,6 +38,14 @@ def test_down_removes_everything(lab: Lab) -> None:
     assert not Path(lab.lab.shared_dir).exists()
     assert _lab_processes(str(LAB_CONFIG.resolve())) == []  # the daemon
     assert Path("/etc/munge/munge.key").exists()  # the host's own munge is not ours to touch
+    assert subprocess.run(["pgrep", "-x", "slurmdbd"], capture_output=True).returncode == 1
+    dbs = subprocess.run(
+        ["mariadb", "-u", "root", "-N", "-e", "SHOW DATABASES"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    assert lab.lab.accounting_db not in dbs  # the lab's accounting database is dropped
     status = invoke(["--config", str(LAB_CONFIG), "lab", "status", "--json"], expect=3)
     assert '"up": false' in status.stdout
 

@@ -1,25 +1,39 @@
 """Ledger tables (SQLAlchemy 2.0). Append-only: a correction is a new row, never an update.
 
-``instances`` holds what is fixed at launch (node, provider, size, price);
-``instance_events`` one row per life event of an instance (requested, running,
-joined, terminated, failed), unique per (instance, event) so that replaying an
-event adds nothing. Durations and costs are derived from the events.
+- ``instances``: what is fixed at launch (node, partition, provider, size, the price
+  and the rate it came from); ``instance_events``: one row per life event
+  (requested, running, joined, terminated, failed), unique per (instance, event)
+  so that replaying an event adds nothing.
+- ``jobs``: job usage on burst nodes from Slurm accounting, unique per job key;
+  ``ingest_runs``: one row per sacct window read (the cursor is the latest end).
+- ``allocations``: one row per instance whose cost was split (unique: split once);
+  ``charges``: its lines (usage, overhead, rate_adjustment, adjustment), in integer
+  micro-dollars; ``charge_rollups``: the same lines summed per day, account, user
+  and partition for each allocation pass, so month x account reports read
+  thousands of rows, not millions.
+- ``budgets``: each ``budget set`` is a row; the latest per account is in force.
+
+The schema is created and changed only by the Alembic migrations in
+``migrations/versions``; these models are what the code reads and writes.
 """
 
 from __future__ import annotations
 
 import enum
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime
 from typing import Annotated
 
 from sqlalchemy import (
+    BigInteger,
     CheckConstraint,
+    Date,
     DateTime,
     Enum,
     ForeignKey,
     Integer,
     Numeric,
     String,
+    Text,
     TypeDecorator,
     UniqueConstraint,
 )
@@ -47,7 +61,20 @@ class UTCDateTime(TypeDecorator[datetime]):
 
 
 intpk = Annotated[int, mapped_column(Integer, primary_key=True, autoincrement=True)]
+bigint = Annotated[int, mapped_column(BigInteger)]
 utc = Annotated[datetime, mapped_column(UTCDateTime())]
+
+
+def by_value(cls: type[enum.Enum], name: str) -> Enum:
+    """An enum column stored by value, portable (VARCHAR + CHECK, no native type)."""
+    return Enum(
+        cls,
+        values_callable=lambda e: [m.value for m in e],
+        name=name,
+        native_enum=False,
+        create_constraint=True,
+        length=16,
+    )
 
 
 class Base(DeclarativeBase):
@@ -83,6 +110,17 @@ class InstanceRow(Base):
         Numeric(12, 6), comment="Price per instance-hour when launched (config)."
     )
     recorded_at: Mapped[utc] = mapped_column(comment="When this row was written (UTC).")
+    partition: Mapped[str] = mapped_column(
+        String(64), server_default="", comment="Burst partition of the node."
+    )
+    cpus: Mapped[int] = mapped_column(server_default="0", comment="CPUs Slurm schedules on it.")
+    gpus: Mapped[int] = mapped_column(server_default="0", comment="GPUs of the node.")
+    price_source: Mapped[str] = mapped_column(
+        String(128), server_default="", comment="Name of the rate the price came from."
+    )
+    price_version: Mapped[str] = mapped_column(
+        String(32), server_default="", comment="valid_from of that rate (its version)."
+    )
 
 
 class InstanceEventRow(Base):
@@ -97,16 +135,150 @@ class InstanceEventRow(Base):
         String(128), ForeignKey("instances.instance_id"), index=True, comment="The instance."
     )
     event: Mapped[InstanceEventKind] = mapped_column(
-        Enum(
-            InstanceEventKind,
-            values_callable=lambda e: [m.value for m in e],
-            name="instance_event_kind",
-            native_enum=False,
-            length=16,
-        ),
+        by_value(InstanceEventKind, "instance_event_kind"),
         comment="requested, running, joined, terminated or failed.",
     )
     at: Mapped[utc] = mapped_column(comment="When it happened (UTC).")
     detail: Mapped[str] = mapped_column(
         String(512), default="", comment="Error code or note (never a secret)."
     )
+
+
+class IngestRun(Base):
+    __tablename__ = "ingest_runs"
+    __table_args__ = (
+        CheckConstraint("window_end >= window_start", name="ck_ingest_runs_window"),
+        {"comment": "One row per Slurm accounting window read (append-only)."},
+    )
+
+    id: Mapped[intpk] = mapped_column(comment="Surrogate key.")
+    source: Mapped[str] = mapped_column(String(32), comment="Where the rows came from (sacct).")
+    window_start: Mapped[utc] = mapped_column(comment="Start of the window read (UTC).")
+    window_end: Mapped[utc] = mapped_column(comment="End of the window read (UTC); the cursor.")
+    rows_seen: Mapped[int] = mapped_column(comment="Finished jobs in the window.")
+    rows_added: Mapped[int] = mapped_column(comment="Of those, jobs new to the ledger.")
+    at: Mapped[utc] = mapped_column(comment="When the run was recorded (UTC).")
+
+
+class JobRow(Base):
+    __tablename__ = "jobs"
+    __table_args__ = (
+        CheckConstraint("end_at >= start_at", name="ck_jobs_times"),
+        CheckConstraint("cpus >= 0 AND gpus >= 0 AND node_count >= 0", name="ck_jobs_tres"),
+        {"comment": "Finished jobs that ran on burst nodes, from Slurm accounting (append-only)."},
+    )
+
+    id: Mapped[intpk] = mapped_column(comment="Surrogate key.")
+    job_key: Mapped[str] = mapped_column(
+        String(96), unique=True, comment="cluster:jobid:start-epoch; the idempotency key."
+    )
+    cluster: Mapped[str] = mapped_column(String(64), comment="Slurm ClusterName.")
+    job_id: Mapped[int] = mapped_column(BigInteger, comment="Slurm job id.")
+    account: Mapped[str] = mapped_column(String(64), index=True, comment="Slurm account.")
+    user: Mapped[str] = mapped_column(String(64), comment="User name.")
+    partition: Mapped[str] = mapped_column(String(64), comment="Partition the job ran in.")
+    nodes: Mapped[str] = mapped_column(Text, comment="Node list (hostlist expression).")
+    node_count: Mapped[int] = mapped_column(comment="Nodes allocated.")
+    cpus: Mapped[int] = mapped_column(comment="CPUs allocated (all nodes).")
+    gpus: Mapped[int] = mapped_column(comment="GPUs allocated (all nodes).")
+    mem_mb: Mapped[int] = mapped_column(BigInteger, comment="Memory allocated, MB (all nodes).")
+    submit_at: Mapped[utc] = mapped_column(comment="Submit time (UTC).")
+    start_at: Mapped[utc] = mapped_column(index=True, comment="Start time (UTC).")
+    end_at: Mapped[utc] = mapped_column(index=True, comment="End time (UTC).")
+    state: Mapped[str] = mapped_column(String(32), comment="Final state (COMPLETED, FAILED...).")
+    recorded_at: Mapped[utc] = mapped_column(comment="When this row was written (UTC).")
+
+
+class ChargeKind(enum.StrEnum):
+    USAGE = "usage"
+    OVERHEAD = "overhead"
+    RATE_ADJUSTMENT = "rate_adjustment"
+    ADJUSTMENT = "adjustment"
+
+
+OVERHEAD_KINDS = frozenset(
+    {ChargeKind.OVERHEAD, ChargeKind.RATE_ADJUSTMENT, ChargeKind.ADJUSTMENT}
+)  # what reports show as overhead rather than allocated usage
+
+
+class AllocationRow(Base):
+    __tablename__ = "allocations"
+    __table_args__ = {"comment": "One row per instance whose cost has been split (append-only)."}
+
+    id: Mapped[intpk] = mapped_column(comment="Surrogate key.")
+    instance_id: Mapped[str] = mapped_column(
+        String(128),
+        ForeignKey("instances.instance_id"),
+        unique=True,
+        comment="The instance; unique, so an instance is split exactly once.",
+    )
+    batch: Mapped[str] = mapped_column(String(36), index=True, comment="Allocation pass id.")
+    total_micros: Mapped[bigint] = mapped_column(comment="Provider cost, micro-dollars.")
+    rule: Mapped[str] = mapped_column(String(16), comment="Overhead rule used (usage, site).")
+    at: Mapped[utc] = mapped_column(comment="When it was split (UTC).")
+
+
+class ChargeRow(Base):
+    __tablename__ = "charges"
+    __table_args__ = (
+        UniqueConstraint(
+            "instance_id", "day", "kind", "job_key", "account", name="uq_charges_once"
+        ),
+        CheckConstraint("node_ms >= 0 AND gpu_ms >= 0", name="ck_charges_times"),
+        {"comment": "Lines of the cost allocation (append-only; corrections are new lines)."},
+    )
+
+    id: Mapped[intpk] = mapped_column(comment="Surrogate key.")
+    allocation_id: Mapped[int | None] = mapped_column(
+        ForeignKey("allocations.id"), index=True, comment="The split it belongs to."
+    )
+    instance_id: Mapped[str] = mapped_column(String(128), comment="The instance charged.")
+    day: Mapped[date] = mapped_column(Date, index=True, comment="UTC day the cost fell on.")
+    kind: Mapped[ChargeKind] = mapped_column(
+        by_value(ChargeKind, "charge_kind"),
+        comment="usage, overhead, rate_adjustment or adjustment.",
+    )
+    account: Mapped[str] = mapped_column(String(64), comment="Account charged.")
+    user: Mapped[str] = mapped_column(String(64), comment="User charged ('' for none).")
+    partition: Mapped[str] = mapped_column(String(64), comment="Partition of the instance.")
+    job_key: Mapped[str] = mapped_column(String(96), comment="Job charged ('' for none).")
+    amount_micros: Mapped[bigint] = mapped_column(comment="Amount, micro-dollars.")
+    node_ms: Mapped[bigint] = mapped_column(comment="Node time this line stands for, ms.")
+    gpu_ms: Mapped[bigint] = mapped_column(comment="GPU time this line stands for, ms.")
+
+
+class ChargeRollup(Base):
+    __tablename__ = "charge_rollups"
+    __table_args__ = {
+        "comment": "Charges summed per pass, day, account, user and partition (append-only)."
+    }
+
+    id: Mapped[intpk] = mapped_column(comment="Surrogate key.")
+    batch: Mapped[str] = mapped_column(String(36), comment="Allocation pass id.")
+    day: Mapped[date] = mapped_column(Date, index=True, comment="UTC day.")
+    account: Mapped[str] = mapped_column(String(64), comment="Account.")
+    user: Mapped[str] = mapped_column(String(64), comment="User ('' for none).")
+    partition: Mapped[str] = mapped_column(String(64), comment="Partition.")
+    usage_micros: Mapped[bigint] = mapped_column(comment="Usage amount, micro-dollars.")
+    overhead_micros: Mapped[bigint] = mapped_column(
+        comment="Overhead and adjustments, micro-dollars."
+    )
+    node_ms: Mapped[bigint] = mapped_column(comment="Node time, ms.")
+    idle_node_ms: Mapped[bigint] = mapped_column(comment="Of which overhead (idle) node time.")
+    gpu_ms: Mapped[bigint] = mapped_column(comment="GPU time, ms.")
+    lines: Mapped[int] = mapped_column(comment="Charge lines summed.")
+
+
+class BudgetRow(Base):
+    __tablename__ = "budgets"
+    __table_args__ = (
+        CheckConstraint("amount_micros >= 0", name="ck_budgets_nonnegative"),
+        {"comment": "Budget settings; the latest row per account is in force (append-only)."},
+    )
+
+    id: Mapped[intpk] = mapped_column(comment="Surrogate key.")
+    account: Mapped[str] = mapped_column(String(64), index=True, comment="Slurm account.")
+    amount_micros: Mapped[bigint] = mapped_column(comment="Budget per period, micro-dollars.")
+    period: Mapped[str] = mapped_column(String(16), comment="Budget period (month).")
+    set_at: Mapped[utc] = mapped_column(comment="When it was set (UTC).")
+    set_by: Mapped[str] = mapped_column(String(64), comment="Who set it (login name).")

@@ -1,54 +1,87 @@
-"""The Ledger port over SQLAlchemy (SQLite by default, PostgreSQL in production).
+"""The Ledger port over SQLAlchemy: SQLite by default, PostgreSQL in production, MariaDB too.
 
-This issue's ledger is the minimal instance record; schema migrations (Alembic),
-job usage and chargeback build on these tables.
+Every write is idempotent, keyed by what the row is about (instance and event,
+job key, allocated instance, charge line), so that a write replayed from the
+spool, or repeated after a crash, adds nothing. Rows are only ever inserted.
+Database errors leave as :class:`LedgerUnavailable` (connection problems: the
+caller spools) or :class:`LedgerError`; nothing above this module sees SQLAlchemy.
 """
 
 from __future__ import annotations
 
+import getpass
 import logging
-from datetime import UTC, datetime
+import uuid
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, date, datetime
 from typing import Any
 
-from sqlalchemy import Engine, create_engine, event, select
+from sqlalchemy import Engine, func, select
 from sqlalchemy.orm import Session
 
+from slurm_burst.adapters.ledger import migrate
+from slurm_burst.adapters.ledger.engine import bulk_insert, insert_ignore, make_engine, translated
 from slurm_burst.adapters.ledger.models import (
-    Base,
+    OVERHEAD_KINDS,
+    AllocationRow,
+    BudgetRow,
+    ChargeRollup,
+    ChargeRow,
+    IngestRun,
     InstanceEventKind,
     InstanceEventRow,
     InstanceRow,
+    JobRow,
 )
+from slurm_burst.core.allocation import OVERHEAD, Allocation, Charge
+from slurm_burst.core.pricing import cost_micros, dollars, to_micros
+from slurm_burst.core.usage import JobUsage, LedgerConflict
 
 log = logging.getLogger(__name__)
 
+CHARGE_COLUMNS = (
+    "allocation_id", "instance_id", "day", "kind", "account", "user", "partition", "job_key",
+    "amount_micros", "node_ms", "gpu_ms",
+)  # fmt: skip
 
-def make_engine(url: str) -> Engine:
-    engine = create_engine(url, future=True, pool_pre_ping=True)
-    if engine.dialect.name == "sqlite":
 
-        @event.listens_for(engine, "connect")
-        def _pragmas(dbapi_conn: Any, _record: Any) -> None:
-            cur = dbapi_conn.cursor()
-            cur.execute("PRAGMA journal_mode=WAL")
-            cur.execute("PRAGMA foreign_keys=ON")
-            cur.execute("PRAGMA busy_timeout=10000")
-            cur.close()
+@dataclass(frozen=True)
+class ClosedInstance:
+    """An instance with a terminated event and no allocation yet."""
 
-    return engine
+    instance_id: str
+    node: str
+    partition: str
+    size: str
+    micros_per_hour: int
+    cpus: int
+    gpus: int
+    start: datetime
+    end: datetime
 
 
 class SqlLedger:
-    def __init__(self, url: str, cluster: str, region_of: dict[str, str] | None = None) -> None:
-        if url.startswith("sqlite:///"):
-            from pathlib import Path
-
-            Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
-        self.engine = make_engine(url)
+    def __init__(
+        self,
+        url: str,
+        cluster: str,
+        region_of: dict[str, str] | None = None,
+        *,
+        engine: Engine | None = None,
+        check_schema: bool = True,
+    ) -> None:
+        self.engine = engine or make_engine(url)
         self.cluster = cluster
         self.region_of = region_of or {}
-        Base.metadata.create_all(self.engine)
+        if check_schema:
+            migrate.require_current(self.engine)
 
+    def upgrade(self) -> tuple[str | None, str | None]:
+        return migrate.upgrade(self.engine)
+
+    # -- instances --------------------------------------------------------------
     def instance_event(
         self,
         *,
@@ -61,70 +94,351 @@ class SqlLedger:
         at: float,
         detail: str = "",
         group: str = "",
+        partition: str = "",
+        cpus: int = 0,
+        gpus: int = 0,
+        price_source: str = "",
+        price_version: str = "",
     ) -> None:
         """Record ``event`` of ``instance_id`` once; a replay of the same event adds nothing."""
-        when = datetime.fromtimestamp(at, UTC)
         kind = InstanceEventKind(event)
-        with Session(self.engine) as s, s.begin():
-            if (
-                s.scalar(select(InstanceRow.id).where(InstanceRow.instance_id == instance_id))
-                is None
-            ):
-                s.add(
-                    InstanceRow(
-                        instance_id=instance_id,
-                        cluster=self.cluster,
-                        node=node,
-                        node_group=group,
-                        provider=provider,
-                        region=self.region_of.get(provider, ""),
-                        size=size,
-                        price_per_hour=price_per_hour,
-                        recorded_at=datetime.now(UTC),
-                    )
-                )
-                s.flush()
-            exists = s.scalar(
-                select(InstanceEventRow.id).where(
-                    InstanceEventRow.instance_id == instance_id, InstanceEventRow.event == kind
-                )
+        with translated(f"ledger instance {event}"), self.engine.begin() as conn:
+            conn.execute(
+                insert_ignore(self.engine, InstanceRow.__table__),  # type: ignore[arg-type]
+                [
+                    {
+                        "instance_id": instance_id,
+                        "cluster": self.cluster,
+                        "node": node,
+                        "node_group": group,
+                        "provider": provider,
+                        "region": self.region_of.get(provider, ""),
+                        "size": size,
+                        "price_per_hour": price_per_hour,
+                        "recorded_at": datetime.now(UTC),
+                        "partition": partition,
+                        "cpus": cpus,
+                        "gpus": gpus,
+                        "price_source": price_source,
+                        "price_version": price_version,
+                    }
+                ],
             )
-            if exists is None:
-                s.add(
-                    InstanceEventRow(
-                        instance_id=instance_id, event=kind, at=when, detail=detail[:512]
-                    )
-                )
+            conn.execute(
+                insert_ignore(self.engine, InstanceEventRow.__table__),  # type: ignore[arg-type]
+                [
+                    {
+                        "instance_id": instance_id,
+                        "event": kind.value,
+                        "at": datetime.fromtimestamp(at, UTC),
+                        "detail": detail[:512],
+                    }
+                ],
+            )
         log.info("ledger.instance.%s node=%s instance=%s", event, node, instance_id)
 
     def instances(self) -> list[dict[str, Any]]:
         """One dict per instance with its event times and derived hours and cost."""
-        with Session(self.engine) as s:
+        with translated("ledger instances"), Session(self.engine) as s:
             rows = list(s.scalars(select(InstanceRow).order_by(InstanceRow.id)))
             events = list(s.scalars(select(InstanceEventRow)))
-        by_inst: dict[str, dict[str, datetime]] = {}
+        by_inst: dict[str, dict[str, InstanceEventRow]] = {}
         for e in events:
-            by_inst.setdefault(e.instance_id, {})[e.event.value] = e.at
+            by_inst.setdefault(e.instance_id, {})[e.event.value] = e
         out = []
         for r in rows:
             ev = by_inst.get(r.instance_id, {})
             start = ev.get("requested") or ev.get("running")
             end = ev.get("terminated")
-            hours = (end - start).total_seconds() / 3600 if start and end else None
+            ms = int((end.at - start.at).total_seconds() * 1000) if start and end else None
+            micros = None if ms is None else cost_micros(to_micros(r.price_per_hour), ms)
             out.append(
                 {
                     "node": r.node,
                     "instance_id": r.instance_id,
                     "provider": r.provider,
                     "region": r.region,
+                    "partition": r.partition,
                     "size": r.size,
                     "price_per_hour": float(r.price_per_hour),
+                    "price_source": r.price_source,
+                    "price_version": r.price_version,
                     **{
-                        k: (ev[k].isoformat() if k in ev else None)
+                        k: (ev[k].at.isoformat() if k in ev else None)
                         for k in ("requested", "running", "joined", "terminated", "failed")
                     },
-                    "hours": None if hours is None else round(hours, 6),
-                    "cost": None if hours is None else round(hours * float(r.price_per_hour), 6),
+                    "failure_code": ev["failed"].detail if "failed" in ev else None,
+                    "hours": None if ms is None else round(ms / 3_600_000, 6),
+                    "cost": None if micros is None else float(dollars(micros)),
+                    "cost_micros": micros,
                 }
             )
         return out
+
+    def closed_unallocated(self, before: datetime) -> list[ClosedInstance]:
+        """Terminated instances (terminated before ``before``) not yet allocated."""
+        ev = InstanceEventRow
+        term = (
+            select(ev.instance_id, ev.at.label("end"))
+            .where(ev.event == InstanceEventKind.TERMINATED, ev.at <= before)
+            .subquery()
+        )
+        start = (
+            select(ev.instance_id, func.min(ev.at).label("start"))
+            .where(ev.event.in_([InstanceEventKind.REQUESTED, InstanceEventKind.RUNNING]))
+            .group_by(ev.instance_id)
+            .subquery()
+        )
+        q = (
+            select(InstanceRow, term.c.end, start.c.start)
+            .join(term, term.c.instance_id == InstanceRow.instance_id)
+            .join(start, start.c.instance_id == InstanceRow.instance_id, isouter=True)
+            .where(~InstanceRow.instance_id.in_(select(AllocationRow.instance_id)))
+            .order_by(term.c.end)
+        )
+        with translated("ledger closed instances"), Session(self.engine) as s:
+            rows = s.execute(q).all()
+        return [
+            ClosedInstance(
+                r.instance_id,
+                r.node,
+                r.partition,
+                r.size,
+                to_micros(r.price_per_hour),
+                r.cpus,
+                r.gpus,
+                _utc(st) if st is not None else _utc(end),
+                _utc(end),
+            )
+            for r, end, st in rows
+        ]
+
+    # -- jobs -------------------------------------------------------------------
+    def record_jobs(self, jobs: Sequence[JobUsage], window: tuple[datetime, datetime]) -> int:
+        """Insert finished jobs (skipping known keys) and the ingest run; return rows added."""
+        now = datetime.now(UTC)
+        rows = [
+            {
+                "job_key": j.key,
+                "cluster": j.cluster,
+                "job_id": j.job_id,
+                "account": j.account,
+                "user": j.user,
+                "partition": j.partition,
+                "nodes": j.nodes,
+                "node_count": j.node_count,
+                "cpus": j.cpus,
+                "gpus": j.gpus,
+                "mem_mb": j.mem_mb,
+                "submit_at": j.submit,
+                "start_at": j.start,
+                "end_at": j.end,
+                "state": j.state,
+                "recorded_at": now,
+            }
+            for j in jobs
+        ]
+        added = 0
+        with translated("ledger jobs"), self.engine.begin() as conn:
+            for i in range(0, len(rows), 5000):  # IN lists stay short on every database
+                chunk = rows[i : i + 5000]
+                keys = [r["job_key"] for r in chunk]
+                known = set(conn.scalars(select(JobRow.job_key).where(JobRow.job_key.in_(keys))))
+                fresh = [r for r in chunk if r["job_key"] not in known]
+                if fresh:
+                    conn.execute(insert_ignore(self.engine, JobRow.__table__), fresh)  # type: ignore[arg-type]
+                added += len(fresh)
+            conn.execute(
+                IngestRun.__table__.insert(),  # type: ignore[attr-defined]
+                [
+                    {
+                        "source": "sacct",
+                        "window_start": window[0],
+                        "window_end": window[1],
+                        "rows_seen": len(rows),
+                        "rows_added": added,
+                        "at": now,
+                    }
+                ],
+            )
+        return added
+
+    def ingest_cursor(self) -> datetime | None:
+        with translated("ledger ingest cursor"), self.engine.connect() as conn:
+            v = conn.scalar(select(func.max(IngestRun.window_end)))
+        return None if v is None else _utc(v)
+
+    def jobs_between(self, start: datetime, end: datetime) -> list[JobUsage]:
+        """Jobs that ran at some time in [start, end)."""
+        q = select(JobRow).where(JobRow.start_at < end, JobRow.end_at > start)
+        with translated("ledger jobs"), Session(self.engine) as s:
+            rows = list(s.scalars(q))
+        return [
+            JobUsage(
+                r.cluster,
+                r.job_id,
+                r.account,
+                r.user,
+                r.partition,
+                r.nodes,
+                r.node_count,
+                r.cpus,
+                r.gpus,
+                r.mem_mb,
+                _utc(r.submit_at),
+                _utc(r.start_at),
+                _utc(r.end_at),
+                r.state,
+            )
+            for r in rows
+        ]
+
+    # -- allocation -------------------------------------------------------------
+    def write_allocations(self, allocations: Sequence[Allocation]) -> int:
+        """Store splits, their lines and their rollups in one transaction; return how many.
+
+        An instance already split (by another daemon, or before a crash) makes the
+        batch fail on its unique key; the batch is then retried one instance at a
+        time so that the others still land. Nothing is written twice.
+        """
+        if not allocations:
+            return 0
+        try:
+            self._write_batch(allocations)
+            return len(allocations)
+        except LedgerConflict:
+            done = 0
+            for a in allocations:
+                try:
+                    self._write_batch([a])
+                    done += 1
+                except LedgerConflict:
+                    log.info("ledger.allocation.exists instance=%s", a.instance_id)
+            return done
+
+    def _write_batch(self, allocations: Sequence[Allocation]) -> None:
+        batch = str(uuid.uuid4())
+        now = datetime.now(UTC)
+        with translated("ledger allocation"), self.engine.begin() as conn:
+            ids = {}
+            for a in allocations:
+                res = conn.execute(
+                    AllocationRow.__table__.insert(),  # type: ignore[attr-defined]
+                    {
+                        "instance_id": a.instance_id,
+                        "batch": batch,
+                        "total_micros": a.total_micros,
+                        "rule": a.rule,
+                        "at": now,
+                    },
+                )
+                pk = res.inserted_primary_key
+                ids[a.instance_id] = pk[0] if pk else None
+            lines = [c for a in allocations for c in a.charges]
+            self._insert_charges(conn, lines, batch, ids)
+
+    def _insert_charges(
+        self, conn: Any, lines: Sequence[Charge], batch: str, ids: dict[str, int | None]
+    ) -> None:
+        rows = [
+            (
+                ids.get(c.instance_id),
+                c.instance_id,
+                date.fromisoformat(c.day),
+                c.kind,
+                c.account,
+                c.user,
+                c.partition,
+                c.job_key,
+                c.amount_micros,
+                c.node_ms,
+                c.gpu_ms,
+            )
+            for c in lines
+        ]
+        bulk_insert(conn, ChargeRow.__table__, CHARGE_COLUMNS, rows)  # type: ignore[arg-type]
+        conn.execute(ChargeRollup.__table__.insert(), rollup(lines, batch))  # type: ignore[attr-defined]
+
+    def add_charges(self, lines: Sequence[Charge]) -> None:
+        """Charge lines without an allocation (adjustments; the benchmark's synthetic lines)."""
+        with translated("ledger charges"), self.engine.begin() as conn:
+            self._insert_charges(conn, lines, str(uuid.uuid4()), {})
+
+    # -- budgets ----------------------------------------------------------------
+    def set_budget(self, account: str, amount_micros: int, period: str = "month") -> None:
+        with translated("ledger budget"), self.engine.begin() as conn:
+            conn.execute(
+                BudgetRow.__table__.insert(),  # type: ignore[attr-defined]
+                {
+                    "account": account,
+                    "amount_micros": amount_micros,
+                    "period": period,
+                    "set_at": datetime.now(UTC),
+                    "set_by": _login(),
+                },
+            )
+
+    def budgets(self) -> dict[str, tuple[int, str, datetime]]:
+        """``{account: (amount_micros, period, set_at)}``: the latest setting per account."""
+        latest = (
+            select(BudgetRow.account, func.max(BudgetRow.id).label("id"))
+            .group_by(BudgetRow.account)
+            .subquery()
+        )
+        q = select(BudgetRow).join(latest, latest.c.id == BudgetRow.id)
+        with translated("ledger budgets"), Session(self.engine) as s:
+            return {b.account: (b.amount_micros, b.period, _utc(b.set_at)) for b in s.scalars(q)}
+
+    def spent(self, start: date, end: date) -> dict[str, int]:
+        """``{account: micro-dollars}`` charged on days in [start, end)."""
+        r = ChargeRollup
+        q = (
+            select(r.account, func.sum(r.usage_micros + r.overhead_micros))
+            .where(r.day >= start, r.day < end)
+            .group_by(r.account)
+        )
+        with translated("ledger spend"), self.engine.connect() as conn:
+            return {a: int(v or 0) for a, v in conn.execute(q)}
+
+
+def rollup(lines: Iterable[Charge], batch: str) -> list[dict[str, Any]]:
+    """Charge lines summed per (day, account, user, partition): the rows reports read."""
+    acc: dict[tuple[str, str, str, str], list[int]] = defaultdict(lambda: [0, 0, 0, 0, 0, 0])
+    for c in lines:
+        a = acc[(c.day, c.account, c.user, c.partition)]
+        if c.kind in OVERHEAD_KINDS:
+            a[1] += c.amount_micros
+            if c.kind == OVERHEAD:
+                a[3] += c.node_ms
+        else:
+            a[0] += c.amount_micros
+        a[2] += c.node_ms
+        a[4] += c.gpu_ms
+        a[5] += 1
+    return [
+        {
+            "batch": batch,
+            "day": date.fromisoformat(day),
+            "account": account,
+            "user": user,
+            "partition": partition,
+            "usage_micros": v[0],
+            "overhead_micros": v[1],
+            "node_ms": v[2],
+            "idle_node_ms": v[3],
+            "gpu_ms": v[4],
+            "lines": v[5],
+        }
+        for (day, account, user, partition), v in acc.items()
+    ]
+
+
+def _utc(t: datetime) -> datetime:
+    return t.replace(tzinfo=UTC) if t.tzinfo is None else t.astimezone(UTC)
+
+
+def _login() -> str:
+    try:
+        return getpass.getuser()[:64]
+    except Exception:
+        return "unknown"

@@ -130,10 +130,18 @@ def write_slurm_conf(cfg: Config, paths: Paths) -> Path:
         onprem_nodes=nodes,
         onprem_partition=cfg.lab.onprem_partition,
         onprem_hostlist=compress(names),
+        dbd_port=cfg.lab.dbd_port,
     )
     files = {"slurm.conf": text, **render(cfg)}
     for name, body in files.items():
         (conf_dir / name).write_text(body)
+    dbd = Template((CONF_TEMPLATES / "slurmdbd.conf.in").read_text()).substitute(
+        munge_socket=paths.munge_socket,
+        state=paths.state,
+        port=cfg.lab.dbd_port,
+        db=cfg.lab.accounting_db,
+    )
+    vm.write_private(conf_dir / "slurmdbd.conf", dbd.encode(), 0o600)  # slurmdbd insists
     return conf_dir / "slurm.conf"
 
 

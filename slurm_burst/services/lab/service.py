@@ -25,6 +25,7 @@ from slurm_burst.adapters.cloud.nscloud import net, vm
 from slurm_burst.adapters.proc import alive, pid_start_time
 from slurm_burst.adapters.slurm.cli import SlurmCli, SlurmError
 from slurm_burst.config import Config
+from slurm_burst.services.lab import accounting
 from slurm_burst.services.lab import components as c
 from slurm_burst.services.slurmconf import install_hooks
 from slurm_burst.wiring import cloud_driver, mesh_hub
@@ -44,6 +45,10 @@ REQUIRED_PROGRAMS = (
     "runuser",
     "sinfo",
     "scontrol",
+    "slurmdbd",
+    "sacctmgr",
+    "sacct",
+    "mariadb",
 )
 Progress = Callable[[str], None]
 
@@ -115,6 +120,12 @@ class Lab:
         c.write_slurm_conf(self.cfg, self.paths)
         install_hooks(self.cfg.slurm.hook_dir, str(Path(self.cfg.source).resolve()))
         Path(self.lab.shared_dir).mkdir(parents=True, exist_ok=True)
+        self.progress("slurm: slurmdbd (accounting in MariaDB), cluster and accounts")
+        accounting.check_mariadb()
+        dbd = accounting.start_slurmdbd(self.cfg, self.paths, self.slurm_conf)
+        record["processes"]["slurmdbd"] = vars(dbd)
+        self._write_record(record)
+        accounting.ensure_associations(self.cfg, self.slurm_conf)
         self.progress("slurm: slurmctld")
         ctld = c.start_slurmctld(self.cfg, self.paths, self.slurm_conf)
         record["processes"]["slurmctld"] = vars(ctld)
@@ -171,11 +182,13 @@ class Lab:
         for name, info in (record.get("onprem") or {}).items():
             vm.halt(Path(info["vmdir"]), info.get("launcher_pid"), info.get("launcher_start"))
             removed.append(f"on-prem node {name}")
-        for name in ("slurmctld", "munged"):
+        for name in ("slurmctld", "slurmdbd", "munged"):
             info = (record.get("processes") or {}).get(name)
             if info:
                 c.stop(c.Proc(info["pid"], info["start"]))
                 removed.append(name)
+        if accounting.drop_database(self.cfg):
+            removed.append(f"accounting database {self.lab.accounting_db}")
         removed += self._sweep()
         hub = mesh_hub(self.cfg)
         if net.link_exists(hub.interface):
@@ -296,7 +309,9 @@ class Lab:
         )
 
 
-LAB_PROGRAMS = frozenset({"munged", "slurmctld", "slurmd", "sshd", "unshare", "nsenter"})
+LAB_PROGRAMS = frozenset(
+    {"munged", "slurmctld", "slurmdbd", "slurmd", "sshd", "unshare", "nsenter"}
+)
 LAB_MODULES = ("slurm_burst.adapters.cloud.nscloud.", "slurm_burst.services.lab.")
 
 

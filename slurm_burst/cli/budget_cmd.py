@@ -1,0 +1,128 @@
+"""``slurm-burst budget``: monthly budgets per account, enforced by Slurm itself."""
+
+from __future__ import annotations
+
+import click
+
+from slurm_burst.cli.common import EXIT_BAD_INPUT, EXIT_FAILED, app, emit, fail, json_option
+
+_SLURM_NAME = r"^[A-Za-z0-9][A-Za-z0-9_-]*$"
+
+
+def _chargeback(ctx: click.Context):  # type: ignore[no-untyped-def]
+    from slurm_burst.core.usage import LedgerError
+    from slurm_burst.wiring import chargeback
+
+    try:
+        return chargeback(app(ctx).config)
+    except LedgerError as exc:
+        fail(str(exc), EXIT_FAILED)
+
+
+@click.group("budget")
+def group() -> None:
+    """Budgets: what each Slurm account may spend on burst nodes per month.
+
+    Slurm enforces them: the daemon keeps each account's GrpTRESMins=billing
+    limit at what is left of its budget, so an over-budget account's burst jobs
+    pend with reason AssocGrpBillingMinutes and never start a cloud node. See the
+    README's "Budgets" section for the slurm.conf and sacctmgr settings.
+    """
+
+
+@group.command("set")
+@click.argument("account")
+@click.argument("amount")
+@click.option("--period", type=click.Choice(["month"]), default="month", show_default=True)
+@click.option("--no-sync", is_flag=True, help="Record only; the daemon syncs Slurm later.")
+@click.pass_context
+def set_(ctx: click.Context, account: str, amount: str, period: str, no_sync: bool) -> None:
+    """Set ACCOUNT's budget to AMOUNT dollars per PERIOD (0 stops its burst jobs).
+
+    The setting is a new ledger row (history is kept). Unless --no-sync, Slurm's
+    limit for the account is updated at once.
+    """
+    import re
+
+    from slurm_burst.core.pricing import PricingError, dollars, to_micros
+    from slurm_burst.core.usage import LedgerError
+
+    if not re.match(_SLURM_NAME, account):
+        fail(f"{account!r} is not a Slurm account name", EXIT_BAD_INPUT)
+    try:
+        micros = to_micros(amount)
+    except PricingError as exc:
+        fail(str(exc), EXIT_BAD_INPUT)
+    if micros < 0:
+        fail("a budget cannot be negative", EXIT_BAD_INPUT)
+    cb = _chargeback(ctx)
+    try:
+        cb.ledger.set_budget(account, micros, period)
+        status = {s.account: s for s in cb.budgets(sync=not no_sync)}.get(account)
+    except LedgerError as exc:
+        fail(str(exc), EXIT_FAILED)
+    click.echo(f"budget of {account}: ${dollars(micros)} per {period}")
+    if status is not None and not no_sync:
+        if status.slurm_used_micros is None:
+            fail("Slurm's limit could not be read or set (see the log); the daemon retries")
+        if status.slurm_limit_micros is None:
+            click.echo(f"{account} has money left: no Slurm limit, its jobs may start")
+        else:
+            click.echo(
+                f"{account} is over budget: Slurm limit GrpTRESMins=billing="
+                f"{status.slurm_limit_micros} (used {status.slurm_used_micros}); "
+                "new jobs pend with AssocGrpBillingMinutes"
+            )
+
+
+@group.command("show")
+@json_option
+@click.pass_context
+def show(ctx: click.Context, as_json: bool) -> None:
+    """Each account's budget this month: spent, committed, remaining, Slurm's limit.
+
+    spent: the ledger's allocated cost plus overhead share; committed: running
+    burst jobs' remaining time limit at their billing rate; remaining: budget -
+    spent - committed.
+    """
+    from slurm_burst.core.usage import LedgerError
+
+    cb = _chargeback(ctx)
+    try:
+        rows = [s.as_dict() for s in cb.budgets()]
+    except LedgerError as exc:
+        fail(str(exc), EXIT_FAILED)
+
+    def money(v: float | None) -> str:
+        return "" if v is None else f"{v:,.2f}" if abs(v) >= 0.01 or v == 0 else f"{v:.6f}"
+
+    emit(
+        rows,
+        as_json,
+        columns=[
+            "ACCOUNT",
+            "PERIOD",
+            "BUDGET",
+            "SPENT",
+            "COMMITTED",
+            "REMAINING",
+            "SLURM USED",
+            "SLURM LIMIT",
+            "OVER",
+        ],
+        rows=lambda rs: [
+            [
+                r["account"],
+                r["period"],
+                money(r["budget"]),
+                money(r["spent"]),
+                money(r["committed"]),
+                money(r["remaining"]),
+                money(r["slurm_used"]),
+                money(r["slurm_limit"]),
+                "yes" if r["over_budget"] else "",
+            ]
+            for r in rs
+        ],
+        title="slurm-burst budgets ($)",
+    )

@@ -1,0 +1,59 @@
+"""``slurm-burst db``: the ledger database's schema (Alembic migrations)."""
+
+from __future__ import annotations
+
+import click
+
+from slurm_burst.cli.common import EXIT_FAILED, app, emit, fail, json_option
+
+
+@click.group("db")
+def group() -> None:
+    """The ledger database: create it, upgrade its schema, show its version.
+
+    The daemon upgrades the schema itself when it starts (under a lock, so two
+    daemons or an admin's 'db upgrade' at the same time are safe).
+    """
+
+
+@group.command("upgrade")
+@click.option("--to", "target", default="head", show_default=True, help="Target revision.")
+@click.pass_context
+def upgrade(ctx: click.Context, target: str) -> None:
+    """Create the ledger tables, or bring them to this version's schema. Idempotent."""
+    from slurm_burst.adapters.ledger import migrate
+    from slurm_burst.adapters.ledger.engine import make_engine
+    from slurm_burst.core.usage import LedgerError
+
+    cfg = app(ctx).config
+    try:
+        before, after = migrate.upgrade(make_engine(cfg.ledger.url), target)
+    except LedgerError as exc:
+        fail(str(exc), EXIT_FAILED)
+    if before == after:
+        click.echo(f"ledger schema already at {after}")
+    else:
+        click.echo(f"ledger schema upgraded: {before or 'empty'} -> {after}")
+
+
+@group.command("current")
+@json_option
+@click.pass_context
+def current(ctx: click.Context, as_json: bool) -> None:
+    """The schema revision of the database and the one this slurm-burst needs."""
+    from slurm_burst.adapters.ledger import migrate
+    from slurm_burst.adapters.ledger.engine import make_engine
+    from slurm_burst.core.usage import LedgerError
+
+    cfg = app(ctx).config
+    try:
+        have = migrate.current(make_engine(cfg.ledger.url))
+    except LedgerError as exc:
+        fail(str(exc), EXIT_FAILED)
+    data = {"current": have, "head": migrate.head(), "up_to_date": have == migrate.head()}
+    emit(
+        data,
+        as_json,
+        columns=["CURRENT", "HEAD", "UP TO DATE"],
+        rows=lambda d: [[d["current"] or "-", d["head"], "yes" if d["up_to_date"] else "no"]],
+    )

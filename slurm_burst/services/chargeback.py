@@ -1,0 +1,306 @@
+"""Chargeback: job usage in, cost split out, budgets kept in Slurm.
+
+One pass, run by the daemon every ``ledger.ingest_interval`` seconds (and by
+``slurm-burst ledger sync`` on demand), does in order:
+
+1. **ingest**: ``sacct`` from the ledger's cursor (minus ``ingest_overlap``) to
+   now, burst partitions only; jobs already recorded are skipped by key.
+2. **allocate**: every terminated instance not yet split whose whole life is
+   covered by ingested accounting (terminated before the cursor) is split
+   among its jobs (``core.allocation``) and written with its rollups in one
+   transaction; an instance is split exactly once (unique key).
+3. **budgets** (every ``budget_sync_interval``): an account whose spend this
+   month (the larger of the ledger's real cost, overhead included, and Slurm's
+   own billing count) has reached its budget gets a ``GrpTRESMins=billing``
+   limit equal to what it used plus what its running jobs hold; its new jobs
+   pend with reason ``AssocGrpBillingMinutes`` and never power a node up. An
+   account with money left has no limit.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, date, datetime, timedelta
+from functools import lru_cache
+from typing import Any
+
+from slurm_burst.config import Config
+from slurm_burst.core.allocation import Allocation, InstanceSpan, JobSpan, allocate
+from slurm_burst.core.hostlist import expand
+from slurm_burst.core.pricing import dollars
+from slurm_burst.core.usage import LedgerError, LedgerUnavailable
+
+log = logging.getLogger(__name__)
+
+FIRST_WINDOW = timedelta(days=1)  # how far back the very first ingest reads
+
+
+@dataclass(frozen=True)
+class BudgetStatus:
+    account: str
+    period: str
+    budget_micros: int
+    spent_micros: int  # the ledger: allocated and overhead, this period
+    committed_micros: int  # running burst jobs: remaining time limit x rate
+    slurm_used_micros: int | None  # Slurm's billing-minutes this period
+    slurm_limit_micros: int | None  # GrpTRESMins=billing in force
+
+    @property
+    def remaining_micros(self) -> int:
+        return self.budget_micros - self.spent_micros - self.committed_micros
+
+    def as_dict(self) -> dict[str, Any]:
+        def d(v: int | None) -> float | None:
+            return None if v is None else float(dollars(v))
+
+        return {
+            "account": self.account,
+            "period": self.period,
+            "budget": d(self.budget_micros),
+            "spent": d(self.spent_micros),
+            "committed": d(self.committed_micros),
+            "remaining": d(self.remaining_micros),
+            "slurm_used": d(self.slurm_used_micros),
+            "slurm_limit": d(self.slurm_limit_micros),
+            "over_budget": self.spent_micros >= self.budget_micros,
+        }
+
+
+def month_bounds(now: datetime) -> tuple[date, date]:
+    first = date(now.year, now.month, 1)
+    nxt = date(now.year + (now.month == 12), now.month % 12 + 1, 1)
+    return first, nxt
+
+
+class Chargeback:
+    def __init__(
+        self,
+        cfg: Config,
+        ledger: Any,
+        accounting: Any | None,
+        scheduler: Any,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.cfg = cfg
+        self.ledger = ledger
+        self.accounting = accounting
+        self.scheduler = scheduler
+        self.clock = clock
+
+    def now(self) -> datetime:
+        return datetime.fromtimestamp(self.clock(), UTC)
+
+    # -- 1. ingest ----------------------------------------------------------------
+    def ingest(self) -> tuple[int, int]:
+        """Read finished burst jobs from sacct; return (seen, added)."""
+        if self.accounting is None:
+            return 0, 0
+        end = self.now()
+        cursor = self.ledger.ingest_cursor()
+        start = (
+            (cursor - timedelta(seconds=self.cfg.ledger.ingest_overlap))
+            if cursor
+            else (end - FIRST_WINDOW)
+        )
+        jobs = self.accounting.finished_jobs(start, end, self.cfg.burst_partitions())
+        added = self.ledger.record_jobs(jobs, (start, end))
+        log.info(
+            "ledger.ingest seen=%d added=%d window_start=%s", len(jobs), added, start.isoformat()
+        )
+        return len(jobs), added
+
+    # -- 2. allocate ----------------------------------------------------------------
+    def allocate(self) -> int:
+        """Split every closed instance whose jobs are all ingested; return how many."""
+        covered = self.ledger.ingest_cursor() if self.accounting is not None else self.now()
+        if covered is None:
+            return 0
+        closed = self.ledger.closed_unallocated(covered)
+        if not closed:
+            return 0
+        jobs = self.ledger.jobs_between(min(c.start for c in closed), max(c.end for c in closed))
+        nodes_of = lru_cache(maxsize=4096)(
+            lambda expr: frozenset(expand(expr)) if expr else frozenset()
+        )
+        rule, site = self.cfg.ledger.overhead, self.cfg.ledger.site_account
+        out = []
+        for c in closed:
+            span = InstanceSpan(
+                c.instance_id,
+                c.node,
+                c.partition,
+                _ms(c.start),
+                _ms(c.end),
+                c.micros_per_hour,
+                c.cpus,
+                c.gpus,
+            )
+            held = [
+                JobSpan(
+                    j.key,
+                    j.account,
+                    j.user,
+                    _ms(j.start),
+                    # sacct has 1 s resolution: a job recorded as ending in the second it
+                    # started ran for up to a second, and is charged for one
+                    max(_ms(j.end), _ms(j.start) + 1000),
+                    cpus=-(-j.cpus // max(1, j.node_count)),
+                    gpus=-(-j.gpus // max(1, j.node_count)),
+                )
+                for j in jobs
+                if c.node in nodes_of(j.nodes) and j.end >= c.start and j.start < c.end
+            ]
+            overrides = self.cfg.rate_table.account_overrides(c.size, c.gpus, c.start)
+            lines = allocate(span, held, rule=rule, site_account=site, overrides=overrides)
+            out.append(Allocation(c.instance_id, span.cost, rule, lines))
+        done = int(self.ledger.write_allocations(out))
+        log.info("ledger.allocate instances=%d", done)
+        return done
+
+    # -- 3. budgets -----------------------------------------------------------------
+    def budgets(self, sync: bool = False) -> list[BudgetStatus]:
+        """Each budgeted account's position this month; with ``sync``, set Slurm's limit."""
+        budgets = self.ledger.budgets()
+        if not budgets:  # nothing to show or enforce: no squeue, no sacctmgr
+            return []
+        now = self.now()
+        first, nxt = month_bounds(now)
+        spent = self.ledger.spent(first, nxt)
+        committed = self._committed(now)
+        out = []
+        for account, (amount, _period, _at) in sorted(budgets.items()):
+            used = limit = None
+            if self.accounting is not None:
+                try:
+                    assoc = self.accounting.usage(account)
+                    used, limit = assoc.used, assoc.limit
+                    if sync:
+                        limit = self._enforce(account, amount, spent.get(account, 0), assoc)
+                except Exception as exc:
+                    log.warning("budget.slurm_failed account=%s error=%s", account, exc)
+            out.append(
+                BudgetStatus(
+                    account,
+                    first.strftime("%Y-%m"),
+                    amount,
+                    spent.get(account, 0),
+                    committed.get(account, 0),
+                    used,
+                    limit,
+                )
+            )
+        return out
+
+    def _enforce(self, account: str, budget: int, spent: int, assoc: Any) -> int | None:
+        """Block ``account``'s new jobs in Slurm once its budget is used up; else unblock.
+
+        Spend is the larger of the ledger's (real cost, overhead included) and
+        Slurm's own billing count. An account with money left has no limit. One
+        without gets ``GrpTRESMins=billing = used + running``: what its running
+        jobs still hold fits, so Slurm lets them finish (it kills the jobs of an
+        association whose usage reaches its limit), and any new job pends with
+        ``AssocGrpBillingMinutes`` before a node is resumed for it.
+        """
+        over = budget - max(spent, assoc.used) <= 0
+        want = assoc.used + assoc.running if over else None
+        if want != assoc.limit and self.accounting is not None:
+            self.accounting.set_billing_limit(account, want)
+            log.info("budget.enforce account=%s over=%s limit=%s", account, over, want)
+        return want
+
+    def _committed(self, now: datetime) -> dict[str, int]:
+        """Running burst jobs' remaining time limit x their billing rate (micro-dollars)."""
+        parts = set(self.cfg.burst_partitions())
+        out: dict[str, int] = {}
+        try:
+            jobs = self.scheduler.jobs()
+        except Exception as exc:
+            log.warning("budget.committed_unknown error=%s", exc)
+            return out
+        for j in jobs:
+            if j.state != "RUNNING" or j.partition not in parts or j.time_limit_min is None:
+                continue
+            elapsed = (now - j.start_time).total_seconds() / 60 if j.start_time else 0
+            left = max(0.0, j.time_limit_min - elapsed)
+            rate = _int(j.tres_allocated.get("billing"))
+            out[j.account] = out.get(j.account, 0) + int(left * rate)
+        return out
+
+    # -- the daemon's loop --------------------------------------------------------------
+    def pass_once(self, sync_budgets: bool) -> None:
+        for name, step in (("ingest", self.ingest), ("allocate", self.allocate)):
+            try:
+                step()
+            except LedgerUnavailable as exc:
+                log.warning("ledger.%s.waiting reason=%s", name, exc)
+                return
+            except Exception as exc:  # one phase failing must not stop the others
+                log.error("ledger.%s.failed error=%s", name, exc)
+        if sync_budgets:
+            try:
+                self.budgets(sync=True)
+            except LedgerError as exc:
+                log.warning("budget.sync.failed error=%s", exc)
+
+
+class ChargebackLoop(threading.Thread):
+    """The daemon's ledger thread: upgrade, replay the spool, ingest, allocate, budgets.
+
+    Its own thread, so a slow sacct or database never delays the heartbeat or
+    the hooks' requests.
+    """
+
+    def __init__(self, cfg: Config, chargeback: Chargeback, spooling: Any) -> None:
+        super().__init__(name="ledger", daemon=True)
+        self.cfg = cfg
+        self.cb = chargeback
+        self.spooling = spooling
+        self.stop = threading.Event()
+        self.schema_ready = False
+
+    def run(self) -> None:
+        next_budget = 0.0
+        while not self.stop.is_set():
+            due = time.monotonic() >= next_budget
+            if due:
+                next_budget = time.monotonic() + self.cfg.ledger.budget_sync_interval
+            self.tick(due)
+            self.stop.wait(
+                min(self.cfg.ledger.ingest_interval, 15.0)
+                if len(self.spooling.spool)
+                else self.cfg.ledger.ingest_interval
+            )
+
+    def ensure_schema(self) -> bool:
+        """Upgrade the ledger schema once (under the migration lock); False while it fails."""
+        if not self.schema_ready:
+            try:
+                self.cb.ledger.upgrade()
+                self.schema_ready = True
+            except LedgerError as exc:
+                log.warning("ledger.upgrade.waiting reason=%s", exc)
+        return self.schema_ready
+
+    def tick(self, sync_budgets: bool) -> None:
+        if not self.ensure_schema():
+            return
+        try:
+            self.spooling.replay()
+        except Exception as exc:
+            log.error("ledger.replay.failed error=%s", exc)
+        self.cb.pass_once(sync_budgets)
+
+
+def _ms(t: datetime) -> int:
+    return int(t.timestamp() * 1000)
+
+
+def _int(v: Any) -> int:
+    try:
+        return int(float(str(v)))
+    except (TypeError, ValueError):
+        return 0

@@ -1,0 +1,148 @@
+"""Chargeback and budgets in the lab: after the burst jobs of test_x_burst, against the real
+slurmdbd (MariaDB), sacct and slurmctld.
+
+- the jobs land in the ledger from sacct, every terminated instance is split,
+  ``ledger report --by job --format json`` shows the GPU job with its account,
+  GPU-hours and cost, and ``--by account`` adds up to the provider cost to the
+  micro-dollar (overhead included);
+- an account set over budget: its next burst job pends with Slurm's own reason
+  (AssocGrpBillingMinutes) and no instance is created, while another account's
+  job still bursts.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from typing import Any
+
+import pytest
+
+from slurm_burst.config import Config
+from slurm_burst.services.lab.service import Lab
+from slurm_burst.wiring import cloud_driver, ledger
+from tests.conftest import invoke
+from tests.lab.conftest import LAB_CONFIG
+
+SB = ["--config", str(LAB_CONFIG)]
+
+
+@pytest.fixture(scope="module")
+def env(lab: Lab) -> dict[str, str]:
+    return {"SLURM_CONF": str(lab.slurm_conf), "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
+
+
+def _report(by: str) -> dict[str, Any]:
+    r = invoke(
+        [
+            *SB,
+            "ledger",
+            "report",
+            "--by",
+            by,
+            "--from",
+            "2000-01-01",
+            "--to",
+            "2100-01-01",
+            "--format",
+            "json",
+        ]
+    )
+    return dict(json.loads(r.stdout))
+
+
+def test_report_after_the_burst_jobs(lab: Lab, lab_config: Config) -> None:
+    led = ledger(lab_config)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:  # the daemon ingests and splits every 5 s
+        instances = led.instances()
+        closed = [i for i in instances if i["terminated"]]
+        pending = led.closed_unallocated(led.ingest_cursor() or closed[0]["terminated"])
+        if closed and len(closed) == len(instances) and not pending:
+            by_account = _report("account")
+            if by_account["total"]["total_micros"] == sum(i["cost_micros"] for i in closed):
+                break
+        invoke([*SB, "ledger", "sync"])
+        time.sleep(2)
+    else:
+        pytest.fail(f"not all instances allocated: {led.closed_unallocated(led.ingest_cursor())}")
+    provider_total = sum(i["cost_micros"] for i in instances)
+    assert provider_total > 0
+    assert sum(r["total_micros"] for r in by_account["rows"]) == provider_total  # to the cent
+    by_job = _report("job")
+    gpu_jobs = [r for r in by_job["rows"] if r["partition"] == "burst-gpu" and r["job"].isdigit()]
+    assert gpu_jobs, by_job
+    job = gpu_jobs[0]
+    assert job["account"] == "physics"  # root's default account in the lab
+    assert job["gpu_hours"] > 0 and job["total"] > 0 and job["state"]
+    assert sum(r["total_micros"] for r in by_job["rows"]) == provider_total
+    assert by_account["total"]["overhead"] > 0  # boot and idle before suspend are shown
+    gpu = [i for i in instances if i["partition"] == "burst-gpu"]
+    assert gpu and all(i["price_source"] == "rates.gpu1-2026" for i in gpu)
+    assert all(i["price_per_hour"] == pytest.approx(2.80) for i in gpu)
+
+
+def _squeue(env: dict[str, str], job: str) -> tuple[str, str]:
+    out = subprocess.run(
+        ["squeue", "-h", "-j", job, "-o", "%T|%r"],
+        env=env,
+        text=True,
+        capture_output=True,
+        timeout=10,
+    ).stdout.strip()
+    state, _, reason = out.partition("|")
+    return state, reason
+
+
+def _sbatch(env: dict[str, str], account: str) -> str:
+    return subprocess.run(
+        [
+            "sbatch",
+            "--parsable",
+            "-p",
+            "burst-cpu",
+            "-A",
+            account,
+            "-t",
+            "10",
+            "--wrap",
+            "hostname",
+        ],
+        env=env,
+        text=True,
+        capture_output=True,
+        check=True,
+        timeout=10,
+    ).stdout.strip()
+
+
+def test_over_budget_account_pends_and_no_instance_is_created(
+    lab: Lab, lab_config: Config, env: dict[str, str]
+) -> None:
+    cloud = cloud_driver(lab_config.providers["lab"])
+    r = invoke([*SB, "budget", "set", "physics", "0"])
+    assert "over budget" in r.stdout and "GrpTRESMins=billing=" in r.stdout
+    invoke([*SB, "budget", "set", "chemistry", "1000"])
+    before = {n.id for n in cloud.list_nodes()}
+    blocked = _sbatch(env, "physics")
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and _squeue(env, blocked)[1] != "AssocGrpBillingMinutes":
+            time.sleep(0.5)
+        assert _squeue(env, blocked) == ("PENDING", "AssocGrpBillingMinutes")
+        allowed = _sbatch(env, "chemistry")
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and _squeue(env, allowed)[0] not in ("RUNNING", ""):
+            time.sleep(0.5)
+        assert _squeue(env, allowed)[0] in ("RUNNING", "")  # "" = already finished
+        assert _squeue(env, blocked) == ("PENDING", "AssocGrpBillingMinutes")
+        new = [n for n in cloud.list_nodes() if n.id not in before]
+        assert len(new) == 1, "only the chemistry job's node was created"
+        shown = json.loads(invoke([*SB, "budget", "show", "--json"]).stdout)
+        physics = next(b for b in shown if b["account"] == "physics")
+        assert physics["over_budget"] and physics["slurm_limit"] is not None
+    finally:
+        subprocess.run(["scancel", blocked], env=env, timeout=10)
+        r = invoke([*SB, "budget", "set", "physics", "1000"])  # leave the lab usable
+        assert "money left" in r.stdout
