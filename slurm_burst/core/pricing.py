@@ -13,12 +13,24 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import UTC, date, datetime
+from datetime import UTC, date, datetime, timedelta
 from decimal import ROUND_HALF_EVEN, Decimal, InvalidOperation
 
 MICROS = 1_000_000
 MS_PER_HOUR = 3_600_000
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def epoch_ms(t: datetime) -> int:
+    """An aware instant as whole milliseconds since the epoch (floor, exact).
+
+    The one conversion used wherever a span is priced, so an instance's cost
+    shown by the ledger and the cost split among its jobs are the same number.
+    """
+    return (t - EPOCH) // _ONE_MS
+
+
+_ONE_MS = timedelta(milliseconds=1)
 
 
 class PricingError(ValueError):

@@ -31,7 +31,7 @@ from typing import Any
 from slurm_burst.config import Config
 from slurm_burst.core.allocation import Allocation, InstanceSpan, JobSpan, allocate
 from slurm_burst.core.hostlist import expand
-from slurm_burst.core.pricing import dollars
+from slurm_burst.core.pricing import dollars, epoch_ms
 from slurm_burst.core.usage import LedgerError, LedgerUnavailable
 
 log = logging.getLogger(__name__)
@@ -133,8 +133,8 @@ class Chargeback:
                 c.instance_id,
                 c.node,
                 c.partition,
-                _ms(c.start),
-                _ms(c.end),
+                epoch_ms(c.start),
+                epoch_ms(c.end),
                 c.micros_per_hour,
                 c.cpus,
                 c.gpus,
@@ -144,10 +144,10 @@ class Chargeback:
                     j.key,
                     j.account,
                     j.user,
-                    _ms(j.start),
+                    epoch_ms(j.start),
                     # sacct has 1 s resolution: a job recorded as ending in the second it
                     # started ran for up to a second, and is charged for one
-                    max(_ms(j.end), _ms(j.start) + 1000),
+                    max(epoch_ms(j.end), epoch_ms(j.start) + 1000),
                     cpus=-(-j.cpus // max(1, j.node_count)),
                     gpus=-(-j.gpus // max(1, j.node_count)),
                 )
@@ -293,10 +293,6 @@ class ChargebackLoop(threading.Thread):
         except Exception as exc:
             log.error("ledger.replay.failed error=%s", exc)
         self.cb.pass_once(sync_budgets)
-
-
-def _ms(t: datetime) -> int:
-    return int(t.timestamp() * 1000)
 
 
 def _int(v: Any) -> int:

@@ -66,7 +66,13 @@ def test_report_after_the_burst_jobs(lab: Lab, lab_config: Config) -> None:
         invoke([*SB, "ledger", "sync"])
         time.sleep(2)
     else:
-        pytest.fail(f"not all instances allocated: {led.closed_unallocated(led.ingest_cursor())}")
+        open_ = [i["instance_id"] for i in led.instances() if not i["terminated"]]
+        pytest.fail(
+            f"not settled: open instances {open_}, unallocated "
+            f"{led.closed_unallocated(led.ingest_cursor())}, report total "
+            f"{_report('account')['total']['total_micros']} vs provider "
+            f"{sum(i['cost_micros'] or 0 for i in led.instances())}"
+        )
     provider_total = sum(i["cost_micros"] for i in instances)
     assert provider_total > 0
     assert sum(r["total_micros"] for r in by_account["rows"]) == provider_total  # to the cent

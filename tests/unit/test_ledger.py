@@ -315,3 +315,33 @@ def test_postgresql_restart_mid_cycle_loses_and_duplicates_nothing(
     assert all(n == 4 for _, n in rows)
     print(f"pg restart: {len(written)} instances x 4 events, {spooled} writes spooled")
     assert spooled > 0, "the restart should have sent some writes to the spool"
+
+
+def test_the_cost_shown_is_the_cost_split_to_the_micro_dollar(led: SqlLedger) -> None:
+    """Sub-millisecond instants: the instance's shown cost and its split agree exactly."""
+    from slurm_burst.config import load_config
+    from slurm_burst.services.chargeback import Chargeback
+
+    cfg = load_config(Path(__file__).parents[2] / "slurm-conf/lab/slurm-burst.toml")
+    ids = []
+    base = T0 + timedelta(days=25)
+    for k in range(40):  # start and end fractions that truncate differently
+        inst = f"i-ms{uuid.uuid4().hex[:8]}"
+        start = base + timedelta(minutes=k, microseconds=999 - k * 23)
+        _event(led, inst, "requested", start, node=f"burst-cpu-{k + 500}")
+        end = start + timedelta(seconds=1000 + k, microseconds=k * 37)
+        _event(led, inst, "terminated", end, node=f"burst-cpu-{k + 500}")
+        ids.append(inst)
+    cb = Chargeback(cfg, led, None, None, clock=lambda: (base + timedelta(days=1)).timestamp())
+    assert cb.allocate() >= len(ids)
+    shown = {r["instance_id"]: r["cost_micros"] for r in led.instances()}
+    with led.engine.connect() as c:
+        split = dict(
+            c.execute(
+                text(
+                    "SELECT instance_id, SUM(amount_micros) FROM charges"
+                    " WHERE instance_id LIKE 'i-ms%' GROUP BY instance_id"
+                )
+            ).all()
+        )
+    assert {i: shown[i] for i in ids} == {i: int(split[i]) for i in ids}

@@ -36,7 +36,7 @@ from slurm_burst.adapters.ledger.models import (
     JobRow,
 )
 from slurm_burst.core.allocation import OVERHEAD, Allocation, Charge
-from slurm_burst.core.pricing import cost_micros, dollars, to_micros
+from slurm_burst.core.pricing import cost_micros, dollars, epoch_ms, to_micros
 from slurm_burst.core.usage import JobUsage, LedgerConflict
 
 log = logging.getLogger(__name__)
@@ -150,7 +150,7 @@ class SqlLedger:
             ev = by_inst.get(r.instance_id, {})
             start = ev.get("requested") or ev.get("running")
             end = ev.get("terminated")
-            ms = int((end.at - start.at).total_seconds() * 1000) if start and end else None
+            ms = epoch_ms(end.at) - epoch_ms(start.at) if start and end else None
             micros = None if ms is None else cost_micros(to_micros(r.price_per_hour), ms)
             out.append(
                 {
