@@ -8,10 +8,10 @@ adapter's libraries.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Protocol
 
 from slurm_burst.core.cloud import Instance, LaunchSpec
+from slurm_burst.core.mesh import Peer
 from slurm_burst.core.slurm import SlurmJob, SlurmNode, SlurmPartition
 
 
@@ -20,7 +20,11 @@ class Scheduler(Protocol):
 
     def nodes(self) -> list[SlurmNode]: ...
 
-    def jobs(self) -> list[SlurmJob]: ...
+    def jobs(self, partitions: Sequence[str] | None = None) -> list[SlurmJob]: ...
+
+    def job_counts(
+        self, partitions: Sequence[str] | None = None
+    ) -> dict[tuple[str, str], int]: ...
 
     def partitions(self) -> list[SlurmPartition]: ...
 
@@ -51,15 +55,6 @@ class Cloud(Protocol):
     def terminate(self, instance_id: str) -> None: ...
 
     def host_keys(self, instance_id: str) -> list[tuple[str, str]]: ...
-
-
-@dataclass(frozen=True)
-class Peer:
-    public_key: str
-    allowed_ips: tuple[str, ...]
-    endpoint: str = ""
-    latest_handshake: int = 0  # unix time, 0 = never
-    comment: str = ""
 
 
 class Mesh(Protocol):

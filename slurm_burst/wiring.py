@@ -49,12 +49,36 @@ def clouds(cfg: Config) -> dict[str, Cloud]:
     return {name: LibcloudCloud(name, cloud_driver(p)) for name, p in cfg.providers.items()}
 
 
+def managed_clouds(cfg: Config, metrics: Any | None = None) -> dict[str, Any]:
+    """The clouds as the daemon uses them: every call timed and throttling retried."""
+    from slurm_burst.services.cloudcalls import ManagedCloud
+
+    d = cfg.daemon
+    return {
+        name: ManagedCloud(c, d.api_attempts, d.api_backoff, d.api_backoff_max, metrics)
+        for name, c in clouds(cfg).items()
+    }
+
+
+def leader(cfg: Config) -> Any:
+    import socket
+
+    from slurm_burst.adapters.ha import PgLeaderLock, SoleLeader
+
+    node_id = cfg.daemon.node_id or socket.gethostname()
+    if cfg.daemon.ha_url:
+        return PgLeaderLock(cfg.daemon.ha_url, cfg.cluster.name, node_id)
+    return SoleLeader(node_id)
+
+
 def daemon(cfg: Config) -> Any:
     """The daemon with every collaborator built from ``cfg`` (the hub is brought up)."""
+    from slurm_burst.adapters.metrics.prom import Metrics
     from slurm_burst.adapters.ssh.session import SshConnector, generate_key
     from slurm_burst.adapters.state.store import Store
     from slurm_burst.services.daemon import Daemon
     from slurm_burst.services.provisioner import Provisioner, Secrets
+    from slurm_burst.services.reconciler import Reconciler
 
     key_path = str(Path(cfg.daemon.state_dir) / "ssh" / "id_ed25519")
     ssh_public = generate_key(key_path)
@@ -63,17 +87,32 @@ def daemon(cfg: Config) -> Any:
     hub.ensure_hub()
     store = Store(state_db_path(cfg))
     spooling = daemon_ledger(cfg)
+    metrics = Metrics()
+    cl = managed_clouds(cfg, metrics)
+    sched = scheduler(cfg)
     prov = Provisioner(
         cfg,
         store,
-        clouds(cfg),
+        cl,
         hub,
         SshConnector(cfg.daemon.ssh_user, key_path),
-        scheduler(cfg),
+        sched,
         spooling,
         Secrets(ssh_public, munge_key),
+        metrics=metrics,
     )
-    return Daemon(cfg, store, prov, chargeback(cfg, spooling.ledger))
+    d = Daemon(
+        cfg,
+        store,
+        prov,
+        chargeback(cfg, spooling.ledger),
+        leader=leader(cfg),
+        metrics=metrics,
+    )
+    d.reconciler = Reconciler(
+        cfg, store, sched, cl, hub, prov, spooling.ledger, submit=d.submit, metrics=metrics
+    )
+    return d
 
 
 def mesh_hub(cfg: Config) -> Any:

@@ -6,6 +6,7 @@ import json
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -102,3 +103,18 @@ def emit(
 
 
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
+
+
+def state_store(ctx: click.Context) -> Any:
+    """The daemon's state database, read-only use (exit 3 if there is none)."""
+    from slurm_burst.adapters.state.store import Store, StoreError
+    from slurm_burst.wiring import state_db_path
+
+    try:
+        return Store(state_db_path(app(ctx).config), create=False)
+    except StoreError as exc:
+        fail(str(exc), EXIT_PRECONDITION)
+
+
+def ts(t: float) -> str:
+    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%SZ") if t else ""

@@ -7,30 +7,51 @@ import logging
 import signal
 import sys
 import time
-from datetime import UTC, datetime
 from typing import Any
 
 import click
 
-from slurm_burst.cli.common import EXIT_FAILED, EXIT_PRECONDITION, app, emit, fail, json_option
+from slurm_burst.cli.common import (
+    EXIT_FAILED,
+    EXIT_PRECONDITION,
+    app,
+    emit,
+    fail,
+    json_option,
+    state_store,
+    ts,
+)
 
 
 @click.command("daemon")
+@click.option(
+    "--node-id",
+    metavar="NAME",
+    help="This daemon's name in the HA election and in status (default: daemon.node_id "
+    "or the host name).",
+)
 @click.pass_context
-def daemon(ctx: click.Context) -> None:
+def daemon(ctx: click.Context, node_id: str | None) -> None:
     """Run the provisioning daemon in the foreground (systemd: slurm-burst.service).
 
     \b
     Takes the resume/suspend requests the hooks record, launches instances
     through libcloud, bootstraps them over SSH and WireGuard, and tears them
     down. Logs to daemon.log_file (or standard error). SIGTERM stops it; a
-    restart carries on from the state database. Exit 3 when another daemon
-    holds the lock, 1 when set-up fails (hub, keys, database).
+    restart carries on from the state database. With daemon.ha_url set, the
+    daemon stands by until it holds the cluster's PostgreSQL advisory lock.
+    Exit 3 when another daemon holds the host lock, 1 when set-up fails (hub,
+    keys, database) or when it lost the HA lock (its supervisor restarts it
+    as a standby).
     """
+    import dataclasses
+
     from slurm_burst import wiring
     from slurm_burst.services.daemon import DaemonError
 
     cfg = app(ctx).config
+    if node_id:
+        cfg = dataclasses.replace(cfg, daemon=dataclasses.replace(cfg.daemon, node_id=node_id))
     _daemon_logging(cfg.daemon.log_file, app(ctx).verbose)
     try:
         d = wiring.daemon(cfg)
@@ -47,6 +68,8 @@ def daemon(ctx: click.Context) -> None:
         d.run()
     except DaemonError as exc:
         fail(str(exc), EXIT_PRECONDITION)
+    if d.lost_leadership:
+        fail("lost the HA lock: stopped acting; restart to stand by", EXIT_FAILED)
 
 
 def _daemon_logging(path: str, verbose: int) -> None:
@@ -63,26 +86,12 @@ def _daemon_logging(path: str, verbose: int) -> None:
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
-def _store(ctx: click.Context) -> Any:
-    from slurm_burst.adapters.state.store import Store, StoreError
-    from slurm_burst.wiring import state_db_path
-
-    try:
-        return Store(state_db_path(app(ctx).config), create=False)
-    except StoreError as exc:
-        fail(str(exc), EXIT_PRECONDITION)
-
-
-def _ts(t: float) -> str:
-    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%SZ") if t else ""
-
-
 @click.command("nodes")
 @json_option
 @click.pass_context
 def nodes(ctx: click.Context, as_json: bool) -> None:
     """Cloud nodes the daemon knows: state, instance, addresses, last error."""
-    store = _store(ctx)
+    store = state_store(ctx)
     recs = [r.as_dict() for r in store.nodes()]
     beat = store.heartbeat()
     if as_json:
@@ -98,7 +107,7 @@ def nodes(ctx: click.Context, as_json: bool) -> None:
                 r["grp"],
                 r["state"],
                 r["want"],
-                _ts(r["state_since"]),
+                ts(r["state_since"]),
                 r["instance_id"],
                 r["ip"],
                 r["mesh_addr"],
@@ -124,7 +133,7 @@ def nodes(ctx: click.Context, as_json: bool) -> None:
 @click.pass_context
 def events(ctx: click.Context, follow: bool, node: str | None, as_json: bool) -> None:
     """Node state changes and daemon events, oldest first."""
-    store = _store(ctx)
+    store = state_store(ctx)
     last = 0
     while True:
         batch = store.events(last)  # at most 1,000 at a time
@@ -136,7 +145,7 @@ def events(ctx: click.Context, follow: bool, node: str | None, as_json: bool) ->
             if as_json:
                 click.echo(json.dumps(e, sort_keys=True))
             else:
-                click.echo(f"{_ts(e['at'])}  {e['node']:<16} {e['event']:<24} {e['detail']}")
+                click.echo(f"{ts(e['at'])}  {e['node']:<16} {e['event']:<24} {e['detail']}")
         if batch:
             continue  # drain what is there before waiting
         if not follow:

@@ -33,6 +33,8 @@ COMMANDS = {
     "ledger": "slurm_burst.cli.ledger_cmd:group",
     "budget": "slurm_burst.cli.budget_cmd:group",
     "db": "slurm_burst.cli.db_cmd:group",
+    "status": "slurm_burst.cli.status_cmd:status",
+    "group": "slurm_burst.cli.status_cmd:group",
 }
 
 

@@ -249,6 +249,41 @@ class DaemonConfig:
     bootstrap_timeout: float = doc(
         "Seconds for SSH to answer and the node to join after it runs.", default=300.0
     )
+    orphan_grace: float = doc(
+        "Seconds a cloud instance no live node owns is left alone before it is terminated.",
+        default=120.0,
+    )
+    capacity_cooldown: float = doc(
+        "Seconds a size is skipped after a capacity error (the group falls back to the next).",
+        default=600.0,
+    )
+    protect_after: int = doc(
+        "Failed launches in a row after which a node group goes into protected mode.",
+        default=10,
+    )
+    protect_cooldown: float = doc(
+        "Seconds a protected node group stays unavailable (or: slurm-burst group enable).",
+        default=1800.0,
+    )
+    api_attempts: int = doc(
+        "Attempts of a throttled cloud call (exponential backoff with jitter).", default=5
+    )
+    api_backoff: float = doc("First backoff of a throttled cloud call, seconds.", default=1.0)
+    api_backoff_max: float = doc(
+        "Longest backoff of a throttled cloud call, seconds.", default=30.0
+    )
+    metrics_listen: str = doc(
+        "Prometheus endpoint, HOST:PORT; empty: no endpoint.", default="127.0.0.1:9466"
+    )
+    ha_url: str = doc(
+        "PostgreSQL URL for active/passive HA (an advisory lock elects the leader); "
+        "empty: one daemon, no election.",
+        default="",
+    )
+    node_id: str = doc(
+        "This daemon's name in status and in the HA election; empty: the host name.",
+        default="",
+    )
 
 
 @dataclass(frozen=True)

@@ -55,9 +55,21 @@ def validate(
         out.append(Problem("daemon.poll_period", "must be positive"))
     if cfg.daemon.workers < 1:
         out.append(Problem("daemon.workers", "must be at least 1"))
-    for key in ("boot_timeout", "bootstrap_timeout"):
+    for key in ("boot_timeout", "bootstrap_timeout", "api_backoff", "api_backoff_max"):
         if getattr(cfg.daemon, key) <= 0:
             out.append(Problem(f"daemon.{key}", "must be positive"))
+    for key in ("orphan_grace", "capacity_cooldown", "protect_cooldown"):
+        if getattr(cfg.daemon, key) < 0:
+            out.append(Problem(f"daemon.{key}", "must not be negative"))
+    for key in ("protect_after", "api_attempts"):
+        if getattr(cfg.daemon, key) < 1:
+            out.append(Problem(f"daemon.{key}", "must be at least 1"))
+    if cfg.daemon.metrics_listen:
+        _host, sep, port = cfg.daemon.metrics_listen.rpartition(":")
+        if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+            out.append(Problem("daemon.metrics_listen", "must be HOST:PORT (e.g. 127.0.0.1:9466)"))
+    if cfg.daemon.ha_url and not cfg.daemon.ha_url.startswith("postgresql"):
+        out.append(Problem("daemon.ha_url", "HA needs a PostgreSQL URL (postgresql+psycopg://...)"))
     if cfg.slurm.power_save_interval < 1:
         out.append(Problem("slurm.power_save_interval", "must be at least 1 second"))
     if cfg.node_groups and not cfg.mesh.endpoint:

@@ -6,7 +6,10 @@ ends up in the Slurm node reason as ``(Code:...)``, the way operators search for
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import NamedTuple
 
 
 @dataclass(frozen=True)
@@ -23,8 +26,9 @@ class LaunchSpec:
     spot: bool = False
 
 
-@dataclass(frozen=True)
-class Instance:
+class Instance(NamedTuple):
+    """A cloud instance (a NamedTuple: a provider listing can hold tens of thousands)."""
+
     id: str
     name: str
     state: str  # pending, running, terminated, error, unknown, ...
@@ -32,7 +36,7 @@ class Instance:
     size: str = ""
     public_ips: tuple[str, ...] = ()
     private_ips: tuple[str, ...] = ()
-    tags: dict[str, str] = field(default_factory=dict)
+    tags: Mapping[str, str] = MappingProxyType({})
 
     @property
     def address(self) -> str:
@@ -101,3 +105,13 @@ def classify(message: str) -> CloudError:
         if code in message:
             return cls(message, code)
     return CloudError(message)
+
+
+def backoff(attempt: int, base: float, cap: float, u: float) -> float:
+    """Seconds to wait before retry ``attempt`` (0-based): "full jitter".
+
+    ``u`` is a uniform random number in [0, 1), passed in so the core stays pure.
+    Full jitter spreads the retries of many callers throttled at once
+    (AWS Architecture Blog, "Exponential Backoff And Jitter").
+    """
+    return u * min(cap, base * 2.0**attempt)

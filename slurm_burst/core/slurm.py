@@ -5,10 +5,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import NamedTuple
 
 
-@dataclass(frozen=True)
-class SlurmNode:
+class SlurmNode(NamedTuple):
+    """A node as sinfo reports it (a NamedTuple: 20,000 are read every reconcile pass)."""
+
     name: str
     state: str  # base state, lower case: idle, mixed, allocated, down, ...
     flags: frozenset[str] = frozenset()  # CLOUD, POWERED_DOWN, POWERING_UP, DRAIN, ...

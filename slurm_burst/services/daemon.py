@@ -22,7 +22,9 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
+from slurm_burst.adapters.ha import SoleLeader
 from slurm_burst.adapters.state.store import Store
 from slurm_burst.config import Config
 from slurm_burst.core.hostlist import compress
@@ -30,6 +32,7 @@ from slurm_burst.core.nodestate import RESUMING
 from slurm_burst.core.nodestate import NodeState as S
 from slurm_burst.services.chargeback import Chargeback, ChargebackLoop
 from slurm_burst.services.provisioner import Provisioner
+from slurm_burst.services.reconciler import Reconciler
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +49,9 @@ class Daemon:
         provisioner: Provisioner,
         chargeback: Chargeback | None = None,
         clock: Callable[[], float] = time.time,
+        reconciler: Reconciler | None = None,
+        leader: Any | None = None,
+        metrics: Any | None = None,
     ) -> None:
         self.cfg = cfg
         self.ledger_loop = (
@@ -53,6 +59,10 @@ class Daemon:
         )
         self.store = store
         self.prov = provisioner
+        self.reconciler = reconciler
+        self.node_id = cfg.daemon.node_id or socket.gethostname()
+        self.leader = leader if leader is not None else SoleLeader(self.node_id)
+        self.metrics = metrics
         self.now = clock
         self.stop = threading.Event()
         self.pool = ThreadPoolExecutor(cfg.daemon.workers, thread_name_prefix="node")
@@ -62,19 +72,27 @@ class Daemon:
         self._lock = threading.Lock()
         self._sock: socket.socket | None = None
         self._lockfile: int | None = None
+        self._reconcile_thread: threading.Thread | None = None
+        self.leading = False
         self.started_at = clock()
 
     # -- lifecycle ------------------------------------------------------------------
     def acquire(self) -> None:
-        """One daemon per host: an exclusive lock on the state directory."""
+        """One daemon per host: an exclusive lock on the state directory.
+
+        With HA each daemon has its own lock file (``daemon.<node_id>.lock``), so two
+        daemons may share a state directory on shared storage; the election decides
+        which one acts.
+        """
         state = Path(self.cfg.daemon.state_dir)
         state.mkdir(parents=True, exist_ok=True, mode=0o750)
-        fd = os.open(state / "daemon.lock", os.O_RDWR | os.O_CREAT, 0o640)
+        name = f"daemon.{self.node_id}.lock" if self.cfg.daemon.ha_url else "daemon.lock"
+        fd = os.open(state / name, os.O_RDWR | os.O_CREAT, 0o640)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
-            raise DaemonError(f"another slurm-burst daemon holds {state / 'daemon.lock'}") from None
+            raise DaemonError(f"another slurm-burst daemon holds {state / name}") from None
         os.ftruncate(fd, 0)
         os.write(fd, f"{os.getpid()}\n".encode())
         self._lockfile = fd
@@ -92,24 +110,66 @@ class Daemon:
 
     def run(self) -> None:
         self.acquire()
+        if self.metrics is not None and self.cfg.daemon.metrics_listen:
+            self.metrics.serve(self.cfg.daemon.metrics_listen)
+        log.info("daemon.started pid=%d node_id=%s", os.getpid(), self.node_id)
+        try:
+            while not self.stop.is_set():
+                if not self.leading:
+                    if self.leader.try_acquire():
+                        self.lead()
+                    else:
+                        self.follow()
+                        self.stop.wait(self.cfg.daemon.poll_period)
+                        continue
+                self.beat()
+                self.handle_requests()
+                self._wait()
+        finally:
+            self.shutdown()
+
+    def lead(self) -> None:
+        """Become the acting daemon: wake-up socket, ledger thread, recovery, reconcile."""
+        self.leading = True
+        if self.metrics is not None:
+            self.metrics.leader.set(1)
+        log.info("daemon.leader node_id=%s", self.node_id)
+        self.store.event(self.now(), "daemon.leader", "", self.node_id)
         self.open_socket()
         self.beat()
         if self.ledger_loop is not None:
             self.ledger_loop.ensure_schema()  # db upgrade at start, under the migration lock
             self.ledger_loop.start()  # spool replay, ingest, split: now, then every interval
         self.recover()
-        log.info("daemon.started pid=%d workers=%d", os.getpid(), self.cfg.daemon.workers)
-        next_scan = 0.0
-        try:
-            while not self.stop.is_set():
-                self.beat()
-                self.handle_requests()
-                if time.monotonic() >= next_scan:
-                    self.rescan()
-                    next_scan = time.monotonic() + self.cfg.daemon.poll_period
-                self._wait()
-        finally:
-            self.shutdown()
+        self._reconcile_thread = threading.Thread(
+            target=self._reconcile_loop, name="reconcile", daemon=True
+        )
+        self._reconcile_thread.start()
+
+    def follow(self) -> None:
+        """Standby: say so (``slurm-burst status`` shows it), act on nothing."""
+        if self.metrics is not None:
+            self.metrics.leader.set(0)
+        self.store.meta_set(
+            f"follower.{self.node_id}",
+            {"at": self.now(), "pid": os.getpid(), "leader": self.leader.leader_info()},
+        )
+
+    def _reconcile_loop(self) -> None:
+        while not self.stop.is_set():
+            started = time.monotonic()
+            if not self.leader.held():
+                log.critical("daemon.leadership_lost node_id=%s: stopping", self.node_id)
+                self.lost_leadership = True
+                self.stop.set()
+                return
+            if self.reconciler is not None:
+                try:
+                    self.reconciler.pass_once()
+                except Exception:
+                    log.exception("reconcile.pass_failed")
+            self.rescan()
+            self.stop.wait(max(0.0, self.cfg.daemon.poll_period - (time.monotonic() - started)))
 
     def _wait(self) -> None:
         assert self._sock is not None
@@ -123,8 +183,13 @@ class Daemon:
         finally:
             self._sock.settimeout(1.0)
 
+    lost_leadership = False
+
     def shutdown(self) -> None:
         log.info("daemon.stopping in_flight=%d", len(self._active))
+        if self._reconcile_thread is not None:
+            self._reconcile_thread.join(timeout=60)
+        self.leader.release()
         if self.ledger_loop is not None:
             self.ledger_loop.stop.set()
         self.pool.shutdown(wait=True, cancel_futures=True)
@@ -134,9 +199,16 @@ class Daemon:
                 Path(self.cfg.daemon.socket).unlink()
 
     def beat(self) -> None:
+        if self.metrics is not None:
+            self.metrics.heartbeat.set(self.now())
         self.store.beat(
             self.now(),
-            {"pid": os.getpid(), "started_at": self.started_at, "in_flight": len(self._active)},
+            {
+                "pid": os.getpid(),
+                "node_id": self.node_id,
+                "started_at": self.started_at,
+                "in_flight": len(self._active),
+            },
         )
 
     # -- requests -----------------------------------------------------------------

@@ -31,10 +31,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from importlib import resources
+from typing import Any
 
 from slurm_burst.adapters.state.store import NodeRecord, Store, StoreError
 from slurm_burst.config import Config, NodeGroup
-from slurm_burst.core.cloud import CloudError, LaunchSpec
+from slurm_burst.core.cloud import CapacityError, CloudError, LaunchSpec
 from slurm_burst.core.nodestate import NodeState as S
 from slurm_burst.core.nodestate import reason
 from slurm_burst.core.pricing import dollars
@@ -44,6 +45,10 @@ log = logging.getLogger(__name__)
 
 REMOTE_SCRIPT = "/run/slurm-burst-bootstrap.sh"
 POLL = 0.5
+
+
+# Failures that say nothing about the group's health: not counted towards protected mode.
+NOT_LAUNCH_FAILURES = frozenset({"GroupProtected", "SlurmPoweredDown", "ResumeLost"})
 
 
 class StepError(RuntimeError):
@@ -78,6 +83,7 @@ class Provisioner:
         ledger: Ledger,
         secrets: Secrets,
         clock: Callable[[], float] = time.time,
+        metrics: Any | None = None,
     ) -> None:
         self.cfg = cfg
         self.store = store
@@ -88,6 +94,7 @@ class Provisioner:
         self.ledger = ledger
         self.secrets = secrets
         self.now = clock
+        self.metrics = metrics
         self.script = (
             resources.files("slurm_burst.adapters.ssh").joinpath("node-bootstrap.sh").read_bytes()
         )
@@ -150,33 +157,86 @@ class Provisioner:
             raise StepError("NotConfigured", f"{rec.name} is in no node group of the config")
         return group
 
+    def candidates(self, group: NodeGroup) -> list[tuple[str, str]]:
+        """(provider, size) pairs in fallback order: each provider's sizes, then the next."""
+        return [(p, z) for p in group.providers for z in group.sizes]
+
     def _launch(self, rec: NodeRecord) -> None:
+        """Launch the node's instance, falling back on capacity errors.
+
+        Each (provider, size) candidate has its own idempotency token, fixed in
+        the state database before the call: a retry after a crash repeats the
+        same call with the same token. A capacity error marks the size
+        unavailable for ``daemon.capacity_cooldown`` seconds (for every node of
+        every group) and moves on to the next candidate.
+        """
         group = self._group(rec)
-        provider, size = group.providers[0], group.sizes[0]
-        token = (
-            rec.token
-            if rec.state == S.LAUNCHING
-            else (f"{self.cfg.cluster.name}-{rec.name}-{rec.launch_seq}")[:64]
-        )
-        if rec.state == S.REQUESTED:
-            rec = self.store.transition(
-                rec.name, S.LAUNCHING, self.now(), token=token, provider=provider, size=size
+        health = self.store.groups().get(group.name)
+        if health is not None and health.protected(self.now()):
+            raise StepError("GroupProtected", f"node group {group.name}: {health.reason}")
+        every = self.candidates(group)
+        if rec.state == S.LAUNCHING and (rec.provider, rec.size) in every:
+            todo = every[every.index((rec.provider, rec.size)) :]  # pick up where it was
+        else:
+            cold = self.store.unavailable(self.now())
+            todo = [c for c in every if c not in cold]
+            if not todo:
+                codes = sorted({code for _, code in cold.values()})
+                raise CapacityError(
+                    f"every size of node group {group.name} is cooling down after "
+                    f"capacity errors ({', '.join(codes)})",
+                    codes[0] if codes else None,
+                )
+        last: CloudError | None = None
+        for provider, size in todo:
+            seq = every.index((provider, size))
+            token = f"{self.cfg.cluster.name}-{rec.name}-{rec.launch_seq}-{seq}"[:64]
+            if rec.state == S.REQUESTED:
+                rec = self.store.transition(
+                    rec.name, S.LAUNCHING, self.now(), token=token, provider=provider, size=size
+                )
+            elif (rec.token, rec.provider, rec.size) != (token, provider, size):
+                self.store.update(rec.name, token=token, provider=provider, size=size)
+                rec = self.store.node(rec.name) or rec
+            spec = LaunchSpec(
+                node=rec.name,
+                cluster=self.cfg.cluster.name,
+                group=group.name,
+                size=size,
+                image=group.image,
+                token=token,
+                ssh_public_key=self.secrets.ssh_public_key,
+                user_data=user_data(self.cfg.cluster.name, rec.name),
+                spot=group.spot,
             )
-        spec = LaunchSpec(
-            node=rec.name,
-            cluster=self.cfg.cluster.name,
-            group=group.name,
-            size=size,
-            image=group.image,
-            token=token,
-            ssh_public_key=self.secrets.ssh_public_key,
-            user_data=user_data(self.cfg.cluster.name, rec.name),
-            spot=group.spot,
-        )
-        with self._timed(rec.name, "launch"):
-            inst = self.clouds[provider].launch(spec)
-        self._ledger(rec, inst.id, "requested", rec.requested_at or self.now())
-        self.store.transition(rec.name, S.BOOTING, self.now(), instance_id=inst.id, ip=inst.address)
+            try:
+                with self._timed(rec.name, "launch"):
+                    inst = self.clouds[provider].launch(spec)
+            except CapacityError as exc:
+                last = exc
+                until = self.now() + self.cfg.daemon.capacity_cooldown
+                self.store.mark_unavailable(provider, size, until, exc.code)
+                self.store.event(
+                    self.now(), "size.unavailable", rec.name, f"{provider}/{size}: {exc.code}"
+                )
+                log.warning(
+                    "node.launch.capacity node=%s provider=%s size=%s code=%s cooldown=%g",
+                    rec.name,
+                    provider,
+                    size,
+                    exc.code,
+                    self.cfg.daemon.capacity_cooldown,
+                )
+                continue
+            if self.metrics is not None:
+                self.metrics.launches.labels(group.name, provider, size).inc()
+            self._ledger(rec, inst.id, "requested", rec.requested_at or self.now())
+            self.store.transition(
+                rec.name, S.BOOTING, self.now(), instance_id=inst.id, ip=inst.address
+            )
+            return
+        assert last is not None
+        raise last
 
     def _boot(self, rec: NodeRecord) -> None:
         cloud = self.clouds[rec.provider]
@@ -251,6 +311,7 @@ class Provisioner:
             sh.close()
         self._ledger(rec, rec.instance_id, "joined", self.now())
         self.store.transition(rec.name, S.JOINED, self.now())
+        self.store.group_launch_result(rec.grp, ok=True)
         log.info(
             "node.joined node=%s mesh_addr=%s total_seconds=%.1f",
             rec.name,
@@ -306,10 +367,23 @@ class Provisioner:
         )
         if rec.instance_id:
             self._ledger(rec, rec.instance_id, "failed", self.now(), code)
+        if code not in NOT_LAUNCH_FAILURES:
+            failures = self.store.group_launch_result(rec.grp, ok=False)
+            log.info("group.failures group=%s in_a_row=%d", rec.grp, failures)
+        if self.metrics is not None:
+            self.metrics.failures.labels(rec.grp, code).inc()
         try:
             self.scheduler.update_nodes([rec.name], state="down", reason=reason(code, message))
         except Exception as exc:
             log.warning("node.mark_down_failed node=%s error=%s", rec.name, exc)
+
+    def fail(self, name: str, code: str, message: str) -> bool:
+        """Fail ``name`` from outside its worker (the reconcile loop); False if nothing to fail."""
+        rec = self.store.node(name)
+        if rec is None or rec.state in (S.TERMINATED, S.FAILED):
+            return False
+        self._fail(rec, code, message)
+        return True
 
     def power_down_force(self, name: str) -> None:
         """Return a node to service after a failed resume (Slurm may try it again)."""

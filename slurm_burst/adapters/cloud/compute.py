@@ -178,7 +178,7 @@ class LibcloudCloud:
             size=str(size),
             public_ips=tuple(node.public_ips or ()),
             private_ips=tuple(node.private_ips or ()),
-            tags={str(k): str(v) for k, v in dict(tags).items()},
+            tags=dict(zip(map(str, tags), map(str, tags.values()), strict=True)),
         )
 
     def _error(self, exc: Exception) -> CloudError:

@@ -175,6 +175,16 @@ class SqlLedger:
             )
         return out
 
+    def open_instances(self) -> dict[str, str]:
+        """Instances of this cluster with no ``terminated`` event: instance id -> node."""
+        ev = InstanceEventRow
+        ended = select(ev.instance_id).where(ev.event == InstanceEventKind.TERMINATED)
+        q = select(InstanceRow.instance_id, InstanceRow.node).where(
+            InstanceRow.cluster == self.cluster, ~InstanceRow.instance_id.in_(ended)
+        )
+        with translated("ledger open instances"), self.engine.connect() as conn:
+            return {r.instance_id: r.node for r in conn.execute(q)}
+
     def closed_unallocated(self, before: datetime) -> list[ClosedInstance]:
         """Terminated instances (terminated before ``before``) not yet allocated."""
         ev = InstanceEventRow

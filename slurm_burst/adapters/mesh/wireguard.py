@@ -23,7 +23,7 @@ from pathlib import Path
 
 from slurm_burst.adapters.filelock import locked
 from slurm_burst.adapters.proc import CommandError, run
-from slurm_burst.ports import Peer
+from slurm_burst.core.mesh import Peer
 
 log = logging.getLogger(__name__)
 

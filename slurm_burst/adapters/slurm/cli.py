@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -22,6 +23,7 @@ from slurm_burst.core.slurm import SlurmJob, SlurmNode, SlurmPartition
 log = logging.getLogger(__name__)
 
 Runner = Callable[..., Result]
+
 
 
 class SlurmError(RuntimeError):
@@ -75,8 +77,29 @@ class SlurmCli:
     def nodes(self) -> list[SlurmNode]:
         return parse_nodes(self._json("sinfo", "--json"))
 
-    def jobs(self) -> list[SlurmJob]:
-        return parse_jobs(self._json("squeue", "--json"))
+    def jobs(self, partitions: Sequence[str] | None = None) -> list[SlurmJob]:
+        """Jobs, all or of ``partitions`` only (the reconcile loop reads burst partitions)."""
+        args = ["--json"] + ([f"--partition={','.join(partitions)}"] if partitions else [])
+        return parse_jobs(self._json("squeue", *args))
+
+    def job_counts(self, partitions: Sequence[str] | None = None) -> dict[tuple[str, str], int]:
+        """How many jobs of ``partitions`` are in each state: {(partition, state): n}.
+
+        One ``squeue`` call with a two-field format, counted in C: the reconcile
+        loop reads this every pass. ``squeue --json`` of 100,000 queued jobs is
+        about 50 MB (far more on a real 22.05 controller, ~100 fields per job)
+        and parsing it would dominate the pass's CPU and memory.
+        """
+        args = ["--noheader", "--array", "--format=%P|%T"]
+        if partitions:
+            args.append(f"--partition={','.join(partitions)}")
+        out = {}
+        for line, n in Counter(self._cmd("squeue", *args).splitlines()).items():
+            part, sep, state = line.partition("|")
+            if not sep:
+                raise SchemaError(f"squeue --format line not understood: {line[:200]!r}")
+            out[(part, state)] = n
+        return out
 
     def partitions(self) -> list[SlurmPartition]:
         out = []

@@ -1,0 +1,118 @@
+"""The daemon's Prometheus metrics (prometheus-client), on a registry of its own.
+
+Names follow Prometheus conventions: ``slurm_burst_`` prefix, counters end in
+``_total``, durations are seconds. Labels are bounded sets (groups, states,
+providers, error codes), never node names or job ids.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client.exposition import generate_latest
+
+NODE_STATES = (
+    "requested",
+    "launching",
+    "booting",
+    "bootstrapping",
+    "joined",
+    "terminating",
+    "terminated",
+    "failed",
+)
+
+
+class Metrics:
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry(auto_describe=True)
+        self.nodes = Gauge(
+            "slurm_burst_nodes",
+            "Cloud nodes by node group and state.",
+            ["group", "state"],
+            registry=r,
+        )
+        self.launches = Counter(
+            "slurm_burst_launches_total",
+            "Instances launched, by node group, provider and size.",
+            ["group", "provider", "size"],
+            registry=r,
+        )
+        self.failures = Counter(
+            "slurm_burst_launch_failures_total",
+            "Node launches that failed, by node group and error code.",
+            ["group", "code"],
+            registry=r,
+        )
+        self.pass_duration = Histogram(
+            "slurm_burst_reconcile_pass_duration_seconds",
+            "Wall time of one reconcile pass.",
+            buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+            registry=r,
+        )
+        self.passes = Counter(
+            "slurm_burst_reconcile_passes_total", "Reconcile passes run.", registry=r
+        )
+        self.last_pass = Gauge(
+            "slurm_burst_reconcile_last_pass_timestamp_seconds",
+            "When the last reconcile pass ended (unix time).",
+            registry=r,
+        )
+        self.actions = Counter(
+            "slurm_burst_reconcile_actions_total",
+            "Repairs made by the reconcile loop, by action and code.",
+            ["action", "code"],
+            registry=r,
+        )
+        self.phase_errors = Counter(
+            "slurm_burst_reconcile_phase_errors_total",
+            "Reconcile phases (observe sources, actions) that failed.",
+            ["phase"],
+            registry=r,
+        )
+        self.api_latency = Histogram(
+            "slurm_burst_cloud_api_duration_seconds",
+            "Cloud API call latency, by provider and call.",
+            ["provider", "call"],
+            buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+            registry=r,
+        )
+        self.api_errors = Counter(
+            "slurm_burst_cloud_api_errors_total",
+            "Cloud API calls that failed, by provider, call and error code.",
+            ["provider", "call", "code"],
+            registry=r,
+        )
+        self.spend_rate = Gauge(
+            "slurm_burst_spend_rate_dollars_per_hour",
+            "What the live cloud instances cost per hour, by node group.",
+            ["group"],
+            registry=r,
+        )
+        self.protected = Gauge(
+            "slurm_burst_group_protected",
+            "1 when the node group is in protected mode.",
+            ["group"],
+            registry=r,
+        )
+        self.leader = Gauge(
+            "slurm_burst_leader", "1 when this daemon is the active (leader) daemon.", registry=r
+        )
+        self.heartbeat = Gauge(
+            "slurm_burst_heartbeat_timestamp_seconds", "The daemon's last heartbeat.", registry=r
+        )
+
+    def serve(self, listen: str) -> None:
+        """Serve ``/metrics`` on ``HOST:PORT`` from a daemon thread."""
+        host, _, port = listen.rpartition(":")
+        start_http_server(int(port), addr=host or "0.0.0.0", registry=self.registry)  # noqa: S104 - the admin's choice
+
+    def set_nodes(self, groups: Mapping[str, Mapping[str, int]], all_groups: list[str]) -> None:
+        for g in all_groups:
+            counts = groups.get(g, {})
+            for state in NODE_STATES:
+                self.nodes.labels(g, state).set(counts.get(state, 0))
+
+    def text(self) -> bytes:
+        return generate_latest(self.registry)

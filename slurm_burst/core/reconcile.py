@@ -1,0 +1,320 @@
+"""The reconcile planner: one snapshot of the world and the clock in, a list of actions out.
+
+Each pass the daemon observes Slurm, the clouds, the WireGuard hub, the ledger and
+its own state database, and hands the snapshot to :func:`plan`. Pure: no I/O, no
+clock of its own, so every rule below is a table-driven test.
+
+A source that could not be read this pass is ``None`` in the snapshot, and every
+rule that needs it is skipped (a Slurm outage must never look like "every node is
+gone"). The rules, each logged as an event with the node and a code:
+
+``Orphan``            a cloud instance tagged with our cluster that no live node
+                      record owns (no record, a record in a dead state, or a record
+                      owning another instance: a duplicate) is terminated once it has
+                      been suspect for ``orphan_grace`` seconds.
+``ResumeTimeout``     a node asked up for longer than Slurm's ResumeTimeout and still
+                      not joined: marked DOWN with ``(Code:ResumeTimeout)`` so Slurm
+                      requeues its jobs, then torn down and powered down.
+``InstanceVanished``  a node bootstrapping or joined whose instance the provider no
+                      longer lists as alive (spot reclaim, manual delete): the same.
+``SlurmPoweredDown``  a node we hold up while Slurm shows it powered down and not
+                      powering up (a lost suspend, a slurmctld restart): torn down.
+``StalePeer``         a hub peer whose key no live node holds, on two passes running.
+``LeakedAddress``     a mesh address held by a node that is terminated, on two passes.
+``LedgerOpen``        a ledger instance with no end whose instance is gone and that
+                      no node holds: its ledger row is closed.
+``Protected``         a node group with ``protect_after`` failed launches in a row:
+                      its nodes are set unavailable in Slurm; ``Unprotected`` after
+                      ``protect_cooldown`` (or ``slurm-burst group enable``).
+
+Garbage is acted on only after it was seen on an earlier pass too (``suspects``
+carries first-seen times from pass to pass), so a resource created between two
+reads of a pass is never mistaken for a leak. The daemon reads its own records
+last for the same reason.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from slurm_burst.core.cloud import Instance
+from slurm_burst.core.mesh import Peer
+from slurm_burst.core.nodestate import LIVE, RESUMING
+from slurm_burst.core.nodestate import NodeState as S
+from slurm_burst.core.slurm import SlurmNode
+
+DEAD_INSTANCE = frozenset({"terminated", "stopped", "error"})
+
+
+class Tracked(Protocol):
+    """What the planner reads of a node record (the state database's row)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def grp(self) -> str: ...
+    @property
+    def state(self) -> S: ...
+    @property
+    def want(self) -> str: ...
+    @property
+    def provider(self) -> str: ...
+    @property
+    def instance_id(self) -> str: ...
+    @property
+    def wg_pubkey(self) -> str: ...
+    @property
+    def requested_at(self) -> float: ...
+    @property
+    def state_since(self) -> float: ...
+
+
+@dataclass(frozen=True)
+class GroupHealth:
+    name: str
+    failures: int = 0  # failed launches in a row (a join resets it)
+    protected_until: float = 0.0  # 0 = not protected
+    reason: str = ""
+
+    def protected(self, now: float) -> bool:
+        return self.protected_until > now
+
+
+@dataclass(frozen=True)
+class Policy:
+    orphan_grace: float = 120.0
+    resume_timeout: float = 600.0
+    protect_after: int = 10
+    protect_cooldown: float = 1800.0
+    lost_resume_grace: float = 60.0
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    now: float
+    records: Mapping[str, Tracked]
+    slurm_nodes: Mapping[str, SlurmNode] | None = None  # burst nodes only
+    instances: Mapping[str, Sequence[Instance]] | None = None  # by provider; absent = unread
+    peers: Sequence[Peer] | None = None
+    addresses: Mapping[str, str] | None = None  # node -> mesh address
+    ledger_open: Mapping[str, str] | None = None  # instance id -> node
+    groups: Mapping[str, GroupHealth] = field(default_factory=dict)
+    suspects: Mapping[str, float] = field(default_factory=dict)  # key -> first seen
+
+
+@dataclass(frozen=True)
+class Action:
+    """One thing to do. ``kind`` names the executor; ``code`` goes into events/reasons."""
+
+    kind: str  # terminate | fail_node | teardown | remove_peer | release_address | ...
+    code: str
+    node: str = ""
+    target: str = ""  # instance id, peer key, address, group name
+    provider: str = ""
+    message: str = ""
+
+
+@dataclass(frozen=True)
+class Plan:
+    actions: tuple[Action, ...]
+    suspects: dict[str, float]  # carried to the next pass
+
+    def by_kind(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for a in self.actions:
+            out[a.kind] = out.get(a.kind, 0) + 1
+        return out
+
+
+def plan(snap: Snapshot, policy: Policy) -> Plan:
+    actions: list[Action] = []
+    suspects: dict[str, float] = {}
+
+    def suspect(key: str) -> float:
+        """Seconds ``key`` has been suspect (0 on the pass it is first seen)."""
+        first = snap.suspects.get(key, snap.now)
+        suspects[key] = first
+        return snap.now - first
+
+    actions += _orphans(snap, policy, suspect)
+    actions += _stuck_nodes(snap, policy)
+    actions += _mesh(snap, suspect)
+    actions += _ledger(snap)
+    actions += _groups(snap, policy)
+    return Plan(tuple(actions), suspects)
+
+
+def _owner(snap: Snapshot, inst: Instance) -> Tracked | None:
+    rec = snap.records.get(inst.tags.get("slurm-burst-node", "") or inst.name)
+    if rec is None or rec.state not in LIVE:
+        return None
+    if rec.instance_id and rec.instance_id != inst.id:
+        return None  # a second instance for the node: a duplicate
+    if not rec.instance_id and rec.state not in (S.LAUNCHING, S.FAILED, S.TERMINATING):
+        return None
+    return rec
+
+
+def _orphans(snap: Snapshot, policy: Policy, suspect: _Suspect) -> Iterable[Action]:
+    if snap.instances is None:
+        return
+    for provider, instances in snap.instances.items():
+        for inst in instances:
+            if inst.state in DEAD_INSTANCE or _owner(snap, inst) is not None:
+                continue
+            if suspect(f"instance:{provider}:{inst.id}") >= policy.orphan_grace:
+                node = inst.tags.get("slurm-burst-node", "") or inst.name
+                yield Action(
+                    "terminate",
+                    "Orphan",
+                    node,
+                    inst.id,
+                    provider,
+                    f"instance {inst.id} ({inst.state}) has no live node",
+                )
+
+
+def _stuck_nodes(snap: Snapshot, policy: Policy) -> Iterable[Action]:
+    listed: dict[str, dict[str, Instance]] | None = None
+    if snap.instances is not None:
+        listed = {p: {i.id: i for i in insts} for p, insts in snap.instances.items()}
+    for rec in snap.records.values():
+        if rec.want != "up":
+            continue
+        if rec.state in RESUMING and rec.state != S.JOINED:
+            waited = snap.now - (rec.requested_at or rec.state_since)
+            if waited > policy.resume_timeout:
+                yield Action(
+                    "fail_node",
+                    "ResumeTimeout",
+                    rec.name,
+                    rec.instance_id,
+                    rec.provider,
+                    f"not joined {waited:.0f} s after the resume (ResumeTimeout "
+                    f"{policy.resume_timeout:g} s, state {rec.state})",
+                )
+                continue
+        if (
+            rec.state in (S.BOOTSTRAPPING, S.JOINED)
+            and rec.instance_id
+            and listed is not None
+            and rec.provider in listed
+        ):
+            inst = listed[rec.provider].get(rec.instance_id)
+            if inst is None or inst.state in DEAD_INSTANCE:
+                yield Action(
+                    "fail_node",
+                    "InstanceVanished",
+                    rec.name,
+                    rec.instance_id,
+                    rec.provider,
+                    f"instance {rec.instance_id} is {inst.state if inst else 'gone'}",
+                )
+                continue
+        node = snap.slurm_nodes.get(rec.name) if snap.slurm_nodes is not None else None
+        if (
+            rec.state == S.JOINED
+            and node is not None
+            and node.powered_down
+            and not node.powering_up
+        ):
+            yield Action(
+                "teardown",
+                "SlurmPoweredDown",
+                rec.name,
+                rec.instance_id,
+                rec.provider,
+                "Slurm shows the node powered down",
+            )
+    if snap.slurm_nodes is None:
+        return
+    for node in snap.slurm_nodes.values():
+        if not node.powering_up:
+            continue
+        held = snap.records.get(node.name)
+        lost = held is None or (held.want == "down" and held.state == S.TERMINATED)
+        since = 0.0 if held is None else held.state_since
+        if lost and snap.now - since > policy.lost_resume_grace:
+            yield Action(
+                "fail_node",
+                "ResumeLost",
+                node.name,
+                message="Slurm is powering the node up but no resume reached the daemon",
+            )
+
+
+def _mesh(snap: Snapshot, suspect: _Suspect) -> Iterable[Action]:
+    live_keys = {r.wg_pubkey for r in snap.records.values() if r.wg_pubkey and r.state in LIVE}
+    if snap.peers is not None:
+        for peer in snap.peers:
+            if peer.public_key in live_keys:
+                continue
+            if suspect(f"peer:{peer.public_key}") > 0:
+                yield Action(
+                    "remove_peer",
+                    "StalePeer",
+                    peer.comment,
+                    peer.public_key,
+                    message=f"hub peer {','.join(peer.allowed_ips)} has no live node",
+                )
+    if snap.addresses is not None:
+        for node, addr in snap.addresses.items():
+            rec = snap.records.get(node)
+            if rec is not None and rec.state in LIVE:
+                continue
+            if rec is not None and rec.state == S.REQUESTED:
+                continue
+            if suspect(f"address:{node}:{addr}") > 0:
+                yield Action(
+                    "release_address",
+                    "LeakedAddress",
+                    node,
+                    addr,
+                    message=f"mesh address {addr} held by a node that is not live",
+                )
+
+
+def _ledger(snap: Snapshot) -> Iterable[Action]:
+    if snap.ledger_open is None or snap.instances is None:
+        return
+    alive = {
+        i.id for insts in snap.instances.values() for i in insts if i.state not in DEAD_INSTANCE
+    }
+    held = {r.instance_id for r in snap.records.values() if r.instance_id and r.state in LIVE}
+    for instance_id, node in snap.ledger_open.items():
+        if instance_id not in alive and instance_id not in held:
+            yield Action(
+                "close_ledger",
+                "LedgerOpen",
+                node,
+                instance_id,
+                message=f"instance {instance_id} is gone; its ledger row is closed",
+            )
+
+
+def _groups(snap: Snapshot, policy: Policy) -> Iterable[Action]:
+    for g in snap.groups.values():
+        if g.protected_until and g.protected_until <= snap.now:
+            yield Action("unprotect", "Unprotected", target=g.name, message="cooldown over")
+        elif not g.protected_until and g.failures >= policy.protect_after:
+            yield Action(
+                "protect",
+                "Protected",
+                target=g.name,
+                message=f"{g.failures} failed launches in a row",
+            )
+
+
+class _Suspect(Protocol):
+    def __call__(self, key: str) -> float: ...
+
+
+def summarize(records: Iterable[Tracked]) -> dict[str, dict[str, int]]:
+    """Nodes by group and state, for status and metrics."""
+    out: dict[str, dict[str, int]] = {}
+    for r in records:
+        by_state = out.setdefault(r.grp, {})
+        by_state[str(r.state)] = by_state.get(str(r.state), 0) + 1
+    return out

@@ -1,0 +1,87 @@
+"""Every cloud call, timed and retried: the Cloud port wrapped for the daemon.
+
+A throttled call (``RequestLimitExceeded``, HTTP 429/503) is retried up to
+``daemon.api_attempts`` times with exponential backoff and full jitter. A
+launch is retried with the same idempotency token, so a retry after a
+throttled-but-accepted request returns the instance it made, never a second.
+Other errors pass through at once, typed, with the provider's code.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from slurm_burst.core.cloud import CloudError, Instance, LaunchSpec, backoff
+from slurm_burst.ports import Cloud
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+class ManagedCloud:
+    def __init__(
+        self,
+        cloud: Cloud,
+        attempts: int = 5,
+        base: float = 1.0,
+        cap: float = 30.0,
+        metrics: Any | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+        rand: Callable[[], float] = random.random,
+    ) -> None:
+        self.inner = cloud
+        self.name = cloud.name
+        self.attempts = attempts
+        self.base = base
+        self.cap = cap
+        self.metrics = metrics
+        self.sleep = sleep
+        self.rand = rand
+
+    def _call(self, call: str, fn: Callable[..., T], *args: Any) -> T:
+        for attempt in range(self.attempts):
+            started = time.monotonic()
+            try:
+                result = fn(*args)
+            except CloudError as exc:
+                if self.metrics is not None:
+                    self.metrics.api_errors.labels(self.name, call, exc.code).inc()
+                if not exc.retryable or attempt + 1 >= self.attempts:
+                    raise
+                delay = backoff(attempt, self.base, self.cap, self.rand())
+                log.warning(
+                    "cloud.throttled provider=%s call=%s code=%s attempt=%d retry_in=%.2f",
+                    self.name,
+                    call,
+                    exc.code,
+                    attempt + 1,
+                    delay,
+                )
+                self.sleep(delay)
+                continue
+            finally:
+                if self.metrics is not None:
+                    self.metrics.api_latency.labels(self.name, call).observe(
+                        time.monotonic() - started
+                    )
+            return result
+        raise AssertionError("unreachable: the last attempt returns or raises")
+
+    def launch(self, spec: LaunchSpec) -> Instance:
+        return self._call("launch", self.inner.launch, spec)
+
+    def get(self, instance_id: str) -> Instance | None:
+        return self._call("get", self.inner.get, instance_id)
+
+    def list_instances(self, cluster: str) -> list[Instance]:
+        return self._call("list", self.inner.list_instances, cluster)
+
+    def terminate(self, instance_id: str) -> None:
+        self._call("terminate", self.inner.terminate, instance_id)
+
+    def host_keys(self, instance_id: str) -> list[tuple[str, str]]:
+        return self._call("host_keys", self.inner.host_keys, instance_id)

@@ -1,0 +1,221 @@
+"""The reconcile planner, rule by rule, on snapshots built by hand."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+
+from slurm_burst.core.cloud import Instance
+from slurm_burst.core.mesh import Peer
+from slurm_burst.core.nodestate import NodeState as S
+from slurm_burst.core.reconcile import GroupHealth, Policy, Snapshot, plan
+from slurm_burst.core.slurm import SlurmNode
+
+NOW = 1_000_000.0
+POLICY = Policy(orphan_grace=120, resume_timeout=600, protect_after=3, protect_cooldown=900)
+KEY_A = "A" * 43 + "="
+KEY_B = "B" * 43 + "="
+
+
+@dataclass(frozen=True)
+class Rec:
+    name: str
+    state: S
+    want: str = "up"
+    grp: str = "cpu"
+    provider: str = "lab"
+    instance_id: str = ""
+    wg_pubkey: str = ""
+    requested_at: float = NOW - 30
+    state_since: float = NOW - 10
+
+
+def inst(i: str, node: str, state: str = "running") -> Instance:
+    return Instance(i, node, state, "lab", tags={"slurm-burst-node": node})
+
+
+def snode(name: str, *flags: str, state: str = "idle") -> SlurmNode:
+    return SlurmNode(name, state, frozenset({"CLOUD", *flags}))
+
+
+def snap(records: list[Rec] | None = None, **kw: object) -> Snapshot:
+    return Snapshot(now=NOW, records={r.name: r for r in records or []}, **kw)  # type: ignore[arg-type]
+
+
+def kinds(s: Snapshot) -> list[tuple[str, str, str]]:
+    return [(a.kind, a.code, a.node or a.target) for a in plan(s, POLICY).actions]
+
+
+CASES = [
+    pytest.param(
+        snap([Rec("n1", S.JOINED, instance_id="i-1")], instances={"lab": [inst("i-1", "n1")]}),
+        [],
+        id="healthy-joined-node",
+    ),
+    pytest.param(
+        snap([], instances={"lab": [inst("i-9", "n9")]}),
+        [],
+        id="orphan-first-seen-waits-for-grace",
+    ),
+    pytest.param(
+        snap(
+            [],
+            instances={"lab": [inst("i-9", "n9")]},
+            suspects={"instance:lab:i-9": NOW - 121},
+        ),
+        [("terminate", "Orphan", "n9")],
+        id="orphan-past-grace-terminated",
+    ),
+    pytest.param(
+        snap(
+            [Rec("n1", S.JOINED, instance_id="i-1")],
+            instances={"lab": [inst("i-1", "n1"), inst("i-2", "n1")]},
+            suspects={"instance:lab:i-2": NOW - 500},
+        ),
+        [("terminate", "Orphan", "n1")],
+        id="duplicate-instance-of-a-node-terminated",
+    ),
+    pytest.param(
+        snap(
+            [Rec("n1", S.LAUNCHING)],
+            instances={"lab": [inst("i-1", "n1", "pending")]},
+            suspects={"instance:lab:i-1": NOW - 500},
+        ),
+        [],
+        id="instance-of-a-launch-in-flight-is-not-orphan",
+    ),
+    pytest.param(
+        snap(
+            [Rec("n1", S.TERMINATED, want="down", instance_id="")],
+            instances={"lab": [inst("i-1", "n1", "terminated")]},
+            suspects={"instance:lab:i-1": NOW - 500},
+        ),
+        [],
+        id="terminated-instance-ignored",
+    ),
+    pytest.param(
+        snap([Rec("n1", S.BOOTING, requested_at=NOW - 700)], instances={"lab": []}),
+        [("fail_node", "ResumeTimeout", "n1")],
+        id="stuck-past-resume-timeout",
+    ),
+    pytest.param(
+        snap([Rec("n1", S.JOINED, instance_id="i-1")], instances={"lab": []}),
+        [("fail_node", "InstanceVanished", "n1")],
+        id="joined-node-instance-vanished",
+    ),
+    pytest.param(
+        snap(
+            [Rec("n1", S.JOINED, instance_id="i-1")],
+            instances={"lab": [inst("i-1", "n1", "terminated")]},
+        ),
+        [("fail_node", "InstanceVanished", "n1")],
+        id="joined-node-instance-terminated-spot-reclaim",
+    ),
+    pytest.param(
+        snap([Rec("n1", S.JOINED, instance_id="i-1")], instances={}),
+        [],
+        id="provider-unreadable-no-vanish-verdict",
+    ),
+    pytest.param(
+        snap(
+            [Rec("n1", S.JOINED, instance_id="i-1")],
+            instances={"lab": [inst("i-1", "n1")]},
+            slurm_nodes={"n1": snode("n1", "POWERED_DOWN")},
+        ),
+        [("teardown", "SlurmPoweredDown", "n1")],
+        id="slurm-powered-down-a-joined-node",
+    ),
+    pytest.param(
+        snap([], slurm_nodes={"n2": snode("n2", "POWERING_UP")}),
+        [("fail_node", "ResumeLost", "n2")],
+        id="slurm-powering-up-unknown-node-is-resumed",
+    ),
+    pytest.param(
+        snap([Rec("n2", S.TERMINATED, want="down", state_since=NOW - 5)],
+             slurm_nodes={"n2": snode("n2", "POWERING_UP")}),
+        [],
+        id="resume-lost-waits-its-grace",
+    ),
+    pytest.param(
+        snap([Rec("n1", S.JOINED, wg_pubkey=KEY_A)], peers=[Peer(KEY_A, ("10.77.0.2/32",))]),
+        [],
+        id="live-peer-kept",
+    ),
+    pytest.param(
+        snap([], peers=[Peer(KEY_B, ("10.77.0.3/32",), comment="n3")]),
+        [],
+        id="stale-peer-first-pass-waits",
+    ),
+    pytest.param(
+        snap(
+            [],
+            peers=[Peer(KEY_B, ("10.77.0.3/32",), comment="n3")],
+            suspects={f"peer:{KEY_B}": NOW - 10},
+        ),
+        [("remove_peer", "StalePeer", "n3")],
+        id="stale-peer-second-pass-removed",
+    ),
+    pytest.param(
+        snap(
+            [Rec("n3", S.TERMINATED, want="down")],
+            addresses={"n3": "10.77.0.3"},
+            suspects={"address:n3:10.77.0.3": NOW - 10},
+        ),
+        [("release_address", "LeakedAddress", "n3")],
+        id="leaked-address-released",
+    ),
+    pytest.param(
+        snap([Rec("n3", S.BOOTSTRAPPING)], addresses={"n3": "10.77.0.3"},
+             suspects={"address:n3:10.77.0.3": NOW - 10}),
+        [],
+        id="address-of-a-bootstrapping-node-kept",
+    ),
+    pytest.param(
+        snap([], instances={"lab": []}, ledger_open={"i-7": "n7"}),
+        [("close_ledger", "LedgerOpen", "n7")],
+        id="ledger-row-of-vanished-instance-closed",
+    ),
+    pytest.param(
+        snap([], instances={"lab": [inst("i-7", "n7")]}, ledger_open={"i-7": "n7"}),
+        [],
+        id="ledger-row-of-live-instance-kept",
+    ),
+    pytest.param(
+        snap([], groups={"cpu": GroupHealth("cpu", failures=3)}),
+        [("protect", "Protected", "cpu")],
+        id="group-protected-after-failures",
+    ),
+    pytest.param(
+        snap([], groups={"cpu": GroupHealth("cpu", failures=5, protected_until=NOW + 10)}),
+        [],
+        id="protected-group-stays",
+    ),
+    pytest.param(
+        snap([], groups={"cpu": GroupHealth("cpu", failures=5, protected_until=NOW - 1)}),
+        [("unprotect", "Unprotected", "cpu")],
+        id="protected-group-cooldown-over",
+    ),
+]
+
+
+@pytest.mark.parametrize(("snapshot", "expected"), CASES)
+def test_plan(snapshot: Snapshot, expected: list[tuple[str, str, str]]) -> None:
+    assert kinds(snapshot) == expected
+
+
+def test_suspects_carry_first_seen_and_drop_what_is_gone() -> None:
+    s = snap([], instances={"lab": [inst("i-9", "n9")]}, suspects={"instance:lab:gone": NOW - 5})
+    p = plan(s, POLICY)
+    assert p.suspects == {"instance:lab:i-9": NOW}
+    p2 = plan(snap([], instances={"lab": [inst("i-9", "n9")]}, suspects=p.suspects), POLICY)
+    assert p2.suspects == {"instance:lab:i-9": NOW}
+
+
+def test_a_pass_is_idempotent() -> None:
+    s = snap(
+        [Rec("n1", S.JOINED, instance_id="i-1")],
+        instances={"lab": [inst("i-1", "n1"), inst("i-2", "n2")]},
+        suspects={"instance:lab:i-2": NOW - 500},
+    )
+    assert plan(s, POLICY) == plan(s, POLICY)
