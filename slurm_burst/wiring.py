@@ -38,9 +38,15 @@ def cloud_driver(provider: ProviderConfig) -> Any:
 
     cls = driver_class(provider.driver)
     kwargs: dict[str, Any] = dict(provider.options)
+    fault_file = kwargs.pop("fault_file", None)  # the lab's fault matrix, never production
     if provider.region:
         kwargs["region"] = provider.region
-    return cls("lab" if provider.driver == "nscloud" else "", **kwargs)
+    driver = cls("lab" if provider.driver == "nscloud" else "", **kwargs)
+    if fault_file:
+        from slurm_burst.adapters.cloud.faults import FaultyDriver
+
+        return FaultyDriver(driver, str(fault_file))
+    return driver
 
 
 def clouds(cfg: Config) -> dict[str, Cloud]:

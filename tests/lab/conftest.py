@@ -16,6 +16,9 @@ from slurm_burst.services.lab.service import Lab
 
 LAB_CONFIG = Path(__file__).resolve().parents[2] / "slurm-conf" / "lab" / "slurm-burst.toml"
 
+# (fault, outcome, reconcile passes needed), filled by test_y_faults, printed at the end
+FAULT_MATRIX: list[tuple[str, str, str]] = []
+
 needs_root = pytest.mark.skipif(
     os.geteuid() != 0 or not shutil.which("slurmctld", path="/usr/sbin:/usr/bin"),
     reason="lab tests need root and Slurm (make test installs it; CI runs as root)",
@@ -27,6 +30,18 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         if "tests/lab/" in str(item.fspath):
             item.add_marker(pytest.mark.lab)
             item.add_marker(needs_root)
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if not FAULT_MATRIX:
+        return
+    w1 = max(len(r[0]) for r in FAULT_MATRIX)
+    w2 = max(len(r[1]) for r in FAULT_MATRIX)
+    tr = terminalreporter
+    tr.section("fault matrix")
+    tr.write_line(f"{'fault':<{w1}}  {'outcome':<{w2}}  passes")
+    for fault, outcome, passes in FAULT_MATRIX:
+        tr.write_line(f"{fault:<{w1}}  {outcome:<{w2}}  {passes}")
 
 
 @pytest.fixture(scope="session")

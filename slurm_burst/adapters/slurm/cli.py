@@ -25,7 +25,6 @@ log = logging.getLogger(__name__)
 Runner = Callable[..., Result]
 
 
-
 class SlurmError(RuntimeError):
     """A Slurm command failed; ``message`` is Slurm's own words."""
 

@@ -15,6 +15,7 @@ import json
 import logging
 import os
 import shutil
+import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -162,6 +163,20 @@ class Lab:
             n in seen and seen[n].state == "idle" and not seen[n].flags & {"NOT_RESPONDING"}
             for n in onprem
         ) and all(n in seen and seen[n].sinfo_state == "idle~" for n in burst)
+
+    def restart_daemon(self, sig: int = signal.SIGTERM) -> None:
+        """Stop the daemon (SIGKILL: as a crash would) and start it again, as systemd would."""
+        record = self._read_record()
+        if record is None:
+            raise LabError("the lab is not up")
+        info = (record.get("processes") or {}).get("daemon")
+        if info:
+            proc = c.Proc(info["pid"], info["start"])
+            if proc.alive:
+                os.kill(proc.pid, sig)
+                c.wait_for(lambda: not proc.alive, 30, "the daemon to stop")
+        record["processes"]["daemon"] = vars(c.start_daemon(self.cfg, self.paths))
+        self._write_record(record)
 
     # -- down -----------------------------------------------------------------
     def down(self) -> list[str]:

@@ -132,8 +132,10 @@ CASES = [
         id="slurm-powering-up-unknown-node-is-resumed",
     ),
     pytest.param(
-        snap([Rec("n2", S.TERMINATED, want="down", state_since=NOW - 5)],
-             slurm_nodes={"n2": snode("n2", "POWERING_UP")}),
+        snap(
+            [Rec("n2", S.TERMINATED, want="down", state_since=NOW - 5)],
+            slurm_nodes={"n2": snode("n2", "POWERING_UP")},
+        ),
         [],
         id="resume-lost-waits-its-grace",
     ),
@@ -166,8 +168,11 @@ CASES = [
         id="leaked-address-released",
     ),
     pytest.param(
-        snap([Rec("n3", S.BOOTSTRAPPING)], addresses={"n3": "10.77.0.3"},
-             suspects={"address:n3:10.77.0.3": NOW - 10}),
+        snap(
+            [Rec("n3", S.BOOTSTRAPPING)],
+            addresses={"n3": "10.77.0.3"},
+            suspects={"address:n3:10.77.0.3": NOW - 10},
+        ),
         [],
         id="address-of-a-bootstrapping-node-kept",
     ),
