@@ -111,7 +111,14 @@ class Daemon:
     def run(self) -> None:
         self.acquire()
         if self.metrics is not None and self.cfg.daemon.metrics_listen:
-            self.metrics.serve(self.cfg.daemon.metrics_listen)
+            try:
+                self.metrics.serve(self.cfg.daemon.metrics_listen)
+            except OSError as exc:  # metrics are not worth refusing to provision for
+                log.error(
+                    "daemon.metrics_unavailable listen=%s error=%s",
+                    self.cfg.daemon.metrics_listen,
+                    exc,
+                )
         log.info("daemon.started pid=%d node_id=%s", os.getpid(), self.node_id)
         try:
             while not self.stop.is_set():

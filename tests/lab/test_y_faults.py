@@ -187,6 +187,28 @@ def completed(env: dict[str, str], job: int) -> Callable[[], bool]:
     return lambda: job_state(env, job) == "COMPLETED"
 
 
+def requeued(env: dict[str, str], store: Store, job: int, node: str) -> Callable[[], bool]:
+    """The job is back in the queue (Slurm delays a requeued job's start by its BeginTime)
+    and the failed node is torn down."""
+
+    def check() -> bool:
+        rec = store.node(node)
+        return (
+            job_state(env, job) == "PENDING" and rec is not None and str(rec.state) == "terminated"
+        )
+
+    return check
+
+
+@pytest.fixture
+def cancel(env: dict[str, str]) -> Iterator[list[int]]:
+    """Jobs to cancel after the case (a requeued job would start minutes later)."""
+    jobs: list[int] = []
+    yield jobs
+    if jobs:
+        subprocess.run(["scancel", *map(str, jobs)], env=env, timeout=30, check=False)
+
+
 def node_failed_with(store: Store, node: str, since: int, code: str) -> bool:
     return any(
         e["event"] == "node.failed" and e["detail"] == code for e in events(store, node, since)
@@ -211,7 +233,17 @@ def test_capacity_error_falls_back_to_the_next_size(
 def test_throttling_is_retried_without_a_duplicate(
     lab_config: Config, env: dict[str, str], store: Store, cloud: Any, faults: Any
 ) -> None:
-    faults([{"call": "create_node", "error": "RequestLimitExceeded", "http": 503, "times": 2}])
+    faults(
+        [
+            {
+                "call": "create_node",
+                "error": "RequestLimitExceeded",
+                "http": 503,
+                "node": "burst-cpu-21",
+                "times": 2,
+            }
+        ]
+    )
     before = {n.id for n in cloud.list_nodes()}
     job = sbatch(env, "burst-cpu-21")
     settle("throttling (503 x2)", "retried with backoff; one instance", store, cloud,
@@ -221,50 +253,86 @@ def test_throttling_is_retried_without_a_duplicate(
 
 
 def test_auth_failure_sets_the_node_down_and_the_job_is_requeued(
-    lab_config: Config, env: dict[str, str], store: Store, cloud: Any, faults: Any
+    lab_config: Config,
+    env: dict[str, str],
+    store: Store,
+    cloud: Any,
+    faults: Any,
+    cancel: list[int],
 ) -> None:
-    faults([{"call": "create_node", "error": "AuthFailure", "times": 1}])
+    faults([{"call": "create_node", "error": "AuthFailure", "node": "burst-cpu-22", "times": 1}])
     since = last_event_id(store)
     job = sbatch(env, "burst-cpu-22")
+    cancel.append(job)
     wait(lambda: node_failed_with(store, "burst-cpu-22", since, "AuthFailure"), 60, "AuthFailure")
-    settle("auth failure", "node DOWN (Code:AuthFailure), job requeued, then ran", store, cloud,
-           lab_config, env, [job], completed(env, job))  # fmt: skip
+    reason = sh(env, "sinfo", "-h", "-N", "-n", "burst-cpu-22", "-o", "%E")
+    assert "(Code:AuthFailure)" in reason
+    settle("auth failure", "node DOWN (Code:AuthFailure), job requeued", store, cloud,
+           lab_config, env, [job], requeued(env, store, job, "burst-cpu-22"))  # fmt: skip
 
 
 def test_instance_that_never_boots_times_out(
-    lab_config: Config, env: dict[str, str], store: Store, cloud: Any, faults: Any
+    lab_config: Config,
+    env: dict[str, str],
+    store: Store,
+    cloud: Any,
+    faults: Any,
+    cancel: list[int],
 ) -> None:
-    faults([{"call": "create_node", "never_running": True, "times": 1}])
+    faults([{"call": "create_node", "never_running": True, "node": "burst-cpu-23", "times": 1}])
     since = last_event_id(store)
     job = sbatch(env, "burst-cpu-23")
+    cancel.append(job)
     wait(lambda: node_failed_with(store, "burst-cpu-23", since, "BootTimeout"), 90, "BootTimeout")
-    settle("instance never boots", "BootTimeout; terminated; job requeued, then ran", store,
-           cloud, lab_config, env, [job], completed(env, job))  # fmt: skip
+    settle("instance never boots", "BootTimeout; instance terminated; job requeued", store,
+           cloud, lab_config, env, [job], requeued(env, store, job, "burst-cpu-23"))  # fmt: skip
 
 
 def test_wireguard_handshake_never_completes(
-    lab_config: Config, env: dict[str, str], store: Store, cloud: Any, faults: Any
+    lab_config: Config,
+    env: dict[str, str],
+    store: Store,
+    cloud: Any,
+    faults: Any,
+    cancel: list[int],
 ) -> None:
-    faults([{"call": "create_node", "block": ["ipproto udp dport 51820"], "times": 1}])
+    faults(
+        [
+            {
+                "call": "create_node",
+                "block": ["ipproto udp dport 51820"],
+                "node": "burst-cpu-24",
+                "times": 1,
+            }
+        ]
+    )
     since = last_event_id(store)
     job = sbatch(env, "burst-cpu-24")
+    cancel.append(job)
     wait(
         lambda: node_failed_with(store, "burst-cpu-24", since, "WireGuardHandshake"),
         120,
         "WireGuardHandshake",
     )
-    settle("WireGuard handshake never completes", "node failed, peer removed; job ran", store,
-           cloud, lab_config, env, [job], completed(env, job))  # fmt: skip
+    settle("WireGuard handshake never completes", "node failed, peer removed; job requeued",
+           store, cloud, lab_config, env, [job],
+           requeued(env, store, job, "burst-cpu-24"))  # fmt: skip
 
 
 # -- the world changes under the daemon ------------------------------------------------
 
 
 def test_instance_deleted_under_a_running_job(
-    lab_config: Config, env: dict[str, str], store: Store, cloud: Any, faults: Any
+    lab_config: Config,
+    env: dict[str, str],
+    store: Store,
+    cloud: Any,
+    faults: Any,
+    cancel: list[int],
 ) -> None:
     since = last_event_id(store)
     job = sbatch(env, "burst-cpu-25", seconds=20)
+    cancel.append(job)
     wait(lambda: job_state(env, job) == "RUNNING", 120, "the job to run")
     rec = store.node("burst-cpu-25")
     assert rec is not None and rec.instance_id
@@ -275,8 +343,9 @@ def test_instance_deleted_under_a_running_job(
         30,
         "InstanceVanished",
     )
-    settle("instance deleted (spot reclaim)", "InstanceVanished; job requeued, then ran",
-           store, cloud, lab_config, env, [job], completed(env, job))  # fmt: skip
+    settle("instance deleted (spot reclaim)", "InstanceVanished; node DOWN; job requeued",
+           store, cloud, lab_config, env, [job],
+           requeued(env, store, job, "burst-cpu-25"))  # fmt: skip
 
 
 def test_orphan_instance_is_terminated_after_the_grace_period(
@@ -297,6 +366,7 @@ def test_orphan_instance_is_terminated_after_the_grace_period(
             "slurm-burst-node": "burst-cpu-31",
         },
     )
+
     def gone() -> bool:
         return all(n.state == "terminated" for n in cloud.list_nodes() if n.id == orphan.id)
 
@@ -319,7 +389,7 @@ def test_daemon_sigkilled_in_each_state(
 ) -> None:
     node = {"launching": "burst-cpu-26", "booting": "burst-cpu-27"}.get(state, "burst-cpu-28")
     if state == "launching":  # hold the call open after the instance exists
-        faults([{"call": "create_node", "delay_after": 8, "times": 1}])
+        faults([{"call": "create_node", "delay_after": 8, "node": node, "times": 1}])
     before = {n.id for n in cloud.list_nodes()}
     job = sbatch(env, node, seconds=3)
 
@@ -367,10 +437,16 @@ def test_suspend_during_bootstrap(
 
 
 def test_repeated_failures_protect_the_group(
-    lab_config: Config, env: dict[str, str], store: Store, cloud: Any, faults: Any
+    lab_config: Config,
+    env: dict[str, str],
+    store: Store,
+    cloud: Any,
+    faults: Any,
+    cancel: list[int],
 ) -> None:
     faults([{"call": "create_node", "error": "AuthFailure"}])  # every launch fails
     jobs = [sbatch(env, f"burst-cpu-{n}") for n in (11, 12, 13)]
+    cancel.extend(jobs)
 
     def protected() -> bool:
         st = json.loads(invoke([*SB, "status", "--json"], expect=None).stdout)
@@ -384,4 +460,4 @@ def test_repeated_failures_protect_the_group(
     assert "GroupProtected" not in sh(env, "scontrol", "show", "node", "burst-cpu-14")
     settle("3 failed launches in a row", "group protected (nodes drained), enabled by hand",
            store, cloud, lab_config, env, jobs,
-           lambda: all(job_state(env, j) == "COMPLETED" for j in jobs))  # fmt: skip
+           lambda: all(job_state(env, j) == "PENDING" for j in jobs))  # fmt: skip

@@ -1,0 +1,177 @@
+"""The reconcile loop's parts that need no lab: retries, group health, status, metrics,
+the squeue count read, and the HA election against the local PostgreSQL."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from slurm_burst.adapters.proc import Result
+from slurm_burst.adapters.slurm.cli import SlurmCli
+from slurm_burst.adapters.slurm.openapi import SchemaError
+from slurm_burst.adapters.state.store import Store
+from slurm_burst.config import load_config
+from slurm_burst.core.cloud import (
+    AuthError,
+    CloudError,
+    Instance,
+    LaunchSpec,
+    ThrottledError,
+    backoff,
+)
+from slurm_burst.core.nodestate import NodeState as S
+from slurm_burst.services.cloudcalls import ManagedCloud
+from slurm_burst.services.reconciler import status
+
+LAB = Path(__file__).resolve().parents[2] / "slurm-conf/lab/slurm-burst.toml"
+
+
+class Flaky:
+    """A Cloud port whose launch fails with ``errors`` first (then succeeds)."""
+
+    name = "lab"
+
+    def __init__(self, errors: list[CloudError]) -> None:
+        self.errors = list(errors)
+        self.calls = 0
+
+    def launch(self, spec: LaunchSpec) -> Instance:
+        self.calls += 1
+        if self.errors:
+            raise self.errors.pop(0)
+        return Instance("i-1", spec.node, "pending", "lab")
+
+
+SPEC = LaunchSpec("n1", "c", "cpu", "s", "img", "tok", "ssh-ed25519 AAAA", "")
+
+
+def test_backoff_is_exponential_capped_and_jittered() -> None:
+    assert [backoff(a, 1.0, 30.0, 0.999) for a in range(7)] == pytest.approx(
+        [0.999, 1.998, 3.996, 7.992, 15.984, 29.97, 29.97]
+    )
+    assert backoff(3, 1.0, 30.0, 0.0) == 0.0
+
+
+def test_throttled_launch_is_retried_then_succeeds() -> None:
+    inner = Flaky([ThrottledError("slow down"), ThrottledError("slow down")])
+    slept: list[float] = []
+    cloud = ManagedCloud(inner, attempts=5, base=1, cap=8, sleep=slept.append, rand=lambda: 0.5)  # type: ignore[arg-type]
+    assert cloud.launch(SPEC).id == "i-1"
+    assert inner.calls == 3 and slept == [0.5, 1.0]
+
+
+def test_throttling_gives_up_after_the_attempts() -> None:
+    inner = Flaky([ThrottledError("slow down")] * 9)
+    cloud = ManagedCloud(inner, attempts=3, sleep=lambda s: None, rand=lambda: 0.0)  # type: ignore[arg-type]
+    with pytest.raises(ThrottledError):
+        cloud.launch(SPEC)
+    assert inner.calls == 3
+
+
+def test_other_errors_are_not_retried() -> None:
+    inner = Flaky([AuthError("no")])
+    cloud = ManagedCloud(inner, sleep=lambda s: None)  # type: ignore[arg-type]
+    with pytest.raises(AuthError):
+        cloud.launch(SPEC)
+    assert inner.calls == 1
+
+
+def test_group_health_and_unavailable_sizes(tmp_path: Path) -> None:
+    store = Store(tmp_path / "state.db")
+    assert [store.group_launch_result("cpu", ok=False) for _ in range(3)] == [1, 2, 3]
+    assert store.group_launch_result("cpu", ok=True) == 0
+    store.protect_group("cpu", 2000.0, "why")
+    assert store.groups()["cpu"].protected(1999.0) and not store.groups()["cpu"].protected(2001)
+    store.unprotect_group("cpu")
+    assert not store.groups()["cpu"].protected(0)
+    store.mark_unavailable("lab", "ns.cpu2", 100.0, "InsufficientInstanceCapacity")
+    assert store.unavailable(50.0) == {("lab", "ns.cpu2"): (100.0, "InsufficientInstanceCapacity")}
+    assert store.unavailable(150.0) == {}
+
+
+def test_status_reports_daemon_nodes_groups_and_spend(tmp_path: Path) -> None:
+    cfg = load_config(LAB)
+    store = Store(tmp_path / "state.db")
+    now = time.time()
+    assert status(cfg, store, now)["daemon"]["running"] is False
+    store.beat(now, {"pid": 42, "node_id": "ctl-a", "in_flight": 0})
+    store.transition("burst-gpu-1", S.REQUESTED, now, grp="gpu", want="up", requested_at=now)
+    store.transition("burst-gpu-1", S.LAUNCHING, now, provider="lab", size="ns.gpu1")
+    store.transition("burst-gpu-1", S.BOOTING, now, instance_id="ns-1")
+    store.protect_group("cpu", now + 60, "3 failed launches in a row")
+    store.meta_set("reconcile", {"ended": now, "seconds": 0.1, "actions": {}, "errors": {}})
+    st = status(cfg, store, now)
+    assert st["daemon"]["running"] and st["leader"] == "ctl-a"
+    assert st["nodes"] == {"gpu": {"booting": 1}}
+    assert st["protected_groups"]["cpu"]["reason"] == "3 failed launches in a row"
+    assert st["spend_per_hour_total"] == pytest.approx(2.80)  # rates.gpu1-2026: 2 GPUs x 1.40
+
+
+def test_job_counts_reads_one_compact_squeue() -> None:
+    seen: list[list[str]] = []
+
+    def runner(argv: list[str], timeout: float, env: object) -> Result:
+        seen.append(argv)
+        out = "burst-cpu|PENDING\nburst-cpu|PENDING\nburst-gpu|RUNNING\n"
+        return Result(tuple(argv), 0, out, "", 0.0)
+
+    cli = SlurmCli(runner=runner)
+    assert cli.job_counts(["burst-cpu", "burst-gpu"]) == {
+        ("burst-cpu", "PENDING"): 2,
+        ("burst-gpu", "RUNNING"): 1,
+    }
+    assert len(seen) == 1 and "--partition=burst-cpu,burst-gpu" in seen[0]
+    bad = SlurmCli(runner=lambda argv, timeout, env: Result((), 0, "garbage\n", "", 0.0))
+    with pytest.raises(SchemaError, match="garbage"):
+        bad.job_counts()
+
+
+def test_metrics_are_named_by_convention() -> None:
+    from slurm_burst.adapters.metrics.prom import Metrics
+
+    m = Metrics()
+    m.set_nodes({"cpu": {"joined": 3}}, ["cpu", "gpu"])
+    m.launches.labels("cpu", "lab", "ns.cpu2").inc()
+    m.pass_duration.observe(0.2)
+    text = m.text().decode()
+    assert 'slurm_burst_nodes{group="cpu",state="joined"} 3.0' in text
+    assert 'slurm_burst_nodes{group="gpu",state="joined"} 0.0' in text
+    assert 'slurm_burst_launches_total{group="cpu",provider="lab",size="ns.cpu2"} 1.0' in text
+    assert "slurm_burst_reconcile_pass_duration_seconds_count 1.0" in text
+    names = {line.split()[2] for line in text.splitlines() if line.startswith("# TYPE")}
+    assert all(n.startswith("slurm_burst_") for n in names)
+
+
+PG = "postgresql+psycopg://root@127.0.0.1/postgres"
+
+
+def _pg_up() -> bool:
+    try:
+        from sqlalchemy import create_engine, text
+
+        with create_engine(PG).connect() as c:
+            c.execute(text("SELECT 1"))
+        return True
+    except Exception:
+        return False
+
+
+@pytest.mark.skipif(not _pg_up(), reason="needs the local PostgreSQL (make test starts it)")
+def test_only_one_daemon_leads_and_the_follower_takes_over() -> None:
+    from slurm_burst.adapters.ha import PgLeaderLock
+
+    cluster = f"ha-test-{time.time_ns()}"
+    a, b = PgLeaderLock(PG, cluster, "ctl-a"), PgLeaderLock(PG, cluster, "ctl-b")
+    try:
+        assert a.try_acquire() and a.held()
+        assert not b.try_acquire() and not b.held()
+        assert b.leader_info() == "ctl-a"
+        a.release()  # the leader dies: its session (and the lock) goes with it
+        assert not a.held()
+        assert b.try_acquire() and b.held() and a.leader_info() == "ctl-b"
+        assert not a.try_acquire()
+    finally:
+        a.release()
+        b.release()
