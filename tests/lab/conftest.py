@@ -16,8 +16,8 @@ from slurm_burst.services.lab.service import Lab
 
 LAB_CONFIG = Path(__file__).resolve().parents[2] / "slurm-conf" / "lab" / "slurm-burst.toml"
 
-# (fault, outcome, reconcile passes needed), filled by test_y_faults, printed at the end
-FAULT_MATRIX: list[tuple[str, str, str]] = []
+# (fault, outcome, reconcile passes to consistent, seconds to done): test_y_faults fills it
+FAULT_MATRIX: list[tuple[str, str, str, str]] = []
 
 needs_root = pytest.mark.skipif(
     os.geteuid() != 0 or not shutil.which("slurmctld", path="/usr/sbin:/usr/bin"),
@@ -39,9 +39,9 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
     w2 = max(len(r[1]) for r in FAULT_MATRIX)
     tr = terminalreporter
     tr.section("fault matrix")
-    tr.write_line(f"{'fault':<{w1}}  {'outcome':<{w2}}  passes")
-    for fault, outcome, passes in FAULT_MATRIX:
-        tr.write_line(f"{fault:<{w1}}  {outcome:<{w2}}  {passes}")
+    tr.write_line(f"{'fault':<{w1}}  {'outcome':<{w2}}  passes  seconds to done")
+    for fault, outcome, passes, seconds in FAULT_MATRIX:
+        tr.write_line(f"{fault:<{w1}}  {outcome:<{w2}}  {passes:>6}  {seconds:>6}")
 
 
 @pytest.fixture(scope="session")
