@@ -74,6 +74,7 @@ class Daemon:
         self._lockfile: int | None = None
         self._reconcile_thread: threading.Thread | None = None
         self.leading = False
+        self.lost_leadership = False  # set when the HA lock is lost: the CLI exits 1
         self.started_at = clock()
 
     # -- lifecycle ------------------------------------------------------------------
@@ -189,8 +190,6 @@ class Daemon:
             pass
         finally:
             self._sock.settimeout(1.0)
-
-    lost_leadership = False
 
     def shutdown(self) -> None:
         log.info("daemon.stopping in_flight=%d", len(self._active))

@@ -222,10 +222,11 @@ class Reconciler:
         """Leave protected mode: launches allowed, our drain lifted in Slurm."""
         g = self.cfg.node_groups[group]
         self.store.unprotect_group(group)
+        members = set(g.node_names())
         drained = [
             n.name
             for n in self.scheduler.nodes()
-            if n.name in set(g.node_names()) and "(Code:GroupProtected)" in n.reason
+            if n.name in members and "(Code:GroupProtected)" in n.reason
         ]
         if drained:
             self.scheduler.update_nodes(drained, state="resume")
@@ -246,7 +247,7 @@ class Reconciler:
     def record(self, snap: Snapshot, report: PassReport) -> None:
         records = list(snap.records.values())
         by_group = summarize(records)
-        spend = self.spend_rate(records)
+        spend = spend_rate(self.cfg, records)
         summary = {
             **asdict(report),
             "ended": self.now(),
@@ -271,9 +272,6 @@ class Reconciler:
                 m.spend_rate.labels(g).set(float(dollars(spend.get(g, 0))))
                 health = snap.groups.get(g)
                 m.protected.labels(g).set(1 if health and health.protected(snap.now) else 0)
-
-    def spend_rate(self, records: list[Any]) -> dict[str, int]:
-        return spend_rate(self.cfg, records)
 
 
 def spend_rate(cfg: Config, records: list[Any]) -> dict[str, int]:
