@@ -249,6 +249,11 @@ class DaemonConfig:
     bootstrap_timeout: float = doc(
         "Seconds for SSH to answer and the node to join after it runs.", default=300.0
     )
+    register_timeout: float = doc(
+        "Seconds slurmd has to register with slurmctld after it is started on a node; "
+        "then the node fails with SlurmdNotRegistered (before Slurm's ResumeTimeout).",
+        default=180.0,
+    )
     orphan_grace: float = doc(
         "Seconds a cloud instance no live node owns is left alone before it is terminated.",
         default=120.0,

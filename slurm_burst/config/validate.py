@@ -55,7 +55,13 @@ def validate(
         out.append(Problem("daemon.poll_period", "must be positive"))
     if cfg.daemon.workers < 1:
         out.append(Problem("daemon.workers", "must be at least 1"))
-    for key in ("boot_timeout", "bootstrap_timeout", "api_backoff", "api_backoff_max"):
+    for key in (
+        "boot_timeout",
+        "bootstrap_timeout",
+        "register_timeout",
+        "api_backoff",
+        "api_backoff_max",
+    ):
         if getattr(cfg.daemon, key) <= 0:
             out.append(Problem(f"daemon.{key}", "must be positive"))
     for key in ("orphan_grace", "capacity_cooldown", "protect_cooldown"):

@@ -17,6 +17,10 @@ gone"). The rules, each logged as an event with the node and a code:
                       requeues its jobs, then torn down and powered down.
 ``InstanceVanished``  a node bootstrapping or joined whose instance the provider no
                       longer lists as alive (spot reclaim, manual delete): the same.
+``SlurmdNotRegistered`` a node joined (slurmd started over the mesh) that Slurm still
+                      shows powering up ``register_timeout`` seconds later: slurmd
+                      cannot reach slurmctld. Failed like ResumeTimeout, but sooner
+                      and with the cause named.
 ``SlurmPoweredDown``  a node we hold up while Slurm shows it powered down and not
                       powering up (a lost suspend, a slurmctld restart): torn down.
 ``StalePeer``         a hub peer whose key no live node holds, on two passes running.
@@ -89,6 +93,7 @@ class Policy:
     protect_after: int = 10
     protect_cooldown: float = 1800.0
     lost_resume_grace: float = 60.0
+    register_timeout: float = 180.0
 
 
 @dataclass(frozen=True)
@@ -214,12 +219,19 @@ def _stuck_nodes(snap: Snapshot, policy: Policy) -> Iterable[Action]:
                 )
                 continue
         node = snap.slurm_nodes.get(rec.name) if snap.slurm_nodes is not None else None
-        if (
-            rec.state == S.JOINED
-            and node is not None
-            and node.powered_down
-            and not node.powering_up
-        ):
+        if rec.state != S.JOINED or node is None:
+            continue
+        if node.powering_up and snap.now - rec.state_since > policy.register_timeout:
+            yield Action(
+                "fail_node",
+                "SlurmdNotRegistered",
+                rec.name,
+                rec.instance_id,
+                rec.provider,
+                f"slurmd started {snap.now - rec.state_since:.0f} s ago and has not "
+                f"registered with slurmctld (register_timeout {policy.register_timeout:g} s)",
+            )
+        elif node.powered_down and not node.powering_up:
             yield Action(
                 "teardown",
                 "SlurmPoweredDown",

@@ -28,7 +28,7 @@ from slurm_burst.adapters.ha import SoleLeader
 from slurm_burst.adapters.state.store import Store
 from slurm_burst.config import Config
 from slurm_burst.core.hostlist import compress
-from slurm_burst.core.nodestate import RESUMING
+from slurm_burst.core.nodestate import LIVE, RESUMING
 from slurm_burst.core.nodestate import NodeState as S
 from slurm_burst.services.chargeback import Chargeback, ChargebackLoop
 from slurm_burst.services.provisioner import Provisioner
@@ -143,8 +143,10 @@ class Daemon:
             self.metrics.leader.set(1)
         log.info("daemon.leader node_id=%s", self.node_id)
         self.store.event(self.now(), "daemon.leader", "", self.node_id)
+        self.store.meta_delete(f"follower.{self.node_id}")
         self.open_socket()
         self.beat()
+        self.restore_peers()
         if self.ledger_loop is not None:
             self.ledger_loop.ensure_schema()  # db upgrade at start, under the migration lock
             self.ledger_loop.start()  # spool replay, ingest, split: now, then every interval
@@ -153,6 +155,24 @@ class Daemon:
             target=self._reconcile_loop, name="reconcile", daemon=True
         )
         self._reconcile_thread.start()
+
+    def restore_peers(self) -> None:
+        """Put every live node's peer on the hub (idempotent).
+
+        After a takeover on another host the hub there has none of the leader's peers;
+        the nodes' tunnels reconnect to the (floating) hub endpoint once their peers exist.
+        """
+        live = [r for r in self.store.nodes() if r.state in LIVE and r.wg_pubkey and r.mesh_addr]
+        if not live:
+            return
+        try:
+            present = {p.public_key for p in self.prov.mesh.peers()}
+            for r in live:
+                if r.wg_pubkey not in present:
+                    self.prov.mesh.add_peer(r.wg_pubkey, r.mesh_addr, r.name)
+                    log.info("daemon.peer_restored node=%s mesh_addr=%s", r.name, r.mesh_addr)
+        except Exception as exc:  # the reconcile pass reports the hub; provisioning goes on
+            log.error("daemon.peer_restore_failed error=%s", exc)
 
     def follow(self) -> None:
         """Standby: say so (``slurm-burst status`` shows it), act on nothing."""

@@ -59,6 +59,7 @@ def policy(cfg: Config) -> Policy:
         protect_after=d.protect_after,
         protect_cooldown=d.protect_cooldown,
         lost_resume_grace=max(60.0, 2 * d.poll_period),
+        register_timeout=d.register_timeout,
     )
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import ipaddress
+import json
 import os
 import re
 import time
@@ -186,6 +187,33 @@ def test_eight_nodes_resume_in_parallel(lab: Lab, env: dict[str, str], store: St
     wall = joined - requested
     TIMING["eight"] = wall
     assert wall < 0.5 * len(fresh) * TIMING["one_node"], (wall, TIMING)
+
+
+def test_status_and_metrics_show_the_nodes_and_the_spend(lab_config: Config, store: Store) -> None:
+    """Read right after the 8-node job, while its nodes idle before Slurm suspends them."""
+    import urllib.request
+
+    st = json.loads(invoke(["--config", str(LAB_CONFIG), "status", "--json"]).stdout)
+    assert st["daemon"]["running"] and st["leader"] == st["daemon"]["node_id"], st
+    period = lab_config.daemon.poll_period
+    assert time.time() - st["last_pass"]["ended"] < 3 * period, st["last_pass"]
+    recs = store.nodes()
+    assert st["nodes"]["cpu"].get("joined", 0) >= 6, st["nodes"]
+    assert sum(st["nodes"]["cpu"].values()) == sum(r.grp == "cpu" for r in recs)
+    assert st["spend_per_hour"]["cpu"] > 0 and st["protected_groups"] == {}, st
+
+    listen = lab_config.daemon.metrics_listen
+    with urllib.request.urlopen(f"http://{listen}/metrics", timeout=5) as r:
+        lines = r.read().decode().splitlines()
+    m = {k: float(v) for k, _, v in (ln.rpartition(" ") for ln in lines if ln[:1] != "#")}
+    assert m["slurm_burst_leader"] == 1.0
+    cpu = {k: v for k, v in m.items() if k.startswith('slurm_burst_nodes{group="cpu"')}
+    assert sum(cpu.values()) == sum(st["nodes"]["cpu"].values()), (cpu, st["nodes"])
+    assert m['slurm_burst_spend_rate_dollars_per_hour{group="cpu"}'] > 0
+    assert m['slurm_burst_launches_total{group="cpu",provider="lab",size="ns.cpu2"}'] >= 8
+    assert m["slurm_burst_reconcile_passes_total"] >= 1
+    assert time.time() - m["slurm_burst_reconcile_last_pass_timestamp_seconds"] < 3 * period
+    assert any(k.startswith("slurm_burst_cloud_api_duration_seconds_count") for k in m)
 
 
 def _needles(secret: bytes) -> list[bytes]:

@@ -16,8 +16,10 @@ matrix printed at the end of the run (fault -> outcome -> passes needed).
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -258,7 +260,33 @@ def test_throttling_is_retried_without_a_duplicate(
     assert len(made) == 1
 
 
-def test_auth_failure_sets_the_node_down_and_the_job_is_requeued(
+# Faults that fail the node: the failure is named in the node's reason, the job goes
+# back to the queue, and nothing of the node is left (instance, peer, address, ledger).
+# (fault, node, what to inject, failure code, seconds to wait for it)
+NODE_FAILURES = [
+    ("auth failure", "burst-cpu-22", {"error": "AuthFailure"}, "AuthFailure", 60),
+    ("instance never boots", "burst-cpu-23", {"never_running": True}, "BootTimeout", 90),
+    ("SSH never reachable", "burst-cpu-15", {"block": ["ipproto tcp sport 22"]},
+     "SshUnreachable", 120),
+    ("WireGuard handshake never completes", "burst-cpu-24",
+     {"block": ["ipproto udp dport 51820"]}, "WireGuardHandshake", 120),
+    # slurmd fetches its config from the hub address, then cannot reach SlurmctldAddr
+    ("slurmd never registers", "burst-cpu-16",
+     {"block": ["to {controller_addr} ipproto tcp dport 6817"]}, "SlurmdNotRegistered", 150),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("fault", "node", "rule", "code", "within"),
+    NODE_FAILURES,
+    ids=[f[0].replace(" ", "-") for f in NODE_FAILURES],
+)
+def test_node_failure_is_named_and_the_job_requeued(
+    fault: str,
+    node: str,
+    rule: dict[str, Any],
+    code: str,
+    within: float,
     lab_config: Config,
     env: dict[str, str],
     store: Store,
@@ -266,63 +294,23 @@ def test_auth_failure_sets_the_node_down_and_the_job_is_requeued(
     faults: Any,
     cancel: list[int],
 ) -> None:
-    faults([{"call": "create_node", "error": "AuthFailure", "node": "burst-cpu-22", "times": 1}])
+    if "block" in rule:
+        ctl = lab_config.cluster.controller_addr
+        rule = {"block": [b.format(controller_addr=ctl) for b in rule["block"]]}
+    faults([{"call": "create_node", "node": node, "times": 1, **rule}])
     since = last_event_id(store)
-    job = sbatch(env, "burst-cpu-22")
+    job = sbatch(env, node)
     cancel.append(job)
-    wait(lambda: node_failed_with(store, "burst-cpu-22", since, "AuthFailure"), 60, "AuthFailure")
-    reason = sh(env, "sinfo", "-h", "-N", "-n", "burst-cpu-22", "-o", "%E")
-    assert "(Code:AuthFailure)" in reason
-    settle("auth failure", "node DOWN (Code:AuthFailure), job requeued", store, cloud,
-           lab_config, env, [job], requeued(env, store, job, "burst-cpu-22"))  # fmt: skip
+    reasons: list[str] = []  # Slurm's reason, read while waiting: it is cleared on power-down
 
+    def read_reason() -> bool:
+        reasons.append(sh(env, "sinfo", "-h", "-N", "-n", node, "-o", "%E").strip())
+        return any(f"(Code:{code})" in r for r in reasons)
 
-def test_instance_that_never_boots_times_out(
-    lab_config: Config,
-    env: dict[str, str],
-    store: Store,
-    cloud: Any,
-    faults: Any,
-    cancel: list[int],
-) -> None:
-    faults([{"call": "create_node", "never_running": True, "node": "burst-cpu-23", "times": 1}])
-    since = last_event_id(store)
-    job = sbatch(env, "burst-cpu-23")
-    cancel.append(job)
-    wait(lambda: node_failed_with(store, "burst-cpu-23", since, "BootTimeout"), 90, "BootTimeout")
-    settle("instance never boots", "BootTimeout; instance terminated; job requeued", store,
-           cloud, lab_config, env, [job], requeued(env, store, job, "burst-cpu-23"))  # fmt: skip
-
-
-def test_wireguard_handshake_never_completes(
-    lab_config: Config,
-    env: dict[str, str],
-    store: Store,
-    cloud: Any,
-    faults: Any,
-    cancel: list[int],
-) -> None:
-    faults(
-        [
-            {
-                "call": "create_node",
-                "block": ["ipproto udp dport 51820"],
-                "node": "burst-cpu-24",
-                "times": 1,
-            }
-        ]
-    )
-    since = last_event_id(store)
-    job = sbatch(env, "burst-cpu-24")
-    cancel.append(job)
-    wait(
-        lambda: node_failed_with(store, "burst-cpu-24", since, "WireGuardHandshake"),
-        120,
-        "WireGuardHandshake",
-    )
-    settle("WireGuard handshake never completes", "node failed, peer removed; job requeued",
-           store, cloud, lab_config, env, [job],
-           requeued(env, store, job, "burst-cpu-24"))  # fmt: skip
+    wait(lambda: read_reason() and node_failed_with(store, node, since, code), within,
+         f"{node} to fail with {code}, named in its Slurm reason")  # fmt: skip
+    settle(fault, f"node DOWN (Code:{code}); job requeued", store, cloud, lab_config, env,
+           [job], requeued(env, store, job, node))  # fmt: skip
 
 
 # -- the world changes under the daemon ------------------------------------------------
@@ -409,7 +397,7 @@ def test_daemon_sigkilled_in_each_state(
         return rec is not None and str(rec.state) == state and rec.want == "up"
 
     wait(reached, 120, f"{node} in state {state}")
-    lab.restart_daemon(signal.SIGKILL)
+    lab.restart("daemon", signal.SIGKILL)
     settle(f"daemon SIGKILLed while {state}", "restarted; resumed from the database; one instance",
            store, cloud, lab_config, env, [job], completed(env, job))  # fmt: skip
     made = [n for n in cloud.list_nodes() if n.id not in before and n.name == node]
@@ -447,6 +435,60 @@ def test_suspend_during_bootstrap(
            lab_config, env, [job], completed(env, job))  # fmt: skip
 
 
+def _mid_resume(store: Store, node: str) -> Callable[[], bool]:
+    def check() -> bool:
+        rec = store.node(node)
+        state = str(getattr(rec, "state", ""))
+        return rec is not None and rec.want == "up" and state in ("booting", "bootstrapping")
+
+    return check
+
+
+def test_slurmctld_restarted_mid_resume(
+    lab: Lab, lab_config: Config, env: dict[str, str], store: Store, cloud: Any, faults: Any
+) -> None:
+    before = {n.id for n in cloud.list_nodes()}
+    job = sbatch(env, "burst-cpu-17")
+    wait(_mid_resume(store, "burst-cpu-17"), 120, "burst-cpu-17 booting")
+    lab.restart("slurmctld")  # SIGTERM: slurmctld saves its state and reads it back
+    settle("slurmctld restarted mid-resume", "node joined after the restart; job ran", store,
+           cloud, lab_config, env, [job], completed(env, job))  # fmt: skip
+    made = [n for n in cloud.list_nodes() if n.id not in before and n.name == "burst-cpu-17"]
+    assert len(made) == 1, [(n.id, n.state) for n in made]
+
+
+def _restart_mariadb(logdir: Path) -> None:
+    """Restart the local MariaDB (slurmdbd's accounting database) as it was started."""
+    from slurm_burst.services.lab import components as c
+
+    sh({}, "mariadb-admin", "-uroot", "shutdown")  # waits until the server is down
+    c.spawn(["/usr/sbin/mariadbd", "--user=mysql"], logdir / "mariadbd.out")
+    wait(lambda: subprocess.run(["mariadb", "-uroot", "-e", "SELECT 1"], capture_output=True,
+                                check=False, timeout=10).returncode == 0,
+         60, "MariaDB back")  # fmt: skip
+
+
+def test_database_restarted_mid_burst(
+    lab: Lab, lab_config: Config, env: dict[str, str], store: Store, cloud: Any, faults: Any
+) -> None:
+    from datetime import UTC, datetime, timedelta
+
+    job = sbatch(env, "burst-cpu-18", seconds=5)
+    wait(_mid_resume(store, "burst-cpu-18"), 120, "burst-cpu-18 booting")
+    _restart_mariadb(lab.paths.log)
+    settle("database (MariaDB) restarted mid-burst", "job ran; its accounting reached the ledger",
+           store, cloud, lab_config, env, [job], completed(env, job))  # fmt: skip
+    led = ledger(lab_config)
+    now = datetime.now(UTC)
+
+    def in_ledger() -> bool:
+        invoke([*SB, "ledger", "sync"], expect=None)
+        return any(j.job_id == job for j in led.jobs_between(now - timedelta(hours=1), now
+                                                               + timedelta(hours=1)))  # fmt: skip
+
+    wait(in_ledger, 120, f"job {job} in the ledger (slurmdbd reconnected to MariaDB)")
+
+
 def test_repeated_failures_protect_the_group(
     lab_config: Config,
     env: dict[str, str],
@@ -473,3 +515,112 @@ def test_repeated_failures_protect_the_group(
     settle("2 failed launches in a row (lab)", "group protected (nodes drained), enabled by hand",
            store, cloud, lab_config, env, jobs,
            lambda: all(job_state(env, j) == "PENDING" for j in jobs))  # fmt: skip
+
+
+# -- HA: two daemons, the leader killed ------------------------------------------------
+
+PG = "postgresql+psycopg://root@127.0.0.1/postgres"
+
+
+def _metrics(port: int) -> dict[str, float]:
+    """``name{labels}`` -> value from a daemon's /metrics."""
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+        text = r.read().decode()
+    out = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            key, _, value = line.rpartition(" ")
+            out[key] = float(value)
+    return out
+
+
+@pytest.fixture
+def ha_pair(lab: Lab, tmp_path: Path) -> Iterator[dict[str, Any]]:
+    """The lab's daemon replaced by two daemons electing a leader through PostgreSQL,
+    each with its own config (metrics port, log) as on two hosts; the lab's daemon is
+    started again afterwards."""
+    from slurm_burst.services.lab import components as c
+
+    try:
+        import sqlalchemy
+
+        with sqlalchemy.create_engine(PG).connect() as conn:
+            conn.execute(sqlalchemy.text("SELECT 1"))
+    except Exception as exc:
+        pytest.skip(f"HA needs the local PostgreSQL: {exc}")
+    text = LAB_CONFIG.read_text()
+    procs: dict[str, Any] = {}
+    lab.stop("daemon")
+    try:
+        for node_id, port in (("lab-a", 9466), ("lab-b", 9467)):
+            conf = tmp_path / f"{node_id}.toml"
+            conf.write_text(
+                text.replace(
+                    'metrics_listen = "127.0.0.1:9466"',
+                    f'metrics_listen = "127.0.0.1:{port}"\nha_url = "{PG}"',
+                ).replace("log/daemon.log", f"log/daemon-{node_id}.log")
+            )
+            argv = [sys.executable, "-m", "slurm_burst", "--config", str(conf), "daemon",
+                    "--node-id", node_id]  # fmt: skip
+            procs[node_id] = c.spawn(argv, lab.paths.log / f"daemon-{node_id}.out")
+            if node_id == "lab-a":  # a first, so that it leads
+                wait(lambda: (_status().get("daemon") or {}).get("node_id") == "lab-a"
+                     and _status()["daemon"]["running"], 60, "lab-a leading")  # fmt: skip
+        yield procs
+    finally:
+        for p in procs.values():
+            c.stop(p)
+        lab.start("daemon")
+
+
+def _status() -> dict[str, Any]:
+    return dict(json.loads(invoke([*SB, "status", "--json"], expect=None).stdout or "{}"))
+
+
+def test_ha_leader_killed_the_follower_takes_over(
+    ha_pair: dict[str, Any],
+    lab_config: Config,
+    env: dict[str, str],
+    store: Store,
+    cloud: Any,
+    faults: Any,
+) -> None:
+    period = lab_config.daemon.poll_period
+    wait(lambda: _status().get("followers") == ["lab-b"], 30, "lab-b standing by")
+    st = _status()
+    assert st["leader"] == "lab-a" and st["daemon"]["running"], st
+    wait(lambda: _metrics(9467).get("slurm_burst_leader") == 0.0, 30, "lab-b's metrics")
+    assert _metrics(9466)["slurm_burst_leader"] == 1.0
+
+    node = "burst-cpu-32"
+    before = {n.id for n in cloud.list_nodes()}
+    job = sbatch(env, node, seconds=3)
+    wait(_mid_resume(store, node), 120, f"{node} booting under lab-a")
+    since = last_event_id(store)
+    killed_at = time.time()
+    os.kill(ha_pair["lab-a"].pid, signal.SIGKILL)
+
+    def took_over() -> dict[str, Any] | None:
+        return next((e for e in events(store, "", since) if e["event"] == "daemon.leader"), None)
+
+    ev = wait(took_over, 4 * period, "lab-b elected")
+    assert ev["detail"] == "lab-b"
+
+    def acted() -> bool:
+        last = store.meta_get("reconcile") or {}
+        return float(last.get("ended", 0)) > killed_at
+
+    wait(acted, 4 * period, "a reconcile pass by lab-b")
+    acted_after = float(store.meta_get("reconcile")["ended"]) - killed_at
+    assert acted_after <= 2 * period + 2, f"lab-b acted {acted_after:.1f} s after the kill"
+    settle("HA leader SIGKILLed (standby takes over)",
+           f"lab-b led after {ev['at'] - killed_at:.1f} s, acted after {acted_after:.1f} s; "
+           "node finished, one instance",
+           store, cloud, lab_config, env, [job], completed(env, job))  # fmt: skip
+    made = [n for n in cloud.list_nodes() if n.id not in before and n.name == node]
+    assert len(made) == 1, [(n.id, n.state) for n in made]
+    st = _status()
+    assert st["leader"] == "lab-b" and st["followers"] == [], st
+    assert _metrics(9467)["slurm_burst_leader"] == 1.0

@@ -208,6 +208,10 @@ class Store:
         with self.tx() as db:
             db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, json.dumps(value)))
 
+    def meta_delete(self, key: str) -> None:
+        with self.tx() as db:
+            db.execute("DELETE FROM meta WHERE key = ?", (key,))
+
     # -- node groups: failures in a row, protected mode -----------------------
     def groups(self) -> dict[str, GroupHealth]:
         return {

@@ -164,19 +164,41 @@ class Lab:
             for n in onprem
         ) and all(n in seen and seen[n].sinfo_state == "idle~" for n in burst)
 
-    def restart_daemon(self, sig: int = signal.SIGTERM) -> None:
-        """Stop the daemon (SIGKILL: as a crash would) and start it again, as systemd would."""
-        record = self._read_record()
-        if record is None:
-            raise LabError("the lab is not up")
-        info = (record.get("processes") or {}).get("daemon")
+    def restart(self, name: str, sig: int = signal.SIGTERM) -> None:
+        """Stop one of the lab's processes (``daemon`` or ``slurmctld``; SIGKILL: as a crash
+        would) and start it again, as systemd would; return once it answers again."""
+        self.stop(name, sig)
+        self.start(name)
+
+    def stop(self, name: str, sig: int = signal.SIGTERM) -> None:
+        """Stop the lab's ``daemon`` or ``slurmctld`` with ``sig``; wait until it is gone."""
+        record = self._record_for(name)
+        info = (record.get("processes") or {}).get(name)
         if info:
             proc = c.Proc(info["pid"], info["start"])
             if proc.alive:
                 os.kill(proc.pid, sig)
-                c.wait_for(lambda: not proc.alive, 30, "the daemon to stop")
-        record["processes"]["daemon"] = vars(c.start_daemon(self.cfg, self.paths))
+                c.wait_for(lambda: not proc.alive, 30, f"{name} to stop")
+
+    def start(self, name: str) -> None:
+        """Start the lab's ``daemon`` or ``slurmctld`` (again); return once it answers."""
+        record = self._record_for(name)
+        if name == "daemon":
+            started = c.start_daemon(self.cfg, self.paths)
+        else:
+            started = c.start_slurmctld(self.cfg, self.paths, self.slurm_conf)
+        record["processes"][name] = vars(started)
         self._write_record(record)
+        if name == "slurmctld":
+            c.wait_for(self.slurm.ping, 30, "slurmctld answering ping", started)
+
+    def _record_for(self, name: str) -> dict[str, Any]:
+        if name not in ("daemon", "slurmctld"):
+            raise LabError(f"the lab cannot stop or start {name!r} (only daemon, slurmctld)")
+        record = self._read_record()
+        if record is None:
+            raise LabError("the lab is not up")
+        return record
 
     # -- down -----------------------------------------------------------------
     def down(self) -> list[str]:

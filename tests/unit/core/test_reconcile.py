@@ -127,6 +127,33 @@ CASES = [
         id="slurm-powered-down-a-joined-node",
     ),
     pytest.param(
+        snap(
+            [Rec("n1", S.JOINED, instance_id="i-1", state_since=NOW - 181)],
+            instances={"lab": [inst("i-1", "n1")]},
+            slurm_nodes={"n1": snode("n1", "POWERING_UP")},
+        ),
+        [("fail_node", "SlurmdNotRegistered", "n1")],
+        id="joined-but-slurmd-never-registered",
+    ),
+    pytest.param(
+        snap(
+            [Rec("n1", S.JOINED, instance_id="i-1", state_since=NOW - 30)],
+            instances={"lab": [inst("i-1", "n1")]},
+            slurm_nodes={"n1": snode("n1", "POWERING_UP")},
+        ),
+        [],
+        id="joined-slurmd-registering-within-its-timeout",
+    ),
+    pytest.param(
+        snap(
+            [Rec("n1", S.JOINED, instance_id="i-1", state_since=NOW - 500)],
+            instances={"lab": [inst("i-1", "n1")]},
+            slurm_nodes={"n1": snode("n1", state="allocated")},
+        ),
+        [],
+        id="joined-and-registered-long-ago",
+    ),
+    pytest.param(
         snap([], slurm_nodes={"n2": snode("n2", "POWERING_UP")}),
         [("fail_node", "ResumeLost", "n2")],
         id="slurm-powering-up-unknown-node-is-resumed",
