@@ -1,0 +1,283 @@
+"""Provider profiles: one launch (a node group's size, image, GPUs, spot, disk, tags,
+user-data, and the provider's network placement) mapped onto a libcloud driver's
+``create_node`` keyword arguments.
+
+A table, not branches in the services: ``PROFILES[driver type]`` builds the
+arguments for EC2, GCE, Azure ARM and OpenStack; any other libcloud compute driver
+gets the generic mapping (name, size, image, the daemon's SSH key, and user-data /
+tags where its ``create_node`` takes them). Only public material ever goes into a
+request: the daemon's SSH *public* key and user-data without secrets.
+
+What each provider's arguments mean, and where they come from:
+
+========  ===========================  =========================  ==================
+driver    network / subnet             security_groups            spot
+========  ===========================  =========================  ==================
+ec2       - / SubnetId                 SecurityGroupId.N          InstanceMarketOptions
+gce       network / subnetwork         network tags               scheduling.preemptible
+azure_arm virtual network / subnet     (NSG of the subnet)        not in libcloud 3.9
+openstack network UUIDs / -            security group names       (none)
+========  ===========================  =========================  ==================
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from libcloud.compute.base import NodeAuthSSHKey, NodeImage, NodeLocation, NodeSize
+
+from slurm_burst.core.cloud import LaunchSpec
+
+CLUSTER_TAG = "slurm-burst-cluster"
+NODE_TAG = "slurm-burst-node"
+GROUP_TAG = "slurm-burst-group"
+TOKEN_TAG = "slurm-burst-token"
+
+# drivers that make many instances in one call (EC2: RunInstances MinCount/MaxCount)
+BATCH_DEFAULT = {"ec2": 500}
+# drivers that filter a listing by tag on the server side
+TAG_FILTERS = {"nscloud": "ex_filters", "ec2": "ex_filters"}
+# drivers with a native idempotency token on create
+TOKEN_ARG = {"nscloud": "ex_token", "ec2": "ex_clienttoken"}
+# drivers on which the instance can be preemptible/spot through create_node
+SPOT = {"ec2", "gce", "nscloud"}
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a provider's instances go: the provider profile's network settings."""
+
+    network: str = ""
+    subnet: str = ""
+    security_groups: tuple[str, ...] = ()
+    key_name: str = ""
+    zone: str = ""
+    resource_group: str = ""
+    root_device: str = "/dev/sda1"
+    ssh_user: str = "root"
+    extra: Mapping[str, Any] = field(default_factory=dict)  # passed to create_node as is
+
+
+def tags(spec: LaunchSpec, batch: bool = False) -> dict[str, str]:
+    """The tags every instance carries; a batch's node tag is set per instance afterwards."""
+    out = {
+        CLUSTER_TAG: spec.cluster,
+        GROUP_TAG: spec.group,
+        TOKEN_TAG: spec.token,
+        **spec.tags,
+    }
+    if not batch:
+        out[NODE_TAG] = spec.node
+    return out
+
+
+def gce_label(text: str) -> str:
+    """A GCE label key or value: lower case letters, digits, '_' and '-', at most 63."""
+    return re.sub(r"[^a-z0-9_-]", "-", text.lower())[:63]
+
+
+Builder = Callable[[Any, LaunchSpec, Placement, NodeSize, Mapping[str, str]], dict[str, Any]]
+
+
+def _image(driver: Any, spec: LaunchSpec) -> NodeImage:
+    return NodeImage(id=spec.image, name=spec.image, driver=driver)
+
+
+def ec2(
+    driver: Any, spec: LaunchSpec, p: Placement, size: NodeSize, tagset: Mapping[str, str]
+) -> dict[str, Any]:
+    from libcloud.compute.drivers.ec2 import (
+        EC2NetworkSubnet,
+        EC2NodeLocation,
+        ExEC2AvailabilityZone,
+    )
+
+    kw: dict[str, Any] = {
+        "name": spec.node,
+        "size": size,
+        "image": _image(driver, spec),
+        "ex_userdata": spec.user_data,
+        "ex_metadata": dict(tagset),
+        "ex_clienttoken": spec.token,
+        "ex_terminate_on_shutdown": True,  # a node that powers itself off is gone, not billed
+    }
+    if p.key_name:
+        kw["ex_keyname"] = p.key_name
+    if p.subnet:
+        kw["ex_subnet"] = EC2NetworkSubnet(p.subnet, p.subnet, "available")
+    if p.security_groups:
+        kw["ex_security_group_ids"] = list(p.security_groups)
+    if p.zone:
+        az = ExEC2AvailabilityZone(p.zone, "available", getattr(driver, "region_name", ""))
+        kw["location"] = EC2NodeLocation(p.zone, p.zone, "", driver, az)
+    if spec.disk_gb:
+        kw["ex_blockdevicemappings"] = [
+            {
+                "DeviceName": p.root_device,
+                "Ebs": {
+                    "VolumeSize": spec.disk_gb,
+                    "VolumeType": "gp3",
+                    "DeleteOnTermination": "true",
+                },
+            }
+        ]
+    if spec.spot:
+        kw["ex_spot"] = True
+        if spec.spot_max_price:
+            kw["ex_spot_max_price"] = spec.spot_max_price
+    if spec.count > 1:
+        kw["ex_mincount"] = kw["ex_maxcount"] = spec.count  # all or nothing: see launch_many
+    return kw
+
+
+def gce(
+    driver: Any, spec: LaunchSpec, p: Placement, size: NodeSize, tagset: Mapping[str, str]
+) -> dict[str, Any]:
+    kw: dict[str, Any] = {
+        "name": spec.node,
+        "size": size,
+        "image": spec.image,
+        "ex_network": p.network or "default",
+        "ex_labels": {gce_label(k): gce_label(v) for k, v in tagset.items()},
+        "ex_metadata": {
+            "startup-script": spec.user_data,
+            "ssh-keys": f"{p.ssh_user}:{spec.ssh_public_key.strip()}",
+        },
+    }
+    if p.zone:
+        kw["location"] = p.zone
+    if p.subnet:
+        kw["ex_subnetwork"] = p.subnet
+    if p.security_groups:
+        kw["ex_tags"] = list(p.security_groups)  # GCE firewall rules select by network tag
+    if spec.gpus:
+        kw["ex_accelerator_type"] = spec.accelerator
+        kw["ex_accelerator_count"] = spec.gpus
+    if spec.gpus or spec.spot:
+        kw["ex_on_host_maintenance"] = "TERMINATE"  # GPUs and preemptible VMs cannot migrate
+        kw["ex_automatic_restart"] = False
+    if spec.spot:
+        kw["ex_preemptible"] = True
+    if spec.disk_gb:
+        kw["ex_disk_size"] = spec.disk_gb
+    return kw
+
+
+def azure_arm(
+    driver: Any, spec: LaunchSpec, p: Placement, size: NodeSize, tagset: Mapping[str, str]
+) -> dict[str, Any]:
+    from libcloud.compute.drivers.azure_arm import AzureImage
+
+    location = NodeLocation(p.zone, p.zone, "", driver)
+    parts = spec.image.split(":")
+    if len(parts) != 4:
+        raise ValueError(
+            f"azure image {spec.image!r} must be a URN PUBLISHER:OFFER:SKU:VERSION"
+        )
+    publisher, offer, sku, version = parts
+    kw: dict[str, Any] = {
+        "name": spec.node,
+        "size": size,
+        "image": AzureImage(version, sku, offer, publisher, p.zone, driver),
+        "auth": NodeAuthSSHKey(spec.ssh_public_key),
+        "ex_resource_group": p.resource_group,
+        "location": location,
+        "ex_user_name": p.ssh_user,
+        "ex_network": p.network,
+        "ex_subnet": p.subnet or "default",
+        "ex_tags": dict(tagset),
+        "ex_customdata": spec.user_data,
+        "ex_use_managed_disks": True,
+    }
+    if spec.disk_gb:
+        kw["ex_disk_size"] = spec.disk_gb
+    return kw
+
+
+def openstack(
+    driver: Any, spec: LaunchSpec, p: Placement, size: NodeSize, tagset: Mapping[str, str]
+) -> dict[str, Any]:
+    from libcloud.compute.drivers.openstack import OpenStackNetwork, OpenStackSecurityGroup
+
+    kw: dict[str, Any] = {
+        "name": spec.node,
+        "size": size,
+        "image": _image(driver, spec),
+        "ex_userdata": spec.user_data,
+        "ex_metadata": dict(tagset),
+    }
+    if p.key_name:
+        kw["ex_keyname"] = p.key_name
+    if p.network:
+        kw["networks"] = [
+            OpenStackNetwork(n, n, None, driver) for n in p.network.split(",") if n.strip()
+        ]
+    if p.security_groups:
+        kw["ex_security_groups"] = [
+            OpenStackSecurityGroup(None, None, g, "", driver) for g in p.security_groups
+        ]
+    if p.zone:
+        kw["ex_availability_zone"] = p.zone
+    if spec.disk_gb:  # boot from a volume of that size, made from the image
+        kw["ex_blockdevicemappings"] = [
+            {
+                "boot_index": 0,
+                "uuid": spec.image,
+                "source_type": "image",
+                "destination_type": "volume",
+                "volume_size": spec.disk_gb,
+                "delete_on_termination": True,
+            }
+        ]
+    return kw
+
+
+def generic(
+    driver: Any, spec: LaunchSpec, p: Placement, size: NodeSize, tagset: Mapping[str, str]
+) -> dict[str, Any]:
+    """Any libcloud driver: the arguments its ``create_node`` takes, no more."""
+    accepts = set(inspect.signature(driver.create_node).parameters)
+    kw: dict[str, Any] = {"name": spec.node, "size": size, "image": _image(driver, spec)}
+    if "auth" in accepts:
+        kw["auth"] = NodeAuthSSHKey(spec.ssh_public_key)
+    if "ex_userdata" in accepts:
+        kw["ex_userdata"] = spec.user_data
+    if "ex_metadata" in accepts:
+        kw["ex_metadata"] = dict(tagset)
+    elif "ex_tags" in accepts:
+        kw["ex_tags"] = dict(tagset)
+    if "ex_token" in accepts:
+        kw["ex_token"] = spec.token
+    return kw
+
+
+def nscloud(
+    driver: Any, spec: LaunchSpec, p: Placement, size: NodeSize, tagset: Mapping[str, str]
+) -> dict[str, Any]:
+    kw = generic(driver, spec, p, size, tagset)
+    kw["ex_metadata"] = dict(tagset)
+    kw["ex_token"] = spec.token
+    return kw
+
+
+PROFILES: dict[str, Builder] = {
+    "ec2": ec2,
+    "gce": gce,
+    "azure_arm": azure_arm,
+    "openstack": openstack,
+    "nscloud": nscloud,
+}
+
+
+def create_kwargs(
+    kind: str, driver: Any, spec: LaunchSpec, placement: Placement, size: NodeSize
+) -> dict[str, Any]:
+    """``create_node`` keyword arguments for one launch (``spec.count`` instances)."""
+    builder = PROFILES.get(kind, generic)
+    kw = builder(driver, spec, placement, size, tags(spec, batch=spec.count > 1))
+    kw.update(placement.extra)
+    return kw

@@ -1,0 +1,164 @@
+"""An EC2 API emulator on loopback: moto's EC2 server behind a WSGI wrapper (tests only).
+
+libcloud's own EC2 driver talks to it over HTTP with SigV4, exactly as it talks to
+AWS. The wrapper makes moto answer the way EC2 does where it differs, and nothing
+more (see ../shared/docs/LAB-NOTES.md):
+
+- the XML namespace: moto answers ``.../doc/2016-11-15``, EC2 ``.../doc/2016-11-15/``
+  (libcloud parses with the latter);
+- ``ClientToken`` idempotency of RunInstances, which moto does not implement: the
+  same token with the same parameters returns the first answer (the same
+  reservation), with other parameters ``IdempotentParameterMismatch``, as EC2 does;
+- error injection: :meth:`Ec2Emulator.inject` makes the next calls of an action
+  fail with a real EC2 error document (code, message, HTTP status).
+
+Every request is counted by action (:attr:`Ec2Emulator.calls`) for the tests'
+assertions and the launch benchmark.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import threading
+from collections import Counter
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import parse_qsl
+
+NS_MOTO = b'xmlns="http://ec2.amazonaws.com/doc/2016-11-15"'
+NS_EC2 = b'xmlns="http://ec2.amazonaws.com/doc/2016-11-15/"'
+# parameters that differ between two sends of the same request
+_VOLATILE = {"Signature", "SignatureMethod", "SignatureVersion", "Timestamp", "AWSAccessKeyId"}
+
+StartResponse = Callable[..., Any]
+
+
+@dataclass
+class Fault:
+    action: str
+    code: str
+    message: str
+    http: int
+    times: int
+
+
+def error_document(code: str, message: str) -> bytes:
+    """The body of an EC2 error response."""
+    return (
+        '<?xml version="1.0" encoding="UTF-8"?>\n'
+        f"<Response><Errors><Error><Code>{code}</Code><Message>{message}</Message></Error>"
+        "</Errors><RequestID>00000000-0000-0000-0000-000000000000</RequestID></Response>"
+    ).encode()
+
+
+class Ec2Emulator:
+    """moto's EC2 backend as a WSGI app, made to answer like EC2; serve with :meth:`start`."""
+
+    def __init__(self) -> None:
+        from moto.server import create_backend_app
+
+        self._app = create_backend_app("ec2")
+        self.calls: Counter[str] = Counter()
+        self._faults: list[Fault] = []
+        self._tokens: dict[str, tuple[tuple[tuple[str, str], ...], str, list[Any], bytes]] = {}
+        self._lock = threading.Lock()
+        self._server: Any = None
+        self.port = 0
+
+    # -- control --------------------------------------------------------------
+    def start(self) -> int:
+        from werkzeug.serving import make_server
+
+        logging.getLogger("werkzeug").setLevel(logging.ERROR)
+        self._server = make_server("127.0.0.1", 0, self, threaded=True)
+        self.port = int(self._server.server_port)
+        threading.Thread(target=self._server.serve_forever, name="ec2-emulator", daemon=True).start()
+        return self.port
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+
+    def inject(
+        self, action: str, code: str, http: int = 400, times: int = 1, message: str = ""
+    ) -> None:
+        """The next ``times`` calls of ``action`` fail with EC2's error ``code``."""
+        with self._lock:
+            self._faults.append(Fault(action, code, message or f"injected {code}", http, times))
+
+    def clear(self) -> None:
+        with self._lock:
+            self._faults.clear()
+            self.calls.clear()
+
+    def driver(self, region: str = "us-east-1") -> Any:
+        """libcloud's EC2 driver pointed at the emulator (SigV4, plain HTTP)."""
+        from libcloud.compute.drivers.ec2 import EC2NodeDriver
+
+        return EC2NodeDriver(
+            "AKIDEMULATOR000000000",
+            "emulator-secret",
+            region=region,
+            secure=False,
+            host="127.0.0.1",
+            port=self.port,
+            signature_version="4",
+        )
+
+    # -- WSGI -----------------------------------------------------------------
+    def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
+        body = environ["wsgi.input"].read(int(environ.get("CONTENT_LENGTH") or 0))
+        environ["wsgi.input"] = io.BytesIO(body)
+        params = parse_qsl(environ.get("QUERY_STRING", ""), keep_blank_values=True)
+        if body and "form" in environ.get("CONTENT_TYPE", ""):
+            params += parse_qsl(body.decode(), keep_blank_values=True)
+        args = dict(params)
+        action = args.get("Action", "")
+        with self._lock:
+            self.calls[action] += 1
+            fault = next((f for f in self._faults if f.action == action), None)
+            if fault is not None:
+                fault.times -= 1
+                if fault.times <= 0:
+                    self._faults.remove(fault)
+        if fault is not None:
+            return self._answer(start_response, f"{fault.http} ERROR", [], error_document(
+                fault.code, fault.message))  # fmt: skip
+        token = args.get("ClientToken") if action == "RunInstances" else None
+        fingerprint = tuple(sorted((k, v) for k, v in params if k not in _VOLATILE))
+        if token:
+            with self._lock:
+                seen = self._tokens.get(token)
+            if seen is not None:
+                if seen[0] != fingerprint:
+                    return self._answer(start_response, "400 Bad Request", [], error_document(
+                        "IdempotentParameterMismatch",
+                        "The client token has been used with different parameters"))  # fmt: skip
+                return self._answer(start_response, seen[1], seen[2], seen[3])
+        captured: dict[str, Any] = {}
+
+        def capture(status: str, headers: list[Any], exc_info: Any = None) -> Any:
+            captured["status"], captured["headers"] = status, headers
+            return lambda _data: None
+
+        out = b"".join(self._app(environ, capture)).replace(NS_MOTO, NS_EC2)
+        headers = [(k, v) for k, v in captured["headers"] if k.lower() != "content-length"]
+        if token and captured["status"].startswith("200"):
+            with self._lock:
+                self._tokens[token] = (fingerprint, captured["status"], headers, out)
+        return self._answer(start_response, captured["status"], headers, out)
+
+    @staticmethod
+    def _answer(
+        start_response: StartResponse, status: str, headers: list[Any], body: bytes
+    ) -> list[bytes]:
+        headers = [h for h in headers if h[0].lower() != "content-type"]
+        start_response(
+            status,
+            [*headers, ("Content-Type", "text/xml"), ("Content-Length", str(len(body)))],
+        )
+        return [body]
