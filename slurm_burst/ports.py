@@ -7,7 +7,7 @@ adapter's libraries.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 from slurm_burst.core.cloud import Instance, LaunchSpec
@@ -43,8 +43,15 @@ class Cloud(Protocol):
     """One provider profile (a libcloud driver with its region and credentials)."""
 
     name: str
+    batch_max: int  # instances one launch call may make (1: no batching)
 
     def launch(self, spec: LaunchSpec) -> Instance: ...
+
+    def launch_many(self, spec: LaunchSpec) -> list[Instance]: ...  # spec.count, all or none
+
+    def find(self, token: str, cluster: str) -> list[Instance]: ...  # what a token launched
+
+    def tag(self, instance_id: str, tags: Mapping[str, str]) -> None: ...
 
     def get(self, instance_id: str) -> Instance | None: ...
 

@@ -6,6 +6,7 @@ for libcloud, paramiko or SQLAlchemy.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -32,16 +33,39 @@ def scheduler(cfg: Config, timeout: float | None = None) -> SlurmCli:
     )
 
 
-def cloud_driver(provider: ProviderConfig) -> Any:
-    """A libcloud driver for ``provider`` (credentials resolution comes with real providers)."""
+def cloud_driver(provider: ProviderConfig, environ: Mapping[str, str] | None = None) -> Any:
+    """A libcloud driver for ``provider``, with its credentials resolved (never logged)."""
+    from slurm_burst.adapters.cloud.credentials import resolve
     from slurm_burst.adapters.cloud.registry import driver_class
 
     cls = driver_class(provider.driver)
     kwargs: dict[str, Any] = dict(provider.options)
     fault_file = kwargs.pop("fault_file", None)  # the lab's fault matrix, never production
-    if provider.region:
-        kwargs["region"] = provider.region
-    driver = cls("lab" if provider.driver == "nscloud" else "", **kwargs)
+    creds = resolve(provider, environ)
+    key, secret = creds.pop("key", ""), creds.pop("secret", "")
+    kwargs.update(creds)
+    kind = provider.driver
+    if kind == "nscloud":
+        if provider.region:
+            kwargs["region"] = provider.region
+        driver = cls("lab", **kwargs)
+    elif kind == "gce":  # GCENodeDriver(user_id, key, datacenter=zone, project=...)
+        kwargs.setdefault("datacenter", provider.zone or provider.region or None)
+        driver = cls(key, secret, **kwargs)
+    elif kind == "azure_arm":  # AzureNodeDriver(tenant_id, subscription_id, key, secret)
+        tenant, subscription = kwargs.pop("tenant_id", ""), kwargs.pop("subscription_id", "")
+        if provider.region:
+            kwargs.setdefault("region", provider.region)
+        driver = cls(tenant, subscription, key, secret, **kwargs)
+    elif kind == "openstack":
+        kwargs.setdefault("ex_force_auth_version", "3.x_password")
+        if provider.region:
+            kwargs.setdefault("ex_force_service_region", provider.region)
+        driver = cls(key, secret, **kwargs)
+    else:  # ec2 and any other driver: (key, secret, region=...)
+        if provider.region:
+            kwargs["region"] = provider.region
+        driver = cls(key, secret, **kwargs)
     if fault_file:
         from slurm_burst.adapters.cloud.faults import FaultyDriver
 
@@ -49,10 +73,29 @@ def cloud_driver(provider: ProviderConfig) -> Any:
     return driver
 
 
+def placement(cfg: Config, provider: ProviderConfig) -> Any:
+    from slurm_burst.adapters.cloud.profiles import Placement
+
+    return Placement(
+        network=provider.network,
+        subnet=provider.subnet,
+        security_groups=tuple(provider.security_groups),
+        key_name=provider.key_name,
+        zone=provider.zone,
+        resource_group=provider.resource_group,
+        root_device=provider.root_device,
+        ssh_user=cfg.daemon.ssh_user,
+        extra=dict(provider.launch_options),
+    )
+
+
 def clouds(cfg: Config) -> dict[str, Cloud]:
     from slurm_burst.adapters.cloud.compute import LibcloudCloud
 
-    return {name: LibcloudCloud(name, cloud_driver(p)) for name, p in cfg.providers.items()}
+    return {
+        name: LibcloudCloud(name, cloud_driver(p), placement(cfg, p), p.launch_batch)
+        for name, p in cfg.providers.items()
+    }
 
 
 def managed_clouds(cfg: Config, metrics: Any | None = None) -> dict[str, Any]:

@@ -96,7 +96,46 @@ class ProviderConfig:
     driver: str = doc("libcloud compute driver: ec2, gce, azure_arm, openstack, nscloud, ...")
     region: str = doc("Provider region or zone.", default="")
     credentials: Credentials | None = doc("Where the credentials are (never inline).", default=None)
-    options: Mapping[str, Any] = doc("Driver-specific keyword arguments.", default_factory=_empty)
+    options: Mapping[str, Any] = doc(
+        "Keyword arguments of the driver's constructor (GCE project, Azure tenant_id and "
+        "subscription_id, OpenStack ex_force_auth_url, an endpoint's host/port/secure).",
+        default_factory=_empty,
+    )
+    zone: str = doc(
+        "Availability zone (EC2, OpenStack), zone (GCE) or location (Azure) to launch in.",
+        default="",
+    )
+    network: str = doc(
+        "GCE network name; Azure virtual network name; OpenStack network UUIDs "
+        "(comma-separated). EC2 uses subnet only.",
+        default="",
+    )
+    subnet: str = doc("EC2 subnet id; GCE subnetwork; Azure subnet name.", default="")
+    security_groups: tuple[str, ...] = doc(
+        "EC2 security group ids; OpenStack security group names; GCE network tags "
+        "(firewall rules select on them). Azure: the subnet's NSG applies.",
+        default=(),
+    )
+    key_name: str = doc(
+        "EC2/OpenStack key pair to launch with; empty: the daemon's public key is imported "
+        "once as a key pair of its own.",
+        default="",
+    )
+    resource_group: str = doc("Azure resource group (required for azure_arm).", default="")
+    root_device: str = doc(
+        "EC2 root device name of the image, for node_groups.*.disk_gb (Ubuntu: /dev/sda1, "
+        "Amazon Linux: /dev/xvda).",
+        default="/dev/sda1",
+    )
+    launch_batch: int = doc(
+        "Nodes per launch call. 0: the driver's default (ec2: 500 per RunInstances, "
+        "MinCount = MaxCount; others: 1).",
+        default=0,
+    )
+    launch_options: Mapping[str, Any] = doc(
+        "Extra create_node keyword arguments, passed as they are (e.g. ex_iamprofile).",
+        default_factory=_empty,
+    )
 
 
 _PATTERN = re.compile(
@@ -124,6 +163,19 @@ class NodeGroup:
     max_nodes: int | None = doc("Most nodes running at once; default count.", default=None)
     features: tuple[str, ...] = doc("Slurm node features.", default=())
     spot: bool = doc("Ask for spot/preemptible capacity.", default=False)
+    spot_max_price: float = doc(
+        "EC2: the most to pay per spot instance-hour; 0: up to the on-demand price.",
+        default=0.0,
+    )
+    accelerator: str = doc(
+        "The provider's accelerator type for the GPUs (GCE: nvidia-tesla-t4); default gpu_type.",
+        default="",
+    )
+    disk_gb: int = doc("Root disk size in GB; 0: the image's.", default=0)
+    tags: Mapping[str, str] = doc(
+        "Extra tags (GCE: labels) on every instance, e.g. a cost center.",
+        default_factory=_empty,
+    )
 
     @cached_property
     def _name_parts(self) -> tuple[str, int, str]:

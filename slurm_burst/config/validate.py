@@ -6,7 +6,7 @@ import ipaddress
 import re
 from collections.abc import Callable
 
-from slurm_burst.config.model import _PATTERN, Config, NodeGroup
+from slurm_burst.config.model import _PATTERN, Config, NodeGroup, ProviderConfig
 from slurm_burst.config.schema import Problem
 from slurm_burst.core.hostlist import HostlistError, expand
 from slurm_burst.core.pricing import PricingError, ambiguous, parse_instant
@@ -40,6 +40,7 @@ def validate(
                     f"providers.{name}.driver", f"libcloud has no compute driver {prov.driver!r}"
                 )
             )
+        _provider(name, prov, out)
         creds = prov.credentials
         if creds is not None and creds.file and (creds.key_env or creds.secret_env):
             out.append(
@@ -217,6 +218,54 @@ def _groups(cfg: Config, out: list[Problem], declared: set[str]) -> None:
             )
 
 
+# drivers whose create_node can ask for spot/preemptible capacity (libcloud 3.9)
+SPOT_DRIVERS = frozenset({"ec2", "gce", "nscloud"})
+
+
+def _provider(name: str, prov: ProviderConfig, out: list[Problem]) -> None:
+    base = f"providers.{name}"
+    if prov.launch_batch < 0:
+        out.append(Problem(f"{base}.launch_batch", "must not be negative (0: driver default)"))
+    if prov.driver == "azure_arm":
+        for key in ("resource_group", "network", "zone"):
+            if not getattr(prov, key):
+                out.append(Problem(f"{base}.{key}", "azure_arm needs it"))
+    for key in ("name", "size", "image", "location", "ex_userdata", "ex_metadata"):
+        if key in prov.launch_options:
+            out.append(Problem(f"{base}.launch_options.{key}", "is set by slurm-burst; remove it"))
+
+
+def _group_on_providers(cfg: Config, g: NodeGroup, base: str, out: list[Problem]) -> None:
+    """What a node group asks of each of its providers' drivers."""
+    if g.disk_gb < 0:
+        out.append(Problem(f"{base}.disk_gb", "must not be negative"))
+    if g.spot_max_price < 0:
+        out.append(Problem(f"{base}.spot_max_price", "must not be negative"))
+    for pname in g.providers:
+        prov = cfg.providers.get(pname)
+        if prov is None:
+            continue
+        if g.spot and prov.driver not in SPOT_DRIVERS:
+            out.append(
+                Problem(
+                    f"{base}.spot",
+                    f"provider {pname!r} ({prov.driver}): libcloud cannot ask it for "
+                    f"spot capacity; use a group without spot there",
+                )
+            )
+        if g.gpus and prov.driver == "gce" and not (g.accelerator or g.gpu_type):
+            out.append(
+                Problem(f"{base}.accelerator", "GCE needs the accelerator type for the GPUs")
+            )
+        if prov.driver == "azure_arm" and g.image.count(":") != 3:
+            out.append(
+                Problem(
+                    f"{base}.image",
+                    f"provider {pname!r} (azure_arm) needs a URN PUBLISHER:OFFER:SKU:VERSION",
+                )
+            )
+
+
 def _group(cfg: Config, g: NodeGroup, base: str, out: list[Problem], declared: set[str]) -> None:
     if not _SLURM_NAME.match(g.name):
         out.append(Problem(base, "group name must be letters, digits, '-' or '_'"))
@@ -243,6 +292,7 @@ def _group(cfg: Config, g: NodeGroup, base: str, out: list[Problem], declared: s
                     f"no provider profile {prov!r} (defined: {', '.join(cfg.providers) or 'none'})",
                 )
             )
+    _group_on_providers(cfg, g, base, out)
     if not g.sizes:
         out.append(Problem(f"{base}.sizes", "must list at least one size"))
     if len(set(g.sizes)) != len(g.sizes):

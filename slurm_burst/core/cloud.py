@@ -11,6 +11,13 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import NamedTuple
 
+# The tags every instance we make carries (GCE: as labels). The token tag is the
+# launch's idempotency token: a retry looks for it before it launches again.
+CLUSTER_TAG = "slurm-burst-cluster"
+NODE_TAG = "slurm-burst-node"
+GROUP_TAG = "slurm-burst-group"
+TOKEN_TAG = "slurm-burst-token"  # noqa: S105 - a tag name, not a secret
+
 
 @dataclass(frozen=True)
 class LaunchSpec:
@@ -24,6 +31,11 @@ class LaunchSpec:
     user_data: str
     tags: dict[str, str] = field(default_factory=dict)
     spot: bool = False
+    spot_max_price: float = 0.0  # 0: the provider's on-demand price caps it
+    gpus: int = 0
+    accelerator: str = ""  # the provider's accelerator type (GCE: nvidia-tesla-t4)
+    disk_gb: int = 0  # 0: the image's root disk
+    count: int = 1  # instances in this one call (a batch: the same spec, ``count`` times)
 
 
 class Instance(NamedTuple):
@@ -37,6 +49,7 @@ class Instance(NamedTuple):
     public_ips: tuple[str, ...] = ()
     private_ips: tuple[str, ...] = ()
     tags: Mapping[str, str] = MappingProxyType({})
+    launch_index: int = 0  # position in the launch call that made it (EC2 amiLaunchIndex)
 
     @property
     def address(self) -> str:

@@ -43,7 +43,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from slurm_burst.core.cloud import Instance
+from slurm_burst.core.cloud import NODE_TAG, Instance
 from slurm_burst.core.mesh import Peer
 from slurm_burst.core.nodestate import LIVE, RESUMING
 from slurm_burst.core.nodestate import NodeState as S
@@ -151,8 +151,13 @@ def plan(snap: Snapshot, policy: Policy) -> Plan:
     return Plan(tuple(actions), suspects)
 
 
-def _owner(snap: Snapshot, inst: Instance) -> Tracked | None:
-    rec = snap.records.get(inst.tags.get("slurm-burst-node", "") or inst.name)
+def _owner(snap: Snapshot, inst: Instance, holders: Mapping[str, Tracked]) -> Tracked | None:
+    """The live record that owns ``inst``: the one holding its id, else (a launch whose
+    answer is not recorded yet) the one its node tag names."""
+    rec = holders.get(inst.id)
+    if rec is not None:
+        return rec
+    rec = snap.records.get(inst.tags.get(NODE_TAG, "") or inst.name)
     if rec is None or rec.state not in LIVE:
         return None
     if rec.instance_id and rec.instance_id != inst.id:
@@ -165,12 +170,13 @@ def _owner(snap: Snapshot, inst: Instance) -> Tracked | None:
 def _orphans(snap: Snapshot, policy: Policy, suspect: _Suspect) -> Iterable[Action]:
     if snap.instances is None:
         return
+    holders = {r.instance_id: r for r in snap.records.values() if r.instance_id and r.state in LIVE}
     for provider, instances in snap.instances.items():
         for inst in instances:
-            if inst.state in DEAD_INSTANCE or _owner(snap, inst) is not None:
+            if inst.state in DEAD_INSTANCE or _owner(snap, inst, holders) is not None:
                 continue
             if suspect(f"instance:{provider}:{inst.id}") >= policy.orphan_grace:
-                node = inst.tags.get("slurm-burst-node", "") or inst.name
+                node = inst.tags.get(NODE_TAG, "") or inst.name
                 yield Action(
                     "terminate",
                     "Orphan",

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 from slurm_burst.core.cloud import CloudError, Instance, LaunchSpec, backoff
@@ -73,6 +73,20 @@ class ManagedCloud:
 
     def launch(self, spec: LaunchSpec) -> Instance:
         return self._call("launch", self.inner.launch, spec)
+
+    @property
+    def batch_max(self) -> int:
+        """Nodes one launch call may make (1: the provider launches one at a time)."""
+        return int(getattr(self.inner, "batch_max", 1))
+
+    def launch_many(self, spec: LaunchSpec) -> list[Instance]:
+        return self._call("launch", self.inner.launch_many, spec)
+
+    def find(self, token: str, cluster: str) -> list[Instance]:
+        return self._call("find", self.inner.find, token, cluster)
+
+    def tag(self, instance_id: str, tags: Mapping[str, str]) -> None:
+        self._call("tag", self.inner.tag, instance_id, tags)
 
     def get(self, instance_id: str) -> Instance | None:
         return self._call("get", self.inner.get, instance_id)

@@ -65,6 +65,7 @@ class Daemon:
         self.metrics = metrics
         self.now = clock
         self.stop = threading.Event()
+        provisioner.stopping = self.stop  # a stopping daemon's workers end their waits
         self.pool = ThreadPoolExecutor(cfg.daemon.workers, thread_name_prefix="node")
         self._active: dict[str, Future[None]] = {}
         self._again: set[str] = set()
@@ -241,6 +242,7 @@ class Daemon:
     def handle_requests(self) -> None:
         for req in self.store.pending_requests():
             jobs = json.dumps(req.jobs)
+            launch: list[str] = []  # nodes newly asked up: launched in batches first
             for name in req.nodes:
                 group = self.cfg.group_of(name)
                 if group is None:
@@ -264,6 +266,8 @@ class Daemon:
                             error="",
                             message="",
                         )
+                        launch.append(name)
+                        continue
                     else:
                         self.store.update(name, want="up", jobs=jobs)
                 else:
@@ -275,6 +279,8 @@ class Daemon:
                         with self._lock:
                             self._force.add(name)
                 self.submit(name)
+            if launch:
+                self.submit_launch(launch)
             self.store.finish_request(req.id, self.now())
             log.info(
                 "request.done id=%d kind=%s count=%d hostlist=%s",
@@ -291,6 +297,31 @@ class Daemon:
                 self._again.add(name)  # the worker re-reads the node before it ends
                 return
             self._active[name] = self.pool.submit(self._work, name)
+
+    def submit_launch(self, names: list[str]) -> None:
+        """Launch ``names`` in batches on one worker, then drive each on its own."""
+        with self._lock:
+            free = [n for n in names if n not in self._active]
+            busy = [n for n in names if n in self._active]
+            if free:
+                fut = self.pool.submit(self._launch_work, free)
+                for n in free:
+                    self._active[n] = fut
+        for n in busy:
+            self.submit(n)
+
+    def _launch_work(self, names: list[str]) -> None:
+        try:
+            self.prov.launch_batch(names)
+        except Exception:
+            log.exception("node.batch_launch_crashed count=%d", len(names))
+        finally:
+            with self._lock:
+                for n in names:
+                    self._active.pop(n, None)
+                    self._again.discard(n)
+            for n in names:
+                self.submit(n)
 
     def _work(self, name: str) -> None:
         try:

@@ -21,12 +21,15 @@ the node down so Slurm may try again.
 
 from __future__ import annotations
 
+import hashlib
 import ipaddress
 import json
 import logging
 import shlex
+import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -35,7 +38,7 @@ from typing import Any
 
 from slurm_burst.adapters.state.store import NodeRecord, Store, StoreError
 from slurm_burst.config import Config, NodeGroup
-from slurm_burst.core.cloud import CapacityError, CloudError, LaunchSpec
+from slurm_burst.core.cloud import NODE_TAG, CapacityError, CloudError, Instance, LaunchSpec
 from slurm_burst.core.nodestate import NodeState as S
 from slurm_burst.core.nodestate import reason
 from slurm_burst.core.pricing import dollars
@@ -44,6 +47,7 @@ from slurm_burst.ports import Cloud, Connector, Ledger, Mesh, RemoteShell, Sched
 log = logging.getLogger(__name__)
 
 REMOTE_SCRIPT = "/run/slurm-burst-bootstrap.sh"
+TAG_THREADS = 16  # parallel tag calls after a batch launch
 POLL = 0.5
 
 
@@ -95,6 +99,9 @@ class Provisioner:
         self.secrets = secrets
         self.now = clock
         self.metrics = metrics
+        self.stopping = threading.Event()  # the daemon is stopping: waits end, state stays
+        self._batch_locks: dict[str, threading.Lock] = {}
+        self._locks_guard = threading.Lock()
         self.script = (
             resources.files("slurm_burst.adapters.ssh").joinpath("node-bootstrap.sh").read_bytes()
         )
@@ -137,6 +144,9 @@ class Provisioner:
             try:
                 step(rec)
             except Cancelled:
+                if self.stopping.is_set():
+                    log.info("node.paused node=%s state=%s (daemon stopping)", name, rec.state)
+                    return None
                 log.info("node.cancelled node=%s state=%s (want down)", name, rec.state)
             except StepError as exc:
                 self._fail(rec, exc.code, str(exc))
@@ -161,6 +171,178 @@ class Provisioner:
         """(provider, size) pairs in fallback order: each provider's sizes, then the next."""
         return [(p, z) for p in group.providers for z in group.sizes]
 
+    def spec(
+        self, group: NodeGroup, node: str, size: str, token: str, count: int = 1
+    ) -> LaunchSpec:
+        """What to launch for ``node`` (or for a batch of ``count`` led by it)."""
+        return LaunchSpec(
+            node=node,
+            cluster=self.cfg.cluster.name,
+            group=group.name,
+            size=size,
+            image=group.image,
+            token=token,
+            ssh_public_key=self.secrets.ssh_public_key,
+            user_data=user_data(self.cfg.cluster.name, node if count == 1 else group.name),
+            tags=dict(group.tags),
+            spot=group.spot,
+            spot_max_price=group.spot_max_price,
+            gpus=group.gpus,
+            accelerator=group.accelerator or group.gpu_type,
+            disk_gb=group.disk_gb,
+            count=count,
+        )
+
+    # -- batched launch -----------------------------------------------------------
+    def launch_batch(self, names: Sequence[str]) -> None:
+        """Launch the requested nodes among ``names`` with as few calls as the providers
+        allow: per node group, chunks of the provider's ``batch_max`` in one call each.
+
+        Nodes a batching provider cannot take (a provider without batching, a protected
+        group, every size cooling down) stay ``requested``: their workers launch them
+        one by one, with the same fallback and errors as ever.
+        """
+        by_group: dict[str, list[NodeRecord]] = {}
+        for name in names:
+            rec = self.store.node(name)
+            if rec is not None and rec.state == S.REQUESTED and rec.want == "up":
+                by_group.setdefault(rec.grp, []).append(rec)
+        for recs in by_group.values():
+            group = self._group(recs[0])
+            health = self.store.groups().get(group.name)
+            if health is not None and health.protected(self.now()):
+                continue
+            todo = list(recs)
+            while todo:
+                todo = self._launch_chunks(group, todo)
+
+    def _launch_chunks(self, group: NodeGroup, recs: list[NodeRecord]) -> list[NodeRecord]:
+        """One candidate's worth of batches; return the nodes left for the next candidate."""
+        every = self.candidates(group)
+        cold = self.store.unavailable(self.now())
+        for provider, size in every:
+            if (provider, size) in cold:
+                continue
+            cloud = self.clouds[provider]
+            n = max(1, int(getattr(cloud, "batch_max", 1)))
+            if n < 2:
+                return []  # this provider launches one by one: the workers do it
+            seq = every.index((provider, size))
+            left: list[NodeRecord] = []
+            for i in range(0, len(recs), n):
+                chunk = recs[i : i + n]
+                if not self._batch(group, provider, size, seq, chunk):
+                    left += chunk
+            return left
+        return []
+
+    def _batch(
+        self, group: NodeGroup, provider: str, size: str, seq: int, recs: list[NodeRecord]
+    ) -> bool:
+        """Launch ``recs`` in one call; False on a capacity error (try the next size)."""
+        names = [r.name for r in recs]
+        key = ",".join(f"{r.name}:{r.launch_seq}" for r in recs)
+        digest = hashlib.sha256(f"{key}|{seq}".encode()).hexdigest()[:16]
+        token = f"{self.cfg.cluster.name[:24]}-b{len(recs)}-{seq}-{digest}"[:64]
+        self.store.meta_set(
+            f"batch.{token}",
+            {"nodes": names, "provider": provider, "size": size, "group": group.name},
+        )
+        for name in names:  # the token is fixed before the call: a crash repeats it
+            fix = {"token": token, "provider": provider, "size": size}
+            rec = self.store.node(name)
+            if rec is not None and rec.state == S.REQUESTED:
+                self.store.transition(name, S.LAUNCHING, self.now(), **fix)
+            else:  # launching still, after a capacity error of the previous size
+                self.store.update(name, **fix)
+        try:
+            with self._timed(names[0], f"launch-batch[{len(recs)}]"):
+                made = self.clouds[provider].launch_many(
+                    self.spec(group, names[0], size, token, count=len(recs))
+                )
+        except CapacityError as exc:
+            self._size_unavailable(names[0], provider, size, exc)
+            self.store.meta_delete(f"batch.{token}")  # nothing was made: the next size
+            return False
+        except CloudError as exc:
+            for name in names:
+                rec = self.store.node(name)
+                if rec is not None and rec.state == S.LAUNCHING:
+                    self._fail(rec, exc.code, str(exc))
+            self.store.meta_delete(f"batch.{token}")
+            return True
+        self._adopt_batch(token, made)
+        return True
+
+    def _adopt_batch(self, token: str, made: Sequence[Instance]) -> None:
+        """Give each node of the batch its instance (by launch index), then forget the batch."""
+        info = self.store.meta_get(f"batch.{token}") or {}
+        names: list[str] = info.get("nodes", [])
+        group = self.cfg.node_groups.get(info.get("group", ""))
+        adopted: list[tuple[str, str, str]] = []
+        for name, inst in zip(names, made, strict=False):
+            rec = self.store.node(name)
+            if rec is None or rec.state != S.LAUNCHING or rec.token != token:
+                continue  # suspended meanwhile: its instance is an orphan, reconciled away
+            self.store.transition(name, S.BOOTING, self.now(), instance_id=inst.id, ip=inst.address)
+            adopted.append((name, inst.id, rec.provider))
+            if self.metrics is not None and group is not None:
+                self.metrics.launches.labels(group.name, rec.provider, rec.size).inc()
+            self._ledger(rec, inst.id, "requested", rec.requested_at or self.now())
+        self.store.meta_delete(f"batch.{token}")
+        self._name_instances(adopted)
+
+    def _name_instances(self, adopted: Sequence[tuple[str, str, str]]) -> None:
+        """Tag each instance of a batch with its node's name (a call per instance, in
+        parallel). One that fails is tagged again by its boot step."""
+
+        def name_one(item: tuple[str, str, str]) -> None:
+            node, instance_id, provider = item
+            try:
+                self.clouds[provider].tag(instance_id, {NODE_TAG: node, "Name": node})
+            except CloudError as exc:
+                log.warning(
+                    "node.tag_failed node=%s instance=%s code=%s", node, instance_id, exc.code
+                )
+
+        if adopted:
+            with ThreadPoolExecutor(min(TAG_THREADS, len(adopted))) as pool:
+                list(pool.map(name_one, adopted))
+
+    def _recover_batch(self, rec: NodeRecord, info: dict[str, Any]) -> None:
+        """A node left ``launching`` in a batch (the daemon died during the call)."""
+        with self._batch_lock(rec.token):
+            again = self.store.node(rec.name)
+            if again is None or again.state != S.LAUNCHING or again.token != rec.token:
+                return  # another worker of the batch finished it
+            cloud = self.clouds[info["provider"]]
+            names = info["nodes"]
+            made = cloud.find(rec.token, self.cfg.cluster.name)
+            if len(made) != len(names):
+                group = self._group(rec)
+                made = cloud.launch_many(
+                    self.spec(group, names[0], info["size"], rec.token, count=len(names))
+                )
+            log.info("node.batch_recovered token=%s count=%d", rec.token, len(made))
+            self._adopt_batch(rec.token, made)
+
+    def _batch_lock(self, token: str) -> threading.Lock:
+        with self._locks_guard:
+            return self._batch_locks.setdefault(token, threading.Lock())
+
+    def _size_unavailable(self, node: str, provider: str, size: str, exc: CloudError) -> None:
+        until = self.now() + self.cfg.daemon.capacity_cooldown
+        self.store.mark_unavailable(provider, size, until, exc.code)
+        self.store.event(self.now(), "size.unavailable", node, f"{provider}/{size}: {exc.code}")
+        log.warning(
+            "node.launch.capacity node=%s provider=%s size=%s code=%s cooldown=%g",
+            node,
+            provider,
+            size,
+            exc.code,
+            self.cfg.daemon.capacity_cooldown,
+        )
+
     def _launch(self, rec: NodeRecord) -> None:
         """Launch the node's instance, falling back on capacity errors.
 
@@ -170,27 +352,38 @@ class Provisioner:
         unavailable for ``daemon.capacity_cooldown`` seconds (for every node of
         every group) and moves on to the next candidate.
         """
+        resumed = rec.token if rec.state == S.LAUNCHING else ""  # a call may have been made
+        if resumed:
+            info = self.store.meta_get(f"batch.{rec.token}")
+            if info is not None:
+                self._recover_batch(rec, info)
+                return
         group = self._group(rec)
         health = self.store.groups().get(group.name)
         if health is not None and health.protected(self.now()):
             raise StepError("GroupProtected", f"node group {group.name}: {health.reason}")
         every = self.candidates(group)
+        cold = self.store.unavailable(self.now())
+        start = 0
         if rec.state == S.LAUNCHING and (rec.provider, rec.size) in every:
-            todo = every[every.index((rec.provider, rec.size)) :]  # pick up where it was
-        else:
-            cold = self.store.unavailable(self.now())
-            todo = [c for c in every if c not in cold]
-            if not todo:
-                codes = sorted({code for _, code in cold.values()})
-                raise CapacityError(
-                    f"every size of node group {group.name} is cooling down after "
-                    f"capacity errors ({', '.join(codes)})",
-                    codes[0] if codes else None,
-                )
+            start = every.index((rec.provider, rec.size))  # pick up where it was
+        # a cooling-down size is skipped, unless this node's own call to it may have
+        # gone through (its token is that call's): that call is repeated, not lost
+        todo = [
+            c
+            for i, c in enumerate(every)
+            if i >= start and (c not in cold or (i == start and resumed == self._token(rec, i)))
+        ]
+        if not todo:
+            codes = sorted({code for _, code in cold.values()})
+            raise CapacityError(
+                f"every size of node group {group.name} is cooling down after "
+                f"capacity errors ({', '.join(codes)})",
+                codes[0] if codes else None,
+            )
         last: CloudError | None = None
         for provider, size in todo:
-            seq = every.index((provider, size))
-            token = f"{self.cfg.cluster.name}-{rec.name}-{rec.launch_seq}-{seq}"[:64]
+            token = self._token(rec, every.index((provider, size)))
             if rec.state == S.REQUESTED:
                 rec = self.store.transition(
                     rec.name, S.LAUNCHING, self.now(), token=token, provider=provider, size=size
@@ -198,35 +391,20 @@ class Provisioner:
             elif (rec.token, rec.provider, rec.size) != (token, provider, size):
                 self.store.update(rec.name, token=token, provider=provider, size=size)
                 rec = self.store.node(rec.name) or rec
-            spec = LaunchSpec(
-                node=rec.name,
-                cluster=self.cfg.cluster.name,
-                group=group.name,
-                size=size,
-                image=group.image,
-                token=token,
-                ssh_public_key=self.secrets.ssh_public_key,
-                user_data=user_data(self.cfg.cluster.name, rec.name),
-                spot=group.spot,
-            )
+            retry = resumed == token  # look for what that call made before calling again
             try:
                 with self._timed(rec.name, "launch"):
-                    inst = self.clouds[provider].launch(spec)
+                    found = (
+                        self.clouds[provider].find(token, self.cfg.cluster.name) if retry else []
+                    )
+                    inst = (
+                        found[0]
+                        if found
+                        else self.clouds[provider].launch(self.spec(group, rec.name, size, token))
+                    )
             except CapacityError as exc:
                 last = exc
-                until = self.now() + self.cfg.daemon.capacity_cooldown
-                self.store.mark_unavailable(provider, size, until, exc.code)
-                self.store.event(
-                    self.now(), "size.unavailable", rec.name, f"{provider}/{size}: {exc.code}"
-                )
-                log.warning(
-                    "node.launch.capacity node=%s provider=%s size=%s code=%s cooldown=%g",
-                    rec.name,
-                    provider,
-                    size,
-                    exc.code,
-                    self.cfg.daemon.capacity_cooldown,
-                )
+                self._size_unavailable(rec.name, provider, size, exc)
                 continue
             if self.metrics is not None:
                 self.metrics.launches.labels(group.name, provider, size).inc()
@@ -237,6 +415,10 @@ class Provisioner:
             return
         assert last is not None
         raise last
+
+    def _token(self, rec: NodeRecord, seq: int) -> str:
+        """The idempotency token of ``rec``'s launch on candidate ``seq``."""
+        return f"{self.cfg.cluster.name}-{rec.name}-{rec.launch_seq}-{seq}"[:64]
 
     def _boot(self, rec: NodeRecord) -> None:
         cloud = self.clouds[rec.provider]
@@ -250,6 +432,9 @@ class Provisioner:
                         "InstanceVanished",
                         f"instance {rec.instance_id} is {inst.state if inst else 'gone'}",
                     )
+                if inst.tags.get(NODE_TAG) != rec.name:  # a batch's instance: name it
+                    cloud.tag(rec.instance_id, {NODE_TAG: rec.name, "Name": rec.name})
+                    inst = inst._replace(tags={**inst.tags, NODE_TAG: rec.name})
                 if inst.state == "running" and inst.address:
                     keys = cloud.host_keys(rec.instance_id)
                     if keys:
@@ -394,6 +579,8 @@ class Provisioner:
 
     # -- helpers --------------------------------------------------------------------
     def _check_want(self, name: str) -> None:
+        if self.stopping.is_set():
+            raise Cancelled()
         rec = self.store.node(name)
         if rec is None or rec.want != "up":
             raise Cancelled()

@@ -74,7 +74,9 @@ class Ec2Emulator:
         logging.getLogger("werkzeug").setLevel(logging.ERROR)
         self._server = make_server("127.0.0.1", 0, self, threaded=True)
         self.port = int(self._server.server_port)
-        threading.Thread(target=self._server.serve_forever, name="ec2-emulator", daemon=True).start()
+        threading.Thread(
+            target=self._server.serve_forever, name="ec2-emulator", daemon=True
+        ).start()
         return self.port
 
     def stop(self) -> None:

@@ -1,25 +1,37 @@
 """The Cloud port over any libcloud compute driver.
 
 The only module that turns libcloud ``Node`` objects into our :class:`Instance`
-and libcloud exceptions into our typed :class:`CloudError`. Per-driver
-differences (the idempotency-token argument, tag filters, console output
-shapes) are tables here, so a new provider is a row, not a branch in a service.
-Provider profiles for EC2/GCE/Azure/OpenStack (networks, spot, disks) extend
-``create_kwargs``.
+and libcloud exceptions into our typed :class:`CloudError`. What differs per
+provider is in tables: the ``create_node`` arguments in :mod:`.profiles`, the
+idempotency-token argument, server-side tag filters and batching here; a new
+provider is a row, not a branch in a service.
+
+Idempotency: every launch carries a token, fixed in the state database before the
+call, and the token is also a tag on the instance. EC2 (and the lab) take it as
+the request's own idempotency token; for every provider, a retry first looks for
+instances carrying the token (:meth:`LibcloudCloud.find`), so a crash between
+the call and the record never makes a second instance.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import threading
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from libcloud.common.exceptions import BaseHTTPError
 from libcloud.common.types import LibcloudError
-from libcloud.compute.base import Node, NodeAuthSSHKey, NodeImage, NodeSize
+from libcloud.compute.base import Node, NodeSize
 
+from slurm_burst.adapters.cloud.profiles import BATCH_DEFAULT, TAG_FILTERS, Placement, create_kwargs
 from slurm_burst.core.cloud import (
+    CLUSTER_TAG,
+    GROUP_TAG,
+    NODE_TAG,
+    TOKEN_TAG,
     CloudError,
     Instance,
     LaunchSpec,
@@ -29,55 +41,44 @@ from slurm_burst.core.cloud import (
 )
 from slurm_burst.core.hostkeys import parse_console_host_keys
 
+__all__ = ["CLUSTER_TAG", "GROUP_TAG", "NODE_TAG", "TOKEN_TAG", "LibcloudCloud"]
+
 log = logging.getLogger(__name__)
 
-CLUSTER_TAG = "slurm-burst-cluster"
-NODE_TAG = "slurm-burst-node"
-GROUP_TAG = "slurm-burst-group"
-
-# driver type -> keyword argument of create_node that carries an idempotency token
-TOKEN_ARG = {"nscloud": "ex_token", "ec2": "ex_clienttoken"}
-# drivers whose create_node takes tags as ex_metadata, and list_nodes filters on them
-METADATA_TAGS = {"nscloud", "ec2", "openstack"}
-TAG_FILTERS = {"nscloud", "ec2"}
-
 _ERRORS = (LibcloudError, BaseHTTPError, OSError)
+# drivers whose key pair is imported once and then named at launch
+KEYPAIR_IMPORT = {"ec2", "openstack"}
 
 
 class LibcloudCloud:
     """One provider profile: ``name`` is its key in the config's [providers]."""
 
-    def __init__(self, name: str, driver: Any) -> None:
+    def __init__(
+        self, name: str, driver: Any, placement: Placement | None = None, batch: int = 0
+    ) -> None:
         self.name = name
         self.driver = driver
         self.kind = str(getattr(driver, "type", "") or "")
+        self.placement = placement or Placement()
+        self.batch_max = batch or BATCH_DEFAULT.get(self.kind, 1)
         self._sizes: dict[str, NodeSize] = {}
+        self._keypair = ""
         self._lock = threading.Lock()
 
     # -- launch ---------------------------------------------------------------
     def create_kwargs(self, spec: LaunchSpec) -> dict[str, Any]:
-        tags = {CLUSTER_TAG: spec.cluster, NODE_TAG: spec.node, GROUP_TAG: spec.group, **spec.tags}
-        kwargs: dict[str, Any] = {
-            "name": spec.node,
-            "size": self._size(spec.size),
-            "image": NodeImage(id=spec.image, name=spec.image, driver=self.driver),
-            "auth": NodeAuthSSHKey(spec.ssh_public_key),
-            "ex_userdata": spec.user_data,
-        }
-        if self.kind in METADATA_TAGS:
-            kwargs["ex_metadata"] = tags
-        token_arg = TOKEN_ARG.get(self.kind)
-        if token_arg:
-            kwargs[token_arg] = spec.token
-        return kwargs
+        placement = self.placement
+        if self.kind in KEYPAIR_IMPORT and not placement.key_name:
+            placement = _replace(placement, key_name=self._import_key(spec.ssh_public_key))
+        try:
+            return create_kwargs(self.kind, self.driver, spec, placement, self._size(spec.size))
+        except ValueError as exc:
+            raise CloudError(f"{self.name}: {exc}", "InvalidParameterValue") from exc
 
     def launch(self, spec: LaunchSpec) -> Instance:
-        kwargs = self.create_kwargs(spec)
         started = time.monotonic()
-        try:
-            node = self.driver.create_node(**kwargs)
-        except _ERRORS as exc:
-            raise self._error(exc) from exc
+        node = self._create(spec)
+        node = node[0] if isinstance(node, list) else node
         log.info(
             "cloud.create_node provider=%s node=%s size=%s instance=%s seconds=%.2f",
             self.name,
@@ -88,6 +89,93 @@ class LibcloudCloud:
         )
         return self._to_instance(node)
 
+    def launch_many(self, spec: LaunchSpec) -> list[Instance]:
+        """``spec.count`` instances in one call, all or none, ordered by launch index.
+
+        EC2: one RunInstances with MinCount = MaxCount = count (a partial launch would
+        leave nodes half-served; a capacity error falls the whole batch back to the
+        next size instead). The instances carry the batch's tags; each is tagged with
+        its node's name by :meth:`tag` once the caller has mapped them.
+        """
+        started = time.monotonic()
+        made = self._create(spec)
+        nodes = made if isinstance(made, list) else [made]
+        out = sorted((self._to_instance(n) for n in nodes), key=lambda i: i.launch_index)
+        log.info(
+            "cloud.create_nodes provider=%s count=%d size=%s token=%s seconds=%.2f",
+            self.name,
+            len(out),
+            spec.size,
+            spec.token,
+            time.monotonic() - started,
+        )
+        if len(out) != spec.count:
+            raise CloudError(
+                f"{self.name}: asked for {spec.count} instances, got {len(out)}",
+                "PartialLaunch",
+            )
+        return out
+
+    def _create(self, spec: LaunchSpec) -> Any:
+        kwargs = self.create_kwargs(spec)
+        try:
+            return self.driver.create_node(**kwargs)
+        except _ERRORS as exc:
+            raise self._error(exc) from exc
+
+    def find(self, token: str, cluster: str) -> list[Instance]:
+        """Live instances a launch with ``token`` made (a retry adopts them)."""
+        found = [
+            i
+            for i in self._list(cluster, {TOKEN_TAG: token})
+            if i.tags.get(TOKEN_TAG) == token and i.state not in ("terminated", "shutting-down")
+        ]
+        return sorted(found, key=lambda i: i.launch_index)
+
+    def tag(self, instance_id: str, tags: Mapping[str, str]) -> None:
+        """Add tags to one instance (idempotent)."""
+        if self.kind == "ec2":
+            # EC2's lists are 1-based (ResourceId.1, Tag.1.Key); libcloud's
+            # ex_create_tags sends 0-based ones, which not every endpoint takes.
+            params = {"Action": "CreateTags", "ResourceId.1": instance_id}
+            for i, (k, v) in enumerate(sorted(tags.items()), start=1):
+                params[f"Tag.{i}.Key"], params[f"Tag.{i}.Value"] = k, v
+            try:
+                self.driver.connection.request(self.driver.path, params=params)
+            except _ERRORS as exc:
+                raise self._error(exc) from exc
+            return
+        setter = getattr(self.driver, "ex_create_tags", None)
+        if setter is None:
+            raise CloudError(f"{self.name}: driver {self.kind} cannot tag", "NotSupported")
+        node = self._node(instance_id)
+        if node is None:
+            raise NotFoundError(f"{self.name}: instance {instance_id} not found")
+        try:
+            setter(node, dict(tags))
+        except _ERRORS as exc:
+            raise self._error(exc) from exc
+
+    def _import_key(self, public_key: str) -> str:
+        """The name of a key pair holding the daemon's public key, imported once.
+
+        Named after the key's SHA-256, so every daemon with the same key finds it
+        (no fingerprint matching: providers compute ED25519 fingerprints differently).
+        """
+        digest = hashlib.sha256(public_key.split()[1].encode()).hexdigest()[:16]
+        name = f"slurm-burst-{digest}"
+        with self._lock:
+            if self._keypair:
+                return self._keypair
+            try:
+                if name not in {k.name for k in self.driver.list_key_pairs()}:
+                    self.driver.import_key_pair_from_string(name, public_key)
+                    log.info("cloud.key_imported provider=%s key_pair=%s", self.name, name)
+            except _ERRORS as exc:
+                raise self._error(exc) from exc
+            self._keypair = name
+        return name
+
     def _size(self, size_id: str) -> NodeSize:
         with self._lock:
             if not self._sizes:
@@ -95,12 +183,12 @@ class LibcloudCloud:
                     self._sizes = {s.id: s for s in self.driver.list_sizes()}
                 except _ERRORS as exc:
                     raise self._error(exc) from exc
-        try:
-            return self._sizes[size_id]
-        except KeyError:
-            raise CloudError(
-                f"{self.name}: size {size_id!r} is not offered", "InvalidParameterValue"
-            ) from None
+        size = self._sizes.get(size_id) or next(
+            (z for z in self._sizes.values() if z.name == size_id), None
+        )
+        if size is None:
+            raise CloudError(f"{self.name}: size {size_id!r} is not offered", "InvalidSize")
+        return size
 
     # -- read -----------------------------------------------------------------
     def get(self, instance_id: str) -> Instance | None:
@@ -121,9 +209,13 @@ class LibcloudCloud:
 
     def list_instances(self, cluster: str) -> list[Instance]:
         """Every instance tagged with ``cluster`` (terminated ones included, if listed)."""
+        return self._list(cluster, {})
+
+    def _list(self, cluster: str, also: Mapping[str, str]) -> list[Instance]:
+        filters = {f"tag:{k}": v for k, v in {CLUSTER_TAG: cluster, **also}.items()}
         try:
             if self.kind in TAG_FILTERS:
-                nodes = self.driver.list_nodes(ex_filters={f"tag:{CLUSTER_TAG}": cluster})
+                nodes = self.driver.list_nodes(ex_filters=filters)
             else:
                 nodes = self.driver.list_nodes()
         except _ERRORS as exc:
@@ -168,8 +260,10 @@ class LibcloudCloud:
     # -- translation ------------------------------------------------------------
     def _to_instance(self, node: Node) -> Instance:
         extra = node.extra or {}
-        tags = extra.get("tags") or extra.get("metadata") or {}
-        size = extra.get("size") or extra.get("instance_type") or ""
+        tags = extra.get("tags") or extra.get("labels") or extra.get("metadata") or {}
+        if not isinstance(tags, Mapping):  # GCE: extra["tags"] are network tags (a list)
+            tags = extra.get("labels") or {}
+        size = extra.get("size") or extra.get("instance_type") or extra.get("machineType") or ""
         return Instance(
             id=str(node.id),
             name=str(node.name),
@@ -179,6 +273,7 @@ class LibcloudCloud:
             public_ips=tuple(node.public_ips or ()),
             private_ips=tuple(node.private_ips or ()),
             tags=dict(zip(map(str, tags), map(str, tags.values()), strict=True)),
+            launch_index=int(extra.get("launch_index") or 0),
         )
 
     def _error(self, exc: Exception) -> CloudError:
@@ -190,3 +285,9 @@ class LibcloudCloud:
 
 def _state(node: Node) -> str:
     return str(getattr(node.state, "value", node.state))
+
+
+def _replace(p: Placement, **kw: Any) -> Placement:
+    import dataclasses
+
+    return dataclasses.replace(p, **kw)

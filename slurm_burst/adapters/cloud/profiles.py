@@ -22,6 +22,7 @@ openstack network UUIDs / -            security group names       (none)
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import re
 from collections.abc import Callable, Mapping
@@ -30,12 +31,7 @@ from typing import Any
 
 from libcloud.compute.base import NodeAuthSSHKey, NodeImage, NodeLocation, NodeSize
 
-from slurm_burst.core.cloud import LaunchSpec
-
-CLUSTER_TAG = "slurm-burst-cluster"
-NODE_TAG = "slurm-burst-node"
-GROUP_TAG = "slurm-burst-group"
-TOKEN_TAG = "slurm-burst-token"
+from slurm_burst.core.cloud import CLUSTER_TAG, GROUP_TAG, NODE_TAG, TOKEN_TAG, LaunchSpec
 
 # drivers that make many instances in one call (EC2: RunInstances MinCount/MaxCount)
 BATCH_DEFAULT = {"ec2": 500}
@@ -83,6 +79,11 @@ def gce_label(text: str) -> str:
 Builder = Callable[[Any, LaunchSpec, Placement, NodeSize, Mapping[str, str]], dict[str, Any]]
 
 
+def _types(driver_module: str) -> Any:
+    """A libcloud driver module (its resource classes), imported when first needed."""
+    return importlib.import_module(f"libcloud.compute.drivers.{driver_module}")
+
+
 def _image(driver: Any, spec: LaunchSpec) -> NodeImage:
     return NodeImage(id=spec.image, name=spec.image, driver=driver)
 
@@ -90,12 +91,7 @@ def _image(driver: Any, spec: LaunchSpec) -> NodeImage:
 def ec2(
     driver: Any, spec: LaunchSpec, p: Placement, size: NodeSize, tagset: Mapping[str, str]
 ) -> dict[str, Any]:
-    from libcloud.compute.drivers.ec2 import (
-        EC2NetworkSubnet,
-        EC2NodeLocation,
-        ExEC2AvailabilityZone,
-    )
-
+    ec2_types = _types("ec2")
     kw: dict[str, Any] = {
         "name": spec.node,
         "size": size,
@@ -108,12 +104,14 @@ def ec2(
     if p.key_name:
         kw["ex_keyname"] = p.key_name
     if p.subnet:
-        kw["ex_subnet"] = EC2NetworkSubnet(p.subnet, p.subnet, "available")
+        kw["ex_subnet"] = ec2_types.EC2NetworkSubnet(p.subnet, p.subnet, "available")
     if p.security_groups:
         kw["ex_security_group_ids"] = list(p.security_groups)
     if p.zone:
-        az = ExEC2AvailabilityZone(p.zone, "available", getattr(driver, "region_name", ""))
-        kw["location"] = EC2NodeLocation(p.zone, p.zone, "", driver, az)
+        az = ec2_types.ExEC2AvailabilityZone(
+            p.zone, "available", getattr(driver, "region_name", "")
+        )
+        kw["location"] = ec2_types.EC2NodeLocation(p.zone, p.zone, "", driver, az)
     if spec.disk_gb:
         kw["ex_blockdevicemappings"] = [
             {
@@ -170,19 +168,16 @@ def gce(
 def azure_arm(
     driver: Any, spec: LaunchSpec, p: Placement, size: NodeSize, tagset: Mapping[str, str]
 ) -> dict[str, Any]:
-    from libcloud.compute.drivers.azure_arm import AzureImage
-
+    azure_image = _types("azure_arm").AzureImage
     location = NodeLocation(p.zone, p.zone, "", driver)
     parts = spec.image.split(":")
     if len(parts) != 4:
-        raise ValueError(
-            f"azure image {spec.image!r} must be a URN PUBLISHER:OFFER:SKU:VERSION"
-        )
+        raise ValueError(f"azure image {spec.image!r} must be a URN PUBLISHER:OFFER:SKU:VERSION")
     publisher, offer, sku, version = parts
     kw: dict[str, Any] = {
         "name": spec.node,
         "size": size,
-        "image": AzureImage(version, sku, offer, publisher, p.zone, driver),
+        "image": azure_image(version, sku, offer, publisher, p.zone, driver),
         "auth": NodeAuthSSHKey(spec.ssh_public_key),
         "ex_resource_group": p.resource_group,
         "location": location,
@@ -201,8 +196,7 @@ def azure_arm(
 def openstack(
     driver: Any, spec: LaunchSpec, p: Placement, size: NodeSize, tagset: Mapping[str, str]
 ) -> dict[str, Any]:
-    from libcloud.compute.drivers.openstack import OpenStackNetwork, OpenStackSecurityGroup
-
+    os_types = _types("openstack")
     kw: dict[str, Any] = {
         "name": spec.node,
         "size": size,
@@ -214,11 +208,11 @@ def openstack(
         kw["ex_keyname"] = p.key_name
     if p.network:
         kw["networks"] = [
-            OpenStackNetwork(n, n, None, driver) for n in p.network.split(",") if n.strip()
+            os_types.OpenStackNetwork(n, n, None, driver) for n in p.network.split(",") if n.strip()
         ]
     if p.security_groups:
         kw["ex_security_groups"] = [
-            OpenStackSecurityGroup(None, None, g, "", driver) for g in p.security_groups
+            os_types.OpenStackSecurityGroup(None, None, g, "", driver) for g in p.security_groups
         ]
     if p.zone:
         kw["ex_availability_zone"] = p.zone
