@@ -122,6 +122,8 @@ if __name__ == "__main__":
     )  # fmt: skip
     # one reconcile pass over 20,000 cloud nodes and 100,000 pending jobs
     subprocess.run([sys.executable, str(ROOT / "benchmarks" / "reconcile.py")], check=False)
+    # resume of 1,000 nodes against the EC2 emulator: batched launch vs one call per node
+    subprocess.run([sys.executable, str(ROOT / "benchmarks" / "launch.py")], check=False)
     import burst
 
     burst.bench_hooks()

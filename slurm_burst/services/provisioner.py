@@ -48,6 +48,7 @@ log = logging.getLogger(__name__)
 
 REMOTE_SCRIPT = "/run/slurm-burst-bootstrap.sh"
 TAG_THREADS = 16  # parallel tag calls after a batch launch
+BATCH_THREADS = 4  # launch calls of one node group in flight at once
 POLL = 0.5
 
 
@@ -101,6 +102,7 @@ class Provisioner:
         self.metrics = metrics
         self.stopping = threading.Event()  # the daemon is stopping: waits end, state stays
         self._batch_locks: dict[str, threading.Lock] = {}
+        self._unnamed: list[tuple[str, str, str]] = []  # (node, instance, provider) to tag
         self._locks_guard = threading.Lock()
         self.script = (
             resources.files("slurm_burst.adapters.ssh").joinpath("node-bootstrap.sh").read_bytes()
@@ -215,6 +217,7 @@ class Provisioner:
             todo = list(recs)
             while todo:
                 todo = self._launch_chunks(group, todo)
+        self.name_instances()
 
     def _launch_chunks(self, group: NodeGroup, recs: list[NodeRecord]) -> list[NodeRecord]:
         """One candidate's worth of batches; return the nodes left for the next candidate."""
@@ -228,12 +231,10 @@ class Provisioner:
             if n < 2:
                 return []  # this provider launches one by one: the workers do it
             seq = every.index((provider, size))
-            left: list[NodeRecord] = []
-            for i in range(0, len(recs), n):
-                chunk = recs[i : i + n]
-                if not self._batch(group, provider, size, seq, chunk):
-                    left += chunk
-            return left
+            chunks = [recs[i : i + n] for i in range(0, len(recs), n)]
+            with ThreadPoolExecutor(min(BATCH_THREADS, len(chunks))) as pool:
+                made = list(pool.map(partial(self._batch, group, provider, size, seq), chunks))
+            return [r for chunk, ok in zip(chunks, made, strict=True) if not ok for r in chunk]
         return []
 
     def _batch(
@@ -290,11 +291,15 @@ class Provisioner:
                 self.metrics.launches.labels(group.name, rec.provider, rec.size).inc()
             self._ledger(rec, inst.id, "requested", rec.requested_at or self.now())
         self.store.meta_delete(f"batch.{token}")
-        self._name_instances(adopted)
+        with self._locks_guard:
+            self._unnamed.extend(adopted)
 
-    def _name_instances(self, adopted: Sequence[tuple[str, str, str]]) -> None:
-        """Tag each instance of a batch with its node's name (a call per instance, in
-        parallel). One that fails is tagged again by its boot step."""
+    def name_instances(self) -> None:
+        """Tag each instance of the batches launched so far with its node's name (a call
+        per instance, in parallel, once every batch is out). One that fails is tagged
+        again by its boot step."""
+        with self._locks_guard:
+            adopted, self._unnamed = self._unnamed, []
 
         def name_one(item: tuple[str, str, str]) -> None:
             node, instance_id, provider = item
@@ -325,6 +330,7 @@ class Provisioner:
                 )
             log.info("node.batch_recovered token=%s count=%d", rec.token, len(made))
             self._adopt_batch(rec.token, made)
+        self.name_instances()
 
     def _batch_lock(self, token: str) -> threading.Lock:
         with self._locks_guard:

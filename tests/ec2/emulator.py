@@ -19,6 +19,7 @@ assertions and the launch benchmark.
 from __future__ import annotations
 
 import io
+import json
 import logging
 import threading
 from collections import Counter
@@ -113,6 +114,8 @@ class Ec2Emulator:
 
     # -- WSGI -----------------------------------------------------------------
     def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
+        if environ.get("PATH_INFO", "").startswith("/_emulator/"):
+            return self._control(environ, start_response)
         body = environ["wsgi.input"].read(int(environ.get("CONTENT_LENGTH") or 0))
         environ["wsgi.input"] = io.BytesIO(body)
         params = parse_qsl(environ.get("QUERY_STRING", ""), keep_blank_values=True)
@@ -154,6 +157,21 @@ class Ec2Emulator:
                 self._tokens[token] = (fingerprint, captured["status"], headers, out)
         return self._answer(start_response, captured["status"], headers, out)
 
+    def _control(self, environ: dict[str, Any], start_response: StartResponse) -> list[bytes]:
+        """For a test in another process: GET /_emulator/calls, POST /_emulator/clear,
+        POST /_emulator/inject?action=&code=&http=&times=."""
+        path = environ["PATH_INFO"].removeprefix("/_emulator/")
+        args = dict(parse_qsl(environ.get("QUERY_STRING", "")))
+        if path == "clear":
+            self.clear()
+        elif path == "inject":
+            self.inject(args["action"], args["code"], int(args.get("http", 400)),
+                        int(args.get("times", 1)))  # fmt: skip
+        body = json.dumps(dict(self.calls)).encode()
+        start_response("200 OK", [("Content-Type", "application/json"),
+                                  ("Content-Length", str(len(body)))])  # fmt: skip
+        return [body]
+
     @staticmethod
     def _answer(
         start_response: StartResponse, status: str, headers: list[Any], body: bytes
@@ -164,3 +182,65 @@ class Ec2Emulator:
             [*headers, ("Content-Type", "text/xml"), ("Content-Length", str(len(body)))],
         )
         return [body]
+
+
+class RemoteEmulator:
+    """An emulator serving in another process (``python -m tests.ec2.emulator``), as
+    EC2 is another service: its calls counted and faults injected over HTTP."""
+
+    def __init__(self) -> None:
+        import socket
+        import subprocess
+        import sys
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = int(s.getsockname()[1])
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.ec2.emulator", str(self.port)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        import time
+
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                self.calls()
+                return
+            except OSError:
+                if time.monotonic() > deadline or self._proc.poll() is not None:
+                    self.stop()
+                    raise RuntimeError("the EC2 emulator did not start") from None
+                time.sleep(0.2)
+
+    def _get(self, path: str) -> dict[str, int]:
+        import urllib.request
+
+        url = f"http://127.0.0.1:{self.port}/_emulator/{path}"
+        with urllib.request.urlopen(url, timeout=30) as r:
+            return dict(json.loads(r.read()))
+
+    def calls(self) -> dict[str, int]:
+        return self._get("calls")
+
+    def clear(self) -> None:
+        self._get("clear")
+
+    def stop(self) -> None:
+        self._proc.terminate()
+        self._proc.wait(timeout=30)
+
+
+def main() -> None:
+    import sys
+
+    from werkzeug.serving import make_server
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)
+    emu = Ec2Emulator()
+    make_server("127.0.0.1", int(sys.argv[1]), emu, threaded=True).serve_forever()
+
+
+if __name__ == "__main__":
+    main()

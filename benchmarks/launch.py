@@ -1,0 +1,132 @@
+"""Resume of 1,000 nodes of one node group against the EC2 emulator: batched launch
+(one RunInstances per group and size, MinCount = MaxCount) against one create_node per
+node, in the same run.
+
+For each mode: the resume hook program (a new process, as Slurm runs it) records the
+request; the daemon (in this process, its real request and launch path) launches;
+the clock stops when every node has its instance recorded. Printed: launch API calls
+(RunInstances), all API calls, and the wall time from the hook to all instances
+requested (goals: <= 10 calls, <= 10 s). The daemon's later steps (boot, SSH) are
+not run: nothing boots in an emulator, and they are not what is measured.
+
+    python benchmarks/launch.py [--nodes 1000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from slurm_burst import wiring  # noqa: E402
+from slurm_burst.adapters.ssh.session import SshConnector, generate_key  # noqa: E402
+from slurm_burst.adapters.state.store import Store  # noqa: E402
+from slurm_burst.config import Config, load_config  # noqa: E402
+from slurm_burst.core.nodestate import NodeState as S  # noqa: E402
+from slurm_burst.services.daemon import Daemon  # noqa: E402
+from slurm_burst.services.provisioner import Provisioner, Secrets  # noqa: E402
+from tests.ec2.emulator import RemoteEmulator  # noqa: E402
+from tests.unit.test_ec2 import CONFIG  # noqa: E402
+
+
+class LaunchOnly(Provisioner):
+    """The daemon's provisioner, stopped after the launch step (what is measured)."""
+
+    def drive(self, name: str) -> Any:
+        rec = self.store.node(name)
+        if rec is not None and rec.state in (S.REQUESTED, S.LAUNCHING):
+            self._launch(rec)
+        return self.store.node(name)
+
+
+class NoSlurm:
+    def update_nodes(self, nodes: list[str], **kw: Any) -> None:
+        pass
+
+
+def config(tmp: Path, emu: RemoteEmulator, nodes: int, batch: int) -> Config:
+    text = CONFIG.format(cluster=f"bench{batch}", tmp=tmp, port=emu.port, spot="false")
+    text = text.replace("count = 64", f"count = {nodes}")
+    text = text.replace(
+        'signature_version = "4" }', f'signature_version = "4" }}\nlaunch_batch = {batch}'
+    )
+    path = tmp / "slurm-burst.toml"
+    path.write_text(text)
+    path.chmod(0o640)
+    return load_config(path)
+
+
+def run(emu: RemoteEmulator, nodes: int, batch: int) -> tuple[int, int, float]:
+    with tempfile.TemporaryDirectory() as d:
+        tmp = Path(d)
+        (tmp / "slurm").mkdir()
+        cfg = config(tmp, emu, nodes, batch)
+        key = str(tmp / "ssh" / "id_ed25519")
+        wiring.ledger(cfg, check_schema=False).upgrade()
+        store = Store(wiring.state_db_path(cfg))
+        prov = LaunchOnly(
+            cfg,
+            store,
+            wiring.managed_clouds(cfg),
+            wiring.mesh_hub(cfg),
+            SshConnector(cfg.daemon.ssh_user, key),
+            NoSlurm(),  # type: ignore[arg-type]
+            wiring.daemon_ledger(cfg),
+            Secrets(generate_key(key), b""),
+        )
+        prov.clouds["aws"].inner._size("c5.large")  # the size table, read once at start
+        daemon = Daemon(cfg, store, prov)
+        runner = threading.Thread(target=daemon.run, daemon=True)
+        runner.start()
+        while store.heartbeat() is None:
+            time.sleep(0.05)
+        emu.clear()
+        hook = [sys.executable, "-m", "slurm_burst", "--config", cfg.source, "resume",
+                f"aws-[1-{nodes}]"]  # fmt: skip
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        started = time.perf_counter()
+        subprocess.run(hook, check=True, env=env, capture_output=True)
+        while True:
+            done = sum(1 for r in store.nodes() if r.instance_id)
+            if done >= nodes:
+                break
+            time.sleep(0.02)
+        wall = time.perf_counter() - started
+        daemon.stop.set()
+        runner.join(timeout=60)
+        calls = emu.calls()
+        return calls.get("RunInstances", 0), sum(calls.values()), wall
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--nodes", type=int, default=1000)
+    args = ap.parse_args()
+    os.environ.setdefault("SB_TEST_AWS_KEY", "AKIDEMULATOR000000000")
+    os.environ.setdefault("SB_TEST_AWS_SECRET", "emulator-secret")
+    emu = RemoteEmulator()  # EC2 is another service: the emulator runs in its own process
+    print(
+        f"resume of {args.nodes} nodes of one group, EC2 emulator (moto, own process) on loopback"
+    )
+    for label, batch in (("batched (RunInstances x N)", 0), ("one create_node per node", 1)):
+        launches, total, wall = run(emu, args.nodes, batch)
+        goal = "  OK" if launches <= 10 and wall <= 10 else ""
+        print(
+            f"  {label:<28} launch calls {launches:5d}  all API calls {total:5d}  "
+            f"hook -> all requested {wall:7.2f} s{goal}"
+        )
+    print("  goals (batched): <= 10 launch calls, <= 10 s")
+    emu.stop()
+
+
+if __name__ == "__main__":
+    main()
