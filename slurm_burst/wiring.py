@@ -58,6 +58,7 @@ def cloud_driver(provider: ProviderConfig, environ: Mapping[str, str] | None = N
             kwargs.setdefault("region", provider.region)
         driver = cls(tenant, subscription, key, secret, **kwargs)
     elif kind == "openstack":
+        kwargs.setdefault("api_version", "2.0")  # Nova 2.x; Neutron and Glance for the rest
         kwargs.setdefault("ex_force_auth_version", "3.x_password")
         if provider.region:
             kwargs.setdefault("ex_force_service_region", provider.region)

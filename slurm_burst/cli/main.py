@@ -32,6 +32,7 @@ COMMANDS = {
     "events": "slurm_burst.cli.daemon_cmd:events",
     "ledger": "slurm_burst.cli.ledger_cmd:group",
     "budget": "slurm_burst.cli.budget_cmd:group",
+    "prices": "slurm_burst.cli.prices_cmd:group",
     "db": "slurm_burst.cli.db_cmd:group",
     "status": "slurm_burst.cli.status_cmd:status",
     "group": "slurm_burst.cli.status_cmd:group",

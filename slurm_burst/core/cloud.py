@@ -112,10 +112,24 @@ CODES: dict[str, type[CloudError]] = {
 }
 
 
+# Providers whose errors carry no code, only text: (text, our code, type).
+PHRASES: tuple[tuple[str, str, type[CloudError]], ...] = (
+    ("Quota exceeded", "QuotaExceeded", QuotaError),  # OpenStack Nova, 403
+    ("No valid host was found", "NoValidHost", CapacityError),  # Nova's scheduler
+    ("OperationNotAllowed", "OperationNotAllowed", QuotaError),  # Azure: quota
+    ("ZonalAllocationFailed", "ZonalAllocationFailed", CapacityError),  # Azure: capacity
+    ("AllocationFailed", "AllocationFailed", CapacityError),
+    ("TooManyRequests", "TooManyRequests", ThrottledError),  # Azure ARM, 429
+)
+
+
 def classify(message: str) -> CloudError:
     """A typed error from provider text such as ``InsufficientInstanceCapacity: ...``."""
     for code, cls in CODES.items():
         if code in message:
+            return cls(message, code)
+    for phrase, code, cls in PHRASES:
+        if phrase in message:
             return cls(message, code)
     return CloudError(message)
 
