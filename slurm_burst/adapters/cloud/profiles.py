@@ -234,7 +234,10 @@ def generic(
     driver: Any, spec: LaunchSpec, p: Placement, size: NodeSize, tagset: Mapping[str, str]
 ) -> dict[str, Any]:
     """Any libcloud driver: the arguments its ``create_node`` takes, no more."""
-    accepts = set(inspect.signature(driver.create_node).parameters)
+    params = inspect.signature(driver.create_node).parameters
+    accepts = set(params)
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        accepts |= {"auth", "ex_userdata", "ex_metadata"}  # a wrapper passing all through
     kw: dict[str, Any] = {"name": spec.node, "size": size, "image": _image(driver, spec)}
     if "auth" in accepts:
         kw["auth"] = NodeAuthSSHKey(spec.ssh_public_key)
@@ -252,10 +255,15 @@ def generic(
 def nscloud(
     driver: Any, spec: LaunchSpec, p: Placement, size: NodeSize, tagset: Mapping[str, str]
 ) -> dict[str, Any]:
-    kw = generic(driver, spec, p, size, tagset)
-    kw["ex_metadata"] = dict(tagset)
-    kw["ex_token"] = spec.token
-    return kw
+    return {
+        "name": spec.node,
+        "size": size,
+        "image": _image(driver, spec),
+        "auth": NodeAuthSSHKey(spec.ssh_public_key),
+        "ex_userdata": spec.user_data,
+        "ex_metadata": dict(tagset),
+        "ex_token": spec.token,
+    }
 
 
 PROFILES: dict[str, Builder] = {
