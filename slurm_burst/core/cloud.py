@@ -108,6 +108,7 @@ CODES: dict[str, type[CloudError]] = {
     "InvalidClientTokenId": AuthError,
     "InstanceLimitExceeded": QuotaError,
     "QUOTA_EXCEEDED": QuotaError,
+    "quotaExceeded": QuotaError,  # GCE, 403
     "InvalidInstanceID.NotFound": NotFoundError,
 }
 

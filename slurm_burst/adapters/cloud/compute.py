@@ -26,7 +26,14 @@ from libcloud.common.exceptions import BaseHTTPError
 from libcloud.common.types import LibcloudError
 from libcloud.compute.base import Node, NodeSize
 
-from slurm_burst.adapters.cloud.profiles import BATCH_DEFAULT, TAG_FILTERS, Placement, create_kwargs
+from slurm_burst.adapters.cloud.profiles import (
+    BATCH_DEFAULT,
+    DESTROY_KWARGS,
+    TAG_FILTERS,
+    Placement,
+    azure_json_fix,
+    create_kwargs,
+)
 from slurm_burst.core.cloud import (
     CLUSTER_TAG,
     GROUP_TAG,
@@ -61,6 +68,8 @@ class LibcloudCloud:
         self.kind = str(getattr(driver, "type", "") or "")
         self.placement = placement or Placement()
         self.batch_max = batch or BATCH_DEFAULT.get(self.kind, 1)
+        if self.kind == "azure_arm":
+            azure_json_fix(driver)
         self._sizes: dict[str, NodeSize] = {}
         self._keypair = ""
         self._lock = threading.Lock()
@@ -249,7 +258,7 @@ class LibcloudCloud:
             log.info("cloud.terminate provider=%s instance=%s already gone", self.name, instance_id)
             return
         try:
-            self.driver.destroy_node(node)
+            self.driver.destroy_node(node, **DESTROY_KWARGS.get(self.kind, {}))
         except _ERRORS as exc:
             err = self._error(exc)
             if isinstance(err, NotFoundError):
@@ -277,7 +286,10 @@ class LibcloudCloud:
         )
 
     def _error(self, exc: Exception) -> CloudError:
-        err = classify(f"{self.name}: {exc}")
+        code = getattr(exc, "code", None)  # GCE: the error's code, not in its message
+        err = classify(
+            f"{self.name}: {code}: {exc}" if isinstance(code, str) else f"{self.name}: {exc}"
+        )
         if isinstance(exc, BaseHTTPError) and exc.code in (429, 503) and not err.retryable:
             err = ThrottledError(str(err), f"HTTP{exc.code}")
         return err

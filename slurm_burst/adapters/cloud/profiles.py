@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import json
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -39,6 +40,9 @@ BATCH_DEFAULT = {"ec2": 500}
 TAG_FILTERS = {"nscloud": "ex_filters", "ec2": "ex_filters"}
 # drivers with a native idempotency token on create
 TOKEN_ARG = {"nscloud": "ex_token", "ec2": "ex_clienttoken"}
+# destroy_node arguments: Azure polls until the VM is gone, then deletes its NIC and disk
+# (libcloud's default: a first wait of 10 s, 10 polls); VMs take 30-120 s to delete
+DESTROY_KWARGS: dict[str, dict[str, Any]] = {"azure_arm": {"ex_poll_wait": 3, "ex_poll_qty": 60}}
 # drivers on which the instance can be preemptible/spot through create_node
 SPOT = {"ec2", "gce", "nscloud"}
 
@@ -140,6 +144,7 @@ def gce(
         "size": size,
         "image": spec.image,
         "ex_network": p.network or "default",
+        "use_existing_disk": False,  # a fresh boot disk each launch, never a leftover
         "ex_labels": {gce_label(k): gce_label(v) for k, v in tagset.items()},
         "ex_metadata": {
             "startup-script": spec.user_data,
@@ -185,7 +190,8 @@ def azure_arm(
         "ex_network": p.network,
         "ex_subnet": p.subnet or "default",
         "ex_tags": dict(tagset),
-        "ex_customdata": spec.user_data,
+        # bytes: libcloud 3.9 base64-encodes it with b64encode (see azure_json_fix)
+        "ex_customdata": spec.user_data.encode(),
         "ex_use_managed_disks": True,
     }
     if spec.disk_gb:
@@ -264,6 +270,20 @@ def nscloud(
         "ex_metadata": dict(tagset),
         "ex_token": spec.token,
     }
+
+
+def azure_json_fix(driver: Any) -> None:
+    """libcloud 3.9's azure_arm driver puts ``base64.b64encode(customData)`` (bytes) into
+    the JSON body, which ``json.dumps`` refuses: send it as the ASCII text it is."""
+    conn = getattr(driver, "connection", None)
+    if conn is None or getattr(conn, "_bytes_as_text", False):
+        return
+
+    def encode_data(data: Any) -> str:
+        return json.dumps(data, default=lambda o: o.decode("ascii") if isinstance(o, bytes) else o)
+
+    conn.encode_data = encode_data
+    conn._bytes_as_text = True
 
 
 PROFILES: dict[str, Builder] = {
