@@ -48,19 +48,18 @@ def check(ctx: click.Context, at: str | None, as_json: bool) -> None:
     table = cfg.rate_table
     rows = []
     for gname, g in sorted(cfg.node_groups.items()):
-        for provider in g.providers:
-            for size in g.sizes:
-                price = table.price(size, g.gpus, when)
-                rows.append(
-                    {
-                        "group": gname,
-                        "provider": provider,
-                        "size": size,
-                        "price_per_hour": float(dollars(price.micros_per_hour)) if price else None,
-                        "source": price.source if price else None,
-                        "version": price.version if price else None,
-                    }
-                )
+        for provider, size in g.candidates():
+            price = table.price(size, g.gpus, when)
+            rows.append(
+                {
+                    "group": gname,
+                    "provider": provider,
+                    "size": size,
+                    "price_per_hour": float(dollars(price.micros_per_hour)) if price else None,
+                    "source": price.source if price else None,
+                    "version": price.version if price else None,
+                }
+            )
     missing = [r for r in rows if r["price_per_hour"] is None]
     doc = {"at": when.isoformat(), "sizes": rows, "unpriced": len(missing)}
     emit(

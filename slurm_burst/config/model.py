@@ -150,7 +150,10 @@ class NodeGroup:
     count: int = doc("How many nodes the group defines (indices 1..count).")
     partition: str = doc("Burst partition the nodes belong to.")
     providers: tuple[str, ...] = doc("Provider profiles, in fallback order.")
-    sizes: tuple[str, ...] = doc("Instance sizes, in fallback order.")
+    sizes: tuple[str, ...] = doc(
+        "Instance sizes, in fallback order; 'PROVIDER:SIZE' offers a size on one provider "
+        "only (e.g. ['onprem:g1.gpu', 'aws:g5.xlarge']), a bare size on every provider."
+    )
     image: str = doc("Image (AMI, image name or URN) to boot.")
     cpus: int = doc("CPUs Slurm schedules on each node.")
     memory_mb: int = doc("RealMemory (MB) Slurm schedules on each node.")
@@ -192,6 +195,21 @@ class NodeGroup:
     def node_names(self) -> list[str]:
         pre, width, post = self._name_parts
         return [f"{pre}{i:0{width}d}{post}" for i in range(1, self.count + 1)]
+
+    def candidates(self) -> list[tuple[str, str]]:
+        """(provider, size) in fallback order: each provider's sizes, then the next's."""
+        out = []
+        for p in self.providers:
+            for entry in self.sizes:
+                owner, sep, size = entry.rpartition(":")
+                if not sep or owner == p:
+                    out.append((p, size))
+        return out
+
+    @property
+    def size_names(self) -> list[str]:
+        """The sizes without their provider qualifier, in order, each once."""
+        return list(dict.fromkeys(s.rpartition(":")[2] for s in self.sizes))
 
     @property
     def hostlist(self) -> str:
@@ -441,7 +459,7 @@ class Config:
 
     def gpus_of_size(self, size: str) -> int:
         """GPUs of the node group(s) using ``size`` (0 for a CPU size)."""
-        return max((g.gpus for g in self.node_groups.values() if size in g.sizes), default=0)
+        return max((g.gpus for g in self.node_groups.values() if size in g.size_names), default=0)
 
     def group_of(self, node: str) -> NodeGroup | None:
         """The node group defining ``node``, or None for a node we do not manage."""

@@ -120,7 +120,7 @@ def _ledger(cfg: Config, out: list[Problem]) -> None:
 
 
 def _rates(cfg: Config, out: list[Problem]) -> None:
-    sizes = {s for g in cfg.node_groups.values() for s in g.sizes}
+    sizes = {s for g in cfg.node_groups.values() for s in g.size_names}
     for name, r in cfg.rates.items():
         base = f"rates.{name}"
         if r.per not in ("instance", "gpu"):
@@ -297,13 +297,23 @@ def _group(cfg: Config, g: NodeGroup, base: str, out: list[Problem], declared: s
         out.append(Problem(f"{base}.sizes", "must list at least one size"))
     if len(set(g.sizes)) != len(g.sizes):
         out.append(Problem(f"{base}.sizes", "lists a size twice"))
+    for entry in g.sizes:
+        owner, sep, _size = entry.rpartition(":")
+        if sep and owner not in g.providers:
+            out.append(
+                Problem(
+                    f"{base}.sizes", f"{entry!r}: {owner!r} is not one of the group's providers"
+                )
+            )
+    if g.sizes and g.providers and not g.candidates():
+        out.append(Problem(f"{base}.sizes", "no size is offered on any of the group's providers"))
     for size in g.price_per_hour:
-        if size not in g.sizes:
+        if size not in g.size_names:
             out.append(Problem(f"{base}.price_per_hour.{size}", "is not one of the group's sizes"))
     for size, price in g.price_per_hour.items():
         if price < 0:
             out.append(Problem(f"{base}.price_per_hour.{size}", "must not be negative"))
-    for size in g.sizes:
+    for size in g.size_names:
         if size not in g.price_per_hour:
             out.append(
                 Problem(

@@ -172,7 +172,7 @@ class Provisioner:
 
     def candidates(self, group: NodeGroup) -> list[tuple[str, str]]:
         """(provider, size) pairs in fallback order: each provider's sizes, then the next."""
-        return [(p, z) for p in group.providers for z in group.sizes]
+        return group.candidates()
 
     def spec(
         self, group: NodeGroup, node: str, size: str, token: str, count: int = 1
@@ -597,7 +597,7 @@ class Provisioner:
     ) -> None:
         """Record an instance event; the ledger port spools it if the database is away."""
         group = self.cfg.group_of(rec.name)
-        size = rec.size or (group.sizes[0] if group else "")
+        size = rec.size or (group.size_names[0] if group else "")
         launched = datetime.fromtimestamp(rec.requested_at or at, UTC)
         gpus = group.gpus if group else 0
         price = self.cfg.rate_table.price(size, gpus, launched)

@@ -78,7 +78,7 @@ def billing_weights(cfg: Config, partition: str, at: datetime | None = None) -> 
     gpu = any(g.gpus for g in groups)
     best = 0
     for g in groups:
-        price = cfg.rate_table.price(g.sizes[0], g.gpus, at) if g.sizes else None
+        price = cfg.rate_table.price(g.size_names[0], g.gpus, at) if g.sizes else None
         if price is None:
             continue
         units = g.gpus if gpu else g.cpus

@@ -131,8 +131,27 @@ def test_check_json_lists_every_problem(tmp_path: Path) -> None:
             "also a burst partition",
         ),
         (("[slurm]", "[slurm]\nupdate_batch = 500"), "slurm.update_batch", "between 1 and 100"),
+        (
+            ('sizes = ["g5.xlarge", "g5.2xlarge"]', 'sizes = ["gcp:g5.xlarge", "g5.2xlarge"]'),
+            "node_groups.gpu.sizes",
+            "'gcp' is not one of the group's providers",
+        ),
+        (
+            ('driver = "ec2"', 'driver = "azure_arm"'),
+            "providers.aws.resource_group",
+            "azure_arm needs it",
+        ),
     ],
-    ids=["inline-secret", "bad-pattern", "addr", "price-size", "onprem-burst", "batch"],
+    ids=[
+        "inline-secret",
+        "bad-pattern",
+        "addr",
+        "price-size",
+        "onprem-burst",
+        "batch",
+        "qualified-size",
+        "azure-needs",
+    ],
 )
 def test_semantic_errors(tmp_path: Path, edit: tuple[str, str], path: str, fragment: str) -> None:
     assert edit[0] in GOOD
@@ -188,3 +207,12 @@ def test_config_path_precedence(tmp_path: Path) -> None:
     assert str(path) in result.stdout
     missing = invoke(["--config", str(tmp_path / "nope.toml"), "config", "check"], expect=2)
     assert "cannot read the config" in missing.stderr
+
+
+def test_spot_on_a_driver_that_cannot_ask_for_it(tmp_path: Path) -> None:
+    text = GOOD.replace('driver = "ec2"', 'driver = "openstack"')
+    text = text.replace('gpu_type = "a10g"', 'gpu_type = "a10g"\nspot = true')
+    _, problems = check_config(write(tmp_path, text))
+    assert any(
+        p.path == "node_groups.gpu.spot" and "cannot ask it for spot" in p.message for p in problems
+    ), problems

@@ -400,3 +400,60 @@ def _pub() -> str:
 
         _KEY.append(generate_key(os.path.join(tempfile.mkdtemp(), "id_ed25519")))
     return _KEY[0]
+
+
+def test_capacity_on_the_first_provider_falls_back_to_the_next_provider(
+    emulator: Ec2Emulator, cfg_factory: Callable[..., Config], tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """On-prem OpenStack first (its scheduler finds no host), EC2 next; the node's final
+    provider and size are what the ledger records."""
+    import responses
+
+    from tests.unit.test_provider_requests import NOVA, Http
+
+    for var, value in {"OS_USERNAME": "burst", "OS_PASSWORD": "pw",
+                       "OS_AUTH_URL": "https://keystone.example.org:5000",
+                       "OS_PROJECT_NAME": "hpc"}.items():  # fmt: skip
+        monkeypatch.setenv(var, value)
+    cfg = cfg_factory()
+    text = Path(cfg.source).read_text()
+    text = text.replace('providers = ["aws"]', 'providers = ["onprem", "aws"]')
+    text = text.replace(
+        'sizes = ["c5.large", "c5.xlarge"]', 'sizes = ["onprem:g1.gpu", "aws:c5.large"]'
+    )
+    text = text.replace("price_per_hour = {", 'price_per_hour = { "g1.gpu" = 0.5,')
+    text = text.replace(', "c5.xlarge" = 0.17', "")
+    text += (
+        '\n[providers.onprem]\ndriver = "openstack"\nregion = "RegionOne"\n'
+        f'options = {{ ex_force_auth_token = "tok", ex_force_base_url = "{NOVA}" }}\n'
+        'network = "5c1e4a3e-0000-4000-8000-00000000a001"\n'
+    )
+    Path(cfg.source).write_text(text)
+    cfg = load_config(Path(cfg.source))
+    assert cfg.node_groups["cpu"].candidates() == [("onprem", "g1.gpu"), ("aws", "c5.large")]
+    prov = provisioner(cfg, tmp_path)
+    prov.store.transition("aws-40", S.REQUESTED, time.time(), grp="cpu", want="up", launch_seq=1)
+    emulator.calls.clear()
+    with responses.RequestsMock(
+        assert_all_requests_are_fired=False,
+        passthru_prefixes=(f"http://127.0.0.1:{emulator.port}",),
+    ) as mock:
+        http = Http(mock)  # fmt: skip
+        http.on("GET", rf"{NOVA}/flavors/detail", "openstack/flavors_detail.json")
+        http.on("GET", rf"{NOVA}/os-keypairs$", {"keypairs": []})
+        http.on("POST", rf"{NOVA}/os-keypairs$", "openstack/keypair_post.json")
+        http.on("POST", rf"{NOVA}/servers$", "openstack/error_no_valid_host.json", status=500)
+        prov.stopping.set()  # stop after the launch: nothing boots here
+        prov.drive("aws-40")
+    rec = prov.store.node("aws-40")
+    assert rec is not None and (rec.state, rec.provider, rec.size) == (S.BOOTING, "aws", "c5.large")
+    assert ("onprem", "g1.gpu") in prov.store.unavailable(time.time())
+    assert http.body("POST", r"/servers$")["server"]["flavorRef"] == "f-gpu-1"
+    assert emulator.calls["RunInstances"] == 1
+    row = next(r for r in wiring.ledger(cfg).instances() if r["node"] == "aws-40")
+    assert (row["provider"], row["size"], row["instance_id"]) == (
+        "aws",
+        "c5.large",
+        rec.instance_id,
+    )
