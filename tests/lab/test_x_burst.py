@@ -181,12 +181,13 @@ def test_eight_nodes_resume_in_parallel(lab: Lab, env: dict[str, str], store: St
     fresh = [n for n in nodes if store.node(n).launch_seq > before.get(n, 0)]  # type: ignore[union-attr]
     assert len(fresh) >= 6  # the two nodes of the first job may still be up and used
     requested = min(store.node(n).requested_at for n in fresh)  # type: ignore[union-attr]
-    joined = max(
-        e["at"] for e in store.events() if e["event"] == "node.joined" and e["node"] in fresh
-    )
-    wall = joined - requested
-    TIMING["eight"] = wall
-    assert wall < 0.5 * len(fresh) * TIMING["one_node"], (wall, TIMING)
+    evs = [e for e in store.events() if e["node"] in fresh and e["at"] >= requested]
+    joined = [e["at"] for e in evs if e["event"] == "node.joined"]
+    booting = [e["at"] for e in evs if e["event"] == "node.booting"]
+    TIMING["eight"] = max(joined) - requested  # the figure is benchmarked (make bench)
+    # in parallel, not one after another: every instance was launched before any node
+    # joined (a node takes seconds to boot and join; a launch takes milliseconds)
+    assert len(booting) >= len(fresh) and max(booting) < min(joined), (booting, joined)
 
 
 def test_status_and_metrics_show_the_nodes_and_the_spend(lab_config: Config, store: Store) -> None:
