@@ -170,10 +170,6 @@ class Provisioner:
             raise StepError("NotConfigured", f"{rec.name} is in no node group of the config")
         return group
 
-    def candidates(self, group: NodeGroup) -> list[tuple[str, str]]:
-        """(provider, size) pairs in fallback order: each provider's sizes, then the next."""
-        return group.candidates()
-
     def spec(
         self, group: NodeGroup, node: str, size: str, token: str, count: int = 1
     ) -> LaunchSpec:
@@ -222,7 +218,7 @@ class Provisioner:
 
     def _launch_chunks(self, group: NodeGroup, recs: list[NodeRecord]) -> list[NodeRecord]:
         """One candidate's worth of batches; return the nodes left for the next candidate."""
-        every = self.candidates(group)
+        every = group.candidates()
         cold = self.store.unavailable(self.now())
         for provider, size in every:
             if (provider, size) in cold:
@@ -369,7 +365,7 @@ class Provisioner:
         health = self.store.groups().get(group.name)
         if health is not None and health.protected(self.now()):
             raise StepError("GroupProtected", f"node group {group.name}: {health.reason}")
-        every = self.candidates(group)
+        every = group.candidates()
         cold = self.store.unavailable(self.now())
         start = 0
         if rec.state == S.LAUNCHING and (rec.provider, rec.size) in every:
@@ -439,8 +435,11 @@ class Provisioner:
                         "InstanceVanished",
                         f"instance {rec.instance_id} is {inst.state if inst else 'gone'}",
                     )
-                if inst.tags.get(NODE_TAG) != rec.name:  # a batch's instance: name it
-                    cloud.tag(rec.instance_id, {NODE_TAG: rec.name, "Name": rec.name})
+                if inst.tags.get(NODE_TAG) != rec.name:  # a batch's instance, not yet named
+                    try:
+                        cloud.tag(rec.instance_id, {NODE_TAG: rec.name, "Name": rec.name})
+                    except CloudError as exc:  # a convenience: ownership is by instance id
+                        log.warning("node.tag_failed node=%s code=%s", rec.name, exc.code)
                     inst = inst._replace(tags={**inst.tags, NODE_TAG: rec.name})
                 if inst.state == "running" and inst.address:
                     keys = cloud.host_keys(rec.instance_id)
