@@ -50,6 +50,7 @@ class Instance(NamedTuple):
     private_ips: tuple[str, ...] = ()
     tags: Mapping[str, str] = MappingProxyType({})
     launch_index: int = 0  # position in the launch call that made it (EC2 amiLaunchIndex)
+    fault: str = ""  # why the provider put it in error (OpenStack's server fault)
 
     @property
     def address(self) -> str:

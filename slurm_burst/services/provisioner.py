@@ -39,7 +39,14 @@ from typing import Any
 
 from slurm_burst.adapters.state.store import NodeRecord, Store, StoreError
 from slurm_burst.config import Config, NodeGroup
-from slurm_burst.core.cloud import NODE_TAG, CapacityError, CloudError, Instance, LaunchSpec
+from slurm_burst.core.cloud import (
+    NODE_TAG,
+    CapacityError,
+    CloudError,
+    Instance,
+    LaunchSpec,
+    classify,
+)
 from slurm_burst.core.nodestate import NodeState as S
 from slurm_burst.core.nodestate import reason
 from slurm_burst.core.pricing import dollars
@@ -419,6 +426,15 @@ class Provisioner:
         assert last is not None
         raise last
 
+    def _instance_fault(self, rec: NodeRecord, fault: str) -> None:
+        """An instance the provider accepted and then put in error (OpenStack: the
+        scheduler found no host). A capacity fault cools the size down, as a capacity
+        error at launch does: Slurm's next resume of the node lands on the next size."""
+        err = classify(fault)
+        if isinstance(err, CapacityError):
+            self._size_unavailable(rec.name, rec.provider, rec.size, err)
+        raise StepError(err.code if err.code != CloudError.code else "InstanceError", fault)
+
     def _token(self, rec: NodeRecord, seq: int) -> str:
         """The idempotency token of ``rec``'s launch on candidate ``seq``."""
         return f"{self.cfg.cluster.name}-{rec.name}-{rec.launch_seq}-{seq}"[:64]
@@ -430,6 +446,8 @@ class Provisioner:
             while True:
                 self._check_want(rec.name)
                 inst = cloud.get(rec.instance_id)
+                if inst is not None and inst.state == "error" and inst.fault:
+                    self._instance_fault(rec, inst.fault)
                 if inst is None or inst.state in ("terminated", "error", "stopped"):
                     raise StepError(
                         "InstanceVanished",

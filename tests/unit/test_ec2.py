@@ -402,15 +402,9 @@ def _pub() -> str:
     return _KEY[0]
 
 
-def test_capacity_on_the_first_provider_falls_back_to_the_next_provider(
-    emulator: Ec2Emulator, cfg_factory: Callable[..., Config], tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:  # fmt: skip
-    """On-prem OpenStack first (its scheduler finds no host), EC2 next; the node's final
-    provider and size are what the ledger records."""
-    import responses
-
-    from tests.unit.test_provider_requests import NOVA, Http
+def mixed_config(cfg_factory: Callable[..., Config], monkeypatch: pytest.MonkeyPatch) -> Config:
+    """The test group on on-prem OpenStack first (recorded responses), EC2 next."""
+    from tests.unit.test_provider_requests import NOVA
 
     for var, value in {"OS_USERNAME": "burst", "OS_PASSWORD": "pw",
                        "OS_AUTH_URL": "https://keystone.example.org:5000",
@@ -432,6 +426,20 @@ def test_capacity_on_the_first_provider_falls_back_to_the_next_provider(
     Path(cfg.source).write_text(text)
     cfg = load_config(Path(cfg.source))
     assert cfg.node_groups["cpu"].candidates() == [("onprem", "g1.gpu"), ("aws", "c5.large")]
+    return cfg
+
+
+def test_capacity_on_the_first_provider_falls_back_to_the_next_provider(
+    emulator: Ec2Emulator, cfg_factory: Callable[..., Config], tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """On-prem OpenStack first (its scheduler finds no host), EC2 next; the node's final
+    provider and size are what the ledger records."""
+    import responses
+
+    from tests.unit.test_provider_requests import NOVA, Http
+
+    cfg = mixed_config(cfg_factory, monkeypatch)
     prov = provisioner(cfg, tmp_path)
     prov.store.transition("aws-40", S.REQUESTED, time.time(), grp="cpu", want="up", launch_seq=1)
     emulator.calls.clear()
@@ -457,3 +465,52 @@ def test_capacity_on_the_first_provider_falls_back_to_the_next_provider(
         "c5.large",
         rec.instance_id,
     )
+
+
+def test_an_instance_put_in_error_for_want_of_capacity_cools_its_size(
+    emulator: Ec2Emulator, cfg_factory: Callable[..., Config], tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """Nova accepts the server, then its scheduler finds no host (asynchronously): the
+    node fails with NoValidHost, and the node's next resume lands on the next provider."""
+    import json as _json
+
+    import responses
+
+    from tests.unit.test_provider_requests import FIXTURES, NOVA, Http
+
+    cfg = mixed_config(cfg_factory, monkeypatch)
+    failed = _json.loads((FIXTURES / "openstack" / "servers_detail.json").read_text())
+    server = failed["servers"][0]
+    server.update(status="ERROR", addresses={},
+                  fault={"code": 500, "message": "No valid host was found. There are not "
+                         "enough hosts available.", "created": "2026-11-21T10:00:03Z"})  # fmt: skip
+    slurm = SlurmRecorder()
+    prov = provisioner(cfg, tmp_path, slurm)
+    prov.store.transition("aws-41", S.REQUESTED, time.time(), grp="cpu", want="up", launch_seq=1)
+    with responses.RequestsMock(
+        assert_all_requests_are_fired=False,
+        passthru_prefixes=(f"http://127.0.0.1:{emulator.port}",),
+    ) as mock:
+        http = Http(mock)  # fmt: skip
+        http.on("GET", rf"{NOVA}/flavors/detail", "openstack/flavors_detail.json")
+        http.on("GET", rf"{NOVA}/os-keypairs$", {"keypairs": []})
+        http.on("POST", rf"{NOVA}/os-keypairs$", "openstack/keypair_post.json")
+        http.on("POST", rf"{NOVA}/servers$", "openstack/server_post.json", status=202)
+        http.on("GET", rf"{NOVA}/servers/srv-0001$", "openstack/server_get.json")
+        http.on("GET", rf"{NOVA}/servers/detail", failed)
+        http.on("DELETE", rf"{NOVA}/servers/srv-0001$", None, status=204)
+        prov.drive("aws-41")  # launch on onprem, boot: ERROR, fail, tear down
+    rec = prov.store.node("aws-41")
+    assert rec is not None and (rec.state, rec.error) == (S.TERMINATED, "NoValidHost")
+    assert ("onprem", "g1.gpu") in prov.store.unavailable(time.time())
+    down = [u for u in slurm.updates if u.get("state") == "down"]
+    assert down and "(Code:NoValidHost)" in down[0]["reason"]
+    assert any(m == "DELETE" for m, _, _ in http.sent)  # the failed server is deleted
+
+    # Slurm resumes the node again: the cooling size is skipped, EC2 it is
+    prov.store.transition("aws-41", S.REQUESTED, time.time(), want="up", launch_seq=2)
+    prov.stopping.set()
+    prov.drive("aws-41")
+    rec = prov.store.node("aws-41")
+    assert rec is not None and (rec.state, rec.provider) == (S.BOOTING, "aws")

@@ -283,6 +283,7 @@ class LibcloudCloud:
             private_ips=tuple(node.private_ips or ()),
             tags=dict(zip(map(str, tags), map(str, tags.values()), strict=True)),
             launch_index=int(extra.get("launch_index") or 0),
+            fault=_fault(extra.get("fault")),
         )
 
     def _error(self, exc: Exception) -> CloudError:
@@ -297,6 +298,13 @@ class LibcloudCloud:
 
 def _state(node: Node) -> str:
     return str(getattr(node.state, "value", node.state))
+
+
+def _fault(fault: Any) -> str:
+    """OpenStack's server fault ({"code": 500, "message": ...}) as text; '' if none."""
+    if isinstance(fault, Mapping):
+        return str(fault.get("message") or "")
+    return str(fault or "")
 
 
 def _replace(p: Placement, **kw: Any) -> Placement:
