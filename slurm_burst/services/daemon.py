@@ -268,8 +268,7 @@ class Daemon:
                         )
                         launch.append(name)
                         continue
-                    else:
-                        self.store.update(name, want="up", jobs=jobs)
+                    self.store.update(name, want="up", jobs=jobs)
                 else:
                     if rec is None:
                         self.store.transition(name, S.TERMINATED, self.now(), grp=group.name)

@@ -161,6 +161,12 @@ def provisioner(cfg: Config, tmp: Path, slurm: SlurmRecorder | None = None) -> P
     )
 
 
+def requested(prov: Provisioner, *names: str) -> None:
+    """Nodes of the test group asked up, as a resume leaves them for the provisioner."""
+    for n in names:
+        prov.store.transition(n, S.REQUESTED, time.time(), grp="cpu", want="up", launch_seq=1)
+
+
 def aws_instances(emulator: Ec2Emulator, cluster: str) -> list[Any]:
     return [
         n
@@ -230,8 +236,7 @@ def test_batch_interrupted_after_the_call_is_adopted_not_launched_again(
     cfg = cfg_factory()
     prov = provisioner(cfg, tmp_path)
     names = [f"aws-{i}" for i in range(1, 9)]
-    for n in names:
-        prov.store.transition(n, S.REQUESTED, time.time(), grp="cpu", want="up", launch_seq=1)
+    requested(prov, *names)
     group = cfg.node_groups["cpu"]
     token = f"{cfg.cluster.name}-crash"
     prov.store.meta_set(
@@ -339,7 +344,7 @@ def test_ec2_error_is_typed_with_its_code_and_named_in_the_node_reason(
     # (capacity errors first fall back through every size: inject one per size)
     slurm = SlurmRecorder()
     prov = provisioner(cfg, tmp_path, slurm)
-    prov.store.transition("aws-5", S.REQUESTED, time.time(), grp="cpu", want="up", launch_seq=1)
+    requested(prov, "aws-5")
     times = 2 if kind is CapacityError else (5 if kind is ThrottledError else 1)
     emulator.inject("RunInstances", code, http, times=times)
     before = emulator.calls["RunInstances"]
@@ -358,7 +363,7 @@ def test_throttled_launch_is_retried_with_the_same_token_and_makes_one_instance(
 ) -> None:
     cfg = cfg_factory()
     prov = provisioner(cfg, tmp_path)
-    prov.store.transition("aws-6", S.REQUESTED, time.time(), grp="cpu", want="up", launch_seq=1)
+    requested(prov, "aws-6")
     emulator.inject("RunInstances", "RequestLimitExceeded", 503, times=2)
     prov.launch_batch(["aws-6"])  # one node: still the batch path, one RunInstances
     prov.stopping.set()
@@ -374,8 +379,7 @@ def test_capacity_error_falls_the_batch_back_to_the_next_size(
     cfg = cfg_factory()
     prov = provisioner(cfg, tmp_path)
     names = [f"aws-{i}" for i in range(10, 18)]
-    for n in names:
-        prov.store.transition(n, S.REQUESTED, time.time(), grp="cpu", want="up", launch_seq=1)
+    requested(prov, *names)
     emulator.inject("RunInstances", "InsufficientInstanceCapacity", 500)
     emulator.calls.clear()
     prov.launch_batch(names)
@@ -441,7 +445,7 @@ def test_capacity_on_the_first_provider_falls_back_to_the_next_provider(
 
     cfg = mixed_config(cfg_factory, monkeypatch)
     prov = provisioner(cfg, tmp_path)
-    prov.store.transition("aws-40", S.REQUESTED, time.time(), grp="cpu", want="up", launch_seq=1)
+    requested(prov, "aws-40")
     emulator.calls.clear()
     with responses.RequestsMock(
         assert_all_requests_are_fired=False,
@@ -487,7 +491,7 @@ def test_an_instance_put_in_error_for_want_of_capacity_cools_its_size(
                          "enough hosts available.", "created": "2026-11-21T10:00:03Z"})  # fmt: skip
     slurm = SlurmRecorder()
     prov = provisioner(cfg, tmp_path, slurm)
-    prov.store.transition("aws-41", S.REQUESTED, time.time(), grp="cpu", want="up", launch_seq=1)
+    requested(prov, "aws-41")
     with responses.RequestsMock(
         assert_all_requests_are_fired=False,
         passthru_prefixes=(f"http://127.0.0.1:{emulator.port}",),

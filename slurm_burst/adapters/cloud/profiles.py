@@ -37,14 +37,10 @@ from slurm_burst.core.cloud import CLUSTER_TAG, GROUP_TAG, NODE_TAG, TOKEN_TAG, 
 # drivers that make many instances in one call (EC2: RunInstances MinCount/MaxCount)
 BATCH_DEFAULT = {"ec2": 500}
 # drivers that filter a listing by tag on the server side
-TAG_FILTERS = {"nscloud": "ex_filters", "ec2": "ex_filters"}
-# drivers with a native idempotency token on create
-TOKEN_ARG = {"nscloud": "ex_token", "ec2": "ex_clienttoken"}
+TAG_FILTERS = frozenset({"nscloud", "ec2"})
 # destroy_node arguments: Azure polls until the VM is gone, then deletes its NIC and disk
 # (libcloud's default: a first wait of 10 s, 10 polls); VMs take 30-120 s to delete
 DESTROY_KWARGS: dict[str, dict[str, Any]] = {"azure_arm": {"ex_poll_wait": 3, "ex_poll_qty": 60}}
-# drivers on which the instance can be preemptible/spot through create_node
-SPOT = {"ec2", "gce", "nscloud"}
 
 
 @dataclass(frozen=True)
