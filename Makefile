@@ -8,14 +8,16 @@ SB := $(VENV)/bin/slurm-burst
 LAB_CONFIG := slurm-conf/lab/slurm-burst.toml
 LAB_SLURM_CONF := /var/lib/slurm-burst-lab/etc/slurm/slurm.conf
 
-.PHONY: help setup system venv demo test test-fast bench lab-up lab-down lint typecheck clean
+.PHONY: help setup system venv demo test test-fast bench lab-up lab-down lint docs clean
 
 help:
 	@echo "make demo      set up, bring the lab up, run a 2-node job on burst cloud nodes"
 	@echo "make test      set up and run the whole test suite (root: the lab tests need it)"
+	@echo "make test-fast the unit tests alone (seconds, any user)"
 	@echo "make bench     set up and print the benchmark figures"
 	@echo "make lab-down  remove the lab: processes, namespaces, links, files"
-	@echo "make lint      ruff and mypy"
+	@echo "make lint      ruff and mypy (strict: package, tests, benchmarks)"
+	@echo "make docs      regenerate the generated sections of docs/"
 
 setup: system venv
 
@@ -45,15 +47,19 @@ test: setup
 	@set +e; $(PY) -m pytest $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest: no tests were collected"; exit 1; fi; exit $$rc
 
+# The unit tier alone: pure, in-memory, seconds, no root.
 test-fast: venv
-	$(PY) -m pytest -m 'not lab' $(PYTEST_ARGS)
+	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
 
 bench: setup
 	$(PY) benchmarks/run.py
 
 lint: venv
-	$(VENV)/bin/ruff check slurm_burst tests benchmarks
-	$(VENV)/bin/mypy slurm_burst
+	$(VENV)/bin/ruff check slurm_burst tests benchmarks scripts
+	$(VENV)/bin/mypy slurm_burst tests benchmarks scripts/docs.py
+
+docs: venv
+	$(PY) scripts/docs.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis build *.egg-info

@@ -99,7 +99,7 @@ def bench_lab_burst() -> None:
     from slurm_burst.adapters.state.store import Store
     from slurm_burst.config import load_config
     from slurm_burst.core.hostlist import expand
-    from slurm_burst.services.lab.service import Lab
+    from slurm_burst.lab.service import Lab
     from slurm_burst.wiring import state_db_path
 
     cfg = load_config(LAB_CONFIG)
@@ -130,7 +130,7 @@ def bench_lab_burst() -> None:
                 "--wrap",
                 "srun true",
             ).strip()
-            running_at = None
+            running_at: float | None = None
             while True:
                 state = _job_state(job)
                 if state in ("RUNNING", "COMPLETING", "COMPLETED") and running_at is None:
@@ -146,8 +146,9 @@ def bench_lab_burst() -> None:
                 )["NodeList"]
             )
             new = [e for e in store.events() if e["id"] not in seen and e["node"] in nodes]
-            req = min(e["at"] for e in new if e["event"] == "node.requested")
+            req = min(float(e["at"]) for e in new if e["event"] == "node.requested")
             joined = [e["at"] for e in new if e["event"] == "node.joined"]
+            assert running_at is not None, f"job {job} ended {state} without running"
             print(
                 f"{'resume ' + str(n) + ' node(s) (' + state + ')':<46} request -> all joined "
                 f"{max(joined) - req:6.2f} s   sbatch -> RUNNING {running_at - t0:6.2f} s "

@@ -21,36 +21,39 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from slurm_burst import wiring  # noqa: E402
+from slurm_burst.adapters.cloud.compute import LibcloudCloud  # noqa: E402
+from slurm_burst.adapters.ha import SoleLeader  # noqa: E402
 from slurm_burst.adapters.ssh.session import SshConnector, generate_key  # noqa: E402
 from slurm_burst.adapters.state.store import Store  # noqa: E402
 from slurm_burst.config import Config, load_config  # noqa: E402
-from slurm_burst.core.nodestate import NodeState as S  # noqa: E402
-from slurm_burst.services.daemon import Daemon  # noqa: E402
+from slurm_burst.core.nodestate import NodeState  # noqa: E402
+from slurm_burst.core.records import NodeRecord  # noqa: E402
 from slurm_burst.services.provisioner import Provisioner, Secrets  # noqa: E402
+from slurm_burst.wiring import DaemonParts  # noqa: E402
 from tests.ec2.emulator import RemoteEmulator  # noqa: E402
-from tests.unit.test_ec2 import CONFIG  # noqa: E402
+from tests.fakes.mesh import FakeMesh  # noqa: E402
+from tests.fakes.slurm import FakeScheduler  # noqa: E402
+from tests.integration.test_ec2 import CONFIG  # noqa: E402
 
 
-class LaunchOnly(Provisioner):
-    """The daemon's provisioner, stopped after the launch step (what is measured)."""
+def launch_only(prov: Provisioner) -> Callable[[str], NodeRecord | None]:
+    """The provisioner's drive, stopped after the launch step (what is measured)."""
 
-    def drive(self, name: str) -> Any:
-        rec = self.store.node(name)
-        if rec is not None and rec.state in (S.REQUESTED, S.LAUNCHING):
-            self._launch(rec)
-        return self.store.node(name)
+    def drive(name: str) -> NodeRecord | None:
+        rec = prov.store.node(name)
+        group = prov.cfg.group_of(name)
+        if rec is not None and group and rec.state in (NodeState.REQUESTED, NodeState.LAUNCHING):
+            prov.launcher.launch_one(rec, group)
+        return prov.store.node(name)
 
-
-class NoSlurm:
-    def update_nodes(self, nodes: list[str], **kw: Any) -> None:
-        pass
+    return drive
 
 
 def config(tmp: Path, emu: RemoteEmulator, nodes: int, batch: int) -> Config:
@@ -71,20 +74,27 @@ def run(emu: RemoteEmulator, nodes: int, batch: int) -> tuple[int, int, float]:
         (tmp / "slurm").mkdir()
         cfg = config(tmp, emu, nodes, batch)
         key = str(tmp / "ssh" / "id_ed25519")
-        wiring.ledger(cfg, check_schema=False).upgrade()
+        sql = wiring.ledger(cfg, check_schema=False)
+        sql.upgrade()
         store = Store(wiring.state_db_path(cfg))
-        prov = LaunchOnly(
-            cfg,
-            store,
-            wiring.managed_clouds(cfg),
-            wiring.mesh_hub(cfg),
-            SshConnector(cfg.daemon.ssh_user, key),
-            NoSlurm(),  # type: ignore[arg-type]
-            wiring.daemon_ledger(cfg),
-            Secrets(generate_key(key), b""),
+        clouds = wiring.managed_clouds(cfg)
+        aws = clouds["aws"].inner
+        assert isinstance(aws, LibcloudCloud)
+        aws._size("c5.large")  # the size table, read once at start
+        clock = wiring.clock()
+        parts = DaemonParts(
+            store=store,
+            clouds=clouds,
+            mesh=FakeMesh(clock),  # nothing gets past the launch here
+            connector=SshConnector(cfg.daemon.ssh_user, key),
+            scheduler=FakeScheduler.cloud_nodes(cfg.node_groups["cpu"].node_names()),
+            ledger=wiring.daemon_ledger(cfg, sql),
+            secrets=Secrets(generate_key(key), b""),
+            leader=SoleLeader("bench"),
+            clock=clock,
         )
-        prov.clouds["aws"].inner._size("c5.large")  # the size table, read once at start
-        daemon = Daemon(cfg, store, prov)
+        daemon = wiring.assemble(cfg, parts)
+        daemon.prov.drive = launch_only(daemon.prov)  # type: ignore[method-assign,assignment]
         runner = threading.Thread(target=daemon.run, daemon=True)
         runner.start()
         while store.heartbeat() is None:

@@ -27,6 +27,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -94,6 +95,7 @@ def child(d: Path, nodes: int) -> dict[str, Any]:
     from libcloud.compute.base import Node
     from libcloud.compute.types import NodeState
 
+    from slurm_burst.adapters.clock import SystemClock
     from slurm_burst.adapters.cloud.compute import CLUSTER_TAG, GROUP_TAG, NODE_TAG, LibcloudCloud
     from slurm_burst.adapters.proc import Result
     from slurm_burst.adapters.slurm.cli import SlurmCli
@@ -168,11 +170,21 @@ def child(d: Path, nodes: int) -> dict[str, Any]:
         def remove_peer(self, key: str) -> None:
             Hub.removed += 1
 
+        def ensure_hub(self) -> str:
+            raise AssertionError("a reconcile pass never sets the hub up")
+
+        def add_peer(self, public_key: str, address: str, node: str) -> None:
+            raise AssertionError("a reconcile pass never adds a peer")
+
+        def node_config(self, allowed: Sequence[str]) -> str:
+            raise AssertionError("a reconcile pass never writes a node's config")
+
     store = Store(d / "state.db")
     with store.tx() as db:
         db.executemany(
-            "INSERT OR REPLACE INTO nodes (name, grp, state, want, provider, size, instance_id, "
-            "wg_pubkey, mesh_addr, requested_at, state_since) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+            "INSERT OR REPLACE INTO nodes (name, node_group, state, want, provider, size, "
+            "instance_id, wg_pubkey, mesh_addr, requested_at, state_since) "
+            "VALUES (?,?,?,?,?,?,?,?,?,?,?)",
             [
                 (node_name(i), GROUP, "joined", "up", "lab", "ns.cpu2", f"i-{i:08x}", _key(i),
                  f"10.64.{i // 250}.{i % 250 + 2}", time.time() - 60, time.time() - 50)
@@ -188,14 +200,15 @@ def child(d: Path, nodes: int) -> dict[str, Any]:
         },
     )
 
-    class Prov:
-        failed = 0
+    failed: list[str] = []
 
-        def fail(self, name: str, code: str, message: str) -> bool:
-            Prov.failed += 1
-            return True
+    def fail(name: str, code: str, message: str) -> bool:
+        failed.append(name)
+        return True
 
-    rec = Reconciler(cfg, store, sched, {"lab": cloud}, Hub(), Prov())  # type: ignore[arg-type]
+    rec = Reconciler(
+        cfg, store, sched, {"lab": cloud}, Hub(), fail, lambda name: None, SystemClock()
+    )
     cpus, walls, slurm = [], [], []
     for _ in range(PASSES):  # the same world each pass: the steady state of a busy site
         calls.clear()
@@ -220,7 +233,7 @@ def child(d: Path, nodes: int) -> dict[str, Any]:
         "jobs": report.jobs,
         "terminated": driver.destroyed,
         "peers_removed": Hub.removed,
-        "failed": Prov.failed,
+        "failed": len(failed),
     }
 
 

@@ -61,7 +61,7 @@ def bench_hostlist() -> None:
 def bench_lab() -> None:
     from slurm_burst.adapters.cloud.registry import driver_class
     from slurm_burst.config import load_config
-    from slurm_burst.services.lab.service import Lab
+    from slurm_burst.lab.service import Lab
 
     lab = Lab(load_config(ROOT / "slurm-conf" / "lab" / "slurm-burst.toml"))
     if lab.status()["up"]:

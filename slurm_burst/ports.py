@@ -1,18 +1,35 @@
 """The ports: what services need from the outside world, as Protocols.
 
-Adapters implement them; services receive them through their constructors
-(see ``slurm_burst.wiring``). Nothing in ``core`` or the services imports an
-adapter's libraries.
+Adapters implement them; services receive them through their constructors, and
+``slurm_burst.wiring`` is the one place that builds adapters and hands them in.
+Nothing in ``core`` or ``services`` imports an adapter or an adapter's libraries.
+The tests' in-memory fakes (``tests/fakes``) implement the same ports and pass the
+same contract suites (``tests/contracts``) as the real adapters.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Protocol
+from datetime import date, datetime
+from typing import Any, Protocol
 
+from slurm_burst.core.allocation import Allocation
 from slurm_burst.core.cloud import Instance, LaunchSpec
 from slurm_burst.core.mesh import Peer
+from slurm_burst.core.nodestate import NodeState
+from slurm_burst.core.records import GroupHealth, NodeRecord, Request
 from slurm_burst.core.slurm import SlurmJob, SlurmNode, SlurmPartition
+from slurm_burst.core.usage import AssocUsage, ClosedInstance, InstanceEvent, JobUsage
+
+
+class Clock(Protocol):
+    """Time, passed in: wall time for records, a monotonic clock and sleep for waits."""
+
+    def now(self) -> float: ...  # unix time
+
+    def monotonic(self) -> float: ...
+
+    def sleep(self, seconds: float) -> None: ...
 
 
 class Scheduler(Protocol):
@@ -42,8 +59,11 @@ class Scheduler(Protocol):
 class Cloud(Protocol):
     """One provider profile (a libcloud driver with its region and credentials)."""
 
-    name: str
-    batch_max: int  # instances one launch call may make (1: no batching)
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def batch_max(self) -> int: ...  # instances one launch call may make (1: no batching)
 
     def launch(self, spec: LaunchSpec) -> Instance: ...
 
@@ -89,33 +109,166 @@ class RemoteShell(Protocol):
 
 
 class Connector(Protocol):
+    """Opens a :class:`RemoteShell` to a node whose host keys the provider attested."""
+
     def connect(
         self, host: str, host_keys: Sequence[tuple[str, str]], deadline: float
     ) -> RemoteShell: ...
 
 
-class Ledger(Protocol):
-    """Append-only cost records (the SQL ledger)."""
+class NodeStore(Protocol):
+    """The daemon's durable memory: node records, the hooks' requests, the mesh address
+    pool, group health, events and the heartbeat. Every write is atomic and durable
+    before it returns: a request a hook recorded survives a crash of either side."""
 
-    def instance_event(
-        self,
-        *,
-        node: str,
-        instance_id: str,
-        provider: str,
-        size: str,
-        price_per_hour: float,
-        event: str,
-        at: float,
-        detail: str = "",
-        group: str = "",
-        partition: str = "",
-        cpus: int = 0,
-        gpus: int = 0,
-        price_source: str = "",
-        price_version: str = "",
+    # heartbeat and small facts (batches in flight, suspects, the last pass report)
+    def beat(self, now: float, info: Mapping[str, Any]) -> None: ...
+
+    def heartbeat(self) -> dict[str, Any] | None: ...
+
+    def meta_get(self, key: str) -> Any: ...
+
+    def meta_items(self, prefix: str) -> dict[str, Any]: ...
+
+    def meta_set(self, key: str, value: Any) -> None: ...
+
+    def meta_delete(self, key: str) -> None: ...
+
+    # node groups: failures in a row, protected mode; sizes cooling down
+    def groups(self) -> dict[str, GroupHealth]: ...
+
+    def group_launch_result(self, name: str, ok: bool) -> int: ...
+
+    def protect_group(self, name: str, until: float, reason: str) -> None: ...
+
+    def unprotect_group(self, name: str) -> None: ...
+
+    def mark_unavailable(self, provider: str, size: str, until: float, code: str) -> None: ...
+
+    def unavailable(self, now: float) -> dict[tuple[str, str], tuple[float, str]]: ...
+
+    # requests: the hooks write, the daemon consumes
+    def add_request(
+        self, kind: str, nodes: Sequence[str], jobs: Sequence[Mapping[str, Any]], now: float
+    ) -> int: ...
+
+    def pending_requests(self) -> list[Request]: ...
+
+    def finish_request(self, request_id: int, now: float) -> None: ...
+
+    # nodes: every state change checked against the state machine and logged as an event
+    def node(self, name: str) -> NodeRecord | None: ...
+
+    def nodes(self) -> list[NodeRecord]: ...
+
+    def transition(
+        self, name: str, new: NodeState, now: float, group: str = "", **changes: Any
+    ) -> NodeRecord: ...
+
+    def update(self, name: str, **changes: Any) -> None: ...
+
+    def event(self, now: float, event: str, node: str = "", detail: str = "") -> None: ...
+
+    def events(self, since_id: int = 0, limit: int = 1000) -> list[dict[str, Any]]: ...
+
+    # the mesh address pool: never one address for two nodes
+    def allocate_address(self, node: str, subnet: str, now: float) -> str: ...
+
+    def release_address(self, node: str) -> str | None: ...
+
+    def addresses(self) -> dict[str, str]: ...
+
+
+class LeaderElection(Protocol):
+    """Which daemon of an HA pair acts. A leader that cannot confirm it still holds
+    the election stops acting at once."""
+
+    @property
+    def node_id(self) -> str: ...
+
+    def try_acquire(self) -> bool: ...  # never raises: False when unreachable
+
+    def held(self) -> bool: ...  # checked against the source of truth
+
+    def leader_info(self) -> str: ...  # who leads now ('' if unknown)
+
+    def release(self) -> None: ...
+
+
+class Metrics(Protocol):
+    """What the services report; the Prometheus adapter turns it into series."""
+
+    def launched(self, group: str, provider: str, size: str) -> None: ...
+
+    def failed(self, group: str, code: str) -> None: ...
+
+    def cloud_call(self, provider: str, call: str, seconds: float, error: str | None) -> None: ...
+
+    def leading(self, leading: bool) -> None: ...
+
+    def heartbeat(self, at: float) -> None: ...
+
+    def reconcile_pass(self, seconds: float, ended: float) -> None: ...
+
+    def reconcile_action(self, kind: str, code: str) -> None: ...
+
+    def phase_error(self, phase: str) -> None: ...
+
+    def node_counts(
+        self, by_group: Mapping[str, Mapping[str, int]], groups: Sequence[str]
     ) -> None: ...
 
+    def group_status(self, group: str, spend_per_hour: float, protected: bool) -> None: ...
 
-class Clock(Protocol):
-    def now(self) -> float: ...
+    def serve(self, listen: str) -> None: ...
+
+
+class Ledger(Protocol):
+    """Append-only cost records: instance events (the provisioner writes them)."""
+
+    def instance_event(self, ev: InstanceEvent) -> None: ...
+
+
+class SpooledLedger(Ledger, Protocol):
+    """A ledger that never blocks: writes wait in a durable spool while the database is
+    away, and are replayed in order."""
+
+    def replay(self) -> int: ...
+
+    def pending(self) -> int: ...
+
+
+class AccountingLedger(Ledger, Protocol):
+    """The SQL ledger as chargeback and the reconcile loop read and write it."""
+
+    def upgrade(self) -> tuple[str | None, str | None]: ...
+
+    def open_instances(self) -> dict[str, str]: ...  # instance id -> node
+
+    def ingest_cursor(self) -> datetime | None: ...
+
+    def record_jobs(self, jobs: Sequence[JobUsage], window: tuple[datetime, datetime]) -> int: ...
+
+    def closed_unallocated(self, before: datetime) -> list[ClosedInstance]: ...
+
+    def jobs_between(self, start: datetime, end: datetime) -> list[JobUsage]: ...
+
+    def write_allocations(self, allocations: Sequence[Allocation]) -> int: ...
+
+    def set_budget(self, account: str, amount_micros: int, period: str = "month") -> None: ...
+
+    def budgets(self) -> dict[str, tuple[int, str, datetime]]: ...
+
+    def spent(self, start: date, end: date) -> dict[str, int]: ...
+
+
+class Accounting(Protocol):
+    """Slurm accounting: finished jobs, and budgets as association limits."""
+
+    def finished_jobs(
+        self, start: datetime, end: datetime, partitions: Sequence[str]
+    ) -> list[JobUsage]: ...
+
+    def usage(self, account: str) -> AssocUsage: ...
+
+    def set_billing_limit(self, account: str, minutes: int | None) -> None: ...

@@ -1,26 +1,73 @@
-"""The one place adapters are built from the configuration.
+"""The composition root: the one place adapters are built from the configuration and
+handed to the services.
 
-Imports are inside the functions: the hooks use this module and must not pay
-for libcloud, paramiko or SQLAlchemy.
+Services know ports only (``slurm_burst.ports``); this module names the adapters.
+Imports are inside the functions: the hooks use this module and must not pay for
+libcloud, paramiko or SQLAlchemy.
 """
 
 from __future__ import annotations
 
+import socket
+import threading
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from slurm_burst.config import Config, ProviderConfig
 
 if TYPE_CHECKING:
+    from libcloud.compute.base import NodeDriver
+
+    from slurm_burst.adapters.cloud.compute import LibcloudCloud
+    from slurm_burst.adapters.cloud.profiles import Placement
+    from slurm_burst.adapters.ledger.spool import SpoolingLedger
+    from slurm_burst.adapters.ledger.sql import SqlLedger
+    from slurm_burst.adapters.mesh.wireguard import WireGuardHub
+    from slurm_burst.adapters.metrics.prom import Metrics as PromMetrics
+    from slurm_burst.adapters.slurm.accounting import SlurmAccounting
     from slurm_burst.adapters.slurm.cli import SlurmCli
-    from slurm_burst.ports import Cloud
+    from slurm_burst.adapters.state.store import Store
+    from slurm_burst.ports import (
+        AccountingLedger,
+        Clock,
+        Cloud,
+        Connector,
+        LeaderElection,
+        Mesh,
+        Metrics,
+        NodeStore,
+        Scheduler,
+        SpooledLedger,
+    )
+    from slurm_burst.services.chargeback import Chargeback
+    from slurm_burst.services.cloudcalls import ManagedCloud
+    from slurm_burst.services.daemon import Daemon
+    from slurm_burst.services.groups import GroupControl
+    from slurm_burst.services.provisioner import Secrets
 
 
+# -- the state store -----------------------------------------------------------------
 def state_db_path(cfg: Config) -> Path:
     return Path(cfg.daemon.state_dir) / "state.db"
 
 
+def node_store(cfg: Config, create: bool = True, upgrade: bool = False) -> Store:
+    """The state database; ``create=False`` for readers (StoreError if there is none).
+    Only the daemon upgrades an older release's schema (``upgrade=True``): see Store."""
+    from slurm_burst.adapters.state.store import Store
+
+    return Store(state_db_path(cfg), create=create, upgrade=upgrade)
+
+
+def clock() -> Clock:
+    from slurm_burst.adapters.clock import SystemClock
+
+    return SystemClock()
+
+
+# -- Slurm -------------------------------------------------------------------------
 def scheduler(cfg: Config, timeout: float | None = None) -> SlurmCli:
     from slurm_burst.adapters.slurm.cli import SlurmCli
 
@@ -33,7 +80,32 @@ def scheduler(cfg: Config, timeout: float | None = None) -> SlurmCli:
     )
 
 
-def cloud_driver(provider: ProviderConfig, environ: Mapping[str, str] | None = None) -> Any:
+def accounting(cfg: Config) -> SlurmAccounting:
+    """Slurm accounting (sacct, sacctmgr) for the ledger's ingest and budgets."""
+    from slurm_burst.adapters.slurm.accounting import SlurmAccounting
+
+    return SlurmAccounting(
+        cfg.slurm.bin_dir,
+        str(Path(cfg.slurm.conf_dir) / "slurm.conf"),
+        cfg.cluster.name,
+        timeout=max(cfg.slurm.command_timeout, 60.0),
+    )
+
+
+def group_control(cfg: Config, store: NodeStore) -> GroupControl:
+    from slurm_burst.services.groups import GroupControl
+
+    return GroupControl(cfg, store, scheduler(cfg))
+
+
+# -- clouds --------------------------------------------------------------------------
+def driver_exists(name: str) -> bool:
+    from slurm_burst.adapters.cloud.registry import driver_exists as exists
+
+    return exists(name)
+
+
+def cloud_driver(provider: ProviderConfig, environ: Mapping[str, str] | None = None) -> NodeDriver:
     """A libcloud driver for ``provider``, with its credentials resolved (never logged)."""
     from slurm_burst.adapters.cloud.credentials import resolve
     from slurm_burst.adapters.cloud.registry import driver_class
@@ -68,13 +140,13 @@ def cloud_driver(provider: ProviderConfig, environ: Mapping[str, str] | None = N
             kwargs["region"] = provider.region
         driver = cls(key, secret, **kwargs)
     if fault_file:
-        from slurm_burst.adapters.cloud.faults import FaultyDriver
+        from slurm_burst.lab.faults import FaultyDriver
 
-        return FaultyDriver(driver, str(fault_file))
-    return driver
+        driver = FaultyDriver(driver, str(fault_file))  # delegates: a NodeDriver to its users
+    return driver  # type: ignore[no-any-return]  # libcloud ships no type information
 
 
-def placement(cfg: Config, provider: ProviderConfig) -> Any:
+def placement(cfg: Config, provider: ProviderConfig) -> Placement:
     from slurm_burst.adapters.cloud.profiles import Placement
 
     return Placement(
@@ -90,7 +162,7 @@ def placement(cfg: Config, provider: ProviderConfig) -> Any:
     )
 
 
-def clouds(cfg: Config) -> dict[str, Cloud]:
+def clouds(cfg: Config) -> dict[str, LibcloudCloud]:
     from slurm_burst.adapters.cloud.compute import LibcloudCloud
 
     return {
@@ -99,7 +171,7 @@ def clouds(cfg: Config) -> dict[str, Cloud]:
     }
 
 
-def managed_clouds(cfg: Config, metrics: Any | None = None) -> dict[str, Any]:
+def managed_clouds(cfg: Config, metrics: Metrics | None = None) -> dict[str, ManagedCloud]:
     """The clouds as the daemon uses them: every call timed and throttling retried."""
     from slurm_burst.services.cloudcalls import ManagedCloud
 
@@ -110,9 +182,15 @@ def managed_clouds(cfg: Config, metrics: Any | None = None) -> dict[str, Any]:
     }
 
 
-def leader(cfg: Config) -> Any:
-    import socket
+# -- mesh, HA, metrics -----------------------------------------------------------------
+def mesh_hub(cfg: Config) -> WireGuardHub:
+    from slurm_burst.adapters.mesh.wireguard import WireGuardHub
 
+    m = cfg.mesh
+    return WireGuardHub(m.interface, m.subnet, m.port, m.state_dir, m.endpoint, m.keepalive)
+
+
+def leader(cfg: Config) -> LeaderElection:
     from slurm_burst.adapters.ha import PgLeaderLock, SoleLeader
 
     node_id = cfg.daemon.node_id or socket.gethostname()
@@ -121,58 +199,14 @@ def leader(cfg: Config) -> Any:
     return SoleLeader(node_id)
 
 
-def daemon(cfg: Config) -> Any:
-    """The daemon with every collaborator built from ``cfg`` (the hub is brought up)."""
-    from slurm_burst.adapters.metrics.prom import Metrics
-    from slurm_burst.adapters.ssh.session import SshConnector, generate_key
-    from slurm_burst.adapters.state.store import Store
-    from slurm_burst.services.daemon import Daemon
-    from slurm_burst.services.provisioner import Provisioner, Secrets
-    from slurm_burst.services.reconciler import Reconciler
+def metrics() -> PromMetrics:
+    from slurm_burst.adapters.metrics.prom import Metrics as PromMetrics
 
-    key_path = str(Path(cfg.daemon.state_dir) / "ssh" / "id_ed25519")
-    ssh_public = generate_key(key_path)
-    munge_key = Path(cfg.slurm.munge_key).read_bytes()
-    hub = mesh_hub(cfg)
-    hub.ensure_hub()
-    store = Store(state_db_path(cfg))
-    spooling = daemon_ledger(cfg)
-    metrics = Metrics()
-    cl = managed_clouds(cfg, metrics)
-    sched = scheduler(cfg)
-    prov = Provisioner(
-        cfg,
-        store,
-        cl,
-        hub,
-        SshConnector(cfg.daemon.ssh_user, key_path),
-        sched,
-        spooling,
-        Secrets(ssh_public, munge_key),
-        metrics=metrics,
-    )
-    d = Daemon(
-        cfg,
-        store,
-        prov,
-        chargeback(cfg, spooling.ledger),
-        leader=leader(cfg),
-        metrics=metrics,
-    )
-    d.reconciler = Reconciler(
-        cfg, store, sched, cl, hub, prov, spooling.ledger, submit=d.submit, metrics=metrics
-    )
-    return d
+    return PromMetrics()
 
 
-def mesh_hub(cfg: Config) -> Any:
-    from slurm_burst.adapters.mesh.wireguard import WireGuardHub
-
-    m = cfg.mesh
-    return WireGuardHub(m.interface, m.subnet, m.port, m.state_dir, m.endpoint, m.keepalive)
-
-
-def ledger(cfg: Config, check_schema: bool = True) -> Any:
+# -- the ledger ------------------------------------------------------------------------
+def ledger(cfg: Config, check_schema: bool = True) -> SqlLedger:
     """The SQL ledger; readers check that the schema is current (else: run db upgrade)."""
     from slurm_burst.adapters.ledger.sql import SqlLedger
 
@@ -188,31 +222,122 @@ def spool_dir(cfg: Config) -> Path:
     return Path(cfg.ledger.spool_dir or Path(cfg.daemon.state_dir) / "ledger-spool")
 
 
-def daemon_ledger(cfg: Config) -> Any:
+def daemon_ledger(cfg: Config, sql: SqlLedger | None = None) -> SpoolingLedger:
     """The daemon's ledger: never blocks provisioning, spools while the database is away."""
     from slurm_burst.adapters.ledger.spool import Spool, SpoolingLedger
 
-    return SpoolingLedger(ledger(cfg, check_schema=False), Spool(spool_dir(cfg)))
+    return SpoolingLedger(sql or ledger(cfg, check_schema=False), Spool(spool_dir(cfg)))
 
 
-def accounting(cfg: Config) -> Any:
-    """Slurm accounting (sacct, sacctmgr) for the ledger's ingest and budgets."""
-    from slurm_burst.adapters.slurm.accounting import SlurmAccounting
-
-    return SlurmAccounting(
-        cfg.slurm.bin_dir,
-        str(Path(cfg.slurm.conf_dir) / "slurm.conf"),
-        cfg.cluster.name,
-        timeout=max(cfg.slurm.command_timeout, 60.0),
-    )
-
-
-def chargeback(cfg: Config, sql_ledger: Any | None = None) -> Any:
+def chargeback(cfg: Config, sql: AccountingLedger | None = None) -> Chargeback:
     from slurm_burst.services.chargeback import Chargeback
 
     return Chargeback(
         cfg,
-        sql_ledger or ledger(cfg),
+        sql or ledger(cfg),
         accounting(cfg) if cfg.ledger.accounting else None,
         scheduler(cfg),
     )
+
+
+# -- the daemon ------------------------------------------------------------------------
+@dataclass(frozen=True)
+class DaemonParts:
+    """What the daemon is made of: the adapters, built here or (tests, benchmarks) by hand."""
+
+    store: NodeStore
+    clouds: Mapping[str, Cloud]
+    mesh: Mesh
+    connector: Connector
+    scheduler: Scheduler
+    ledger: SpooledLedger  # the provisioner's: spools while the database is away
+    secrets: Secrets
+    leader: LeaderElection
+    clock: Clock
+    sql_ledger: AccountingLedger | None = None  # reconcile's open rows and chargeback
+    metrics: Metrics | None = None
+    chargeback: Chargeback | None = None
+
+
+def assemble(cfg: Config, parts: DaemonParts) -> Daemon:
+    """The daemon and its services from ``parts``: constructor injection, no set-up after."""
+    from slurm_burst.services.chargeback import ChargebackLoop
+    from slurm_burst.services.daemon import Daemon
+    from slurm_burst.services.provisioner import Provisioner
+    from slurm_burst.services.reconciler import Reconciler
+    from slurm_burst.services.workers import Workers
+
+    stop = threading.Event()
+    clouds = dict(parts.clouds)
+    prov = Provisioner(
+        cfg,
+        parts.store,
+        clouds,
+        parts.mesh,
+        parts.connector,
+        parts.scheduler,
+        parts.ledger,
+        parts.secrets,
+        parts.clock,
+        stop,
+        parts.metrics,
+    )
+    workers = Workers(prov, parts.store, cfg.daemon.workers)
+    reconciler = Reconciler(
+        cfg,
+        parts.store,
+        parts.scheduler,
+        clouds,
+        parts.mesh,
+        prov.fail,
+        workers.submit,
+        parts.clock,
+        parts.sql_ledger,
+        parts.metrics,
+    )
+    loop = (
+        ChargebackLoop(cfg, parts.chargeback, parts.ledger)
+        if parts.chargeback is not None
+        else None
+    )
+    return Daemon(
+        cfg,
+        parts.store,
+        prov,
+        workers,
+        reconciler,
+        parts.leader,
+        parts.clock,
+        stop,
+        loop,
+        parts.metrics,
+    )
+
+
+def daemon(cfg: Config) -> Daemon:
+    """The daemon with every collaborator built from ``cfg`` (the hub is brought up)."""
+    from slurm_burst.adapters.ssh.session import SshConnector, generate_key
+    from slurm_burst.services.provisioner import Secrets
+
+    key_path = str(Path(cfg.daemon.state_dir) / "ssh" / "id_ed25519")
+    ssh_public = generate_key(key_path)
+    munge_key = Path(cfg.slurm.munge_key).read_bytes()
+    hub = mesh_hub(cfg)
+    hub.ensure_hub()
+    sql = ledger(cfg, check_schema=False)
+    prom = metrics()
+    parts = DaemonParts(
+        store=node_store(cfg, upgrade=True),
+        clouds=managed_clouds(cfg, prom),
+        mesh=hub,
+        connector=SshConnector(cfg.daemon.ssh_user, key_path),
+        scheduler=scheduler(cfg),
+        ledger=daemon_ledger(cfg, sql),
+        secrets=Secrets(ssh_public, munge_key),
+        leader=leader(cfg),
+        clock=clock(),
+        sql_ledger=sql,
+        metrics=prom,
+        chargeback=chargeback(cfg, sql),
+    )
+    return assemble(cfg, parts)

@@ -1,14 +1,38 @@
-"""Shared test helpers."""
+"""Shared test helpers, and the tiers: each test is marked by the directory it lives in.
+
+``tests/unit``         pure: core, services on in-memory fakes, parsers; no server, no
+                       program, no network (``make test-fast``, under a minute)
+``tests/integration``  real PostgreSQL and MariaDB, the EC2 emulator over HTTP, recorded
+                       provider responses, SQLite files, Slurm's own ``scontrol``
+``tests/lab``          root and the lab: real slurmctld, sshd, WireGuard, namespace VMs
+"""
 
 from __future__ import annotations
 
+import time
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TypeVar
 
 import pytest
 from click.testing import CliRunner, Result
 
 from slurm_burst.cli.main import cli
+from slurm_burst.config import Config, load_config
+
+ROOT = Path(__file__).resolve().parents[1]
+LAB_CONFIG = ROOT / "slurm-conf" / "lab" / "slurm-burst.toml"
+TIERS = ("unit", "integration", "lab")
+T = TypeVar("T")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        parts = Path(str(item.fspath)).relative_to(ROOT).parts
+        tier = parts[1] if len(parts) > 2 and parts[0] == "tests" else ""
+        if tier in TIERS:
+            item.add_marker(getattr(pytest.mark, tier))
 
 
 def invoke(
@@ -23,3 +47,25 @@ def invoke(
             f"--- stdout\n{result.stdout}\n--- stderr\n{result.stderr}\n{exc}"
         )
     return result
+
+
+def wait(cond: Callable[[], T | None], timeout: float, what: str, every: float = 0.2) -> T:
+    """Poll ``cond`` until it returns something true; fail the test after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = cond()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            pytest.fail(f"timed out after {timeout:g} s waiting for {what}")
+        time.sleep(every)
+
+
+def lab_config_in(tmp_path: Path, extra: str = "") -> Config:
+    """The shipped lab config with every path of the lab under ``tmp_path/lab`` (nothing
+    of a real lab is touched), plus ``extra`` TOML lines appended."""
+    text = LAB_CONFIG.read_text().replace("/var/lib/slurm-burst-lab", f"{tmp_path}/lab")
+    path = tmp_path / "slurm-burst.toml"
+    path.write_text(text + extra)
+    path.chmod(0o640)
+    return load_config(path)

@@ -43,6 +43,7 @@ def set_(ctx: click.Context, account: str, amount: str, period: str, no_sync: bo
     limit for the account is updated at once.
     """
     import re
+    from decimal import Decimal
 
     from slurm_burst.core.pricing import PricingError, dollars, to_micros
     from slurm_burst.core.usage import LedgerError
@@ -55,6 +56,12 @@ def set_(ctx: click.Context, account: str, amount: str, period: str, no_sync: bo
         fail(str(exc), EXIT_BAD_INPUT)
     if micros < 0:
         fail("a budget cannot be negative", EXIT_BAD_INPUT)
+    if micros == 0 and Decimal(amount) != 0:  # to_micros parsed it: a finite Decimal
+        fail(
+            f"{amount} is less than one micro-dollar: stored as 0 it would stop the "
+            "account's burst jobs (set 0 to do that on purpose)",
+            EXIT_BAD_INPUT,
+        )
     cb = _chargeback(ctx)
     try:
         cb.ledger.set_budget(account, micros, period)

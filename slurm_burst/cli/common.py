@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -13,6 +14,9 @@ from typing import Any, NoReturn
 import click
 
 from slurm_burst.config import Config, ConfigError, load_config
+from slurm_burst.core.records import StoreError
+from slurm_burst.core.redact import redact
+from slurm_burst.ports import NodeStore
 
 EXIT_OK = 0
 """The command did what was asked."""
@@ -59,7 +63,7 @@ class AppContext:
 
 
 def _driver_exists(name: str) -> bool:
-    from slurm_burst.adapters.cloud.registry import driver_exists
+    from slurm_burst.wiring import driver_exists
 
     return driver_exists(name)
 
@@ -71,8 +75,27 @@ def app(ctx: click.Context) -> AppContext:
 
 
 def fail(message: str, code: int = EXIT_FAILED) -> NoReturn:
-    click.echo(f"slurm-burst: error: {message}", err=True)
+    click.echo(f"slurm-burst: error: {redact(message)}", err=True)
     sys.exit(code)
+
+
+class RedactFilter(logging.Filter):
+    """Every log record with its secrets (URL passwords, ``password=``) masked."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.msg = redact(record.getMessage())
+        record.args = None
+        if record.exc_info and record.exc_info[1] is not None:
+            record.exc_text = redact(logging.Formatter().formatException(record.exc_info))
+            record.exc_info = None
+        return True
+
+
+def redact_logs() -> None:
+    """Put :class:`RedactFilter` on every handler of the root logger (once each)."""
+    for handler in logging.getLogger().handlers:
+        if not any(isinstance(f, RedactFilter) for f in handler.filters):
+            handler.addFilter(RedactFilter())
 
 
 def emit(
@@ -105,13 +128,12 @@ def emit(
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
 
 
-def state_store(ctx: click.Context) -> Any:
+def state_store(ctx: click.Context) -> NodeStore:
     """The daemon's state database, read-only use (exit 3 if there is none)."""
-    from slurm_burst.adapters.state.store import Store, StoreError
-    from slurm_burst.wiring import state_db_path
+    from slurm_burst.wiring import node_store
 
     try:
-        return Store(state_db_path(app(ctx).config), create=False)
+        return node_store(app(ctx).config, create=False)
     except StoreError as exc:
         fail(str(exc), EXIT_PRECONDITION)
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import click
 
-from slurm_burst.cli.common import app
-from slurm_burst.services.slurmconf import render
+from slurm_burst.cli.common import EXIT_BAD_INPUT, app, fail
+from slurm_burst.services.slurmconf import render, write_files
 
 
 @click.group("conf")
@@ -38,13 +38,11 @@ def render_cmd(ctx: click.Context, output_dir: Path | None) -> None:
         for name, text in files.items():
             click.echo(f"#### {name}\n{text}")
         return
-    output_dir.mkdir(parents=True, exist_ok=True)
-    for name, text in files.items():
-        path = output_dir / name
-        tmp = path.with_name(name + ".tmp")
-        tmp.write_text(text)
-        tmp.chmod(0o644)
-        tmp.replace(path)
+    try:
+        written = write_files(output_dir, files, 0o644)
+    except OSError as exc:
+        fail(f"cannot write into {output_dir}: {exc.strerror or exc}", EXIT_BAD_INPUT)
+    for path in written:
         click.echo(f"wrote {path}")
 
 
@@ -62,5 +60,10 @@ def install_hooks_cmd(ctx: click.Context, hook_dir: str | None) -> None:
     from slurm_burst.services.slurmconf import install_hooks
 
     a = app(ctx)
-    for path in install_hooks(hook_dir or a.config.slurm.hook_dir, str(a.config_path.resolve())):
+    target = hook_dir or a.config.slurm.hook_dir
+    try:
+        installed = install_hooks(target, str(a.config_path.resolve()))
+    except OSError as exc:
+        fail(f"cannot install the hooks into {target}: {exc.strerror or exc}", EXIT_BAD_INPUT)
+    for path in installed:
         click.echo(f"installed {path}")

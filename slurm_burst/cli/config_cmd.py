@@ -55,7 +55,7 @@ def check(ctx: click.Context, as_json: bool) -> None:
 def show(ctx: click.Context, as_json: bool) -> None:
     """Print the effective configuration, defaults filled in."""
     cfg = app(ctx).config
-    data = _plain(dataclasses.asdict(cfg))
+    data = _plain(cfg)
     if as_json:
         emit(data, True)
         return
@@ -64,8 +64,9 @@ def show(ctx: click.Context, as_json: bool) -> None:
 
 
 def _plain(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
+    """The config as plain data (dataclasses.asdict cannot copy its read-only mappings)."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
     if hasattr(value, "items"):
         return {k: _plain(v) for k, v in value.items()}
     if isinstance(value, tuple | list):

@@ -18,6 +18,7 @@ from slurm_burst.cli.common import (
     emit,
     fail,
     json_option,
+    redact_logs,
     state_store,
     ts,
 )
@@ -81,6 +82,7 @@ def _daemon_logging(path: str, verbose: int) -> None:
     for h in list(root.handlers):
         root.removeHandler(h)
     root.addHandler(handler)
+    redact_logs()
     root.setLevel(logging.DEBUG if verbose > 1 else logging.INFO)
     for noisy in ("paramiko", "urllib3"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
@@ -104,7 +106,7 @@ def nodes(ctx: click.Context, as_json: bool) -> None:
         rows=lambda rs: [
             [
                 r["name"],
-                r["grp"],
+                r["group"],
                 r["state"],
                 r["want"],
                 ts(r["state_since"]),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from slurm_burst.cli.common import EXIT_FAILED, app, emit, fail, json_option
+from slurm_burst.cli.common import EXIT_BAD_INPUT, EXIT_FAILED, app, emit, fail, json_option
 
 
 @click.group("db")
@@ -21,13 +21,14 @@ def group() -> None:
 @click.pass_context
 def upgrade(ctx: click.Context, target: str) -> None:
     """Create the ledger tables, or bring them to this version's schema. Idempotent."""
-    from slurm_burst.adapters.ledger import migrate
-    from slurm_burst.adapters.ledger.engine import make_engine
-    from slurm_burst.core.usage import LedgerError
+    from slurm_burst.core.usage import LedgerError, UnknownRevision
+    from slurm_burst.wiring import ledger
 
     cfg = app(ctx).config
     try:
-        before, after = migrate.upgrade(make_engine(cfg.ledger.url), target)
+        before, after = ledger(cfg, check_schema=False).upgrade(target)
+    except UnknownRevision as exc:
+        fail(str(exc), EXIT_BAD_INPUT)
     except LedgerError as exc:
         fail(str(exc), EXIT_FAILED)
     if before == after:
@@ -41,16 +42,15 @@ def upgrade(ctx: click.Context, target: str) -> None:
 @click.pass_context
 def current(ctx: click.Context, as_json: bool) -> None:
     """The schema revision of the database and the one this slurm-burst needs."""
-    from slurm_burst.adapters.ledger import migrate
-    from slurm_burst.adapters.ledger.engine import make_engine
     from slurm_burst.core.usage import LedgerError
+    from slurm_burst.wiring import ledger
 
     cfg = app(ctx).config
     try:
-        have = migrate.current(make_engine(cfg.ledger.url))
+        have, head = ledger(cfg, check_schema=False).revision()
     except LedgerError as exc:
         fail(str(exc), EXIT_FAILED)
-    data = {"current": have, "head": migrate.head(), "up_to_date": have == migrate.head()}
+    data = {"current": have, "head": head, "up_to_date": have == head}
     emit(
         data,
         as_json,

@@ -8,7 +8,7 @@ import time
 
 import click
 
-from slurm_burst.cli.common import app
+from slurm_burst.cli.common import app, redact_logs
 from slurm_burst.services.hooks import run_hook, setup_hook_logging
 
 # A hook must not hold slurmctld's power-save thread: Slurm commands get seconds, not minutes.
@@ -24,15 +24,16 @@ def _hook(kind: str) -> click.Command:
     @click.argument("hostlist")
     @click.pass_context
     def command(ctx: click.Context, hostlist: str) -> None:
-        from slurm_burst.adapters.state.store import Store, StoreError
-        from slurm_burst.wiring import scheduler, state_db_path
+        from slurm_burst.core.records import StoreError
+        from slurm_burst.wiring import node_store, scheduler
 
         a = app(ctx)
         a.check_drivers = False  # importing libcloud to check driver names costs ~150 ms
         cfg = a.config
         setup_hook_logging(cfg.daemon.hook_log)
+        redact_logs()
         try:
-            store = Store(state_db_path(cfg))
+            store = node_store(cfg)
         except StoreError as exc:
             click.echo(f"slurm-burst {kind}: {exc}", err=True)
             sys.exit(1)

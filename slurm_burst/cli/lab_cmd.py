@@ -8,7 +8,7 @@ from typing import Any
 import click
 
 from slurm_burst.cli.common import EXIT_FAILED, EXIT_PRECONDITION, app, emit, fail, json_option
-from slurm_burst.services.lab.service import Lab, LabError
+from slurm_burst.lab.service import Lab, LabError
 
 
 @click.group("lab")

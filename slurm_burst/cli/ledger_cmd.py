@@ -36,6 +36,8 @@ def _period(start: str | None, end: str | None) -> tuple[date, date]:
         fail(f"dates are YYYY-MM-DD: {exc}", EXIT_BAD_INPUT)
     if last < first:
         fail(f"--to {last} is before --from {first}", EXIT_BAD_INPUT)
+    if last >= date.max:
+        fail(f"--to must be before {date.max}", EXIT_BAD_INPUT)
     return first, last + timedelta(days=1)
 
 
@@ -138,9 +140,7 @@ def report(
       slurm-burst ledger report --by month,account --from 2026-01-01 --to 2026-06-30
       slurm-burst ledger report --by job --format json
     """
-    from slurm_burst.adapters.ledger.reports import report as run_report
-    from slurm_burst.adapters.ledger.reports import totals
-    from slurm_burst.core.usage import LedgerError
+    from slurm_burst.core.usage import LedgerError, report_totals
 
     keys = [k.strip() for k in by.split(",") if k.strip()]
     bad = [k for k in keys if k not in BY_CHOICES]
@@ -151,7 +151,7 @@ def report(
     first, after = _period(start, end)
     led = _ledger(ctx)
     try:
-        rows = run_report(led.engine, keys, first, after)
+        rows = led.report(keys, first, after)
     except LedgerError as exc:
         fail(str(exc), EXIT_FAILED)
     head = ["job", "account", "user", "partition", "state"] if keys == ["job"] else keys
@@ -165,7 +165,7 @@ def report(
                     "to": (after - timedelta(days=1)).isoformat(),
                     "currency": "USD",
                     "rows": rows,
-                    "total": totals(rows),
+                    "total": report_totals(rows),
                 },
                 indent=2,
                 default=str,
@@ -178,7 +178,7 @@ def report(
         for r in rows:
             w.writerow([*(r[k] for k in head), *(r[k] for k in nums)])
         return
-    t = totals(rows)
+    t = report_totals(rows)
 
     def table(rs: list[dict[str, Any]]) -> list[list[Any]]:
         out = [
@@ -237,29 +237,27 @@ def report(
 @click.pass_context
 def export(ctx: click.Context, start: str | None, end: str | None, output: str) -> None:
     """Every charge line as CSV for finance (one row per instance, day, payer and kind)."""
-    import os
-
-    from slurm_burst.adapters.ledger.reports import EXPORT_COLUMNS, charge_lines
-    from slurm_burst.core.usage import LedgerError
+    from slurm_burst.core.usage import EXPORT_COLUMNS, LedgerError
+    from slurm_burst.fileio import write_atomic
 
     first, after = _period(start, end)
     led = _ledger(ctx)
-    tmp = None if output == "-" else f"{output}.tmp"
     n = 0
     try:
         with contextlib.ExitStack() as stack:
-            fh = sys.stdout if tmp is None else stack.enter_context(open(tmp, "w", newline=""))
+            # a new file under a name nobody can have planted, renamed into place when
+            # complete: a symlink at the target is replaced, never written through
+            fh = sys.stdout if output == "-" else stack.enter_context(write_atomic(output, 0o640))
             w = csv.writer(fh)
             w.writerow(EXPORT_COLUMNS)
-            for line in charge_lines(led.engine, first, after):
+            for line in led.charge_lines(first, after):
                 w.writerow(line)
                 n += 1
     except LedgerError as exc:
-        if tmp:
-            os.unlink(tmp)
         fail(str(exc), EXIT_FAILED)
-    if tmp:
-        os.replace(tmp, output)  # a half-written export never takes the file's name
+    except OSError as exc:
+        fail(f"cannot write {output}: {exc.strerror or exc}", EXIT_BAD_INPUT)
+    if output != "-":
         click.echo(f"wrote {n} charge lines to {output}", err=True)
 
 

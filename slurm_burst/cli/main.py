@@ -13,7 +13,7 @@ import logging
 import click
 
 from slurm_burst import __version__
-from slurm_burst.cli.common import EXIT_CODES, AppContext
+from slurm_burst.cli.common import EXIT_CODES, AppContext, redact_logs
 from slurm_burst.config import resolve_config_path
 
 _EPILOG = "Exit codes: " + "; ".join(f"{k} {v}" for k, v in EXIT_CODES.items()) + "."
@@ -35,7 +35,7 @@ COMMANDS = {
     "prices": "slurm_burst.cli.prices_cmd:group",
     "db": "slurm_burst.cli.db_cmd:group",
     "status": "slurm_burst.cli.status_cmd:status",
-    "group": "slurm_burst.cli.status_cmd:group",
+    "group": "slurm_burst.cli.group_cmd:group",
 }
 
 
@@ -72,6 +72,7 @@ def cli(ctx: click.Context, config_path: str | None, verbose: int) -> None:
     """Cloud bursting for Slurm: hooks, provisioning daemon, cost ledger and a local lab."""
     level = logging.WARNING - 10 * min(verbose, 2)
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    redact_logs()
     ctx.obj = AppContext(config_path=resolve_config_path(config_path), verbose=verbose)
 
 

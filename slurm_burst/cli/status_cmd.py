@@ -1,4 +1,4 @@
-"""``slurm-burst status`` and ``slurm-burst group``: the daemon at a glance, node groups."""
+"""``slurm-burst status``: the daemon at a glance."""
 
 from __future__ import annotations
 
@@ -7,16 +7,7 @@ from typing import Any
 
 import click
 
-from slurm_burst.cli.common import (
-    EXIT_BAD_INPUT,
-    EXIT_FAILED,
-    app,
-    emit,
-    fail,
-    json_option,
-    state_store,
-    ts,
-)
+from slurm_burst.cli.common import EXIT_FAILED, app, emit, json_option, state_store, ts
 
 
 @click.command("status")
@@ -30,7 +21,7 @@ def status(ctx: click.Context, as_json: bool) -> None:
     Exit 0 when the daemon's heartbeat is fresh, 1 when it is stale or the
     daemon never ran: usable as a monitoring check.
     """
-    from slurm_burst.services.reconciler import status as build
+    from slurm_burst.services.status import status as build
 
     cfg = app(ctx).config
     leader = None
@@ -82,66 +73,3 @@ def _print(st: dict[str, Any]) -> None:
     ]
     if rows:
         emit(rows, False, columns=["GROUP", "NODES BY STATE"], rows=lambda r: r, title=None)
-
-
-@click.group("group")
-def group() -> None:
-    """Node groups: health and protected mode."""
-
-
-@group.command("list")
-@json_option
-@click.pass_context
-def list_groups(ctx: click.Context, as_json: bool) -> None:
-    """Each node group: failed launches in a row, protected until."""
-    cfg = app(ctx).config
-    health = state_store(ctx).groups()
-    now = time.time()
-    out = [
-        {
-            "group": name,
-            "partition": g.partition,
-            "nodes": g.hostlist,
-            "failures_in_a_row": health[name].failures if name in health else 0,
-            "protected": name in health and health[name].protected(now),
-            "protected_until": health[name].protected_until if name in health else 0,
-            "reason": health[name].reason if name in health else "",
-        }
-        for name, g in sorted(cfg.node_groups.items())
-    ]
-    emit(
-        out,
-        as_json,
-        columns=["GROUP", "PARTITION", "NODES", "FAILURES", "PROTECTED UNTIL"],
-        rows=lambda rs: [
-            [
-                r["group"],
-                r["partition"],
-                r["nodes"],
-                r["failures_in_a_row"],
-                ts(r["protected_until"]) if r["protected"] else "-",
-            ]
-            for r in rs
-        ],
-    )
-
-
-@group.command("enable")
-@click.argument("name")
-@click.pass_context
-def enable(ctx: click.Context, name: str) -> None:
-    """End protected mode of node group NAME now: launches allowed, Slurm drain lifted."""
-    from slurm_burst import wiring
-    from slurm_burst.services.reconciler import Reconciler
-
-    cfg = app(ctx).config
-    if name not in cfg.node_groups:
-        fail(
-            f"no node group {name!r} (groups: {', '.join(sorted(cfg.node_groups))})", EXIT_BAD_INPUT
-        )
-    rec = Reconciler(cfg, state_store(ctx), wiring.scheduler(cfg), {}, None, None)  # type: ignore[arg-type]
-    try:
-        rec.enable(name)
-    except Exception as exc:
-        fail(f"group {name}: {exc}", EXIT_FAILED)
-    click.echo(f"node group {name} enabled")

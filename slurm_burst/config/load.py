@@ -13,9 +13,13 @@ from typing import Any
 from slurm_burst.config.model import Config
 from slurm_burst.config.schema import Problem, build
 from slurm_burst.config.validate import validate
+from slurm_burst.core.redact import has_inline_password
+from slurm_burst.fileio import FileRefused, not_private, read_regular
 
 DEFAULT_CONFIG_PATH = "/etc/slurm-burst/slurm-burst.toml"
 ENV_VAR = "SLURM_BURST_CONFIG"
+# option names that hold secrets (ex_force_auth_token, password, api_key, ...)
+_SECRET_NAME = re.compile(r"pass(word|wd)?|secret|token|api_?key|private_?key", re.IGNORECASE)
 _INLINE_SECRETS = (
     "key",
     "secret",
@@ -26,6 +30,9 @@ _INLINE_SECRETS = (
     "client_secret",
     "private_key",
 )
+
+
+CONFIG_MAX = 1024 * 1024  # a config is a few KB; a larger file is not one
 
 
 class ConfigError(Exception):
@@ -49,9 +56,13 @@ def check_config(
     """Load ``path``; return the config (None if unusable) and every problem found."""
     source = str(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_regular(path, CONFIG_MAX).decode("utf-8")
+    except FileRefused as exc:
+        return None, [Problem("", f"cannot read the config: {exc}")]
     except OSError as exc:
         return None, [Problem("", f"cannot read the config: {exc.strerror or exc}")]
+    except UnicodeDecodeError as exc:
+        return None, [Problem("", f"the config is not UTF-8 text (byte {exc.start})")]
     problems = _file_mode_problems(path, "the config file")
     cfg, more = parse_config(text, source, driver_exists)
     problems += more
@@ -99,22 +110,42 @@ def _with_source(cfg: Config, source: str) -> Config:
 
 
 def _strip_inline_secrets(data: dict[str, Any], problems: list[Problem]) -> None:
+    """Secrets written in the config are errors (and dropped, so nothing uses them): the
+    config is readable by SlurmUser's group, and is shown by 'config show'."""
     providers = data.get("providers")
     if not isinstance(providers, dict):
         return
     for name, prov in providers.items():
-        creds = prov.get("credentials") if isinstance(prov, dict) else None
-        if not isinstance(creds, dict):
+        if not isinstance(prov, dict):
             continue
-        for key in [k for k in creds if k in _INLINE_SECRETS]:
-            del creds[key]
-            problems.append(
-                Problem(
-                    f"providers.{name}.credentials.{key}",
-                    "secrets are never written in the config; reference them with 'file' "
-                    "or 'key_env'/'secret_env'",
+        creds = prov.get("credentials")
+        if isinstance(creds, dict):
+            for key in [k for k in creds if k in _INLINE_SECRETS]:
+                del creds[key]
+                problems.append(
+                    Problem(
+                        f"providers.{name}.credentials.{key}",
+                        "secrets are never written in the config; reference them with 'file' "
+                        "or 'key_env'/'secret_env'",
+                    )
                 )
-            )
+        for table in ("options", "launch_options"):
+            values = prov.get(table)
+            if not isinstance(values, dict):
+                continue
+            for key in list(values):
+                value = values[key]
+                if _SECRET_NAME.search(key) or (
+                    isinstance(value, str) and has_inline_password(value)
+                ):
+                    del values[key]
+                    problems.append(
+                        Problem(
+                            f"providers.{name}.{table}.{key}",
+                            "looks like a secret; secrets are never written in the config: "
+                            "put it in the credentials file ('credentials.file')",
+                        )
+                    )
 
 
 def _file_mode_problems(path: Path, what: str, secret: bool = False) -> list[Problem]:
@@ -125,8 +156,9 @@ def _file_mode_problems(path: Path, what: str, secret: bool = False) -> list[Pro
     out = []
     if mode & stat.S_IWOTH:
         out.append(Problem("", f"{what} {path} is world-writable (chmod o-w)"))
-    if secret and mode & stat.S_IROTH:
-        out.append(Problem("", f"{what} {path} is world-readable (chmod 600)"))
+    problem = not_private(mode) if secret else None
+    if problem:
+        out.append(Problem("", f"{what} {path} {problem}"))
     return out
 
 

@@ -6,6 +6,7 @@ the README can print them; defaults here are the only defaults in the code base.
 
 from __future__ import annotations
 
+import contextlib
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -427,30 +428,23 @@ class Config:
 
         A group's ``price_per_hour`` is a rate valid since 1970; a [rates] entry for
         the same size starts later and so wins from its ``valid_from`` on. Entries
-        whose dates do not parse are left out (validation reports them).
+        whose dates or prices do not parse are left out (validation reports them).
         """
-        out = [
-            Rate(f"node_groups.{g.name}.price_per_hour.{size}", size, to_micros(price))
-            for g in self.node_groups.values()
-            for size, price in g.price_per_hour.items()
-        ]
+        out = []
+        for g in self.node_groups.values():
+            for size, price in g.price_per_hour.items():
+                with contextlib.suppress(PricingError):
+                    out.append(
+                        Rate(f"node_groups.{g.name}.price_per_hour.{size}", size, to_micros(price))
+                    )
         for r in self.rates.values():
             try:
                 start = parse_instant(r.valid_from, f"rates.{r.name}.valid_from")
                 end = parse_instant(r.valid_to, f"rates.{r.name}.valid_to") if r.valid_to else None
+                micros = to_micros(r.price_per_hour)
             except PricingError:
                 continue
-            out.append(
-                Rate(
-                    f"rates.{r.name}",
-                    r.size,
-                    to_micros(r.price_per_hour),
-                    r.per,
-                    start,
-                    end,
-                    r.account,
-                )
-            )
+            out.append(Rate(f"rates.{r.name}", r.size, micros, r.per, start, end, r.account))
         return out
 
     @cached_property

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import types
 import typing
 from collections.abc import Mapping
@@ -132,6 +133,9 @@ def _convert(tp: Any, value: Any, path: str, problems: list[Problem]) -> tuple[A
 
 def _scalar(tp: Any, value: Any, path: str, problems: list[Problem]) -> tuple[Any, bool]:
     if tp is float and isinstance(value, int | float) and not isinstance(value, bool):
+        if not math.isfinite(value):  # TOML allows nan and inf; no setting means them
+            problems.append(Problem(path, f"must be a finite number, not {value}"))
+            return None, False
         return float(value), True
     if tp is int and isinstance(value, int) and not isinstance(value, bool):
         return value, True

@@ -9,7 +9,8 @@ from collections.abc import Callable
 from slurm_burst.config.model import _PATTERN, Config, NodeGroup, ProviderConfig
 from slurm_burst.config.schema import Problem
 from slurm_burst.core.hostlist import HostlistError, expand
-from slurm_burst.core.pricing import PricingError, ambiguous, parse_instant
+from slurm_burst.core.pricing import PricingError, ambiguous, parse_instant, to_micros
+from slurm_burst.core.redact import has_inline_password
 
 _SLURM_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
 _IFNAME = re.compile(r"^[A-Za-z0-9_.-]{1,15}$")
@@ -104,7 +105,17 @@ def validate(
     return out
 
 
+_INLINE_URL_ADVICE = (
+    "holds a password, which the config must not: PostgreSQL reads it from the password "
+    "file (~root/.pgpass, or PGPASSFILE), MariaDB from an option file named in the URL "
+    "(?read_default_file=/etc/slurm-burst/my.cnf, mode 0600)"
+)
+
+
 def _ledger(cfg: Config, out: list[Problem]) -> None:
+    for key, url in (("ledger.url", cfg.ledger.url), ("daemon.ha_url", cfg.daemon.ha_url)):
+        if url and has_inline_password(url):
+            out.append(Problem(key, _INLINE_URL_ADVICE))
     led = cfg.ledger
     if "://" not in led.url:
         out.append(Problem("ledger.url", "must be an SQLAlchemy URL such as sqlite:////path.db"))
@@ -125,8 +136,7 @@ def _rates(cfg: Config, out: list[Problem]) -> None:
         base = f"rates.{name}"
         if r.per not in ("instance", "gpu"):
             out.append(Problem(f"{base}.per", "must be 'instance' or 'gpu'"))
-        if r.price_per_hour < 0:
-            out.append(Problem(f"{base}.price_per_hour", "must not be negative"))
+        _money(r.price_per_hour, f"{base}.price_per_hour", out)
         if r.size not in sizes:
             out.append(
                 Problem(f"{base}.size", f"no node group uses size {r.size!r}", severity="warning")
@@ -191,6 +201,22 @@ def _slurm(cfg: Config, out: list[Problem]) -> None:
             )
 
 
+# Nodes one group may define: Slurm's own limit of nodes in a cluster is 65,533 plus the
+# controller (TreeWidth); a larger count is a typo that every hook would pay for.
+MAX_GROUP_NODES = 65_536
+
+
+def _money(value: float, path: str, out: list[Problem]) -> None:
+    """A price: not negative, and an amount to_micros can hold exactly."""
+    if value < 0:
+        out.append(Problem(path, "must not be negative"))
+        return
+    try:
+        to_micros(value)
+    except PricingError as exc:
+        out.append(Problem(path, str(exc)))
+
+
 def _groups(cfg: Config, out: list[Problem], declared: set[str]) -> None:
     if not cfg.node_groups:
         out.append(Problem("node_groups", "no node group defined", severity="warning"))
@@ -198,7 +224,7 @@ def _groups(cfg: Config, out: list[Problem], declared: set[str]) -> None:
     for gname, g in cfg.node_groups.items():
         base = f"node_groups.{gname}"
         _group(cfg, g, base, out, declared)
-        if _PATTERN.match(g.pattern) and g.count >= 1:
+        if _PATTERN.match(g.pattern) and 1 <= g.count <= MAX_GROUP_NODES:
             for node in g.node_names():
                 if node in seen:
                     out.append(
@@ -239,8 +265,7 @@ def _group_on_providers(cfg: Config, g: NodeGroup, base: str, out: list[Problem]
     """What a node group asks of each of its providers' drivers."""
     if g.disk_gb < 0:
         out.append(Problem(f"{base}.disk_gb", "must not be negative"))
-    if g.spot_max_price < 0:
-        out.append(Problem(f"{base}.spot_max_price", "must not be negative"))
+    _money(g.spot_max_price, f"{base}.spot_max_price", out)
     for pname in g.providers:
         prov = cfg.providers.get(pname)
         if prov is None:
@@ -276,8 +301,8 @@ def _group(cfg: Config, g: NodeGroup, base: str, out: list[Problem], declared: s
                 "must be a node name with one '{n}' or '{n:0Wd}' index, e.g. 'gpu-{n}'",
             )
         )
-    if g.count < 1:
-        out.append(Problem(f"{base}.count", "must be at least 1"))
+    if not 1 <= g.count <= MAX_GROUP_NODES:
+        out.append(Problem(f"{base}.count", f"must be between 1 and {MAX_GROUP_NODES:,}"))
     if g.max_nodes is not None and not 0 <= g.max_nodes <= g.count:
         out.append(Problem(f"{base}.max_nodes", f"must be between 0 and count ({g.count})"))
     if not _SLURM_NAME.match(g.partition):
@@ -311,8 +336,7 @@ def _group(cfg: Config, g: NodeGroup, base: str, out: list[Problem], declared: s
         if size not in g.size_names:
             out.append(Problem(f"{base}.price_per_hour.{size}", "is not one of the group's sizes"))
     for size, price in g.price_per_hour.items():
-        if price < 0:
-            out.append(Problem(f"{base}.price_per_hour.{size}", "must not be negative"))
+        _money(price, f"{base}.price_per_hour.{size}", out)
     for size in g.size_names:
         if size not in g.price_per_hour:
             out.append(

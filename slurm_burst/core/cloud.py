@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import NamedTuple
 
+from slurm_burst.core.errors import BurstError
+
 # The tags every instance we make carries (GCE: as labels). The token tag is the
 # launch's idempotency token: a retry looks for it before it launches again.
 CLUSTER_TAG = "slurm-burst-cluster"
@@ -59,16 +61,11 @@ class Instance(NamedTuple):
         return ips[0] if ips else ""
 
 
-class CloudError(RuntimeError):
+class CloudError(BurstError):
     """A cloud call failed; ``code`` is the provider's error code (or ours)."""
 
     code = "CloudError"
     retryable = False
-
-    def __init__(self, message: str, code: str | None = None) -> None:
-        super().__init__(message)
-        if code:
-            self.code = code
 
 
 class CapacityError(CloudError):

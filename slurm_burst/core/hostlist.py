@@ -40,6 +40,9 @@ DEFAULT_MAX_NAMES = 1_000_000
 _NAME_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-")
 _SEPARATORS = frozenset(", \t\n")
 _TRAILING_DIGITS = re.compile(r"^(.*?)(\d+)$", re.DOTALL)
+# Slurm keeps host numbers in an unsigned long: 18 digits always fit. A longer number is
+# an error here (and would otherwise meet Python's 4,300-digit int conversion limit).
+MAX_DIGITS = 18
 
 
 class HostlistError(ValueError):
@@ -49,7 +52,8 @@ class HostlistError(ValueError):
         self.expression = expression
         self.position = position
         self.message = message
-        super().__init__(f"{message} at position {position} of hostlist {expression!r}")
+        shown = expression if len(expression) <= 120 else expression[:120] + "..."
+        super().__init__(f"{message} at position {position} of hostlist {shown!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,7 +108,9 @@ def _parse_ranges(expr: str, offset: int, body: str, max_names: int) -> list[_Ra
             raise HostlistError(expr, pos, "empty range")
         lo_s, dash, hi_s = item.partition("-")
         if not lo_s.isdigit() or (dash and not hi_s.isdigit()) or not lo_s.isascii():
-            raise HostlistError(expr, pos, f"range {item!r} is not N or N-M")
+            raise HostlistError(expr, pos, f"range {item[:40]!r} is not N or N-M")
+        if max(len(lo_s), len(hi_s)) > MAX_DIGITS:
+            raise HostlistError(expr, pos, f"a host number has more than {MAX_DIGITS} digits")
         lo = int(lo_s)
         hi = int(hi_s) if dash else lo
         if hi < lo:
@@ -140,6 +146,15 @@ def _expand_part(expr: str, offset: int, part: str, max_names: int) -> list[str]
     return names
 
 
+def _check_digits(expr: str, offset: int, name: str) -> None:
+    """A name's trailing host number has at most MAX_DIGITS digits (compress parses it)."""
+    digits = len(name) - len(name.rstrip("0123456789"))
+    if digits > MAX_DIGITS:
+        raise HostlistError(
+            expr, offset, f"a host number has {digits} digits (at most {MAX_DIGITS})"
+        )
+
+
 def expand(expr: str, *, max_names: int = DEFAULT_MAX_NAMES) -> list[str]:
     """Expand a hostlist expression into node names, in Slurm's order, duplicates kept."""
     _check_chars(expr)
@@ -148,10 +163,9 @@ def expand(expr: str, *, max_names: int = DEFAULT_MAX_NAMES) -> list[str]:
         if part[0] in "-.":
             # a leading '-' would turn a node name into an option of scontrol or ssh
             raise HostlistError(expr, offset, f"a node name cannot start with {part[0]!r}")
-        if "[" not in part:
-            out.append(part)
-        else:
-            out.extend(_expand_part(expr, offset, part, max_names))
+        names = [part] if "[" not in part else _expand_part(expr, offset, part, max_names)
+        _check_digits(expr, offset, max(names, key=len))  # the part's longest number
+        out.extend(names)
         if len(out) > max_names:
             raise HostlistError(expr, offset, f"expands past the cap of {max_names} names")
     if not out:
@@ -277,6 +291,7 @@ def compress(names: Iterable[str], *, sort: bool = False, unique: bool = False) 
     for name in seq:
         if not name or name[0] in "-." or any(c not in _NAME_CHARS for c in name):
             raise HostlistError(name, 0, "not a valid node name")
+        _check_digits(name, 0, name)
     if unique:
         seq = sort_names(dict.fromkeys(seq))
     ranges: list[_HostRange] = []

@@ -4,6 +4,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from slurm_burst.core.errors import BurstError
+
+
+class MeshError(BurstError):
+    """The hub cannot be set up or changed; the message names the command."""
+
+    code = "MeshError"
+
 
 @dataclass(frozen=True)
 class Peer:

@@ -40,28 +40,57 @@ class NodeState(StrEnum):
         return self.value
 
 
-S = NodeState
+class Want(StrEnum):
+    """What was last asked of the node: Slurm resumed it (up) or suspended it (down)."""
 
-# Forward progress of a resume; each state may also fail or be torn down.
-RESUME_PATH = (S.REQUESTED, S.LAUNCHING, S.BOOTING, S.BOOTSTRAPPING, S.JOINED)
+    UP = "up"
+    DOWN = "down"
+
+    def __str__(self) -> str:
+        return self.value
+
 
 TRANSITIONS: dict[NodeState, frozenset[NodeState]] = {
-    S.REQUESTED: frozenset({S.LAUNCHING, S.FAILED, S.TERMINATING, S.TERMINATED}),
-    S.LAUNCHING: frozenset({S.BOOTING, S.FAILED, S.TERMINATING}),
-    S.BOOTING: frozenset({S.BOOTSTRAPPING, S.FAILED, S.TERMINATING}),
-    S.BOOTSTRAPPING: frozenset({S.JOINED, S.FAILED, S.TERMINATING}),
-    S.JOINED: frozenset({S.TERMINATING, S.FAILED}),
-    S.FAILED: frozenset({S.TERMINATING, S.TERMINATED}),
-    S.TERMINATING: frozenset({S.TERMINATED, S.FAILED}),
-    S.TERMINATED: frozenset({S.REQUESTED}),
+    NodeState.REQUESTED: frozenset(
+        {NodeState.LAUNCHING, NodeState.FAILED, NodeState.TERMINATING, NodeState.TERMINATED}
+    ),
+    NodeState.LAUNCHING: frozenset({NodeState.BOOTING, NodeState.FAILED, NodeState.TERMINATING}),
+    NodeState.BOOTING: frozenset(
+        {NodeState.BOOTSTRAPPING, NodeState.FAILED, NodeState.TERMINATING}
+    ),
+    NodeState.BOOTSTRAPPING: frozenset({NodeState.JOINED, NodeState.FAILED, NodeState.TERMINATING}),
+    NodeState.JOINED: frozenset({NodeState.TERMINATING, NodeState.FAILED}),
+    NodeState.FAILED: frozenset({NodeState.TERMINATING, NodeState.TERMINATED}),
+    NodeState.TERMINATING: frozenset({NodeState.TERMINATED, NodeState.FAILED}),
+    NodeState.TERMINATED: frozenset({NodeState.REQUESTED}),
 }
 
 # States in which the node may own cloud, mesh or Slurm resources.
-LIVE = frozenset({S.LAUNCHING, S.BOOTING, S.BOOTSTRAPPING, S.JOINED, S.TERMINATING, S.FAILED})
+LIVE = frozenset(
+    {
+        NodeState.LAUNCHING,
+        NodeState.BOOTING,
+        NodeState.BOOTSTRAPPING,
+        NodeState.JOINED,
+        NodeState.TERMINATING,
+        NodeState.FAILED,
+    }
+)
 # States in which a resume is already under way or done: a duplicate resume is a no-op.
-RESUMING = frozenset({S.REQUESTED, S.LAUNCHING, S.BOOTING, S.BOOTSTRAPPING, S.JOINED})
-# States the daemon picks up again after a restart.
-IN_FLIGHT = frozenset({S.REQUESTED, S.LAUNCHING, S.BOOTING, S.BOOTSTRAPPING, S.TERMINATING})
+RESUMING = frozenset(
+    {
+        NodeState.REQUESTED,
+        NodeState.LAUNCHING,
+        NodeState.BOOTING,
+        NodeState.BOOTSTRAPPING,
+        NodeState.JOINED,
+    }
+)
+
+
+def needs_work(state: NodeState, want: Want) -> bool:
+    """Whether the node is not yet where ``want`` says (the daemon drives it there)."""
+    return state != (NodeState.JOINED if want == Want.UP else NodeState.TERMINATED)
 
 
 class TransitionError(ValueError):
@@ -75,10 +104,10 @@ def check_transition(old: NodeState | None, new: NodeState) -> None:
     (a resume) or ``terminated`` (a suspend of a node we never launched) may start it.
     """
     if old is None:
-        if new not in (S.REQUESTED, S.TERMINATED):
+        if new not in (NodeState.REQUESTED, NodeState.TERMINATED):
             raise TransitionError(f"a new node cannot start in state {new}")
         return
-    if new == old and new in (S.FAILED, S.TERMINATING):
+    if new == old and new in (NodeState.FAILED, NodeState.TERMINATING):
         return  # recording a second error, or a retried teardown
     if new not in TRANSITIONS[old]:
         raise TransitionError(f"{old} -> {new} is not a valid node transition")

@@ -37,14 +37,24 @@ class PricingError(ValueError):
     """A rate or a money amount that cannot be used."""
 
 
+# No price, rate or budget is a trillion dollars: a larger number is a typo (or 1e308).
+MAX_DOLLARS = Decimal(10) ** 12
+
+
 def to_micros(dollars: float | str | Decimal) -> int:
-    """Dollars (as written in a config or on a command line) to integer micro-dollars."""
+    """Dollars (as written in a config or on a command line) to integer micro-dollars.
+
+    Rounds half to even. NaN, infinities and amounts of a trillion dollars or more are
+    errors.
+    """
     try:
         d = Decimal(str(dollars))
     except InvalidOperation:
-        raise PricingError(f"{dollars!r} is not an amount of money") from None
+        raise PricingError(f"{str(dollars)[:40]!r} is not an amount of money") from None
     if not d.is_finite():
-        raise PricingError(f"{dollars!r} is not an amount of money")
+        raise PricingError(f"{str(dollars)[:40]!r} is not an amount of money")
+    if abs(d) >= MAX_DOLLARS:
+        raise PricingError(f"{str(dollars)[:40]!r} is too large an amount (a trillion or more)")
     return int((d * MICROS).quantize(Decimal(1), rounding=ROUND_HALF_EVEN))
 
 

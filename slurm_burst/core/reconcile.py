@@ -45,8 +45,8 @@ from typing import Protocol
 
 from slurm_burst.core.cloud import NODE_TAG, Instance
 from slurm_burst.core.mesh import Peer
-from slurm_burst.core.nodestate import LIVE, RESUMING
-from slurm_burst.core.nodestate import NodeState as S
+from slurm_burst.core.nodestate import LIVE, RESUMING, NodeState, Want
+from slurm_burst.core.records import GroupHealth
 from slurm_burst.core.slurm import SlurmNode
 
 DEAD_INSTANCE = frozenset({"terminated", "stopped", "error"})
@@ -58,13 +58,15 @@ class Tracked(Protocol):
     @property
     def name(self) -> str: ...
     @property
-    def grp(self) -> str: ...
+    def group(self) -> str: ...
     @property
-    def state(self) -> S: ...
+    def state(self) -> NodeState: ...
     @property
-    def want(self) -> str: ...
+    def want(self) -> Want: ...
     @property
     def provider(self) -> str: ...
+    @property
+    def size(self) -> str: ...
     @property
     def instance_id(self) -> str: ...
     @property
@@ -73,17 +75,6 @@ class Tracked(Protocol):
     def requested_at(self) -> float: ...
     @property
     def state_since(self) -> float: ...
-
-
-@dataclass(frozen=True)
-class GroupHealth:
-    name: str
-    failures: int = 0  # failed launches in a row (a join resets it)
-    protected_until: float = 0.0  # 0 = not protected
-    reason: str = ""
-
-    def protected(self, now: float) -> bool:
-        return self.protected_until > now
 
 
 @dataclass(frozen=True)
@@ -126,12 +117,6 @@ class Plan:
     actions: tuple[Action, ...]
     suspects: dict[str, float]  # carried to the next pass
 
-    def by_kind(self) -> dict[str, int]:
-        out: dict[str, int] = {}
-        for a in self.actions:
-            out[a.kind] = out.get(a.kind, 0) + 1
-        return out
-
 
 def plan(snap: Snapshot, policy: Policy) -> Plan:
     actions: list[Action] = []
@@ -162,7 +147,11 @@ def _owner(snap: Snapshot, inst: Instance, holders: Mapping[str, Tracked]) -> Tr
         return None
     if rec.instance_id and rec.instance_id != inst.id:
         return None  # a second instance for the node: a duplicate
-    if not rec.instance_id and rec.state not in (S.LAUNCHING, S.FAILED, S.TERMINATING):
+    if not rec.instance_id and rec.state not in (
+        NodeState.LAUNCHING,
+        NodeState.FAILED,
+        NodeState.TERMINATING,
+    ):
         return None
     return rec
 
@@ -192,9 +181,9 @@ def _stuck_nodes(snap: Snapshot, policy: Policy) -> Iterable[Action]:
     if snap.instances is not None:
         listed = {p: {i.id: i for i in insts} for p, insts in snap.instances.items()}
     for rec in snap.records.values():
-        if rec.want != "up":
+        if rec.want != Want.UP:
             continue
-        if rec.state in RESUMING and rec.state != S.JOINED:
+        if rec.state in RESUMING and rec.state != NodeState.JOINED:
             waited = snap.now - (rec.requested_at or rec.state_since)
             if waited > policy.resume_timeout:
                 yield Action(
@@ -208,7 +197,7 @@ def _stuck_nodes(snap: Snapshot, policy: Policy) -> Iterable[Action]:
                 )
                 continue
         if (
-            rec.state in (S.BOOTSTRAPPING, S.JOINED)
+            rec.state in (NodeState.BOOTSTRAPPING, NodeState.JOINED)
             and rec.instance_id
             and listed is not None
             and rec.provider in listed
@@ -225,7 +214,7 @@ def _stuck_nodes(snap: Snapshot, policy: Policy) -> Iterable[Action]:
                 )
                 continue
         node = snap.slurm_nodes.get(rec.name) if snap.slurm_nodes is not None else None
-        if rec.state != S.JOINED or node is None:
+        if rec.state != NodeState.JOINED or node is None:
             continue
         if node.powering_up and snap.now - rec.state_since > policy.register_timeout:
             yield Action(
@@ -252,7 +241,7 @@ def _stuck_nodes(snap: Snapshot, policy: Policy) -> Iterable[Action]:
         if not node.powering_up:
             continue
         held = snap.records.get(node.name)
-        lost = held is None or (held.want == "down" and held.state == S.TERMINATED)
+        lost = held is None or (held.want == Want.DOWN and held.state == NodeState.TERMINATED)
         since = 0.0 if held is None else held.state_since
         if lost and snap.now - since > policy.lost_resume_grace:
             yield Action(
@@ -282,7 +271,7 @@ def _mesh(snap: Snapshot, suspect: _Suspect) -> Iterable[Action]:
             rec = snap.records.get(node)
             if rec is not None and rec.state in LIVE:
                 continue
-            if rec is not None and rec.state == S.REQUESTED:
+            if rec is not None and rec.state == NodeState.REQUESTED:
                 continue
             if suspect(f"address:{node}:{addr}") > 0:
                 yield Action(
@@ -333,6 +322,6 @@ def summarize(records: Iterable[Tracked]) -> dict[str, dict[str, int]]:
     """Nodes by group and state, for status and metrics."""
     out: dict[str, dict[str, int]] = {}
     for r in records:
-        by_state = out.setdefault(r.grp, {})
+        by_state = out.setdefault(r.group, {})
         by_state[str(r.state)] = by_state.get(str(r.state), 0) + 1
     return out

@@ -38,10 +38,11 @@ class ResumeInfo:
 
 
 def parse_resume_file(text: str) -> ResumeInfo:
+    """The resume file's nodes and jobs; :class:`ResumeFileError` for anything else."""
     try:
         doc = json.loads(text)
-    except ValueError as exc:
-        raise ResumeFileError(f"not JSON: {exc}") from exc
+    except (ValueError, RecursionError) as exc:  # huge numbers, deep nesting
+        raise ResumeFileError(f"not JSON: {str(exc)[:200]}") from exc
     if not isinstance(doc, dict):
         raise ResumeFileError("top level is not an object")
     newer = "all_nodes_resume" in doc
@@ -57,8 +58,8 @@ def parse_resume_file(text: str) -> ResumeInfo:
             raise ResumeFileError(f"jobs[{i}] is not an object")
         job_id = j.get("job_id")
         nodes = j.get("nodes_resume", j.get("nodes", ""))
-        if not isinstance(job_id, int) or isinstance(job_id, bool):
-            raise ResumeFileError(f"jobs[{i}].job_id is not an integer")
+        if not isinstance(job_id, int) or isinstance(job_id, bool) or not 0 < job_id < 2**32:
+            raise ResumeFileError(f"jobs[{i}].job_id is not a Slurm job id")
         if not isinstance(nodes, str):
             raise ResumeFileError(f"jobs[{i}] nodes is not a hostlist string")
         known = {"job_id", "nodes", "nodes_resume", "partition", "features"}

@@ -3,9 +3,35 @@ nothing above the adapters sees Slurm's JSON."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import NamedTuple
+
+from slurm_burst.core.errors import BurstError
+
+
+class SchedulerError(BurstError):
+    """A Slurm command failed or Slurm refused the change; the message is Slurm's words."""
+
+    code = "SlurmError"
+
+
+def check_update(
+    names: Sequence[str],
+    state: str | None,
+    reason: str | None,
+    addrs: Sequence[str] | None,
+    hostnames: Sequence[str] | None,
+) -> None:
+    """What every ``Scheduler.update_nodes`` refuses before asking Slurm: addresses or
+    host names that do not pair one-to-one with the names, or nothing to change."""
+    if addrs is not None and len(addrs) != len(names):
+        raise ValueError("addrs must pair one-to-one with names")
+    if hostnames is not None and len(hostnames) != len(names):
+        raise ValueError("hostnames must pair one-to-one with names")
+    if state is None and reason is None and addrs is None and hostnames is None:
+        raise ValueError("nothing to update")
 
 
 class SlurmNode(NamedTuple):

@@ -1,9 +1,16 @@
-"""Job usage as the ledger records it, and the ledger's errors. Pure."""
+"""What the ledger records (instance events, job usage) and reads back, and its errors.
+
+Pure: the values of the ledger and accounting ports (``slurm_burst.ports``).
+"""
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
+
+from slurm_burst.core.pricing import dollars
 
 FINISHED = frozenset(
     {
@@ -46,6 +53,77 @@ class JobUsage:
         return f"{self.cluster}:{self.job_id}:{int(self.start.timestamp())}"
 
 
+@dataclass(frozen=True)
+class InstanceEvent:
+    """One event in an instance's life, as the ledger records it (append-only).
+
+    ``event`` is one of requested, running, joined, failed, terminated. The price
+    and the node's shape are those at launch: history is never re-priced. The
+    field names are the spool's on-disk format (``ledger.spool_dir``): keep them.
+    """
+
+    node: str
+    instance_id: str
+    event: str
+    at: float  # unix time
+    provider: str = ""
+    size: str = ""
+    price_per_hour: float = 0.0
+    detail: str = ""  # a failure code, or why the row was closed
+    group: str = ""
+    partition: str = ""
+    cpus: int = 0
+    gpus: int = 0
+    price_source: str = ""  # the rate's name, or "none"
+    price_version: str = ""
+
+
+@dataclass(frozen=True)
+class ClosedInstance:
+    """An instance with a terminated event and no allocation yet."""
+
+    instance_id: str
+    node: str
+    partition: str
+    size: str
+    micros_per_hour: int
+    cpus: int
+    gpus: int
+    start: datetime
+    end: datetime
+
+
+@dataclass(frozen=True)
+class AssocUsage:
+    """An account's billing minutes: used this period, held by running jobs (their
+    remaining time limit), and its GrpTRESMins limit (None: unlimited)."""
+
+    used: int
+    running: int
+    limit: int | None
+
+
+# The columns of ``slurm-burst ledger export``: one charge line each.
+EXPORT_COLUMNS = (
+    "day", "account", "user", "partition", "job_key", "instance_id", "kind",
+    "amount", "amount_micros", "node_hours", "gpu_hours",
+)  # fmt: skip
+
+
+def report_totals(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """The sum of report rows (what the table's last line and the JSON's total show)."""
+    allocated = sum(int(r["allocated_micros"]) for r in rows)
+    overhead = sum(int(r["overhead_micros"]) for r in rows)
+    return {
+        "instance_hours": round(sum(r["instance_hours"] for r in rows), 6),
+        "gpu_hours": round(sum(r["gpu_hours"] for r in rows), 6),
+        "allocated": float(dollars(allocated)),
+        "overhead": float(dollars(overhead)),
+        "total": float(dollars(allocated + overhead)),
+        "total_micros": allocated + overhead,
+    }
+
+
 class LedgerError(RuntimeError):
     """The ledger cannot do what was asked; the message says why."""
 
@@ -56,6 +134,10 @@ class LedgerUnavailable(LedgerError):
 
 class LedgerConflict(LedgerError):
     """A row with the same unique key exists (a replay, or another daemon was first)."""
+
+
+class UnknownRevision(LedgerError):
+    """``db upgrade --to`` named a schema revision that does not exist."""
 
 
 class SchemaOutdated(LedgerError):

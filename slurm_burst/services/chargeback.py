@@ -32,7 +32,8 @@ from slurm_burst.config import Config
 from slurm_burst.core.allocation import Allocation, InstanceSpan, JobSpan, allocate
 from slurm_burst.core.hostlist import expand
 from slurm_burst.core.pricing import dollars, epoch_ms
-from slurm_burst.core.usage import LedgerError, LedgerUnavailable
+from slurm_burst.core.usage import AssocUsage, LedgerError, LedgerUnavailable
+from slurm_burst.ports import Accounting, AccountingLedger, Scheduler, SpooledLedger
 
 log = logging.getLogger(__name__)
 
@@ -80,9 +81,9 @@ class Chargeback:
     def __init__(
         self,
         cfg: Config,
-        ledger: Any,
-        accounting: Any | None,
-        scheduler: Any,
+        ledger: AccountingLedger,
+        accounting: Accounting | None,
+        scheduler: Scheduler | None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.cfg = cfg
@@ -195,7 +196,7 @@ class Chargeback:
             )
         return out
 
-    def _enforce(self, account: str, budget: int, spent: int, assoc: Any) -> int | None:
+    def _enforce(self, account: str, budget: int, spent: int, assoc: AssocUsage) -> int | None:
         """Block ``account``'s new jobs in Slurm once its budget is used up; else unblock.
 
         Spend is the larger of the ledger's (real cost, overhead included) and
@@ -216,6 +217,8 @@ class Chargeback:
         """Running burst jobs' remaining time limit x their billing rate (micro-dollars)."""
         parts = set(self.cfg.burst_partitions())
         out: dict[str, int] = {}
+        if self.scheduler is None:
+            return out
         try:
             jobs = self.scheduler.jobs()
         except Exception as exc:
@@ -254,7 +257,7 @@ class ChargebackLoop(threading.Thread):
     the hooks' requests.
     """
 
-    def __init__(self, cfg: Config, chargeback: Chargeback, spooling: Any) -> None:
+    def __init__(self, cfg: Config, chargeback: Chargeback, spooling: SpooledLedger) -> None:
         super().__init__(name="ledger", daemon=True)
         self.cfg = cfg
         self.cb = chargeback
@@ -271,7 +274,7 @@ class ChargebackLoop(threading.Thread):
             self.tick(due)
             self.stop.wait(
                 min(self.cfg.ledger.ingest_interval, 15.0)
-                if len(self.spooling.spool)
+                if self.spooling.pending()
                 else self.cfg.ledger.ingest_interval
             )
 

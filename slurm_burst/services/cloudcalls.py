@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 from slurm_burst.core.cloud import CloudError, Instance, LaunchSpec, backoff
-from slurm_burst.ports import Cloud
+from slurm_burst.ports import Cloud, Metrics
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -29,7 +29,7 @@ class ManagedCloud:
         attempts: int = 5,
         base: float = 1.0,
         cap: float = 30.0,
-        metrics: Any | None = None,
+        metrics: Metrics | None = None,
         sleep: Callable[[float], None] = time.sleep,
         rand: Callable[[], float] = random.random,
     ) -> None:
@@ -45,11 +45,11 @@ class ManagedCloud:
     def _call(self, call: str, fn: Callable[..., T], *args: Any) -> T:
         for attempt in range(self.attempts):
             started = time.monotonic()
+            error: str | None = None
             try:
                 result = fn(*args)
             except CloudError as exc:
-                if self.metrics is not None:
-                    self.metrics.api_errors.labels(self.name, call, exc.code).inc()
+                error = exc.code
                 if not exc.retryable or attempt + 1 >= self.attempts:
                     raise
                 delay = backoff(attempt, self.base, self.cap, self.rand())
@@ -65,9 +65,7 @@ class ManagedCloud:
                 continue
             finally:
                 if self.metrics is not None:
-                    self.metrics.api_latency.labels(self.name, call).observe(
-                        time.monotonic() - started
-                    )
+                    self.metrics.cloud_call(self.name, call, time.monotonic() - started, error)
             return result
         raise AssertionError("unreachable: the last attempt returns or raises")
 
@@ -77,7 +75,7 @@ class ManagedCloud:
     @property
     def batch_max(self) -> int:
         """Nodes one launch call may make (1: the provider launches one at a time)."""
-        return int(getattr(self.inner, "batch_max", 1))
+        return self.inner.batch_max
 
     def launch_many(self, spec: LaunchSpec) -> list[Instance]:
         return self._call("launch", self.inner.launch_many, spec)

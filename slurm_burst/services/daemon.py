@@ -18,21 +18,17 @@ import logging
 import os
 import socket
 import threading
-import time
-from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
 
-from slurm_burst.adapters.ha import SoleLeader
-from slurm_burst.adapters.state.store import Store
 from slurm_burst.config import Config
 from slurm_burst.core.hostlist import compress
-from slurm_burst.core.nodestate import LIVE, RESUMING
-from slurm_burst.core.nodestate import NodeState as S
-from slurm_burst.services.chargeback import Chargeback, ChargebackLoop
+from slurm_burst.core.nodestate import RESUMING, NodeState, Want
+from slurm_burst.core.records import NodeRecord
+from slurm_burst.ports import Clock, LeaderElection, Metrics, NodeStore
+from slurm_burst.services.chargeback import ChargebackLoop
 from slurm_burst.services.provisioner import Provisioner
 from slurm_burst.services.reconciler import Reconciler
+from slurm_burst.services.workers import Workers
 
 log = logging.getLogger(__name__)
 
@@ -45,38 +41,33 @@ class Daemon:
     def __init__(
         self,
         cfg: Config,
-        store: Store,
+        store: NodeStore,
         provisioner: Provisioner,
-        chargeback: Chargeback | None = None,
-        clock: Callable[[], float] = time.time,
-        reconciler: Reconciler | None = None,
-        leader: Any | None = None,
-        metrics: Any | None = None,
+        workers: Workers,
+        reconciler: Reconciler,
+        leader: LeaderElection,
+        clock: Clock,
+        stop: threading.Event,
+        ledger_loop: ChargebackLoop | None = None,
+        metrics: Metrics | None = None,
     ) -> None:
         self.cfg = cfg
-        self.ledger_loop = (
-            ChargebackLoop(cfg, chargeback, provisioner.ledger) if chargeback else None
-        )
         self.store = store
         self.prov = provisioner
+        self.workers = workers
         self.reconciler = reconciler
-        self.node_id = cfg.daemon.node_id or socket.gethostname()
-        self.leader = leader if leader is not None else SoleLeader(self.node_id)
+        self.leader = leader
+        self.clock = clock
+        self.stop = stop  # set by a signal, or when leadership is lost; the workers see it
+        self.ledger_loop = ledger_loop
         self.metrics = metrics
-        self.now = clock
-        self.stop = threading.Event()
-        provisioner.stopping = self.stop  # a stopping daemon's workers end their waits
-        self.pool = ThreadPoolExecutor(cfg.daemon.workers, thread_name_prefix="node")
-        self._active: dict[str, Future[None]] = {}
-        self._again: set[str] = set()
-        self._force: set[str] = set()
-        self._lock = threading.Lock()
+        self.node_id = leader.node_id
         self._sock: socket.socket | None = None
         self._lockfile: int | None = None
         self._reconcile_thread: threading.Thread | None = None
         self.leading = False
         self.lost_leadership = False  # set when the HA lock is lost: the CLI exits 1
-        self.started_at = clock()
+        self.started_at = clock.now()
 
     # -- lifecycle ------------------------------------------------------------------
     def acquire(self) -> None:
@@ -141,64 +132,46 @@ class Daemon:
         """Become the acting daemon: wake-up socket, ledger thread, recovery, reconcile."""
         self.leading = True
         if self.metrics is not None:
-            self.metrics.leader.set(1)
+            self.metrics.leading(True)
         log.info("daemon.leader node_id=%s", self.node_id)
-        self.store.event(self.now(), "daemon.leader", "", self.node_id)
+        self.store.event(self.clock.now(), "daemon.leader", "", self.node_id)
         self.store.meta_delete(f"follower.{self.node_id}")
         self.open_socket()
         self.beat()
-        self.restore_peers()
+        self.prov.restore_peers()
         if self.ledger_loop is not None:
             self.ledger_loop.ensure_schema()  # db upgrade at start, under the migration lock
             self.ledger_loop.start()  # spool replay, ingest, split: now, then every interval
-        self.recover()
+        self.workers.recover()
         self._reconcile_thread = threading.Thread(
             target=self._reconcile_loop, name="reconcile", daemon=True
         )
         self._reconcile_thread.start()
 
-    def restore_peers(self) -> None:
-        """Put every live node's peer on the hub (idempotent).
-
-        After a takeover on another host the hub there has none of the leader's peers;
-        the nodes' tunnels reconnect to the (floating) hub endpoint once their peers exist.
-        """
-        live = [r for r in self.store.nodes() if r.state in LIVE and r.wg_pubkey and r.mesh_addr]
-        if not live:
-            return
-        try:
-            present = {p.public_key for p in self.prov.mesh.peers()}
-            for r in live:
-                if r.wg_pubkey not in present:
-                    self.prov.mesh.add_peer(r.wg_pubkey, r.mesh_addr, r.name)
-                    log.info("daemon.peer_restored node=%s mesh_addr=%s", r.name, r.mesh_addr)
-        except Exception as exc:  # the reconcile pass reports the hub; provisioning goes on
-            log.error("daemon.peer_restore_failed error=%s", exc)
-
     def follow(self) -> None:
         """Standby: say so (``slurm-burst status`` shows it), act on nothing."""
         if self.metrics is not None:
-            self.metrics.leader.set(0)
+            self.metrics.leading(False)
         self.store.meta_set(
             f"follower.{self.node_id}",
-            {"at": self.now(), "pid": os.getpid(), "leader": self.leader.leader_info()},
+            {"at": self.clock.now(), "pid": os.getpid(), "leader": self.leader.leader_info()},
         )
 
     def _reconcile_loop(self) -> None:
         while not self.stop.is_set():
-            started = time.monotonic()
+            started = self.clock.monotonic()
             if not self.leader.held():
                 log.critical("daemon.leadership_lost node_id=%s: stopping", self.node_id)
                 self.lost_leadership = True
                 self.stop.set()
                 return
-            if self.reconciler is not None:
-                try:
-                    self.reconciler.pass_once()
-                except Exception:
-                    log.exception("reconcile.pass_failed")
-            self.rescan()
-            self.stop.wait(max(0.0, self.cfg.daemon.poll_period - (time.monotonic() - started)))
+            try:
+                self.reconciler.pass_once()
+            except Exception:
+                log.exception("reconcile.pass_failed")
+            self.workers.rescan()
+            elapsed = self.clock.monotonic() - started
+            self.stop.wait(max(0.0, self.cfg.daemon.poll_period - elapsed))
 
     def _wait(self) -> None:
         assert self._sock is not None
@@ -213,36 +186,41 @@ class Daemon:
             self._sock.settimeout(1.0)
 
     def shutdown(self) -> None:
-        log.info("daemon.stopping in_flight=%d", len(self._active))
+        log.info("daemon.stopping in_flight=%d", self.workers.in_flight())
         if self._reconcile_thread is not None:
             self._reconcile_thread.join(timeout=60)
         self.leader.release()
         if self.ledger_loop is not None:
             self.ledger_loop.stop.set()
-        self.pool.shutdown(wait=True, cancel_futures=True)
+        self.workers.shutdown()
         if self._sock is not None:
             self._sock.close()
             with contextlib.suppress(FileNotFoundError):
                 Path(self.cfg.daemon.socket).unlink()
 
     def beat(self) -> None:
+        now = self.clock.now()
         if self.metrics is not None:
-            self.metrics.heartbeat.set(self.now())
+            self.metrics.heartbeat(now)
         self.store.beat(
-            self.now(),
+            now,
             {
                 "pid": os.getpid(),
                 "node_id": self.node_id,
                 "started_at": self.started_at,
-                "in_flight": len(self._active),
+                "in_flight": self.workers.in_flight(),
             },
         )
 
     # -- requests -----------------------------------------------------------------
     def handle_requests(self) -> None:
         for req in self.store.pending_requests():
+            # a resume's nodes are claimed before they are written as requested: the
+            # reconcile thread's rescan must not hand them to one-node workers meanwhile
+            held = self.workers.reserve(req.nodes) if req.kind == "resume" else set()
             jobs = json.dumps(req.jobs)
-            launch: list[str] = []  # nodes newly asked up: launched in batches first
+            launch: list[NodeRecord] = []  # nodes newly asked up: launched in batches first
+            drive: list[str] = []  # nodes whose worker must look at them again
             for name in req.nodes:
                 group = self.cfg.group_of(name)
                 if group is None:
@@ -250,37 +228,36 @@ class Daemon:
                     continue
                 rec = self.store.node(name)
                 if req.kind == "resume":
-                    if rec is not None and rec.state in RESUMING and rec.want == "up":
+                    if rec is not None and rec.state in RESUMING and rec.want == Want.UP:
                         log.info("node.resume.duplicate node=%s state=%s", name, rec.state)
                         continue
-                    if rec is None or rec.state == S.TERMINATED:
-                        self.store.transition(
+                    if rec is None or rec.state == NodeState.TERMINATED:
+                        new = self.store.transition(
                             name,
-                            S.REQUESTED,
-                            self.now(),
-                            grp=group.name,
-                            want="up",
+                            NodeState.REQUESTED,
+                            self.clock.now(),
+                            group=group.name,
+                            want=Want.UP,
                             launch_seq=(rec.launch_seq + 1) if rec else 1,
                             requested_at=req.created_at,
                             jobs=jobs,
                             error="",
                             message="",
                         )
-                        launch.append(name)
+                        launch.append(new)
                         continue
-                    self.store.update(name, want="up", jobs=jobs)
+                    self.store.update(name, want=Want.UP, jobs=jobs)
                 else:
                     if rec is None:
-                        self.store.transition(name, S.TERMINATED, self.now(), grp=group.name)
-                    elif rec.want != "down":
-                        self.store.update(name, want="down")
-                    if req.kind == "resume-fail":
-                        with self._lock:
-                            self._force.add(name)
-                self.submit(name)
-            if launch:
-                self.submit_launch(launch)
-            self.store.finish_request(req.id, self.now())
+                        now = self.clock.now()
+                        self.store.transition(name, NodeState.TERMINATED, now, group=group.name)
+                    elif rec.want != Want.DOWN:
+                        self.store.update(name, want=Want.DOWN)
+                drive.append(name)
+            self.workers.submit_launch(launch, held)
+            for name in drive:
+                self.workers.submit(name, power_down_force=req.kind == "resume-fail")
+            self.store.finish_request(req.id, self.clock.now())
             log.info(
                 "request.done id=%d kind=%s count=%d hostlist=%s",
                 req.id,
@@ -288,79 +265,3 @@ class Daemon:
                 len(req.nodes),
                 compress(list(req.nodes)),
             )
-
-    # -- workers ------------------------------------------------------------------
-    def submit(self, name: str) -> None:
-        with self._lock:
-            if name in self._active:
-                self._again.add(name)  # the worker re-reads the node before it ends
-                return
-            self._active[name] = self.pool.submit(self._work, name)
-
-    def submit_launch(self, names: list[str]) -> None:
-        """Launch ``names`` in batches on one worker, then drive each on its own."""
-        with self._lock:
-            free = [n for n in names if n not in self._active]
-            busy = [n for n in names if n in self._active]
-            if free:
-                fut = self.pool.submit(self._launch_work, free)
-                for n in free:
-                    self._active[n] = fut
-        for n in busy:
-            self.submit(n)
-
-    def _launch_work(self, names: list[str]) -> None:
-        try:
-            self.prov.launch_batch(names)
-        except Exception:
-            log.exception("node.batch_launch_crashed count=%d", len(names))
-        finally:
-            with self._lock:
-                for n in names:
-                    self._active.pop(n, None)
-                    self._again.discard(n)
-            for n in names:
-                self.submit(n)
-
-    def _work(self, name: str) -> None:
-        try:
-            while True:
-                try:
-                    self.prov.drive(name)
-                except Exception:
-                    log.exception("node.worker_crashed node=%s", name)
-                with self._lock:
-                    if name in self._again:
-                        self._again.discard(name)
-                        continue
-                    force = name in self._force
-                    self._force.discard(name)
-                    break
-            if force:
-                self.prov.power_down_force(name)
-        finally:
-            with self._lock:
-                self._active.pop(name, None)
-
-    def recover(self) -> None:
-        """After a (re)start: pick up every node that is not where it should be."""
-        todo = [r.name for r in self.store.nodes() if _needs_work(r.state, r.want)]
-        if todo:
-            log.info("daemon.recover count=%d hostlist=%s", len(todo), compress(todo))
-        for name in todo:
-            self.submit(name)
-
-    def rescan(self) -> None:
-        for rec in self.store.nodes():
-            if _needs_work(rec.state, rec.want) and rec.name not in self._active:
-                self.submit(rec.name)
-
-    def idle(self) -> bool:
-        with self._lock:
-            return not self._active
-
-
-def _needs_work(state: S, want: str) -> bool:
-    if want == "up":
-        return state != S.JOINED
-    return state != S.TERMINATED

@@ -24,16 +24,18 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from slurm_burst.adapters.state.store import Store
 from slurm_burst.config import Config
 from slurm_burst.core.hostlist import HostlistError, compress, expand_unique
 from slurm_burst.core.nodestate import reason
 from slurm_burst.core.resumefile import ResumeFileError, ResumeJob, parse_resume_file
-from slurm_burst.ports import Scheduler
+from slurm_burst.fileio import FileRefused, read_regular
+from slurm_burst.ports import NodeStore, Scheduler
 
 log = logging.getLogger("slurm_burst.hooks")
 
 KINDS = ("resume", "suspend", "resume-fail")
+# A resume file of 8 MiB describes some 80,000 jobs; anything larger is not Slurm's.
+RESUME_FILE_MAX = 8 * 1024 * 1024
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 
 
@@ -49,7 +51,7 @@ def run_hook(
     kind: str,
     hostlist: str,
     cfg: Config,
-    store: Store,
+    store: NodeStore,
     scheduler: Callable[[], Scheduler],
     now: float,
     env: Mapping[str, str] | None = None,
@@ -60,8 +62,8 @@ def run_hook(
     try:
         names = expand_unique(hostlist, max_names=cfg.slurm.hostlist_max_names)
     except HostlistError as exc:
-        log.error("hook.%s.bad_hostlist hostlist=%r error=%s", kind, hostlist, exc)
-        return HookResult(EXIT_BAD_INPUT, message=f"bad hostlist {hostlist!r}: {exc}")
+        log.error("hook.%s.bad_hostlist error=%s", kind, exc)  # the error quotes the list
+        return HookResult(EXIT_BAD_INPUT, message=f"bad hostlist: {exc}")
     jobs: list[ResumeJob] = []
     if kind == "resume":
         jobs = _resume_jobs(env.get("SLURM_RESUME_FILE"), names, cfg)
@@ -114,24 +116,49 @@ def run_hook(
 
 
 def _resume_jobs(path: str | None, names: list[str], cfg: Config) -> list[ResumeJob]:
+    """The jobs behind the resume, from ``SLURM_RESUME_FILE``; [] when it is unusable.
+
+    The request is recorded whatever the file holds: the argument is Slurm's own list
+    of nodes, the file only adds which jobs wait for them. On disagreement the argument
+    wins and only the jobs whose nodes are all in it are kept.
+    """
     if not path:
         return []
+    cap = cfg.slurm.hostlist_max_names
     try:
-        text = Path(path).read_text()
-        info = parse_resume_file(text)
-        file_names = set(expand_unique(info.all_nodes, max_names=cfg.slurm.hostlist_max_names))
+        info = parse_resume_file(read_resume_file(path))
+        file_names = set(expand_unique(info.all_nodes, max_names=cap))
+        wanted = set(names)
+        jobs = [j for j in info.jobs if set(expand_unique(j.nodes, max_names=cap)) <= wanted]
     except (OSError, ResumeFileError, HostlistError) as exc:
         log.warning(
-            "hook.resume.resume_file_unusable path=%s error=%s (using the argument)", path, exc
+            "hook.resume.resume_file_unusable path=%s error=%s (using the argument)",
+            path,
+            str(exc)[:300],
         )
         return []
-    if not file_names >= set(names):
+    if file_names != wanted or len(jobs) != len(info.jobs):
         log.warning(
-            "hook.resume.resume_file_mismatch file=%s argument=%s (using the argument)",
-            info.all_nodes,
-            compress(names),
+            "hook.resume.resume_file_mismatch file=%s argument=%s jobs_kept=%d of %d "
+            "(the argument wins)",
+            compress(sorted(file_names))[:300],
+            compress(names)[:300],
+            len(jobs),
+            len(info.jobs),
         )
-    return list(info.jobs)
+    return jobs
+
+
+def read_resume_file(path: str, limit: int = RESUME_FILE_MAX) -> str:
+    """The file's text, if it is a regular UTF-8 file of at most ``limit`` bytes: opened
+    non-blocking, so a FIFO or a device is refused at once instead of hanging
+    slurmctld's power-save thread; a huge file is neither read nor stored."""
+    try:
+        return read_regular(path, limit).decode("utf-8")
+    except FileRefused as exc:
+        raise ResumeFileError(str(exc)) from exc
+    except UnicodeDecodeError as exc:
+        raise ResumeFileError(f"not UTF-8 ({exc.reason} at byte {exc.start})") from exc
 
 
 def wake(path: str) -> bool:

@@ -21,22 +21,19 @@ report to the state database (``slurm-burst status`` reads it) and the metrics.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from datetime import UTC, datetime
-from functools import lru_cache, partial
+from functools import partial
 from typing import Any
 
-from slurm_burst.adapters.state.store import Store
 from slurm_burst.config import Config
-from slurm_burst.core.hostlist import compress
-from slurm_burst.core.nodestate import LIVE
-from slurm_burst.core.nodestate import NodeState as S
-from slurm_burst.core.nodestate import reason as node_reason
+from slurm_burst.core.nodestate import LIVE, Want
 from slurm_burst.core.pricing import dollars
 from slurm_burst.core.reconcile import Action, Plan, Policy, Snapshot, plan, summarize
-from slurm_burst.ports import Cloud, Mesh, Scheduler
+from slurm_burst.core.usage import InstanceEvent
+from slurm_burst.ports import AccountingLedger, Clock, Cloud, Mesh, Metrics, NodeStore, Scheduler
+from slurm_burst.services.groups import GroupControl
+from slurm_burst.services.status import spend_rate
 
 log = logging.getLogger(__name__)
 
@@ -67,27 +64,28 @@ class Reconciler:
     def __init__(
         self,
         cfg: Config,
-        store: Store,
+        store: NodeStore,
         scheduler: Scheduler,
         clouds: dict[str, Cloud],
         mesh: Mesh,
-        provisioner: Any,
-        ledger: Any | None = None,  # the SQL ledger (open_instances, instance_event)
-        submit: Callable[[str], None] = lambda name: None,
-        metrics: Any | None = None,
-        clock: Callable[[], float] = time.time,
+        fail: Callable[[str, str, str], bool],
+        submit: Callable[[str], None],
+        clock: Clock,
+        ledger: AccountingLedger | None = None,
+        metrics: Metrics | None = None,
     ) -> None:
         self.cfg = cfg
         self.store = store
         self.scheduler = scheduler
         self.clouds = clouds
         self.mesh = mesh
-        self.prov = provisioner
-        self.ledger = ledger
-        self.submit = submit
+        self.fail = fail  # fails a node from outside its worker (Provisioner.fail)
+        self.submit = submit  # hands a node to its worker (the daemon's pool)
+        self.clock = clock
+        self.ledger = ledger  # the SQL ledger: open instances, rows closed
         self.metrics = metrics
-        self.now = clock
         self.policy = policy(cfg)
+        self.groups = GroupControl(cfg, store, scheduler)
 
     # -- observe ----------------------------------------------------------------
     def observe(self, report: PassReport) -> Snapshot:
@@ -98,7 +96,7 @@ class Reconciler:
                 report.errors[f"observe.{source}"] = f"{type(exc).__name__}: {exc}"
                 log.warning("reconcile.observe_failed source=%s error=%s", source, exc)
                 if self.metrics is not None:
-                    self.metrics.phase_errors.labels(f"observe.{source}").inc()
+                    self.metrics.phase_error(f"observe.{source}")
                 return None
 
         cfg = self.cfg
@@ -125,7 +123,7 @@ class Reconciler:
         if records is None:  # without our own records no rule is safe
             raise RuntimeError(report.errors["observe.records"])
         return Snapshot(
-            now=self.now(),
+            now=self.clock.now(),
             records={r.name: r for r in records},
             slurm_nodes=slurm_nodes,
             instances=instances,
@@ -151,7 +149,7 @@ class Reconciler:
                     exc,
                 )
                 if self.metrics is not None:
-                    self.metrics.phase_errors.labels(f"act.{action.kind}").inc()
+                    self.metrics.phase_error(f"act.{action.kind}")
                 continue
             report.actions[action.kind] = report.actions.get(action.kind, 0) + 1
             log.info(
@@ -169,7 +167,7 @@ class Reconciler:
                 f"{action.code}: {action.message}",
             )
             if self.metrics is not None:
-                self.metrics.actions.labels(action.kind, action.code).inc()
+                self.metrics.reconcile_action(action.kind, action.code)
 
     def _act(self, a: Action, snap: Snapshot) -> None:
         if a.kind == "terminate":
@@ -177,10 +175,10 @@ class Reconciler:
         elif a.kind == "fail_node":
             if a.code == "ResumeLost":
                 self.store.add_request("resume", [a.node], [], snap.now)
-            elif self.prov.fail(a.node, a.code, a.message):
+            elif self.fail(a.node, a.code, a.message):
                 self.submit(a.node)
         elif a.kind == "teardown":
-            self.store.update(a.node, want="down")
+            self.store.update(a.node, want=Want.DOWN)
             self.submit(a.node)
         elif a.kind == "remove_peer":
             self.mesh.remove_peer(a.target)
@@ -191,57 +189,24 @@ class Reconciler:
         elif a.kind == "close_ledger":
             assert self.ledger is not None
             self.ledger.instance_event(
-                node=a.node,
-                instance_id=a.target,
-                provider="",
-                size="",
-                price_per_hour=0.0,
-                event="terminated",
-                at=snap.now,
-                detail=a.code,
+                InstanceEvent(a.node, a.target, "terminated", snap.now, detail=a.code)
             )
         elif a.kind == "protect":
-            self.protect(a.target, a.message, snap.now)
+            self.groups.protect(a.target, a.message, snap.now)
         elif a.kind == "unprotect":
-            self.enable(a.target)
+            self.groups.enable(a.target)
         else:
             raise ValueError(f"unknown action {a.kind}")
 
-    def protect(self, group: str, why: str, now: float) -> None:
-        """Protected mode: the group's nodes drained in Slurm with a reason, launches refused."""
-        g = self.cfg.node_groups[group]
-        text = node_reason(
-            "GroupProtected",
-            f"node group {group} protected: {why}; back after "
-            f"{self.cfg.daemon.protect_cooldown:g} s or 'slurm-burst group enable {group}'",
-        )
-        self.store.protect_group(group, now + self.cfg.daemon.protect_cooldown, text)
-        self.scheduler.update_nodes(g.node_names(), state="drain", reason=text)
-        log.error("group.protected group=%s nodes=%s reason=%s", group, g.hostlist, why)
-
-    def enable(self, group: str) -> None:
-        """Leave protected mode: launches allowed, our drain lifted in Slurm."""
-        g = self.cfg.node_groups[group]
-        self.store.unprotect_group(group)
-        members = set(g.node_names())
-        drained = [
-            n.name
-            for n in self.scheduler.nodes()
-            if n.name in members and "(Code:GroupProtected)" in n.reason
-        ]
-        if drained:
-            self.scheduler.update_nodes(drained, state="resume")
-        log.info("group.enabled group=%s undrained=%s", group, compress(drained) or "-")
-
     # -- one pass ----------------------------------------------------------------
     def pass_once(self) -> PassReport:
-        report = PassReport(started=self.now())
-        t0 = time.monotonic()
+        report = PassReport(started=self.clock.now())
+        t0 = self.clock.monotonic()
         snap = self.observe(report)
         p = plan(snap, self.policy)
         self.act(p, snap, report)
         self.store.meta_set("suspects", p.suspects)
-        report.seconds = time.monotonic() - t0
+        report.seconds = self.clock.monotonic() - t0
         self.record(snap, report)
         return report
 
@@ -249,9 +214,10 @@ class Reconciler:
         records = list(snap.records.values())
         by_group = summarize(records)
         spend = spend_rate(self.cfg, records)
+        ended = self.clock.now()
         summary = {
             **asdict(report),
-            "ended": self.now(),
+            "ended": ended,
             "nodes": by_group,
             "spend_per_hour": {g: float(dollars(v)) for g, v in spend.items()},
         }
@@ -265,74 +231,9 @@ class Reconciler:
             )
         m = self.metrics
         if m is not None:
-            m.passes.inc()
-            m.pass_duration.observe(report.seconds)
-            m.last_pass.set(self.now())
-            m.set_nodes(by_group, list(self.cfg.node_groups))
+            m.reconcile_pass(report.seconds, ended)
+            m.node_counts(by_group, list(self.cfg.node_groups))
             for g in self.cfg.node_groups:
-                m.spend_rate.labels(g).set(float(dollars(spend.get(g, 0))))
                 health = snap.groups.get(g)
-                m.protected.labels(g).set(1 if health and health.protected(snap.now) else 0)
-
-
-def spend_rate(cfg: Config, records: list[Any]) -> dict[str, int]:
-    """Micro-dollars per hour of the instances live now, by group.
-
-    An estimate for status and metrics (the ledger prices each instance exactly):
-    prices are looked up once per size and launch minute.
-    """
-    table = cfg.rate_table
-    gpus_of = {name: g.gpus for name, g in cfg.node_groups.items()}
-
-    @lru_cache(maxsize=4096)
-    def price(size: str, gpus: int, minute: int) -> int:
-        p = table.price(size, gpus, datetime.fromtimestamp(minute * 60, UTC))
-        return 0 if p is None else p.micros_per_hour
-
-    out: dict[str, int] = {}
-    for r in records:
-        if not r.instance_id or r.state not in LIVE or r.state == S.FAILED:
-            continue
-        minute = int((r.requested_at or r.state_since) // 60)
-        out[r.grp] = out.get(r.grp, 0) + price(r.size, gpus_of.get(r.grp, 0), minute)
-    return out
-
-
-def status(cfg: Config, store: Store, now: float, leader: str | None = None) -> dict[str, Any]:
-    """What ``slurm-burst status`` shows, from the state database alone."""
-    beat = store.heartbeat()
-    records = store.nodes()
-    groups = store.groups()
-    last = store.meta_get("reconcile")
-    followers = {
-        k.removeprefix("follower."): v
-        for k, v in store.meta_items("follower.").items()
-        if now - float(v.get("at", 0)) < cfg.daemon.heartbeat_stale
-    }
-    age = None if beat is None else now - float(beat["at"])
-    spend = spend_rate(cfg, records)
-    return {
-        "daemon": {
-            "running": age is not None and age < cfg.daemon.heartbeat_stale,
-            "heartbeat_age": age,
-            "pid": None if beat is None else beat.get("pid"),
-            "node_id": None if beat is None else beat.get("node_id"),
-            "in_flight": None if beat is None else beat.get("in_flight"),
-        },
-        "leader": leader if leader is not None else (beat or {}).get("node_id"),
-        "followers": sorted(followers),
-        "last_pass": last,
-        "nodes": summarize(records),
-        "protected_groups": {
-            name: {"until": g.protected_until, "reason": g.reason, "failures": g.failures}
-            for name, g in groups.items()
-            if g.protected(now)
-        },
-        "launch_failures_in_a_row": {n: g.failures for n, g in groups.items() if g.failures},
-        "unavailable_sizes": [
-            {"provider": p, "size": z, "until": until, "code": code}
-            for (p, z), (until, code) in sorted(store.unavailable(now).items())
-        ],
-        "spend_per_hour": {g: float(dollars(v)) for g, v in sorted(spend.items())},
-        "spend_per_hour_total": float(dollars(sum(spend.values()))),
-    }
+                protected = health is not None and health.protected(snap.now)
+                m.group_status(g, float(dollars(spend.get(g, 0))), protected)

@@ -14,6 +14,7 @@ from string import Template
 from slurm_burst.config import Config, NodeGroup
 from slurm_burst.core.hostlist import compress
 from slurm_burst.core.pricing import billing_weight
+from slurm_burst.fileio import write_atomic
 
 FRAGMENT = "slurm-burst.conf"
 GRES = "gres.conf"
@@ -148,14 +149,17 @@ def hook_programs(config_path: str, python: str = sys.executable) -> dict[str, s
 
 
 def install_hooks(hook_dir: str, config_path: str) -> list[Path]:
+    """Write the three hook programs into ``hook_dir`` (each atomically, 0755)."""
+    return write_files(Path(hook_dir), hook_programs(config_path), 0o755)
+
+
+def write_files(directory: Path, files: dict[str, str], mode: int) -> list[Path]:
+    """Write each file into ``directory`` (made if missing) under a fresh temporary name,
+    renamed into place: a planted symlink is replaced, never written through."""
+    directory.mkdir(parents=True, exist_ok=True)
     out = []
-    d = Path(hook_dir)
-    d.mkdir(parents=True, exist_ok=True)
-    for name, text in hook_programs(config_path).items():
-        path = d / name
-        tmp = path.with_name(name + ".tmp")
-        tmp.write_text(text)
-        tmp.chmod(0o755)
-        tmp.replace(path)
-        out.append(path)
+    for name, text in files.items():
+        with write_atomic(directory / name, mode) as fh:
+            fh.write(text)
+        out.append(directory / name)
     return out

@@ -18,9 +18,11 @@ assertions and the launch benchmark.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import logging
+import re
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterable
@@ -54,17 +56,37 @@ def error_document(code: str, message: str) -> bytes:
     ).encode()
 
 
-class Ec2Emulator:
-    """moto's EC2 backend as a WSGI app, made to answer like EC2; serve with :meth:`start`."""
+def _as_ec2_error(body: bytes) -> bytes:
+    """moto's error answer as EC2 sends it: EC2's error documents carry no XML namespace
+    (moto puts its success namespace on them, and libcloud then finds no error code)."""
+    code = re.search(rb"<Code>(.*?)</Code>", body, re.S)
+    message = re.search(rb"<Message>(.*?)</Message>", body, re.S)
+    if code is None:
+        return body
+    return error_document(code.group(1).decode(), message.group(1).decode() if message else "")
 
-    def __init__(self) -> None:
-        from moto.server import create_backend_app
+
+class Ec2Emulator:
+    """moto's EC2 backend as a WSGI app, made to answer like EC2; serve with :meth:`start`.
+
+    moto's backend is not thread-safe (a DescribeInstances iterating the tags while a
+    CreateTags adds one fails with "dictionary changed size"), so by default calls are
+    served one at a time: tests want right answers. The benchmark's emulator
+    (``serialize=False``) lets calls overlap, as EC2 does: one slow DescribeInstances of
+    1,000 instances must not hold up every launch behind it.
+    """
+
+    def __init__(self, serialize: bool = True) -> None:
+        from moto.server import create_backend_app  # type: ignore[attr-defined]
 
         self._app = create_backend_app("ec2")
         self.calls: Counter[str] = Counter()
         self._faults: list[Fault] = []
         self._tokens: dict[str, tuple[tuple[tuple[str, str], ...], str, list[Any], bytes]] = {}
         self._lock = threading.Lock()
+        self._moto: contextlib.AbstractContextManager[Any] = (
+            threading.Lock() if serialize else contextlib.nullcontext()
+        )
         self._server: Any = None
         self.port = 0
 
@@ -102,7 +124,7 @@ class Ec2Emulator:
         """libcloud's EC2 driver pointed at the emulator (SigV4, plain HTTP)."""
         from libcloud.compute.drivers.ec2 import EC2NodeDriver
 
-        return EC2NodeDriver(
+        return EC2NodeDriver(  # type: ignore[no-untyped-call]
             "AKIDEMULATOR000000000",
             "emulator-secret",
             region=region,
@@ -150,7 +172,10 @@ class Ec2Emulator:
             captured["status"], captured["headers"] = status, headers
             return lambda _data: None
 
-        out = b"".join(self._app(environ, capture)).replace(NS_MOTO, NS_EC2)
+        with self._moto:
+            out = b"".join(self._app(environ, capture)).replace(NS_MOTO, NS_EC2)
+        if not captured["status"].startswith("2"):
+            out = _as_ec2_error(out)
         headers = [(k, v) for k, v in captured["headers"] if k.lower() != "content-length"]
         if token and captured["status"].startswith("200"):
             with self._lock:
@@ -238,7 +263,7 @@ def main() -> None:
     from werkzeug.serving import make_server
 
     logging.getLogger("werkzeug").setLevel(logging.ERROR)
-    emu = Ec2Emulator()
+    emu = Ec2Emulator(serialize=False)  # a benchmark's: calls overlap, as on EC2
     make_server("127.0.0.1", int(sys.argv[1]), emu, threaded=True).serve_forever()
 
 

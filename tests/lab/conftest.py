@@ -5,16 +5,16 @@ from __future__ import annotations
 import os
 import shutil
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from slurm_burst.adapters.cloud.registry import driver_class
+from slurm_burst.adapters.state.store import Store
 from slurm_burst.config import Config, load_config
-from slurm_burst.services.lab.service import Lab
-
-LAB_CONFIG = Path(__file__).resolve().parents[2] / "slurm-conf" / "lab" / "slurm-burst.toml"
+from slurm_burst.lab.service import Lab
+from slurm_burst.wiring import cloud_driver, node_store
+from tests.conftest import LAB_CONFIG
 
 # (fault, outcome, reconcile passes to consistent, seconds to done): test_y_faults fills it
 FAULT_MATRIX: list[tuple[str, str, str, str]] = []
@@ -28,7 +28,6 @@ needs_root = pytest.mark.skipif(
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if "tests/lab/" in str(item.fspath):
-            item.add_marker(pytest.mark.lab)
             item.add_marker(needs_root)
 
 
@@ -69,3 +68,17 @@ def nscloud(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     )
     yield driver
     driver.ex_teardown()
+
+
+@pytest.fixture(scope="module")
+def store(lab: Lab, lab_config: Config) -> Iterator[Store]:
+    """The running daemon's state database, read as the CLI reads it."""
+    s = node_store(lab_config, create=False)
+    yield s
+    s.close()
+
+
+@pytest.fixture(scope="module")
+def cloud(lab_config: Config) -> Any:
+    """The lab provider's libcloud driver (the namespace cloud, with the fault injector)."""
+    return cloud_driver(lab_config.providers["lab"])

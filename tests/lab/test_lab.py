@@ -5,9 +5,8 @@ from __future__ import annotations
 import json
 
 from slurm_burst.adapters.proc import run
-from slurm_burst.services.lab.service import Lab
-from tests.conftest import invoke
-from tests.lab.conftest import LAB_CONFIG
+from slurm_burst.lab.service import Lab
+from tests.conftest import LAB_CONFIG, invoke
 
 
 def test_sinfo_shows_onprem_idle_and_burst_idle_powered_down(lab: Lab) -> None:

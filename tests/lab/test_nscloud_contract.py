@@ -31,7 +31,7 @@ def size(driver: Any, name: str) -> Any:
 def wait_state(driver: Any, node: Node, state: str, timeout: float = 10) -> Node:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        current = driver.list_nodes(ex_node_ids=[node.id])[0]
+        current: Node = driver.list_nodes(ex_node_ids=[node.id])[0]
         if current.state == state:
             return current
         time.sleep(0.05)
@@ -124,7 +124,7 @@ def test_wrong_host_key_is_rejected(booted: Node, client_key: paramiko.Ed25519Ke
     """A valid ed25519 key that is not the VM's: the connection must be refused."""
     wrong = f"{client_key.get_name()} {client_key.get_base64()}"
     forged = Node(
-        id=booted.id,
+        id=str(booted.id),
         name=booted.name,
         state=booted.state,
         public_ips=booted.public_ips,
@@ -181,13 +181,13 @@ def test_bad_requests_are_typed(nscloud: Any) -> None:
 def test_destroy_leaves_nothing_and_is_repeatable(nscloud: Any) -> None:
     node = nscloud.create_node("vm-gone", size(nscloud, "ns.cpu2"), nscloud.list_images()[0])
     node = wait_state(nscloud, node, NodeState.RUNNING)
-    vmdir = Path(nscloud.state_dir) / "vms" / node.id
+    vmdir = Path(nscloud.state_dir) / "vms" / str(node.id)
     assert nscloud.destroy_node(node) is True
     assert nscloud.list_nodes(ex_node_ids=[node.id])[0].state == NodeState.TERMINATED
     assert nscloud.destroy_node(node) is True  # already gone is success
     netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     assert f"sbl-{node.id}" not in netns
-    assert not Path(f"/sys/class/net/sbv{node.id[3:]}").exists()
+    assert not Path(f"/sys/class/net/sbv{str(node.id)[3:]}").exists()
     assert str(vmdir) not in Path("/proc/mounts").read_text()
     procs = subprocess.run(["pgrep", "-f", str(vmdir)], capture_output=True, text=True).stdout
     assert procs == ""

@@ -10,7 +10,7 @@ import pytest
 
 from slurm_burst.adapters.proc import Result, run
 from slurm_burst.adapters.slurm.cli import SlurmCli, SlurmError
-from slurm_burst.services.lab.service import Lab
+from slurm_burst.lab.service import Lab
 
 
 @pytest.fixture()
@@ -39,6 +39,7 @@ def test_partitions(slurm: SlurmCli) -> None:
 
 def test_jobs(slurm: SlurmCli, lab: Lab) -> None:
     env = {"SLURM_CONF": str(lab.slurm_conf)}
+    assert lab.cfg.lab is not None
     out = run(
         [
             "sbatch",
@@ -49,6 +50,12 @@ def test_jobs(slurm: SlurmCli, lab: Lab) -> None:
             "5",
             "-J",
             "adapter-test",
+            # the node's own view of the filesystem: a VM's /tmp is its own, so the test's
+            # working directory (a checkout under /tmp, say) may not exist there
+            "-D",
+            lab.cfg.lab.shared_dir,
+            "-o",
+            "/dev/null",
             "--wrap",
             "sleep 30",
         ],

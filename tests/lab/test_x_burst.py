@@ -14,7 +14,6 @@ import json
 import os
 import re
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,10 +23,9 @@ from slurm_burst.adapters.proc import run
 from slurm_burst.adapters.state.store import Store
 from slurm_burst.config import Config
 from slurm_burst.core.hostlist import expand
-from slurm_burst.services.lab.service import Lab
-from slurm_burst.wiring import cloud_driver, ledger, mesh_hub, state_db_path
-from tests.conftest import invoke
-from tests.lab.conftest import LAB_CONFIG
+from slurm_burst.lab.service import Lab
+from slurm_burst.wiring import ledger, mesh_hub
+from tests.conftest import LAB_CONFIG, invoke
 
 TIMING: dict[str, float] = {}
 
@@ -35,18 +33,6 @@ TIMING: dict[str, float] = {}
 @pytest.fixture(scope="module")
 def env(lab: Lab) -> dict[str, str]:
     return {"SLURM_CONF": str(lab.slurm_conf)}
-
-
-@pytest.fixture(scope="module")
-def store(lab: Lab, lab_config: Config) -> Iterator[Store]:
-    s = Store(state_db_path(lab_config), create=False)
-    yield s
-    s.close()
-
-
-@pytest.fixture(scope="module")
-def cloud(lab_config: Config) -> Any:
-    return cloud_driver(lab_config.providers["lab"])
 
 
 def sbatch(env: dict[str, str], shared: str, *args: str) -> int:
@@ -200,7 +186,7 @@ def test_status_and_metrics_show_the_nodes_and_the_spend(lab_config: Config, sto
     assert time.time() - st["last_pass"]["ended"] < 3 * period, st["last_pass"]
     recs = store.nodes()
     assert st["nodes"]["cpu"].get("joined", 0) >= 6, st["nodes"]
-    assert sum(st["nodes"]["cpu"].values()) == sum(r.grp == "cpu" for r in recs)
+    assert sum(st["nodes"]["cpu"].values()) == sum(r.group == "cpu" for r in recs)
     assert st["spend_per_hour"]["cpu"] > 0 and st["protected_groups"] == {}, st
 
     listen = lab_config.daemon.metrics_listen

@@ -30,10 +30,11 @@ import pytest
 from slurm_burst.adapters.state.store import Store
 from slurm_burst.config import Config
 from slurm_burst.core.nodestate import LIVE
-from slurm_burst.services.lab.service import Lab
-from slurm_burst.wiring import cloud_driver, ledger, mesh_hub, state_db_path
-from tests.conftest import invoke
-from tests.lab.conftest import FAULT_MATRIX, LAB_CONFIG
+from slurm_burst.lab.service import Lab
+from slurm_burst.wiring import ledger, mesh_hub
+from tests.conftest import LAB_CONFIG, invoke
+from tests.conftest import wait as until
+from tests.lab.conftest import FAULT_MATRIX
 
 pytestmark = pytest.mark.faults
 
@@ -43,18 +44,6 @@ SB = ["--config", str(LAB_CONFIG)]
 @pytest.fixture(scope="module")
 def env(lab: Lab) -> dict[str, str]:
     return {"SLURM_CONF": str(lab.slurm_conf), "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
-
-
-@pytest.fixture(scope="module")
-def store(lab: Lab, lab_config: Config) -> Iterator[Store]:
-    s = Store(state_db_path(lab_config), create=False)
-    yield s
-    s.close()
-
-
-@pytest.fixture(scope="module")
-def cloud(lab_config: Config) -> Any:
-    return cloud_driver(lab_config.providers["lab"])
 
 
 @pytest.fixture
@@ -101,13 +90,7 @@ def job_state(env: dict[str, str], job: int) -> str:
 
 
 def wait(cond: Callable[[], Any], timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        v = cond()
-        if v:
-            return v
-        time.sleep(0.5)
-    pytest.fail(f"timed out after {timeout:g} s waiting for {what}")
+    return until(cond, timeout, what, every=0.5)
 
 
 def passes(store: Store) -> int:
@@ -459,7 +442,7 @@ def test_slurmctld_restarted_mid_resume(
 
 def _restart_mariadb(logdir: Path) -> None:
     """Restart the local MariaDB (slurmdbd's accounting database) as it was started."""
-    from slurm_burst.services.lab import components as c
+    from slurm_burst.lab import components as c
 
     sh({}, "mariadb-admin", "-uroot", "shutdown")  # waits until the server is down
     c.spawn(["/usr/sbin/mariadbd", "--user=mysql"], logdir / "mariadbd.out")
@@ -541,7 +524,7 @@ def ha_pair(lab: Lab, tmp_path: Path) -> Iterator[dict[str, Any]]:
     """The lab's daemon replaced by two daemons electing a leader through PostgreSQL,
     each with its own config (metrics port, log) as on two hosts; the lab's daemon is
     started again afterwards."""
-    from slurm_burst.services.lab import components as c
+    from slurm_burst.lab import components as c
 
     try:
         import sqlalchemy
@@ -566,13 +549,30 @@ def ha_pair(lab: Lab, tmp_path: Path) -> Iterator[dict[str, Any]]:
                     "--node-id", node_id]  # fmt: skip
             procs[node_id] = c.spawn(argv, lab.paths.log / f"daemon-{node_id}.out")
             if node_id == "lab-a":  # a first, so that it leads
-                wait(lambda: (_status().get("daemon") or {}).get("node_id") == "lab-a"
-                     and _status()["daemon"]["running"], 60, "lab-a leading")  # fmt: skip
+                _await_leading(procs[node_id], lab.paths.log, node_id)
         yield procs
     finally:
         for p in procs.values():
             c.stop(p)
         lab.start("daemon")
+
+
+def _await_leading(proc: Any, log_dir: Path, node_id: str, timeout: float = 60) -> None:
+    """Wait until ``node_id`` heartbeats as the leader; if it dies or never leads, fail
+    with what it said (its output and log) and what ``status`` shows."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and proc.alive:
+        daemon = _status().get("daemon") or {}
+        if daemon.get("node_id") == node_id and daemon.get("running"):
+            return
+        time.sleep(0.5)
+    said = []
+    for name in (f"daemon-{node_id}.out", f"daemon-{node_id}.log"):
+        path = log_dir / name
+        said.append(f"--- {name}\n" + (path.read_text(errors="replace")[-3000:]
+                                        if path.exists() else "(none)"))  # fmt: skip
+    pytest.fail(f"{node_id} not leading (alive={proc.alive}); status: {_status()}\n"
+                + "\n".join(said))  # fmt: skip
 
 
 def _status() -> dict[str, Any]:

@@ -15,15 +15,15 @@ from __future__ import annotations
 import json
 import subprocess
 import time
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 
 from slurm_burst.config import Config
-from slurm_burst.services.lab.service import Lab
+from slurm_burst.lab.service import Lab
 from slurm_burst.wiring import cloud_driver, ledger
-from tests.conftest import invoke
-from tests.lab.conftest import LAB_CONFIG
+from tests.conftest import LAB_CONFIG, invoke
 
 SB = ["--config", str(LAB_CONFIG)]
 
@@ -69,7 +69,7 @@ def test_report_after_the_burst_jobs(lab: Lab, lab_config: Config) -> None:
         open_ = [i["instance_id"] for i in led.instances() if not i["terminated"]]
         pytest.fail(
             f"not settled: open instances {open_}, unallocated "
-            f"{led.closed_unallocated(led.ingest_cursor())}, report total "
+            f"{led.closed_unallocated(led.ingest_cursor() or datetime.now(UTC))}, report total "
             f"{_report('account')['total']['total_micros']} vs provider "
             f"{sum(i['cost_micros'] or 0 for i in led.instances())}"
         )

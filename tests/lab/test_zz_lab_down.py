@@ -6,9 +6,10 @@ import os
 import subprocess
 from pathlib import Path
 
-from slurm_burst.services.lab.service import Lab
-from tests.conftest import invoke
-from tests.lab.conftest import LAB_CONFIG
+import pytest
+
+from slurm_burst.lab.service import Lab
+from tests.conftest import LAB_CONFIG, invoke
 
 
 def _lab_processes(marker: str) -> list[str]:
@@ -71,3 +72,23 @@ def test_down_after_a_crashed_up_sweeps_only_lab_programs(lab: Lab) -> None:
     finally:
         admin.kill()
         admin.wait()
+
+
+def test_a_failed_up_stops_what_it_started(lab: Lab, monkeypatch: pytest.MonkeyPatch) -> None:
+    """munged, slurmdbd, slurmctld and the daemon are running when the on-prem nodes fail
+    to boot: the failed 'up' removes them, and everything else it made."""
+    from slurm_burst.lab import components
+
+    def boom(*args: object) -> dict[str, dict[str, object]]:
+        raise RuntimeError("injected: the on-prem nodes did not boot")
+
+    lab.down()  # whatever the tests before left
+    monkeypatch.setattr(components, "boot_onprem", boom)
+    with pytest.raises(RuntimeError, match="injected"):
+        lab.up()
+    assert _lab_processes(str(lab.paths.state)) == []
+    assert _lab_processes(str(LAB_CONFIG.resolve())) == []  # the daemon
+    assert not lab.paths.state.exists()
+    netns = os.listdir("/run/netns") if os.path.isdir("/run/netns") else []
+    assert [n for n in netns if n.startswith("sbl-")] == []
+    assert subprocess.run(["pgrep", "-x", "slurmctld"], capture_output=True).returncode == 1

@@ -175,7 +175,33 @@ def test_world_writable_config_and_readable_credentials(tmp_path: Path) -> None:
     _, problems = check_config(write(tmp_path, text, mode=0o666))
     messages = [p.message for p in problems if p.severity == "error"]
     assert any("world-writable" in m for m in messages)
-    assert any("world-readable" in m for m in messages)
+    assert any("mode 0644; only its owner may read it" in m for m in messages)
+    creds.chmod(0o640)  # group-readable is not enough either: the docs say 0600
+    _, problems = check_config(write(tmp_path, text))
+    assert any("mode 0640" in p.message for p in problems if p.severity == "error")
+
+
+@pytest.mark.parametrize(
+    ("edit", "where"),
+    [
+        (("[cluster]", '[providers.aws.options]\nex_force_auth_token = "tok"\n\n[cluster]'),
+         "providers.aws.options.ex_force_auth_token"),
+        (("[cluster]", '[providers.aws.launch_options]\nAdminPassword = "hunter2"\n\n[cluster]'),
+         "providers.aws.launch_options.AdminPassword"),
+        (("[cluster]", '[providers.aws.options]\nendpoint = "https://u:pw@api.example"\n\n[cluster]'),
+         "providers.aws.options.endpoint"),
+        (("[cluster]", '[ledger]\nurl = "postgresql+psycopg://burst:pw@db/ledger"\n\n[cluster]'),
+         "ledger.url"),
+    ],
+    ids=["token-option", "password-launch-option", "url-with-password", "ledger-url-password"],
+)  # fmt: skip
+def test_secrets_written_anywhere_in_the_config_are_errors(
+    tmp_path: Path, edit: tuple[str, str], where: str
+) -> None:
+    _, problems = check_config(write(tmp_path, GOOD.replace(*edit, 1)))
+    hits = [p for p in problems if p.path == where and p.severity == "error"]
+    assert hits, [p.render("cfg") for p in problems]
+    assert all("pw" not in p.message and "hunter2" not in p.message for p in problems)
 
 
 def test_missing_env_credentials_is_a_warning(tmp_path: Path) -> None:

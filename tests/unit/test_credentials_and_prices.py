@@ -28,10 +28,11 @@ def test_file_credentials_are_read_and_a_readable_file_is_refused(tmp_path: Path
         "key": "AKIDEXAMPLE",
         "secret": SECRET,
     }
-    f.chmod(0o644)
-    with pytest.raises(CredentialsError, match="readable or writable by others") as err:
-        resolve(prov("ec2", Credentials(file=str(f))))
-    assert SECRET not in str(err.value)
+    for mode in (0o644, 0o640, 0o660, 0o604):
+        f.chmod(mode)
+        with pytest.raises(CredentialsError, match="only its owner may read it") as err:
+            resolve(prov("ec2", Credentials(file=str(f))))
+        assert SECRET not in str(err.value)
 
 
 def test_a_broken_file_names_the_problem_not_the_secret(tmp_path: Path) -> None:

@@ -1,17 +1,15 @@
-"""The reconcile loop's parts that need no lab: retries, group health, status, metrics,
-the squeue count read, and the HA election against the local PostgreSQL."""
+"""The reconcile loop's parts that need no lab: cloud-call retries, status, metrics and
+the squeue count read (the HA election is in tests/integration/test_ha.py)."""
 
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 import pytest
 
 from slurm_burst.adapters.proc import Result
 from slurm_burst.adapters.slurm.cli import SlurmCli
 from slurm_burst.adapters.slurm.openapi import SchemaError
-from slurm_burst.adapters.state.store import Store
 from slurm_burst.config import load_config
 from slurm_burst.core.cloud import (
     AuthError,
@@ -21,11 +19,11 @@ from slurm_burst.core.cloud import (
     ThrottledError,
     backoff,
 )
-from slurm_burst.core.nodestate import NodeState as S
+from slurm_burst.core.nodestate import NodeState, Want
 from slurm_burst.services.cloudcalls import ManagedCloud
-from slurm_burst.services.reconciler import status
-
-LAB = Path(__file__).resolve().parents[2] / "slurm-conf/lab/slurm-burst.toml"
+from slurm_burst.services.status import status
+from tests.conftest import LAB_CONFIG
+from tests.fakes.store import MemoryStore
 
 
 class Flaky:
@@ -78,28 +76,17 @@ def test_other_errors_are_not_retried() -> None:
     assert inner.calls == 1
 
 
-def test_group_health_and_unavailable_sizes(tmp_path: Path) -> None:
-    store = Store(tmp_path / "state.db")
-    assert [store.group_launch_result("cpu", ok=False) for _ in range(3)] == [1, 2, 3]
-    assert store.group_launch_result("cpu", ok=True) == 0
-    store.protect_group("cpu", 2000.0, "why")
-    assert store.groups()["cpu"].protected(1999.0) and not store.groups()["cpu"].protected(2001)
-    store.unprotect_group("cpu")
-    assert not store.groups()["cpu"].protected(0)
-    store.mark_unavailable("lab", "ns.cpu2", 100.0, "InsufficientInstanceCapacity")
-    assert store.unavailable(50.0) == {("lab", "ns.cpu2"): (100.0, "InsufficientInstanceCapacity")}
-    assert store.unavailable(150.0) == {}
-
-
-def test_status_reports_daemon_nodes_groups_and_spend(tmp_path: Path) -> None:
-    cfg = load_config(LAB)
-    store = Store(tmp_path / "state.db")
+def test_status_reports_daemon_nodes_groups_and_spend() -> None:
+    cfg = load_config(LAB_CONFIG)
+    store = MemoryStore()
     now = time.time()
     assert status(cfg, store, now)["daemon"]["running"] is False
     store.beat(now, {"pid": 42, "node_id": "ctl-a", "in_flight": 0})
-    store.transition("burst-gpu-1", S.REQUESTED, now, grp="gpu", want="up", requested_at=now)
-    store.transition("burst-gpu-1", S.LAUNCHING, now, provider="lab", size="ns.gpu1")
-    store.transition("burst-gpu-1", S.BOOTING, now, instance_id="ns-1")
+    store.transition(
+        "burst-gpu-1", NodeState.REQUESTED, now, group="gpu", want=Want.UP, requested_at=now
+    )
+    store.transition("burst-gpu-1", NodeState.LAUNCHING, now, provider="lab", size="ns.gpu1")
+    store.transition("burst-gpu-1", NodeState.BOOTING, now, instance_id="ns-1")
     store.protect_group("cpu", now + 60, "3 failed launches in a row")
     store.meta_set("reconcile", {"ended": now, "seconds": 0.1, "actions": {}, "errors": {}})
     st = status(cfg, store, now)
@@ -132,46 +119,18 @@ def test_metrics_are_named_by_convention() -> None:
     from slurm_burst.adapters.metrics.prom import Metrics
 
     m = Metrics()
-    m.set_nodes({"cpu": {"joined": 3}}, ["cpu", "gpu"])
-    m.launches.labels("cpu", "lab", "ns.cpu2").inc()
-    m.pass_duration.observe(0.2)
+    m.node_counts({"cpu": {"joined": 3}}, ["cpu", "gpu"])
+    m.launched("cpu", "lab", "ns.cpu2")
+    m.reconcile_pass(0.2, 1_790_000_000.0)
+    m.cloud_call("lab", "launch", 0.3, "InsufficientInstanceCapacity")
     text = m.text().decode()
     assert 'slurm_burst_nodes{group="cpu",state="joined"} 3.0' in text
     assert 'slurm_burst_nodes{group="gpu",state="joined"} 0.0' in text
     assert 'slurm_burst_launches_total{group="cpu",provider="lab",size="ns.cpu2"} 1.0' in text
     assert "slurm_burst_reconcile_pass_duration_seconds_count 1.0" in text
+    assert (
+        'slurm_burst_cloud_api_errors_total{call="launch",code="InsufficientInstanceCapacity",'
+        'provider="lab"} 1.0'
+    ) in text
     names = {line.split()[2] for line in text.splitlines() if line.startswith("# TYPE")}
     assert all(n.startswith("slurm_burst_") for n in names)
-
-
-PG = "postgresql+psycopg://root@127.0.0.1/postgres"
-
-
-def _pg_up() -> bool:
-    try:
-        from sqlalchemy import create_engine, text
-
-        with create_engine(PG).connect() as c:
-            c.execute(text("SELECT 1"))
-        return True
-    except Exception:
-        return False
-
-
-@pytest.mark.skipif(not _pg_up(), reason="needs the local PostgreSQL (make test starts it)")
-def test_only_one_daemon_leads_and_the_follower_takes_over() -> None:
-    from slurm_burst.adapters.ha import PgLeaderLock
-
-    cluster = f"ha-test-{time.time_ns()}"
-    a, b = PgLeaderLock(PG, cluster, "ctl-a"), PgLeaderLock(PG, cluster, "ctl-b")
-    try:
-        assert a.try_acquire() and a.held()
-        assert not b.try_acquire() and not b.held()
-        assert b.leader_info() == "ctl-a"
-        a.release()  # the leader dies: its session (and the lock) goes with it
-        assert not a.held()
-        assert b.try_acquire() and b.held() and a.leader_info() == "ctl-b"
-        assert not a.try_acquire()
-    finally:
-        a.release()
-        b.release()

@@ -27,13 +27,13 @@ from __future__ import annotations
 
 import json
 import os
-import stat
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from slurm_burst.config import ProviderConfig
+from slurm_burst.fileio import not_private
 
 # the provider's standard environment: driver -> {constructor argument: variable}
 STANDARD_ENV: dict[str, dict[str, str]] = {
@@ -56,7 +56,7 @@ OPTIONAL_ENV = {"ec2": {"token": "AWS_SESSION_TOKEN"}}
 FILE_EXTRAS = {
     "ec2": ("token",),
     "azure_arm": ("tenant_id", "subscription_id"),
-    "openstack": ("ex_force_auth_url", "ex_tenant_name", "ex_domain_name"),
+    "openstack": ("ex_force_auth_url", "ex_tenant_name", "ex_domain_name", "ex_force_auth_token"),
     "gce": ("project",),
 }
 # drivers that need no credentials (the lab's namespace cloud)
@@ -109,8 +109,9 @@ def check_private(path: Path, what: str) -> None:
         mode = path.stat().st_mode
     except OSError as exc:
         raise CredentialsError(f"{what} {path}: {exc.strerror}") from None
-    if mode & (stat.S_IROTH | stat.S_IWOTH):
-        raise CredentialsError(f"{what} {path} is readable or writable by others (chmod 600)")
+    problem = not_private(mode)
+    if problem:
+        raise CredentialsError(f"{what} {path} {problem}")
 
 
 def _from_file(prov: ProviderConfig, path: Path, where: str) -> dict[str, Any]:

@@ -11,7 +11,7 @@ from typing import Any
 from libcloud.compute.providers import DRIVERS, get_driver, set_driver
 
 NSCLOUD = "nscloud"
-_MODULE = "slurm_burst.adapters.cloud.nscloud.driver"
+_MODULE = "slurm_burst.lab.nscloud.driver"
 
 
 def register() -> None:

@@ -11,6 +11,7 @@ from sqlalchemy import Connection, Engine, Insert, Table, create_engine, event, 
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 
+from slurm_burst.core.redact import redact
 from slurm_burst.core.usage import LedgerConflict, LedgerError, LedgerUnavailable
 
 
@@ -19,7 +20,9 @@ def make_engine(url: str) -> Engine:
     try:
         parsed = make_url(url)
     except Exception as exc:
-        raise LedgerError(f"ledger.url {url!r} is not a database URL: {exc}") from exc
+        raise LedgerError(
+            redact(f"ledger.url {url!r} is not a database URL: {exc}")
+        ) from None  # the cause quotes the URL too
     if parsed.get_backend_name() == "sqlite" and parsed.database:
         Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
     kwargs: dict[str, Any] = {"pool_pre_ping": True}
@@ -28,7 +31,7 @@ def make_engine(url: str) -> Engine:
     try:
         engine = create_engine(url, **kwargs)
     except Exception as exc:  # missing driver module, bad option
-        raise LedgerError(f"ledger.url {parsed.render_as_string()}: {exc}") from exc
+        raise LedgerError(redact(f"ledger.url {parsed.render_as_string()}: {exc}")) from None
     if engine.dialect.name == "sqlite":
 
         @event.listens_for(engine, "connect")

@@ -20,10 +20,11 @@ from alembic import command
 from alembic.config import Config as AlembicConfig
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
+from alembic.util.exc import CommandError as AlembicCommandError
 from sqlalchemy import Connection, Engine, inspect, text
 
 from slurm_burst.adapters.ledger.engine import translated
-from slurm_burst.core.usage import SchemaOutdated
+from slurm_burst.core.usage import SchemaOutdated, UnknownRevision
 
 log = logging.getLogger(__name__)
 
@@ -84,8 +85,18 @@ def _lock(engine: Engine, conn: Connection) -> Iterator[None]:
                 fcntl.flock(fh, fcntl.LOCK_UN)
 
 
+def _check_target(target: str) -> None:
+    """``head`` or a revision this code ships; anything else is :class:`UnknownRevision`."""
+    known = [r.revision for r in ScriptDirectory.from_config(_config()).walk_revisions()]
+    if target != "head" and target not in known:
+        raise UnknownRevision(
+            f"no schema revision {target[:40]!r} (known: head, {', '.join(sorted(known))})"
+        )
+
+
 def upgrade(engine: Engine, target: str = "head") -> tuple[str | None, str | None]:
     """Upgrade the schema to ``target`` under the lock; return (before, after) revisions."""
+    _check_target(target)
     with translated("ledger upgrade"), engine.connect() as conn, _lock(engine, conn):
         before = MigrationContext.configure(conn).get_current_revision()
         if before is None and inspect(conn).has_table("instances"):
@@ -93,7 +104,10 @@ def upgrade(engine: Engine, target: str = "head") -> tuple[str | None, str | Non
             command.stamp(_config(conn), "0001")
             conn.commit()
             before = "0001"
-        command.upgrade(_config(conn), target)
+        try:
+            command.upgrade(_config(conn), target)
+        except AlembicCommandError as exc:
+            raise UnknownRevision(f"no schema revision {target!r}: {exc}") from exc
         conn.commit()
         after = MigrationContext.configure(conn).get_current_revision()
     if before != after:

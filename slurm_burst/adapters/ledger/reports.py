@@ -132,28 +132,8 @@ def _row(
     }
 
 
-def totals(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """The sum of report rows (what the table's last line and the JSON's total show)."""
-    s = {k: sum(r[k] for r in rows) for k in ("allocated_micros", "overhead_micros")}
-    node = sum(r["instance_hours"] for r in rows)
-    return {
-        "instance_hours": round(node, 6),
-        "gpu_hours": round(sum(r["gpu_hours"] for r in rows), 6),
-        "allocated": float(dollars(s["allocated_micros"])),
-        "overhead": float(dollars(s["overhead_micros"])),
-        "total": float(dollars(s["allocated_micros"] + s["overhead_micros"])),
-        "total_micros": s["allocated_micros"] + s["overhead_micros"],
-    }
-
-
 def _as_date(v: Any) -> date:
     return v if isinstance(v, date) else date.fromisoformat(str(v)[:10])
-
-
-EXPORT_COLUMNS = (
-    "day", "account", "user", "partition", "job_key", "instance_id", "kind",
-    "amount", "amount_micros", "node_hours", "gpu_hours",
-)  # fmt: skip
 
 
 def charge_lines(engine: Engine, start: date, end: date) -> Iterator[tuple[Any, ...]]:

@@ -12,6 +12,7 @@ reason than being unreachable is retried a few times, then moved to
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -20,7 +21,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from slurm_burst.core.usage import LedgerError, LedgerUnavailable
+from slurm_burst.core.usage import InstanceEvent, LedgerError, LedgerUnavailable
+from slurm_burst.ports import Ledger
 
 log = logging.getLogger(__name__)
 
@@ -66,27 +68,30 @@ class Spool:
 class SpoolingLedger:
     """The Ledger port: writes go to the database, or to the spool when it is away."""
 
-    def __init__(self, ledger: Any, spool: Spool) -> None:
+    def __init__(self, ledger: Ledger, spool: Spool) -> None:
         self.ledger = ledger
         self.spool = spool
         self._replay_lock = threading.Lock()
 
-    def instance_event(self, **kw: Any) -> None:
+    def instance_event(self, ev: InstanceEvent) -> None:
         if len(self.spool):  # keep order: nothing overtakes what is already waiting
-            self._put("instance_event", kw, "spool not empty")
+            self._put(ev, "spool not empty")
             return
         try:
-            self.ledger.instance_event(**kw)
+            self.ledger.instance_event(ev)
         except LedgerError as exc:
-            self._put("instance_event", kw, str(exc))
+            self._put(ev, str(exc))
 
-    def _put(self, kind: str, kw: dict[str, Any], why: str) -> None:
-        self.spool.put(kind, kw)
+    def pending(self) -> int:
+        """Writes waiting in the spool."""
+        return len(self.spool)
+
+    def _put(self, ev: InstanceEvent, why: str) -> None:
+        self.spool.put("instance_event", dataclasses.asdict(ev))
         log.warning(
-            "ledger.spooled kind=%s node=%s event=%s reason=%s",
-            kind,
-            kw.get("node"),
-            kw.get("event"),
+            "ledger.spooled kind=instance_event node=%s event=%s reason=%s",
+            ev.node,
+            ev.event,
             why,
         )
 
@@ -103,7 +108,7 @@ class SpoolingLedger:
                 try:
                     if item.get("kind") != "instance_event":
                         raise LedgerError(f"unknown spooled kind {item.get('kind')!r}")
-                    self.ledger.instance_event(**item["payload"])
+                    self.ledger.instance_event(InstanceEvent(**item["payload"]))
                 except LedgerUnavailable as exc:
                     log.info(
                         "ledger.replay.waiting pending=%d reason=%s", len(self.spool.pending()), exc

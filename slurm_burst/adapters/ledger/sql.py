@@ -13,15 +13,14 @@ import getpass
 import logging
 import uuid
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator, Sequence
 from datetime import UTC, date, datetime
 from typing import Any
 
 from sqlalchemy import Engine, func, select
 from sqlalchemy.orm import Session
 
-from slurm_burst.adapters.ledger import migrate
+from slurm_burst.adapters.ledger import migrate, reports
 from slurm_burst.adapters.ledger.engine import bulk_insert, insert_ignore, make_engine, translated
 from slurm_burst.adapters.ledger.models import (
     OVERHEAD_KINDS,
@@ -37,7 +36,7 @@ from slurm_burst.adapters.ledger.models import (
 )
 from slurm_burst.core.allocation import OVERHEAD, Allocation, Charge
 from slurm_burst.core.pricing import cost_micros, dollars, epoch_ms, to_micros
-from slurm_burst.core.usage import JobUsage, LedgerConflict
+from slurm_burst.core.usage import ClosedInstance, InstanceEvent, JobUsage, LedgerConflict
 
 log = logging.getLogger(__name__)
 
@@ -45,21 +44,6 @@ CHARGE_COLUMNS = (
     "allocation_id", "instance_id", "day", "kind", "account", "user", "partition", "job_key",
     "amount_micros", "node_ms", "gpu_ms",
 )  # fmt: skip
-
-
-@dataclass(frozen=True)
-class ClosedInstance:
-    """An instance with a terminated event and no allocation yet."""
-
-    instance_id: str
-    node: str
-    partition: str
-    size: str
-    micros_per_hour: int
-    cpus: int
-    gpus: int
-    start: datetime
-    end: datetime
 
 
 class SqlLedger:
@@ -78,49 +62,48 @@ class SqlLedger:
         if check_schema:
             migrate.require_current(self.engine)
 
-    def upgrade(self) -> tuple[str | None, str | None]:
-        return migrate.upgrade(self.engine)
+    def upgrade(self, target: str = "head") -> tuple[str | None, str | None]:
+        """Create or upgrade the schema (under the migration lock); (before, after)."""
+        return migrate.upgrade(self.engine, target)
+
+    def revision(self) -> tuple[str | None, str]:
+        """(the database's schema revision, the one this code needs)."""
+        return migrate.current(self.engine), migrate.head()
+
+    def report(self, by: Sequence[str], start: date, end: date) -> list[dict[str, Any]]:
+        """Chargeback rows by ``by`` keys for days in [start, end) (see ``reports``)."""
+        return reports.report(self.engine, by, start, end)
+
+    def charge_lines(self, start: date, end: date) -> Iterator[tuple[Any, ...]]:
+        """Every charge line on days in [start, end), streamed (``reports.EXPORT_COLUMNS``)."""
+        return reports.charge_lines(self.engine, start, end)
 
     # -- instances --------------------------------------------------------------
-    def instance_event(
-        self,
-        *,
-        node: str,
-        instance_id: str,
-        provider: str,
-        size: str,
-        price_per_hour: float,
-        event: str,
-        at: float,
-        detail: str = "",
-        group: str = "",
-        partition: str = "",
-        cpus: int = 0,
-        gpus: int = 0,
-        price_source: str = "",
-        price_version: str = "",
-    ) -> None:
-        """Record ``event`` of ``instance_id`` once; a replay of the same event adds nothing."""
-        kind = InstanceEventKind(event)
-        with translated(f"ledger instance {event}"), self.engine.begin() as conn:
+    def instance_event(self, ev: InstanceEvent) -> None:
+        """Record ``ev`` once; a replay of the same event of the same instance adds nothing.
+
+        The instance's row (node, size, price...) is written by its first event.
+        """
+        kind = InstanceEventKind(ev.event)
+        with translated(f"ledger instance {ev.event}"), self.engine.begin() as conn:
             conn.execute(
                 insert_ignore(self.engine, InstanceRow.__table__),  # type: ignore[arg-type]
                 [
                     {
-                        "instance_id": instance_id,
+                        "instance_id": ev.instance_id,
                         "cluster": self.cluster,
-                        "node": node,
-                        "node_group": group,
-                        "provider": provider,
-                        "region": self.region_of.get(provider, ""),
-                        "size": size,
-                        "price_per_hour": price_per_hour,
+                        "node": ev.node,
+                        "node_group": ev.group,
+                        "provider": ev.provider,
+                        "region": self.region_of.get(ev.provider, ""),
+                        "size": ev.size,
+                        "price_per_hour": ev.price_per_hour,
                         "recorded_at": datetime.now(UTC),
-                        "partition": partition,
-                        "cpus": cpus,
-                        "gpus": gpus,
-                        "price_source": price_source,
-                        "price_version": price_version,
+                        "partition": ev.partition,
+                        "cpus": ev.cpus,
+                        "gpus": ev.gpus,
+                        "price_source": ev.price_source,
+                        "price_version": ev.price_version,
                     }
                 ],
             )
@@ -128,14 +111,14 @@ class SqlLedger:
                 insert_ignore(self.engine, InstanceEventRow.__table__),  # type: ignore[arg-type]
                 [
                     {
-                        "instance_id": instance_id,
+                        "instance_id": ev.instance_id,
                         "event": kind.value,
-                        "at": datetime.fromtimestamp(at, UTC),
-                        "detail": detail[:512],
+                        "at": datetime.fromtimestamp(ev.at, UTC),
+                        "detail": ev.detail[:512],
                     }
                 ],
             )
-        log.info("ledger.instance.%s node=%s instance=%s", event, node, instance_id)
+        log.info("ledger.instance.%s node=%s instance=%s", ev.event, ev.node, ev.instance_id)
 
     def instances(self) -> list[dict[str, Any]]:
         """One dict per instance with its event times and derived hours and cost."""

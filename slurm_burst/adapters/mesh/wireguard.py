@@ -23,15 +23,11 @@ from pathlib import Path
 
 from slurm_burst.adapters.filelock import locked
 from slurm_burst.adapters.proc import CommandError, run
-from slurm_burst.core.mesh import Peer
+from slurm_burst.core.mesh import MeshError, Peer
 
 log = logging.getLogger(__name__)
 
 USERSPACE_ENV = {"WG_I_PREFER_BUGGY_USERSPACE_TO_POLISHED_KMOD": "1"}
-
-
-class MeshError(RuntimeError):
-    """The hub cannot be set up or changed; the message names the command."""
 
 
 class WireGuardHub:

@@ -7,7 +7,7 @@ providers, error codes), never node names or job ids.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 from prometheus_client.exposition import generate_latest
@@ -25,6 +25,8 @@ NODE_STATES = (
 
 
 class Metrics:
+    """The Metrics port as Prometheus series."""
+
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry(auto_describe=True)
         self.nodes = Gauge(
@@ -99,7 +101,7 @@ class Metrics:
         self.leader = Gauge(
             "slurm_burst_leader", "1 when this daemon is the active (leader) daemon.", registry=r
         )
-        self.heartbeat = Gauge(
+        self.heartbeat_at = Gauge(
             "slurm_burst_heartbeat_timestamp_seconds", "The daemon's last heartbeat.", registry=r
         )
 
@@ -108,11 +110,44 @@ class Metrics:
         host, _, port = listen.rpartition(":")
         start_http_server(int(port), addr=host or "0.0.0.0", registry=self.registry)  # noqa: S104 - the admin's choice
 
-    def set_nodes(self, groups: Mapping[str, Mapping[str, int]], all_groups: list[str]) -> None:
-        for g in all_groups:
-            counts = groups.get(g, {})
+    # -- the port ------------------------------------------------------------------
+    def launched(self, group: str, provider: str, size: str) -> None:
+        self.launches.labels(group, provider, size).inc()
+
+    def failed(self, group: str, code: str) -> None:
+        self.failures.labels(group, code).inc()
+
+    def cloud_call(self, provider: str, call: str, seconds: float, error: str | None) -> None:
+        self.api_latency.labels(provider, call).observe(seconds)
+        if error is not None:
+            self.api_errors.labels(provider, call, error).inc()
+
+    def leading(self, leading: bool) -> None:
+        self.leader.set(1 if leading else 0)
+
+    def heartbeat(self, at: float) -> None:
+        self.heartbeat_at.set(at)
+
+    def reconcile_pass(self, seconds: float, ended: float) -> None:
+        self.passes.inc()
+        self.pass_duration.observe(seconds)
+        self.last_pass.set(ended)
+
+    def reconcile_action(self, kind: str, code: str) -> None:
+        self.actions.labels(kind, code).inc()
+
+    def phase_error(self, phase: str) -> None:
+        self.phase_errors.labels(phase).inc()
+
+    def node_counts(self, by_group: Mapping[str, Mapping[str, int]], groups: Sequence[str]) -> None:
+        for g in groups:
+            counts = by_group.get(g, {})
             for state in NODE_STATES:
                 self.nodes.labels(g, state).set(counts.get(state, 0))
+
+    def group_status(self, group: str, spend_per_hour: float, protected: bool) -> None:
+        self.spend_rate.labels(group).set(spend_per_hour)
+        self.protected.labels(group).set(1 if protected else 0)
 
     def text(self) -> bytes:
         return generate_latest(self.registry)

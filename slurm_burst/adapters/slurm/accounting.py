@@ -14,14 +14,13 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from slurm_burst.adapters.proc import CommandError, Result, run
 from slurm_burst.adapters.slurm.cli import SlurmError
-from slurm_burst.core.usage import FINISHED, JobUsage
+from slurm_burst.core.usage import FINISHED, AssocUsage, JobUsage
 
 log = logging.getLogger(__name__)
 
@@ -94,16 +93,6 @@ class SlurmAccounting:
             f"cluster={self.cluster}", "set", f"GrpTRESMins=billing={value}",
         )  # fmt: skip
         log.info("budget.slurm_limit account=%s billing_minutes=%s", account, value)
-
-
-@dataclass(frozen=True)
-class AssocUsage:
-    """An account's billing minutes: used this period, held by running jobs (their
-    remaining time limit), and its GrpTRESMins limit (None: unlimited)."""
-
-    used: int
-    running: int
-    limit: int | None
 
 
 def parse_assoc_usage(text: str, account: str) -> AssocUsage:

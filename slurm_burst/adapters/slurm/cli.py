@@ -18,14 +18,20 @@ from pathlib import Path
 from slurm_burst.adapters.proc import CommandError, Result, run
 from slurm_burst.adapters.slurm.openapi import SchemaError, parse_jobs, parse_nodes
 from slurm_burst.core.hostlist import compress
-from slurm_burst.core.slurm import SlurmJob, SlurmNode, SlurmPartition
+from slurm_burst.core.slurm import (
+    SchedulerError,
+    SlurmJob,
+    SlurmNode,
+    SlurmPartition,
+    check_update,
+)
 
 log = logging.getLogger(__name__)
 
 Runner = Callable[..., Result]
 
 
-class SlurmError(RuntimeError):
+class SlurmError(SchedulerError):
     """A Slurm command failed; ``message`` is Slurm's own words."""
 
     def __init__(self, command: str, message: str) -> None:
@@ -140,12 +146,7 @@ class SlurmCli:
         ``addrs``/``hostnames``, when given, pair one-to-one with ``names``.
         The reason is one argv element: quotes or spaces in it are data.
         """
-        if addrs is not None and len(addrs) != len(names):
-            raise ValueError("addrs must pair one-to-one with names")
-        if hostnames is not None and len(hostnames) != len(names):
-            raise ValueError("hostnames must pair one-to-one with names")
-        if state is None and reason is None and addrs is None and hostnames is None:
-            raise ValueError("nothing to update")
+        check_update(names, state, reason, addrs, hostnames)
         for start in range(0, len(names), self.batch):
             chunk = list(names[start : start + self.batch])
             args = ["update", f"nodename={compress(chunk)}"]

@@ -26,16 +26,13 @@ from pathlib import Path
 import paramiko
 
 from slurm_burst.adapters.proc import run
+from slurm_burst.core.remote import RemoteError
 
 log = logging.getLogger(__name__)
 
 
-class SshError(RuntimeError):
+class SshError(RemoteError):
     """SSH failed: ``code`` is SshUnreachable, HostKeyMismatch, AuthFailed or RemoteCommand."""
-
-    def __init__(self, message: str, code: str) -> None:
-        super().__init__(message)
-        self.code = code
 
 
 class SshSession:

@@ -6,6 +6,10 @@ Why not the SQL ledger's engine: the hooks write here, and they must return in
 well under 300 ms; the stdlib driver opens a database in about a millisecond.
 Every write is its own transaction (``BEGIN IMMEDIATE``), so a request a hook
 recorded survives a crash of either side, and two writers never interleave.
+
+The schema's version is SQLite's ``user_version``; :data:`MIGRATIONS` bring an
+older database forward when it is opened (version 1 renamed ``grp`` to
+``node_group``), so an upgrade keeps every in-flight node.
 """
 
 from __future__ import annotations
@@ -15,14 +19,20 @@ import json
 import os
 import sqlite3
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
-from slurm_burst.core.nodestate import NodeState, check_transition
-from slurm_burst.core.reconcile import GroupHealth
+from slurm_burst.core.nodestate import NodeState, Want, check_transition
+from slurm_burst.core.records import (
+    NODE_FIELDS,
+    GroupHealth,
+    NodeRecord,
+    PoolExhausted,
+    Request,
+    StoreError,
+)
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (
@@ -40,7 +50,7 @@ CREATE TABLE IF NOT EXISTS requests (
 CREATE INDEX IF NOT EXISTS requests_pending ON requests (done_at) WHERE done_at IS NULL;
 CREATE TABLE IF NOT EXISTS nodes (
     name        TEXT PRIMARY KEY,
-    grp         TEXT NOT NULL,
+    node_group  TEXT NOT NULL,
     state       TEXT NOT NULL,
     want        TEXT NOT NULL CHECK (want IN ('up', 'down')),
     error       TEXT NOT NULL DEFAULT '',
@@ -86,64 +96,45 @@ CREATE TABLE IF NOT EXISTS events (
 """
 
 
-class StoreError(RuntimeError):
-    """The state database cannot be used (permissions, corruption, full pool)."""
+# Schema versions: each entry brings a database from version i to i + 1.
+MIGRATIONS: tuple[str, ...] = ("ALTER TABLE nodes RENAME COLUMN grp TO node_group",)
+SCHEMA_VERSION = len(MIGRATIONS)
 
-
-class NodeRecord(NamedTuple):
-    """One row of ``nodes`` (a NamedTuple: the reconcile loop reads 20,000 of them a pass)."""
-
-    name: str
-    grp: str
-    state: NodeState
-    want: str
-    error: str = ""
-    message: str = ""
-    provider: str = ""
-    size: str = ""
-    launch_seq: int = 0
-    token: str = ""
-    instance_id: str = ""
-    ip: str = ""
-    host_keys: str = "[]"
-    wg_pubkey: str = ""
-    mesh_addr: str = ""
-    jobs: str = "[]"
-    requested_at: float = 0.0
-    state_since: float = 0.0
-
-    @classmethod
-    def from_row(cls, row: sqlite3.Row) -> NodeRecord:
-        """From a row selected with ``NODE_SELECT`` (the columns in field order)."""
-        return cls(row[0], row[1], _STATE[row[2]], *row[3:])
-
-    def as_dict(self) -> dict[str, Any]:
-        out = self._asdict()
-        out["state"] = str(self.state)
-        out["host_keys"] = json.loads(self.host_keys)
-        out["jobs"] = json.loads(self.jobs)
-        return out
-
-
-@dataclass(frozen=True)
-class Request:
-    id: int
-    kind: str
-    nodes: tuple[str, ...]
-    jobs: list[dict[str, Any]]
-    created_at: float
-
-
+# NodeRecord field -> column, in field order (the record's names are the port's).
+COLUMN = {f: ("node_group" if f == "group" else f) for f in NodeRecord._fields}
+NODE_SELECT = "SELECT " + ", ".join(COLUMN.values()) + " FROM nodes"  # noqa: S608 - our names
 _STATE = {str(s): s for s in NodeState}
-NODE_COLUMNS = frozenset(NodeRecord._fields) - {"name"}
-NODE_SELECT = "SELECT " + ", ".join(NodeRecord._fields) + " FROM nodes"  # noqa: S608 - our field names
+_WANT = {str(w): w for w in Want}
+
+
+def _record(row: sqlite3.Row) -> NodeRecord:
+    """A record from a row selected with ``NODE_SELECT`` (the columns in field order)."""
+    return NodeRecord(row[0], row[1], _STATE[row[2]], _WANT[row[3]], *row[4:])
+
+
+def _sets(changes: dict[str, Any]) -> tuple[str, list[Any]]:
+    """``col = ?, ...`` and its values; enum values stored as their text."""
+    return ", ".join(f"{COLUMN[k]} = ?" for k in changes), [
+        str(v) if isinstance(v, NodeState | Want) else v for v in changes.values()
+    ]
 
 
 class Store:
-    """Thread-safe access to the state database (one connection, one lock)."""
+    """Thread-safe access to the state database (one connection, one lock).
 
-    def __init__(self, path: str | os.PathLike[str], create: bool = True) -> None:
+    ``create``: make the file and schema if missing (the daemon, the hooks); readers pass
+    False. ``upgrade``: bring an older release's schema forward. Only the daemon should:
+    during an upgrade the old daemon may still run on the old schema, and the hooks
+    (new code, run by slurmctld) must not change it under it. Opened without
+    ``upgrade``, an older database still takes requests and heartbeats (their tables
+    never changed); reading or changing nodes says to restart the daemon.
+    """
+
+    def __init__(
+        self, path: str | os.PathLike[str], create: bool = True, upgrade: bool = True
+    ) -> None:
         self.path = Path(path)
+        self.outdated = False  # an older schema left in place for the daemon to upgrade
         if create:
             self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o750)
         elif not self.path.exists():
@@ -156,12 +147,50 @@ class Store:
             self._db.execute("PRAGMA busy_timeout = 10000")
             if create:
                 self._db.execute("PRAGMA journal_mode = WAL")
-                self._db.executescript(SCHEMA)
+            if self._version() != SCHEMA_VERSION:
+                self._set_up(create, upgrade)
+            if create:
                 os.chmod(self.path, 0o640)
             self._db.execute("PRAGMA synchronous = FULL")
         except sqlite3.Error as exc:
             raise StoreError(f"state database {self.path}: {exc}") from exc
         self._lock = threading.RLock()
+
+    def _version(self) -> int:
+        return int(self._db.execute("PRAGMA user_version").fetchone()[0])
+
+    def _set_up(self, create: bool, upgrade: bool) -> None:
+        """Create the schema, or bring an older one forward, in one transaction.
+
+        Taken with BEGIN IMMEDIATE and re-read inside it: two processes opening the
+        same new or old database at once (two hooks) set it up once.
+        """
+        db = self._db
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            version = self._version()
+            fresh = not db.execute("SELECT 1 FROM sqlite_master WHERE name = 'nodes'").fetchone()
+            if fresh and not create:
+                raise StoreError(f"state database {self.path} is empty (has the daemon run?)")
+            if version > SCHEMA_VERSION:
+                raise StoreError(
+                    f"state database {self.path} has schema version {version}, newer than "
+                    f"this slurm-burst's {SCHEMA_VERSION}: a newer release wrote it"
+                )
+            if not fresh and version < SCHEMA_VERSION and not upgrade:
+                self.outdated = True
+                db.execute("ROLLBACK")
+                return
+            for statement in SCHEMA.split(";"):  # CREATE ... IF NOT EXISTS: what is missing
+                if statement.strip():
+                    db.execute(statement)
+            for sql in () if fresh else MIGRATIONS[version:]:
+                db.execute(sql)
+            db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        db.execute("COMMIT")
 
     def close(self) -> None:
         self._db.close()
@@ -183,7 +212,7 @@ class Store:
             return list(self._db.execute(sql, args))
 
     # -- heartbeat ------------------------------------------------------------
-    def beat(self, now: float, info: dict[str, Any]) -> None:
+    def beat(self, now: float, info: Mapping[str, Any]) -> None:
         with self.tx() as db:
             db.execute(
                 "INSERT OR REPLACE INTO meta VALUES ('heartbeat', ?)",
@@ -262,12 +291,12 @@ class Store:
 
     # -- requests (hooks write, the daemon consumes) --------------------------
     def add_request(
-        self, kind: str, nodes: Sequence[str], jobs: Sequence[dict[str, Any]], now: float
+        self, kind: str, nodes: Sequence[str], jobs: Sequence[Mapping[str, Any]], now: float
     ) -> int:
         with self.tx() as db:
             cur = db.execute(
                 "INSERT INTO requests (kind, nodes, jobs, created_at) VALUES (?, ?, ?, ?)",
-                (kind, json.dumps(list(nodes)), json.dumps(list(jobs)), now),
+                (kind, json.dumps(list(nodes)), json.dumps([dict(j) for j in jobs]), now),
             )
             return int(cur.lastrowid or 0)
 
@@ -288,50 +317,68 @@ class Store:
             db.execute("UPDATE requests SET done_at = ? WHERE id = ?", (now, request_id))
 
     # -- nodes ----------------------------------------------------------------
+    def _require_current(self) -> None:
+        if self.outdated:
+            raise StoreError(
+                f"state database {self.path} has an older release's schema; the daemon "
+                "upgrades it when it starts: restart slurm-burst (systemctl restart slurm-burst)"
+            )
+
     def node(self, name: str) -> NodeRecord | None:
+        self._require_current()
         rows = self._read(f"{NODE_SELECT} WHERE name = ?", (name,))
-        return NodeRecord.from_row(rows[0]) if rows else None
+        return _record(rows[0]) if rows else None
 
     def nodes(self) -> list[NodeRecord]:
-        return [NodeRecord.from_row(r) for r in self._read(f"{NODE_SELECT} ORDER BY name")]
+        self._require_current()
+        return [_record(r) for r in self._read(f"{NODE_SELECT} ORDER BY name")]
 
     def transition(
-        self, name: str, new: NodeState, now: float, grp: str = "", **changes: Any
+        self, name: str, new: NodeState, now: float, group: str = "", **changes: Any
     ) -> NodeRecord:
-        """Move ``name`` to ``new`` (checked against the state machine) and set ``changes``."""
-        bad = set(changes) - NODE_COLUMNS
+        """Move ``name`` to ``new`` (checked against the state machine) and set ``changes``.
+
+        A node seen for the first time is created in ``group`` (want down unless
+        ``changes`` says otherwise).
+        """
+        bad = set(changes) - NODE_FIELDS
         if bad:
-            raise ValueError(f"unknown node columns {sorted(bad)}")
+            raise ValueError(f"unknown node fields {sorted(bad)}")
+        self._require_current()
         with self.tx() as db:
             rows = list(db.execute(f"{NODE_SELECT} WHERE name = ?", (name,)))
-            old = NodeRecord.from_row(rows[0]) if rows else None
+            old = _record(rows[0]) if rows else None
             check_transition(old.state if old else None, new)
             if old is None:
                 db.execute(
-                    "INSERT INTO nodes (name, grp, state, want, state_since) VALUES (?,?,?,?,?)",
-                    (name, grp, str(new), changes.pop("want", "down"), now),
+                    "INSERT INTO nodes (name, node_group, state, want, state_since) "
+                    "VALUES (?,?,?,?,?)",
+                    (name, group, str(new), str(changes.pop("want", Want.DOWN)), now),
                 )
-            values = {**changes, "state": str(new)}
+            values = {**changes, "state": new}
             if old is None or old.state != new:
                 values["state_since"] = now
-            sets = ", ".join(f"{k} = ?" for k in values)
-            db.execute(f"UPDATE nodes SET {sets} WHERE name = ?", (*values.values(), name))  # noqa: S608 - column names are checked above
+            sets, args = _sets(values)
+            db.execute(f"UPDATE nodes SET {sets} WHERE name = ?", (*args, name))  # noqa: S608 - column names are checked above
             db.execute(
                 "INSERT INTO events (at, node, event, detail) VALUES (?, ?, ?, ?)",
                 (now, name, f"node.{new}", changes.get("error", "")),
             )
             row = next(iter(db.execute(f"{NODE_SELECT} WHERE name = ?", (name,))))
-        return NodeRecord.from_row(row)
+        return _record(row)
 
     def update(self, name: str, **changes: Any) -> None:
-        """Set columns of ``name`` without a state change (want, ip, host keys...)."""
-        bad = set(changes) - NODE_COLUMNS - {"state"}
+        """Set fields of ``name`` without a state change (want, ip, host keys...)."""
+        bad = set(changes) - NODE_FIELDS
         if bad or "state" in changes:
             wrong = sorted(bad | ({"state"} & set(changes)))
             raise ValueError(f"update cannot set {wrong}")  # noqa: S608 - not SQL
-        sets = ", ".join(f"{k} = ?" for k in changes)
+        if not changes:
+            return
+        self._require_current()
+        sets, args = _sets(changes)
         with self.tx() as db:
-            db.execute(f"UPDATE nodes SET {sets} WHERE name = ?", (*changes.values(), name))  # noqa: S608 - column names are checked above
+            db.execute(f"UPDATE nodes SET {sets} WHERE name = ?", (*args, name))  # noqa: S608 - column names are checked above
 
     def event(self, now: float, event: str, node: str = "", detail: str = "") -> None:
         with self.tx() as db:
@@ -369,7 +416,7 @@ class Store:
                         "INSERT INTO mesh_addresses VALUES (?, ?, ?)", (str(host), node, now)
                     )
                     return str(host)
-        raise StoreError(f"mesh subnet {subnet} has no free address left")
+        raise PoolExhausted(f"mesh subnet {subnet} has no free address left")
 
     def release_address(self, node: str) -> str | None:
         with self.tx() as db:

@@ -8,8 +8,7 @@ import pytest
 
 from slurm_burst.core.cloud import AuthError, CapacityError, CloudError, ThrottledError, classify
 from slurm_burst.core.hostkeys import parse_console_host_keys
-from slurm_burst.core.nodestate import NodeState as S
-from slurm_burst.core.nodestate import TransitionError, check_transition, reason
+from slurm_burst.core.nodestate import NodeState, TransitionError, check_transition, reason
 from slurm_burst.core.resumefile import ResumeFileError, parse_resume_file
 
 SLURM_22_05 = '{"jobs":[{"job_id":1,"nodes":"burst-[1-2]"}],"all_nodes":"burst-[1-2]"}'
@@ -90,26 +89,26 @@ def test_console_host_keys_come_from_the_last_complete_block() -> None:
 @pytest.mark.parametrize(
     ("old", "new", "ok"),
     [
-        (None, S.REQUESTED, True),
-        (None, S.TERMINATED, True),
-        (None, S.JOINED, False),
-        (S.REQUESTED, S.LAUNCHING, True),
-        (S.LAUNCHING, S.BOOTING, True),
-        (S.BOOTING, S.BOOTSTRAPPING, True),
-        (S.BOOTSTRAPPING, S.JOINED, True),
-        (S.JOINED, S.TERMINATING, True),
-        (S.TERMINATING, S.TERMINATED, True),
-        (S.TERMINATED, S.REQUESTED, True),
-        (S.BOOTING, S.FAILED, True),
-        (S.FAILED, S.TERMINATING, True),
-        (S.REQUESTED, S.JOINED, False),
-        (S.JOINED, S.LAUNCHING, False),
-        (S.TERMINATED, S.JOINED, False),
-        (S.FAILED, S.JOINED, False),
+        (None, NodeState.REQUESTED, True),
+        (None, NodeState.TERMINATED, True),
+        (None, NodeState.JOINED, False),
+        (NodeState.REQUESTED, NodeState.LAUNCHING, True),
+        (NodeState.LAUNCHING, NodeState.BOOTING, True),
+        (NodeState.BOOTING, NodeState.BOOTSTRAPPING, True),
+        (NodeState.BOOTSTRAPPING, NodeState.JOINED, True),
+        (NodeState.JOINED, NodeState.TERMINATING, True),
+        (NodeState.TERMINATING, NodeState.TERMINATED, True),
+        (NodeState.TERMINATED, NodeState.REQUESTED, True),
+        (NodeState.BOOTING, NodeState.FAILED, True),
+        (NodeState.FAILED, NodeState.TERMINATING, True),
+        (NodeState.REQUESTED, NodeState.JOINED, False),
+        (NodeState.JOINED, NodeState.LAUNCHING, False),
+        (NodeState.TERMINATED, NodeState.JOINED, False),
+        (NodeState.FAILED, NodeState.JOINED, False),
     ],
     ids=lambda v: str(v),
 )
-def test_state_machine(old: S | None, new: S, ok: bool) -> None:
+def test_state_machine(old: NodeState | None, new: NodeState, ok: bool) -> None:
     if ok:
         check_transition(old, new)
     else:

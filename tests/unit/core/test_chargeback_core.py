@@ -45,7 +45,11 @@ def test_to_micros(text: str, micros: int) -> None:
     assert to_micros(text) == micros
 
 
-@pytest.mark.parametrize("bad", ["abc", "nan", "inf", ""], ids=["word", "nan", "inf", "empty"])
+@pytest.mark.parametrize(
+    "bad",
+    ["abc", "nan", "inf", "", "1e308", "-1e12", "9" * 5000],
+    ids=["word", "nan", "inf", "empty", "1e308", "minus-a-trillion", "5000-digits"],
+)
 def test_to_micros_rejects(bad: str) -> None:
     with pytest.raises(PricingError):
         to_micros(bad)

@@ -8,8 +8,9 @@ import pytest
 
 from slurm_burst.core.cloud import Instance
 from slurm_burst.core.mesh import Peer
-from slurm_burst.core.nodestate import NodeState as S
-from slurm_burst.core.reconcile import GroupHealth, Policy, Snapshot, plan
+from slurm_burst.core.nodestate import NodeState, Want
+from slurm_burst.core.reconcile import Policy, Snapshot, plan
+from slurm_burst.core.records import GroupHealth
 from slurm_burst.core.slurm import SlurmNode
 
 NOW = 1_000_000.0
@@ -21,10 +22,11 @@ KEY_B = "B" * 43 + "="
 @dataclass(frozen=True)
 class Rec:
     name: str
-    state: S
-    want: str = "up"
-    grp: str = "cpu"
+    state: NodeState
+    want: Want = Want.UP
+    group: str = "cpu"
     provider: str = "lab"
+    size: str = "ns.cpu2"
     instance_id: str = ""
     wg_pubkey: str = ""
     requested_at: float = NOW - 30
@@ -40,7 +42,7 @@ def snode(name: str, *flags: str, state: str = "idle") -> SlurmNode:
 
 
 def snap(records: list[Rec] | None = None, **kw: object) -> Snapshot:
-    return Snapshot(now=NOW, records={r.name: r for r in records or []}, **kw)  # type: ignore[arg-type]
+    return Snapshot(now=NOW, records={r.name: r for r in records or []}, **kw)  # type: ignore[arg-type]  # kw: the optional sources
 
 
 def kinds(s: Snapshot) -> list[tuple[str, str, str]]:
@@ -49,7 +51,9 @@ def kinds(s: Snapshot) -> list[tuple[str, str, str]]:
 
 CASES = [
     pytest.param(
-        snap([Rec("n1", S.JOINED, instance_id="i-1")], instances={"lab": [inst("i-1", "n1")]}),
+        snap(
+            [Rec("n1", NodeState.JOINED, instance_id="i-1")], instances={"lab": [inst("i-1", "n1")]}
+        ),
         [],
         id="healthy-joined-node",
     ),
@@ -69,7 +73,7 @@ CASES = [
     ),
     pytest.param(
         snap(
-            [Rec("n1", S.JOINED, instance_id="i-1")],
+            [Rec("n1", NodeState.JOINED, instance_id="i-1")],
             instances={"lab": [inst("i-1", "n1"), inst("i-2", "n1")]},
             suspects={"instance:lab:i-2": NOW - 500},
         ),
@@ -78,7 +82,7 @@ CASES = [
     ),
     pytest.param(
         snap(
-            [Rec("n1", S.LAUNCHING)],
+            [Rec("n1", NodeState.LAUNCHING)],
             instances={"lab": [inst("i-1", "n1", "pending")]},
             suspects={"instance:lab:i-1": NOW - 500},
         ),
@@ -87,7 +91,7 @@ CASES = [
     ),
     pytest.param(
         snap(
-            [Rec("n1", S.TERMINATED, want="down", instance_id="")],
+            [Rec("n1", NodeState.TERMINATED, want=Want.DOWN, instance_id="")],
             instances={"lab": [inst("i-1", "n1", "terminated")]},
             suspects={"instance:lab:i-1": NOW - 500},
         ),
@@ -95,31 +99,31 @@ CASES = [
         id="terminated-instance-ignored",
     ),
     pytest.param(
-        snap([Rec("n1", S.BOOTING, requested_at=NOW - 700)], instances={"lab": []}),
+        snap([Rec("n1", NodeState.BOOTING, requested_at=NOW - 700)], instances={"lab": []}),
         [("fail_node", "ResumeTimeout", "n1")],
         id="stuck-past-resume-timeout",
     ),
     pytest.param(
-        snap([Rec("n1", S.JOINED, instance_id="i-1")], instances={"lab": []}),
+        snap([Rec("n1", NodeState.JOINED, instance_id="i-1")], instances={"lab": []}),
         [("fail_node", "InstanceVanished", "n1")],
         id="joined-node-instance-vanished",
     ),
     pytest.param(
         snap(
-            [Rec("n1", S.JOINED, instance_id="i-1")],
+            [Rec("n1", NodeState.JOINED, instance_id="i-1")],
             instances={"lab": [inst("i-1", "n1", "terminated")]},
         ),
         [("fail_node", "InstanceVanished", "n1")],
         id="joined-node-instance-terminated-spot-reclaim",
     ),
     pytest.param(
-        snap([Rec("n1", S.JOINED, instance_id="i-1")], instances={}),
+        snap([Rec("n1", NodeState.JOINED, instance_id="i-1")], instances={}),
         [],
         id="provider-unreadable-no-vanish-verdict",
     ),
     pytest.param(
         snap(
-            [Rec("n1", S.JOINED, instance_id="i-1")],
+            [Rec("n1", NodeState.JOINED, instance_id="i-1")],
             instances={"lab": [inst("i-1", "n1")]},
             slurm_nodes={"n1": snode("n1", "POWERED_DOWN")},
         ),
@@ -128,7 +132,7 @@ CASES = [
     ),
     pytest.param(
         snap(
-            [Rec("n1", S.JOINED, instance_id="i-1", state_since=NOW - 181)],
+            [Rec("n1", NodeState.JOINED, instance_id="i-1", state_since=NOW - 181)],
             instances={"lab": [inst("i-1", "n1")]},
             slurm_nodes={"n1": snode("n1", "POWERING_UP")},
         ),
@@ -137,7 +141,7 @@ CASES = [
     ),
     pytest.param(
         snap(
-            [Rec("n1", S.JOINED, instance_id="i-1", state_since=NOW - 30)],
+            [Rec("n1", NodeState.JOINED, instance_id="i-1", state_since=NOW - 30)],
             instances={"lab": [inst("i-1", "n1")]},
             slurm_nodes={"n1": snode("n1", "POWERING_UP")},
         ),
@@ -146,7 +150,7 @@ CASES = [
     ),
     pytest.param(
         snap(
-            [Rec("n1", S.JOINED, instance_id="i-1", state_since=NOW - 500)],
+            [Rec("n1", NodeState.JOINED, instance_id="i-1", state_since=NOW - 500)],
             instances={"lab": [inst("i-1", "n1")]},
             slurm_nodes={"n1": snode("n1", state="allocated")},
         ),
@@ -160,14 +164,16 @@ CASES = [
     ),
     pytest.param(
         snap(
-            [Rec("n2", S.TERMINATED, want="down", state_since=NOW - 5)],
+            [Rec("n2", NodeState.TERMINATED, want=Want.DOWN, state_since=NOW - 5)],
             slurm_nodes={"n2": snode("n2", "POWERING_UP")},
         ),
         [],
         id="resume-lost-waits-its-grace",
     ),
     pytest.param(
-        snap([Rec("n1", S.JOINED, wg_pubkey=KEY_A)], peers=[Peer(KEY_A, ("10.77.0.2/32",))]),
+        snap(
+            [Rec("n1", NodeState.JOINED, wg_pubkey=KEY_A)], peers=[Peer(KEY_A, ("10.77.0.2/32",))]
+        ),
         [],
         id="live-peer-kept",
     ),
@@ -187,7 +193,7 @@ CASES = [
     ),
     pytest.param(
         snap(
-            [Rec("n3", S.TERMINATED, want="down")],
+            [Rec("n3", NodeState.TERMINATED, want=Want.DOWN)],
             addresses={"n3": "10.77.0.3"},
             suspects={"address:n3:10.77.0.3": NOW - 10},
         ),
@@ -196,7 +202,7 @@ CASES = [
     ),
     pytest.param(
         snap(
-            [Rec("n3", S.BOOTSTRAPPING)],
+            [Rec("n3", NodeState.BOOTSTRAPPING)],
             addresses={"n3": "10.77.0.3"},
             suspects={"address:n3:10.77.0.3": NOW - 10},
         ),
@@ -246,7 +252,7 @@ def test_suspects_carry_first_seen_and_drop_what_is_gone() -> None:
 
 def test_a_pass_is_idempotent() -> None:
     s = snap(
-        [Rec("n1", S.JOINED, instance_id="i-1")],
+        [Rec("n1", NodeState.JOINED, instance_id="i-1")],
         instances={"lab": [inst("i-1", "n1"), inst("i-2", "n2")]},
         suspects={"instance:lab:i-2": NOW - 500},
     )

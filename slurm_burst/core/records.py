@@ -1,0 +1,94 @@
+"""What the daemon remembers between steps: node records, the hooks' requests, group health.
+
+These are the values of the :class:`~slurm_burst.ports.NodeStore` port. The SQLite
+state database is one implementation (``adapters/state``); the tests' in-memory
+store is another. Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+from slurm_burst.core.errors import BurstError
+from slurm_burst.core.nodestate import NodeState, Want
+
+
+class StoreError(BurstError):
+    """The state store cannot be used (permissions, corruption, a full address pool)."""
+
+    code = "InternalError"
+
+
+class PoolExhausted(StoreError):
+    """Every address of the mesh subnet is held: no node can join until one is released."""
+
+    code = "MeshPoolFull"
+
+
+class NodeRecord(NamedTuple):
+    """One cloud node as the daemon tracks it.
+
+    A NamedTuple rather than a dataclass: the reconcile loop reads 20,000 of them a
+    pass. ``host_keys`` and ``jobs`` stay JSON text for the same reason; read them
+    with :meth:`host_key_list` and :meth:`as_dict`.
+    """
+
+    name: str
+    group: str  # the node group (config ``[node_groups.NAME]``)
+    state: NodeState
+    want: Want
+    error: str = ""  # the failure code, e.g. BootTimeout
+    message: str = ""
+    provider: str = ""
+    size: str = ""
+    launch_seq: int = 0  # resumes of this node so far: part of every launch token
+    token: str = ""  # the idempotency token of the launch call in flight
+    instance_id: str = ""
+    ip: str = ""  # where the daemon reaches the node's sshd
+    host_keys: str = "[]"  # JSON [[type, base64], ...], attested by the provider
+    wg_pubkey: str = ""
+    mesh_addr: str = ""
+    jobs: str = "[]"  # JSON: the resume file's jobs behind the request
+    requested_at: float = 0.0
+    state_since: float = 0.0
+
+    def host_key_list(self) -> list[tuple[str, str]]:
+        return [(str(k[0]), str(k[1])) for k in json.loads(self.host_keys)]
+
+    def as_dict(self) -> dict[str, Any]:
+        out = self._asdict()
+        out["state"] = str(self.state)
+        out["want"] = str(self.want)
+        out["host_keys"] = json.loads(self.host_keys)
+        out["jobs"] = json.loads(self.jobs)
+        return out
+
+
+# The fields a transition or an update may set (``name`` identifies the record).
+NODE_FIELDS = frozenset(NodeRecord._fields) - {"name"}
+
+
+@dataclass(frozen=True)
+class Request:
+    """What a hook recorded: resume, suspend or resume-fail of some nodes."""
+
+    id: int
+    kind: str  # resume | suspend | resume-fail
+    nodes: tuple[str, ...]
+    jobs: list[dict[str, Any]]
+    created_at: float
+
+
+@dataclass(frozen=True)
+class GroupHealth:
+    """A node group's launch record: failures in a row and protected mode."""
+
+    name: str
+    failures: int = 0  # failed launches in a row (a join resets it)
+    protected_until: float = 0.0  # 0 = not protected
+    reason: str = ""
+
+    def protected(self, now: float) -> bool:
+        return self.protected_until > now

@@ -1,0 +1,293 @@
+"""The lab's parts: its munged, slurmctld and static on-prem nodes.
+
+Each long-running part is started detached (its own session) so the lab
+outlives the CLI; its pid and kernel start time are recorded so that ``down``
+and ``status`` never signal a recycled pid.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import pwd
+import secrets
+import signal
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from string import Template
+
+from slurm_burst.adapters.proc import alive, spawn_detached
+from slurm_burst.config import Config, LabConfig
+from slurm_burst.core.hostlist import compress
+from slurm_burst.lab.nscloud import net, vm
+from slurm_burst.services.slurmconf import render
+
+LAN_BRIDGE = "sbl-lan"
+CONF_TEMPLATES = Path(__file__).resolve().parents[2] / "slurm-conf" / "lab"
+
+
+@dataclass(frozen=True)
+class Paths:
+    """Where everything of the lab lives; all of it under ``state``."""
+
+    state: Path
+
+    @property
+    def run(self) -> Path:
+        return self.state / "run"
+
+    @property
+    def log(self) -> Path:
+        return self.state / "log"
+
+    @property
+    def munge_dir(self) -> Path:
+        return self.state / "munge"
+
+    @property
+    def munge_key(self) -> Path:
+        return self.munge_dir / "munge.key"
+
+    @property
+    def munge_socket(self) -> Path:
+        return self.run / "munge" / "munge.socket.2"
+
+    @property
+    def onprem(self) -> Path:
+        return self.state / "onprem"
+
+    @property
+    def record(self) -> Path:
+        return self.state / "lab.json"
+
+
+@dataclass(frozen=True)
+class Proc:
+    """A process the lab started: pid plus kernel start time."""
+
+    pid: int
+    start: int
+
+    @property
+    def alive(self) -> bool:
+        return alive(self.pid, self.start)
+
+
+def spawn(
+    argv: list[str], logfile: Path, env: dict[str, str] | None = None, user: str | None = None
+) -> Proc:
+    """Start ``argv`` detached from us (as ``user``), output appended to ``logfile``."""
+    return Proc(*spawn_detached(argv, logfile, env=env, user=user))
+
+
+def stop(proc: Proc, grace: float = 5.0) -> None:
+    """SIGTERM, then SIGKILL after ``grace`` seconds."""
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 2.0)):
+        if not proc.alive:
+            return
+        try:
+            os.kill(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + wait
+        while proc.alive and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+
+def lan_addresses(lab: LabConfig) -> tuple[str, list[str]]:
+    """(controller address, one address per on-prem node) on the lab LAN."""
+    hosts = ipaddress.ip_network(lab.lan_subnet).hosts()
+    ctl = str(next(hosts))
+    return ctl, [str(next(hosts)) for _ in range(lab.onprem_nodes)]
+
+
+def onprem_names(lab: LabConfig) -> list[str]:
+    return [f"onprem-{i}" for i in range(1, lab.onprem_nodes + 1)]
+
+
+def write_slurm_conf(cfg: Config, paths: Paths) -> Path:
+    """Write slurm.conf, the rendered fragment and gres.conf into slurm.conf_dir."""
+    assert cfg.lab is not None
+    conf_dir = Path(cfg.slurm.conf_dir)
+    conf_dir.mkdir(parents=True, exist_ok=True)
+    _ctl, addrs = lan_addresses(cfg.lab)
+    names = onprem_names(cfg.lab)
+    nodes = "\n".join(
+        f"NodeName={n} NodeAddr={a} NodeHostname={n} CPUs={cfg.lab.onprem_cpus} "
+        f"RealMemory={cfg.lab.onprem_memory_mb} State=UNKNOWN"
+        for n, a in zip(names, addrs, strict=True)
+    )
+    text = Template((CONF_TEMPLATES / "slurm.conf.in").read_text()).substitute(
+        cluster=cfg.cluster.name,
+        controller_host=cfg.cluster.controller_host,
+        controller_addr=cfg.cluster.controller_addr,
+        munge_socket=paths.munge_socket,
+        state=paths.state,
+        conf_dir=conf_dir,
+        onprem_nodes=nodes,
+        onprem_partition=cfg.lab.onprem_partition,
+        onprem_hostlist=compress(names),
+        dbd_port=cfg.lab.dbd_port,
+    )
+    files = {"slurm.conf": text, **render(cfg)}
+    for name, body in files.items():
+        (conf_dir / name).write_text(body)
+    dbd = Template((CONF_TEMPLATES / "slurmdbd.conf.in").read_text()).substitute(
+        munge_socket=paths.munge_socket,
+        state=paths.state,
+        port=cfg.lab.dbd_port,
+        db=cfg.lab.accounting_db,
+    )
+    vm.write_private(conf_dir / "slurmdbd.conf", dbd.encode(), 0o600)  # slurmdbd insists
+    return conf_dir / "slurm.conf"
+
+
+def ensure_munge_key(paths: Paths) -> None:
+    """The lab's own munge key (never the host's), readable by munge only."""
+    munge = pwd.getpwnam("munge")
+    paths.munge_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.chown(paths.munge_dir, munge.pw_uid, munge.pw_gid)
+    if not paths.munge_key.exists():
+        vm.write_private(paths.munge_key, secrets.token_bytes(1024), 0o400)
+    os.chown(paths.munge_key, munge.pw_uid, munge.pw_gid)
+    os.chmod(paths.munge_key, 0o400)
+    for d in (paths.run / "munge", paths.log / "munge"):
+        d.mkdir(parents=True, exist_ok=True)
+        os.chown(d, munge.pw_uid, munge.pw_gid)
+
+
+def start_munged(paths: Paths) -> Proc:
+    proc = spawn(
+        [
+            "/usr/sbin/munged",
+            "--foreground",
+            f"--key-file={paths.munge_key}",
+            f"--socket={paths.munge_socket}",
+            f"--pid-file={paths.run / 'munge' / 'munged.pid'}",
+            f"--seed-file={paths.munge_dir / 'munged.seed'}",
+            f"--log-file={paths.log / 'munge' / 'munged.log'}",
+        ],
+        paths.log / "munged.out",
+        user="munge",
+    )
+    wait_for(lambda: paths.munge_socket.exists(), 10, "munged socket", proc)
+    return proc
+
+
+def start_slurmctld(cfg: Config, paths: Paths, slurm_conf: Path) -> Proc:
+    (paths.state / "slurmctld").mkdir(parents=True, exist_ok=True)
+    argv = [
+        "unshare",
+        "--uts",
+        "--",
+        sys.executable,
+        "-m",
+        "slurm_burst.lab.sethostname",
+        cfg.cluster.controller_host,
+        "--",
+        "/usr/sbin/slurmctld",
+        "-D",
+        "-i",
+        "-f",
+        str(slurm_conf),
+    ]
+    return spawn(argv, paths.log / "slurmctld.out", env={"SLURM_CONF": str(slurm_conf)})
+
+
+def start_daemon(cfg: Config, paths: Paths) -> Proc:
+    """The slurm-burst daemon, as systemd would run it; ready once its heartbeat is written."""
+    from slurm_burst.core.records import StoreError
+    from slurm_burst.wiring import node_store
+
+    argv = [
+        sys.executable,
+        "-m",
+        "slurm_burst",
+        "--config",
+        str(Path(cfg.source).resolve()),
+        "daemon",
+    ]
+    proc = spawn(argv, paths.log / "daemon.out")
+
+    def beating() -> bool:
+        """A heartbeat written; a database not there yet, or whose schema the daemon is
+        still creating, is "not yet" (the reader must not crash in that window)."""
+        try:
+            store = node_store(cfg, create=False)
+        except StoreError:
+            return False
+        try:
+            return store.heartbeat() is not None
+        finally:
+            store.close()
+
+    wait_for(beating, 30, "slurm-burst daemon heartbeat", proc)
+    return proc
+
+
+def boot_onprem(cfg: Config, paths: Paths) -> dict[str, dict[str, object]]:
+    """Boot each static on-prem node as a namespace VM on the lab LAN."""
+    assert cfg.lab is not None
+    ctl, addrs = lan_addresses(cfg.lab)
+    prefix = ipaddress.ip_network(cfg.lab.lan_subnet).prefixlen
+    template = Template((CONF_TEMPLATES / "onprem-userdata.sh.in").read_text())
+    cloud_state = str(cfg.providers[cfg.lab.cloud_provider].options.get("state_dir", ""))
+    out: dict[str, dict[str, object]] = {}
+    for i, (name, addr) in enumerate(zip(onprem_names(cfg.lab), addrs, strict=True), start=1):
+        spec = vm.VmSpec(
+            id=name,
+            hostname=name,
+            netns=f"sbl-{name}",
+            host_if=f"sbl-op{i}",
+            bridge=LAN_BRIDGE,
+            address=f"{addr}/{prefix}",
+            gateway=ctl,
+            boot_delay=0.0,
+            hide=(
+                *vm.DEFAULT_HIDE,
+                str(paths.run),
+                str(paths.state / "slurmctld"),
+                *([cloud_state] if cloud_state else []),
+                cfg.daemon.state_dir,  # the daemon's SSH key and the hub's WireGuard key
+                cfg.mesh.state_dir,
+            ),
+        )
+        userdata = template.substitute(
+            state=paths.state,
+            munge_key=paths.munge_key,
+            munge_socket=paths.munge_socket,
+            conf_dir=cfg.slurm.conf_dir,
+            node=name,
+        )
+        vmdir = paths.onprem / name
+        pid, start = vm.boot(vmdir, spec, userdata)
+        out[name] = {
+            "vmdir": str(vmdir),
+            "launcher_pid": pid,
+            "launcher_start": start,
+            "address": addr,
+        }
+    return out
+
+
+def ensure_lan(cfg: Config) -> None:
+    assert cfg.lab is not None
+    net_ = ipaddress.ip_network(cfg.lab.lan_subnet)
+    net.ensure_bridge(LAN_BRIDGE, f"{lan_addresses(cfg.lab)[0]}/{net_.prefixlen}")
+
+
+def wait_for(
+    predicate: Callable[[], bool], timeout: float, what: str, proc: Proc | None = None
+) -> None:
+    """Poll ``predicate`` until true; fail early if ``proc`` died."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        if proc is not None and not proc.alive:
+            raise RuntimeError(f"{what}: the process exited")
+        time.sleep(0.1)
+    raise TimeoutError(f"{what}: not ready after {timeout:g} s")

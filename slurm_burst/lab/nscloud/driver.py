@@ -1,0 +1,323 @@
+"""``NamespaceNodeDriver``: a libcloud compute driver whose VMs are Linux namespaces.
+
+It behaves like a small public cloud: a catalogue of sizes (with GPU count and
+list price in ``extra``), one image ("host": the host's own filesystem seen
+through the VM's namespaces), an asynchronous ``create_node`` (pending ->
+running after the boot delay), user-data run at boot, an SSH host key the
+provider reports (``extra["ssh_host_key"]`` and the cloud-init block in
+``ex_get_console_output``), idempotency tokens like EC2's ClientToken, and
+terminated instances that stay listed. State lives under ``state_dir``; all
+mutations hold an exclusive lock on it, so several processes can share it.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import secrets
+import shutil
+import time
+from contextlib import AbstractContextManager
+from pathlib import Path
+from typing import Any
+
+from libcloud.common.types import LibcloudError
+from libcloud.compute.base import (
+    Node,
+    NodeAuthSSHKey,
+    NodeDriver,
+    NodeImage,
+    NodeLocation,
+    NodeSize,
+)
+from libcloud.compute.types import NodeState
+
+from slurm_burst.adapters.filelock import locked
+from slurm_burst.adapters.proc import alive
+from slurm_burst.lab.nscloud import net, vm
+
+# name: (cpus, ram MB, gpus, list price per hour)
+SIZES: dict[str, tuple[int, int, int, float]] = {
+    "ns.cpu2": (2, 1000, 0, 0.085),
+    "ns.cpu4": (4, 2000, 0, 0.17),
+    "ns.gpu1": (2, 1000, 2, 2.50),
+    "ns.gpu4": (8, 4000, 4, 9.80),
+}
+IMAGES = {"host": "the host's filesystem, private /etc /var /root /run per VM"}
+FIRST_HOST = 10  # .1 is the gateway; keep a few low addresses for the lab's own use
+
+
+class NamespaceNodeDriver(NodeDriver):
+    type = "nscloud"
+    name = "Namespace cloud (slurm-burst lab)"
+    website = "https://github.com/slurm-burst"
+    features = {"create_node": ["ssh_key"]}
+
+    def __init__(
+        self,
+        key: str = "lab",
+        secret: str | None = None,
+        secure: bool = False,
+        host: str | None = None,
+        port: int | None = None,
+        region: str = "lab-1",
+        state_dir: str = "/var/lib/slurm-burst-lab/cloud",
+        bridge: str = "sbl-inet",
+        subnet: str = "10.251.0.0/24",
+        boot_delay: float = 2.0,
+        hide: tuple[str, ...] | list[str] = (),
+        gpu_dir: str = "/run/simgpu",
+        **kwargs: Any,
+    ) -> None:
+        self.key = key
+        self.region = region
+        self.state_dir = Path(state_dir)
+        self.bridge = bridge
+        self.subnet = ipaddress.ip_network(subnet)
+        self.gateway = next(self.subnet.hosts())
+        self.boot_delay = float(boot_delay)
+        self.hide = (*vm.DEFAULT_HIDE, str(self.state_dir), *hide)
+        self.gpu_dir = gpu_dir
+        # NodeDriver.__init__ would build an HTTP connection; there is none to build.
+
+    # -- catalogue ----------------------------------------------------------
+    def list_sizes(self, location: NodeLocation | None = None) -> list[NodeSize]:
+        return [
+            NodeSize(
+                id=n,
+                name=n,
+                ram=ram,
+                disk=0,
+                bandwidth=None,
+                price=price,
+                driver=self,
+                extra={"cpus": cpus, "gpus": gpus, "price_per_hour": price},
+            )
+            for n, (cpus, ram, gpus, price) in SIZES.items()
+        ]
+
+    def list_images(
+        self, location: NodeLocation | None = None, ex_only_active: bool = True
+    ) -> list[NodeImage]:
+        return [
+            NodeImage(id=i, name=i, driver=self, extra={"description": d})
+            for i, d in IMAGES.items()
+        ]
+
+    def list_locations(self) -> list[NodeLocation]:
+        return [NodeLocation(id=self.region, name=self.region, country="lab", driver=self)]
+
+    # -- lifecycle ------------------------------------------------------------
+    def create_node(  # type: ignore[override]  # narrower auth, extra ex_ arguments
+        self,
+        name: str,
+        size: NodeSize,
+        image: NodeImage,
+        location: NodeLocation | None = None,
+        auth: NodeAuthSSHKey | None = None,
+        ex_userdata: str | None = None,
+        ex_metadata: dict[str, str] | None = None,
+        ex_token: str | None = None,
+        **kwargs: Any,
+    ) -> Node:
+        """Start a VM; returns at once with the node ``pending`` (like a real cloud)."""
+        if size.id not in SIZES:
+            raise LibcloudError(f"InvalidParameterValue: unknown size {size.id!r}", driver=self)
+        if image.id not in IMAGES:
+            raise LibcloudError(f"InvalidAMIID.NotFound: unknown image {image.id!r}", driver=self)
+        if not name or len(name) > 63 or not all(c.isalnum() or c in "-." for c in name):
+            raise LibcloudError(f"InvalidParameterValue: bad instance name {name!r}", driver=self)
+        with self._locked():
+            if ex_token:
+                for meta in self._all_meta():
+                    if meta.get("token") == ex_token:
+                        return self._to_node(meta)
+            vm_id = "ns-" + secrets.token_hex(6)
+            address = self._free_address()
+            spec = vm.VmSpec(
+                id=vm_id,
+                hostname=name,
+                netns=f"sbl-{vm_id}",
+                host_if=f"sbv{vm_id[3:]}",
+                bridge=self.bridge,
+                address=f"{address}/{self.subnet.prefixlen}",
+                gateway=str(self.gateway),
+                boot_delay=self.boot_delay,
+                hide=self.hide,
+                authorized_keys=(auth.pubkey.strip(),) if auth is not None else (),
+                # a GPU size's VM has its (simulated) GPU device files, as gres.conf expects
+                extra_files={f"{self.gpu_dir}/nvidia{i}": "" for i in range(SIZES[size.id][2])},
+            )
+            self.ex_ensure_network()
+            meta = {
+                "id": vm_id,
+                "name": name,
+                "size": size.id,
+                "image": image.id,
+                "ip": str(address),
+                "token": ex_token,
+                "tags": dict(ex_metadata or {}),
+                "created_at": time.time(),
+                "state": "pending",
+                "region": self.region,
+            }
+            vmdir = self.state_dir / "vms" / vm_id
+            vmdir.mkdir(parents=True)
+            self._write_meta(meta)
+            pid, start = vm.boot(vmdir, spec, ex_userdata)
+            meta.update(launcher_pid=pid, launcher_start=start)
+            self._write_meta(meta)
+        return self._to_node(meta)
+
+    def list_nodes(
+        self, ex_node_ids: list[str] | None = None, ex_filters: dict[str, str] | None = None
+    ) -> list[Node]:
+        """Every instance, terminated ones included; ``ex_filters`` matches tags (tag:KEY)."""
+        nodes = []
+        for meta in self._all_meta():
+            if ex_node_ids is not None and meta["id"] not in ex_node_ids:
+                continue
+            if ex_filters and any(
+                meta["tags"].get(k.removeprefix("tag:")) != v for k, v in ex_filters.items()
+            ):
+                continue
+            nodes.append(self._to_node(meta))
+        return nodes
+
+    def destroy_node(self, node: Node) -> bool:
+        """Stop the VM and release everything it held; terminating twice is fine."""
+        with self._locked():
+            meta = self._read_meta(str(node.id))
+            if meta is None:
+                raise LibcloudError(f"InvalidInstanceID.NotFound: {node.id}", driver=self)
+            if meta["state"] == "terminated":
+                return True
+            vmdir = self.state_dir / "vms" / str(node.id)
+            vm.halt(vmdir, meta.get("launcher_pid"), meta.get("launcher_start"))
+            status = vm.read_status(vmdir)
+            for entry in vmdir.iterdir():
+                if entry.name != "meta.json":
+                    shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
+            meta.update(
+                state="terminated",
+                terminated_at=time.time(),
+                ssh_host_key=status.get("ssh_host_key"),
+            )
+            self._write_meta(meta)
+        return True
+
+    def ex_create_tags(self, node: Node, tags: dict[str, str]) -> bool:
+        """Add (or change) tags of an instance, as EC2's CreateTags does."""
+        with self._locked():
+            meta = self._read_meta(str(node.id))
+            if meta is None:
+                raise LibcloudError(f"InvalidInstanceID.NotFound: {node.id}", driver=self)
+            meta["tags"] = {**meta.get("tags", {}), **tags}
+            self._write_meta(meta)
+        return True
+
+    def ex_ensure_network(self) -> None:
+        """Create the cloud's 'internet' bridge with the gateway address (idempotent)."""
+        net.ensure_bridge(self.bridge, f"{self.gateway}/{self.subnet.prefixlen}")
+
+    def reboot_node(self, node: Node) -> bool:
+        raise LibcloudError("reboot is not supported by the namespace cloud", driver=self)
+
+    def ex_get_console_output(self, node: Node) -> str:
+        """The VM's console (launcher and init messages, SSH host key block)."""
+        try:
+            return (self.state_dir / "vms" / str(node.id) / "console.log").read_text(
+                errors="replace"
+            )
+        except FileNotFoundError:
+            return ""
+
+    def ex_enter_argv(self, node: Node) -> list[str]:
+        """argv prefix running a command inside the VM; for the lab and its tests only."""
+        meta = self._read_meta(str(node.id))
+        if meta is None or not alive(meta.get("launcher_pid"), meta.get("launcher_start")):
+            raise LibcloudError(f"{node.id} is not running", driver=self)
+        return vm.enter_argv(int(meta["launcher_pid"]))
+
+    def ex_teardown(self) -> None:
+        """Destroy every VM, the bridge and the state directory: leave nothing behind."""
+        for node in self.list_nodes():
+            self.destroy_node(node)
+        for ns in net.list_netns("sbl-ns-"):
+            net.delete_guest_network(ns, "sbv" + ns.removeprefix("sbl-ns-"))
+        net.delete_link(self.bridge)
+        shutil.rmtree(self.state_dir, ignore_errors=True)
+
+    # -- internals ----------------------------------------------------------
+    def _locked(self) -> AbstractContextManager[None]:
+        return locked(self.state_dir)
+
+    def _all_meta(self) -> list[dict[str, Any]]:
+        vms = self.state_dir / "vms"
+        if not vms.is_dir():
+            return []
+        out = []
+        for d in sorted(vms.iterdir()):
+            meta = self._read_meta(d.name)
+            if meta is not None:
+                out.append(meta)
+        return out
+
+    def _read_meta(self, vm_id: str) -> dict[str, Any] | None:
+        try:
+            return dict(json.loads((self.state_dir / "vms" / vm_id / "meta.json").read_text()))
+        except (OSError, ValueError):
+            return None
+
+    def _write_meta(self, meta: dict[str, Any]) -> None:
+        vm.write_json_atomic(self.state_dir / "vms" / meta["id"] / "meta.json", meta)
+
+    def _free_address(self) -> str:
+        used = {m["ip"] for m in self._all_meta() if m["state"] != "terminated"}
+        for i, host in enumerate(self.subnet.hosts()):
+            if i + 1 >= FIRST_HOST and str(host) not in used:
+                return str(host)
+        raise LibcloudError(
+            f"InsufficientFreeAddressesInSubnet: no free address in {self.subnet}", driver=self
+        )
+
+    def _to_node(self, meta: dict[str, Any]) -> Node:
+        """The one place provider state becomes a libcloud Node."""
+        vmdir = self.state_dir / "vms" / meta["id"]
+        status = vm.read_status(vmdir) if meta["state"] != "terminated" else {}
+        if meta["state"] == "terminated":
+            state = NodeState.TERMINATED
+        elif not alive(meta.get("launcher_pid"), meta.get("launcher_start")) and meta.get(
+            "launcher_pid"
+        ):
+            state = NodeState.ERROR
+        elif status.get("state") == "running":
+            state = NodeState.RUNNING
+        elif status.get("state") in ("failed", "stopped", "stopping"):
+            state = NodeState.ERROR
+        else:
+            state = NodeState.PENDING
+        extra = {
+            "size": meta["size"],
+            "image": meta["image"],
+            "tags": meta["tags"],
+            "region": meta["region"],
+            "created_at": meta["created_at"],
+            "terminated_at": meta.get("terminated_at"),
+            "token": meta.get("token"),
+            "ssh_host_key": status.get("ssh_host_key") or meta.get("ssh_host_key"),
+            "userdata_exit": status.get("userdata_exit"),
+            "error": status.get("error"),
+        }
+        ips = [meta["ip"]] if state != NodeState.TERMINATED else []
+        return Node(
+            id=meta["id"],
+            name=meta["name"],
+            state=state,
+            public_ips=ips,
+            private_ips=ips,
+            driver=self,
+            size=None,
+            image=None,
+            extra=extra,
+        )

@@ -1,0 +1,275 @@
+"""PID 1 of a namespace VM: give it a private disk, a host key, sshd, and run user-data.
+
+Inside fresh mount/UTS/PID/time namespaces (see launcher.py) it:
+
+1. sets the hostname;
+2. mounts tmpfs on /run and /tmp and an overlay (upper layer in the VM's own
+   tmpfs) on /etc, /var/lib, /var/log, /root and /home, so the VM sees the host's
+   files as its image but every write stays private;
+3. hides what a VM must never see (munge key, WireGuard and SSH keys, the lab's
+   and the cloud's state) under empty tmpfs, and deletes the host's SSH host keys
+   from its /etc overlay;
+4. makes a fresh SSH host key, prints it to the console the way cloud-init does,
+   and starts sshd on the VM's address;
+5. runs the user-data as root (as cloud-init would) with output in
+   /var/log/cloud-init-output.log;
+6. reaps orphans and restarts sshd until SIGTERM, then stops every process.
+
+Progress goes to ``status.json`` through a directory fd opened before the VM's
+own mounts hide the host path.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from slurm_burst.lab.nscloud.vm import VmSpec, read_spec, write_private
+
+OVERLAID = ("/etc", "/var/lib", "/var/log", "/root", "/home")
+DISK = "/run/.vmdisk"
+
+
+class VmInit:
+    def __init__(self, vmdir: Path) -> None:
+        self.spec: VmSpec = read_spec(vmdir)
+        self.dirfd = os.open(vmdir, os.O_RDONLY | os.O_DIRECTORY)
+        self.stopping = False
+        self.sshd: subprocess.Popen[bytes] | None = None
+        self.status: dict[str, Any] = {"state": "booting"}
+
+    # -- status -------------------------------------------------------------
+    def write_status(self, **changes: Any) -> None:
+        self.status.update(changes)
+        data = json.dumps(self.status, indent=1, sort_keys=True).encode()
+        fd = os.open(
+            "status.json.tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644, dir_fd=self.dirfd
+        )
+        try:
+            os.write(fd, data)
+        finally:
+            os.close(fd)
+        os.replace("status.json.tmp", "status.json", src_dir_fd=self.dirfd, dst_dir_fd=self.dirfd)
+
+    def read_private(self, name: str) -> str | None:
+        try:
+            fd = os.open(name, os.O_RDONLY, dir_fd=self.dirfd)
+        except FileNotFoundError:
+            return None
+        with os.fdopen(fd) as fh:
+            return fh.read()
+
+    # -- boot ---------------------------------------------------------------
+    def boot(self) -> None:
+        socket.sethostname(self.spec.hostname)
+        userdata = self.read_private("user-data")
+        mount(["-t", "tmpfs", "-o", "mode=0755,nosuid,nodev", "tmpfs", "/run"])
+        mount(["-t", "tmpfs", "-o", "mode=1777,nosuid,nodev", "tmpfs", "/tmp"])
+        for top in OVERLAID:
+            if not os.path.isdir(top):
+                continue
+            layer = f"{DISK}{top.replace('/', '_')}"
+            os.makedirs(f"{layer}/upper", mode=0o755)
+            os.makedirs(f"{layer}/work", mode=0o700)
+            mount(
+                [
+                    "-t",
+                    "overlay",
+                    "overlay",
+                    "-o",
+                    f"lowerdir={top},upperdir={layer}/upper,workdir={layer}/work",
+                    top,
+                ]
+            )
+            if mount_type(top) != "overlay":
+                raise RuntimeError(f"{top} is not an overlay after mounting it")
+        for path in self.spec.hide:
+            if os.path.isdir(path):
+                # empty, so nothing to protect: 0755 lets daemons such as munged
+                # (not root) reach what the VM itself creates below it
+                mount(["-t", "tmpfs", "-o", "mode=0755,nosuid,nodev", "tmpfs", path])
+        self.write_hosts()
+        os.makedirs("/run/sshd", mode=0o755, exist_ok=True)
+        if self.spec.fresh_host_keys:
+            self.new_host_key()
+        for path, content in self.spec.extra_files.items():
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            Path(path).write_text(content)
+        if self.spec.authorized_keys:
+            os.makedirs("/root/.ssh", mode=0o700, exist_ok=True)
+            write_private(
+                "/root/.ssh/authorized_keys", "\n".join(self.spec.authorized_keys) + "\n", 0o600
+            )
+        self.start_sshd()
+        self.write_status(
+            state="running",
+            booted_at=time.time(),
+            ip=self.spec.ip,
+            ssh_host_key=self.status.get("ssh_host_key"),
+        )
+        if userdata:
+            self.run_userdata(userdata)
+
+    def write_hosts(self) -> None:
+        """Name -> address in /etc/hosts, as cloud-init's manage_etc_hosts does: daemons
+        such as munged resolve their own hostname and must not wait on unreachable DNS."""
+        hosts = Path("/etc/hosts")
+        lines = (
+            [
+                ln
+                for ln in hosts.read_text().splitlines()
+                if self.spec.hostname not in ln.split()[1:]
+            ]
+            if hosts.exists()
+            else []
+        )
+        lines.append(f"{self.spec.ip}\t{self.spec.hostname}")
+        hosts.write_text("\n".join(lines) + "\n")
+
+    def new_host_key(self) -> None:
+        # Only ever inside our own /etc overlay: checked above, deleted in the upper layer.
+        if mount_type("/etc") != "overlay":
+            raise RuntimeError("refusing to touch /etc/ssh: /etc is not the VM's overlay")
+        for name in os.listdir("/etc/ssh"):
+            if name.startswith("ssh_host_"):
+                os.unlink(f"/etc/ssh/{name}")
+        key = "/etc/ssh/ssh_host_ed25519_key"
+        subprocess.run(
+            ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", self.spec.hostname, "-f", key],
+            check=True,
+            stdin=subprocess.DEVNULL,
+        )
+        pub = Path(key + ".pub").read_text().strip()
+        print(
+            "-----BEGIN SSH HOST KEY KEYS-----",
+            pub,
+            "-----END SSH HOST KEY KEYS-----",
+            sep="\n",
+            flush=True,
+        )
+        self.status["ssh_host_key"] = pub
+
+    def start_sshd(self) -> None:
+        log = open("/var/log/sshd.log", "ab")  # noqa: SIM115 - owned by the child
+        self.sshd = subprocess.Popen(
+            [
+                "/usr/sbin/sshd",
+                "-D",
+                "-e",
+                "-h",
+                "/etc/ssh/ssh_host_ed25519_key",
+                "-o",
+                f"ListenAddress={self.spec.ip}",
+                "-o",
+                "PermitRootLogin=prohibit-password",
+                "-o",
+                "PasswordAuthentication=no",
+                "-o",
+                "KbdInteractiveAuthentication=no",
+                "-o",
+                "UsePAM=no",
+                "-o",
+                "PidFile=/run/sshd.pid",
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+        )
+        log.close()
+
+    def run_userdata(self, userdata: str) -> None:
+        os.makedirs("/run/cloud-init", mode=0o700, exist_ok=True)
+        script = "/run/cloud-init/user-data"
+        write_private(script, userdata, 0o700)
+        argv = [script] if userdata.startswith("#!") else ["/bin/sh", script]
+        with open("/var/log/cloud-init-output.log", "ab") as out:
+            self.userdata = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=out,
+                cwd="/root",
+                start_new_session=True,
+            )
+
+    # -- run ----------------------------------------------------------------
+    def loop(self) -> None:
+        userdata = getattr(self, "userdata", None)
+        while not self.stopping:
+            reaped = False
+            while True:
+                try:
+                    pid, status = os.waitpid(-1, os.WNOHANG)
+                except ChildProcessError:
+                    break
+                if pid == 0:
+                    break
+                reaped = True
+                code = os.waitstatus_to_exitcode(status)
+                if userdata is not None and pid == userdata.pid:
+                    userdata.returncode = code
+                    self.write_status(userdata_exit=code)
+                if self.sshd is not None and pid == self.sshd.pid and not self.stopping:
+                    print(f"vminit: sshd exited ({code}); restarting", flush=True)
+                    time.sleep(0.5)
+                    self.start_sshd()
+            if not reaped:
+                time.sleep(0.2)
+        self.shutdown()
+
+    def shutdown(self) -> None:
+        self.write_status(state="stopping")
+        os.kill(-1, signal.SIGTERM)  # every process of this pid namespace but us
+        deadline = time.monotonic() + 2.0
+        while time.monotonic() < deadline:
+            try:
+                if os.waitpid(-1, os.WNOHANG) == (0, 0):
+                    time.sleep(0.05)
+            except ChildProcessError:
+                break
+        else:
+            os.kill(-1, signal.SIGKILL)
+        self.write_status(state="stopped")
+
+
+def mount(args: list[str]) -> None:
+    subprocess.run(["mount", *args], check=True, stdin=subprocess.DEVNULL)
+
+
+def mount_type(path: str) -> str | None:
+    """Filesystem type of the mount at ``path`` (the top-most one)."""
+    found = None
+    with open("/proc/self/mountinfo", encoding="utf-8") as fh:
+        for line in fh:
+            left, _, right = line.partition(" - ")
+            if left.split()[4] == path:
+                found = right.split()[0]
+    return found
+
+
+def main(vmdir: Path) -> None:
+    init = VmInit(vmdir)
+
+    def stop(signum: int, frame: object) -> None:
+        init.stopping = True
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    try:
+        init.boot()
+    except Exception as exc:
+        init.write_status(state="failed", error=str(exc))
+        print(f"vminit: boot failed: {exc}", file=sys.stderr, flush=True)
+        raise
+    init.loop()
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]))

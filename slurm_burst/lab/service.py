@@ -1,0 +1,373 @@
+"""``slurm-burst lab up | down | status``: a whole hybrid cluster on one machine.
+
+``up`` starts, in order: the LAN bridge, the lab's own munged (own key, own
+socket), slurmctld (in its own UTS namespace, so ``SlurmctldHost`` is its
+hostname), the on-prem nodes as namespace VMs running munged and slurmd, and
+the namespace cloud's "internet" bridge. It waits until Slurm shows the on-prem
+nodes idle and every burst node ``idle~``. What it started is recorded in
+``lab.json`` so that ``down`` removes exactly that: processes, namespaces,
+veths, bridges and the state directory, and nothing else.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from slurm_burst.adapters.proc import alive, pid_start_time
+from slurm_burst.config import Config
+from slurm_burst.core.slurm import SchedulerError
+from slurm_burst.lab import accounting
+from slurm_burst.lab import components as c
+from slurm_burst.lab.nscloud import net, vm
+from slurm_burst.services.slurmconf import install_hooks
+from slurm_burst.wiring import cloud_driver, mesh_hub, scheduler
+
+log = logging.getLogger(__name__)
+
+REQUIRED_PROGRAMS = (
+    "slurmctld",
+    "slurmd",
+    "munged",
+    "sshd",
+    "ssh-keygen",
+    "ip",
+    "nsenter",
+    "unshare",
+    "mount",
+    "runuser",
+    "sinfo",
+    "scontrol",
+    "slurmdbd",
+    "sacctmgr",
+    "sacct",
+    "mariadb",
+)
+Progress = Callable[[str], None]
+
+
+class LabError(RuntimeError):
+    """The lab cannot be brought up or down; the message says what to do."""
+
+
+@dataclass
+class Lab:
+    cfg: Config
+    progress: Progress = lambda msg: None
+
+    def __post_init__(self) -> None:
+        if self.cfg.lab is None:
+            raise LabError(f"{self.cfg.source} has no [lab] section")
+        self.lab = self.cfg.lab
+        self.paths = c.Paths(Path(self.lab.state_dir))
+        self.slurm_conf = Path(self.cfg.slurm.conf_dir) / "slurm.conf"
+        self.slurm = scheduler(self.cfg, timeout=10)
+
+    # -- preconditions --------------------------------------------------------
+    @staticmethod
+    def preflight() -> None:
+        if os.geteuid() != 0:
+            raise LabError("the lab needs root (namespaces, bridges, munge): run it with sudo")
+        missing = [
+            p
+            for p in REQUIRED_PROGRAMS
+            if not shutil.which(p, path="/usr/sbin:/usr/bin:/sbin:/bin")
+        ]
+        if missing:
+            raise LabError(
+                f"missing programs: {', '.join(missing)}; run 'make demo' or "
+                "scripts/setup-system.sh to install them"
+            )
+
+    def cloud(self) -> Any:
+        return cloud_driver(self.cfg.providers[self.lab.cloud_provider])
+
+    # -- up -------------------------------------------------------------------
+    def up(self, timeout: float = 60.0) -> dict[str, Any]:
+        self.preflight()
+        record = self._read_record()
+        if record and self._all_alive(record):
+            self.progress("lab is already up")
+            return self.status()
+        if record or self.paths.state.exists():
+            self.progress("cleaning up an incomplete lab first")
+            self.down()
+        try:
+            return self._up(timeout)
+        except BaseException:
+            # a failed 'up' stops what it started: nothing half-made keeps running
+            self.progress("lab up failed: removing what it started")
+            try:
+                self.down()
+            except Exception:
+                log.exception("lab.up.cleanup_failed")
+            raise
+
+    def _up(self, timeout: float) -> dict[str, Any]:
+        started = time.monotonic()
+        for d in (self.paths.state, self.paths.run, self.paths.log):
+            d.mkdir(parents=True, exist_ok=True)
+        record: dict[str, Any] = {
+            "started_at": time.time(),
+            "config": self.cfg.source,
+            "processes": {},
+            "onprem": {},
+            "bridges": [c.LAN_BRIDGE],
+        }
+        self._write_record(record)
+        self.progress("network: LAN bridge")
+        c.ensure_lan(self.cfg)
+        self.progress("munge: key and daemon")
+        c.ensure_munge_key(self.paths)
+        record["processes"]["munged"] = vars(c.start_munged(self.paths))
+        self._write_record(record)
+        self.progress("slurm: configuration and power-saving hooks")
+        c.write_slurm_conf(self.cfg, self.paths)
+        install_hooks(self.cfg.slurm.hook_dir, str(Path(self.cfg.source).resolve()))
+        Path(self.lab.shared_dir).mkdir(parents=True, exist_ok=True)
+        self.progress("slurm: slurmdbd (accounting in MariaDB), cluster and accounts")
+        accounting.check_mariadb()
+        dbd = accounting.start_slurmdbd(self.cfg, self.paths, self.slurm_conf)
+        record["processes"]["slurmdbd"] = vars(dbd)
+        self._write_record(record)
+        accounting.ensure_associations(self.cfg, self.slurm_conf)
+        self.progress("slurm: slurmctld")
+        ctld = c.start_slurmctld(self.cfg, self.paths, self.slurm_conf)
+        record["processes"]["slurmctld"] = vars(ctld)
+        self._write_record(record)
+        c.wait_for(self.slurm.ping, 30, "slurmctld answering ping", ctld)
+        self.progress("cloud: 'internet' bridge of the namespace cloud")
+        cloud = self.cloud()
+        cloud.ex_ensure_network()
+        record["bridges"].append(cloud.bridge)
+        if self.lab.daemon:
+            self.progress("slurm-burst daemon (WireGuard hub, provisioning)")
+            record["processes"]["daemon"] = vars(c.start_daemon(self.cfg, self.paths))
+            self._write_record(record)
+        self.progress("on-prem: booting static nodes")
+        record["onprem"] = c.boot_onprem(self.cfg, self.paths)
+        self._write_record(record)
+        self.progress("slurm: waiting for on-prem nodes idle and burst nodes idle~")
+        remaining = max(5.0, timeout - (time.monotonic() - started))
+        c.wait_for(self._ready, remaining, "nodes ready", ctld)
+        record["up_seconds"] = round(time.monotonic() - started, 2)
+        self._write_record(record)
+        self.progress(f"lab is up in {record['up_seconds']} s")
+        return self.status()
+
+    def _ready(self) -> bool:
+        try:
+            nodes = self.slurm.nodes()
+        except SchedulerError:
+            return False
+        onprem = set(c.onprem_names(self.lab))
+        burst = {n for g in self.cfg.node_groups.values() for n in g.node_names()}
+        seen = {n.name: n for n in nodes}
+        return all(
+            n in seen and seen[n].state == "idle" and not seen[n].flags & {"NOT_RESPONDING"}
+            for n in onprem
+        ) and all(n in seen and seen[n].sinfo_state == "idle~" for n in burst)
+
+    def restart(self, name: str, sig: int = signal.SIGTERM) -> None:
+        """Stop one of the lab's processes (``daemon`` or ``slurmctld``; SIGKILL: as a crash
+        would) and start it again, as systemd would; return once it answers again."""
+        self.stop(name, sig)
+        self.start(name)
+
+    def stop(self, name: str, sig: int = signal.SIGTERM) -> None:
+        """Stop the lab's ``daemon`` or ``slurmctld`` with ``sig``; wait until it is gone."""
+        record = self._record_for(name)
+        info = (record.get("processes") or {}).get(name)
+        if info:
+            proc = c.Proc(info["pid"], info["start"])
+            if proc.alive:
+                os.kill(proc.pid, sig)
+                c.wait_for(lambda: not proc.alive, 30, f"{name} to stop")
+
+    def start(self, name: str) -> None:
+        """Start the lab's ``daemon`` or ``slurmctld`` (again); return once it answers."""
+        record = self._record_for(name)
+        if name == "daemon":
+            started = c.start_daemon(self.cfg, self.paths)
+        else:
+            started = c.start_slurmctld(self.cfg, self.paths, self.slurm_conf)
+        record["processes"][name] = vars(started)
+        self._write_record(record)
+        if name == "slurmctld":
+            c.wait_for(self.slurm.ping, 30, "slurmctld answering ping", started)
+
+    def _record_for(self, name: str) -> dict[str, Any]:
+        if name not in ("daemon", "slurmctld"):
+            raise LabError(f"the lab cannot stop or start {name!r} (only daemon, slurmctld)")
+        record = self._read_record()
+        if record is None:
+            raise LabError("the lab is not up")
+        return record
+
+    # -- down -----------------------------------------------------------------
+    def down(self) -> list[str]:
+        """Remove everything the lab made; return what was removed (for the report)."""
+        self.preflight()
+        removed: list[str] = []
+        record = self._read_record() or {}
+        daemon = (record.get("processes") or {}).get("daemon")
+        if daemon:  # first: it must not act on what is being removed
+            c.stop(c.Proc(daemon["pid"], daemon["start"]), grace=10.0)
+            removed.append("daemon")
+        if self.paths.state.exists() or record:
+            try:
+                self.cloud().ex_teardown()
+                removed.append("cloud VMs and bridge")
+            except Exception as exc:  # keep going: down must always finish
+                log.warning("lab.down cloud teardown failed: %s", exc)
+        for name, info in (record.get("onprem") or {}).items():
+            vm.halt(Path(info["vmdir"]), info.get("launcher_pid"), info.get("launcher_start"))
+            removed.append(f"on-prem node {name}")
+        for name in ("slurmctld", "slurmdbd", "munged"):
+            info = (record.get("processes") or {}).get(name)
+            if info:
+                c.stop(c.Proc(info["pid"], info["start"]))
+                removed.append(name)
+        if accounting.drop_database(self.cfg):
+            removed.append(f"accounting database {self.lab.accounting_db}")
+        removed += self._sweep()
+        hub = mesh_hub(self.cfg)
+        if net.link_exists(hub.interface):
+            hub.down()
+            removed.append(f"WireGuard hub {hub.interface}")
+        if Path(self.lab.shared_dir).exists():
+            shutil.rmtree(self.lab.shared_dir)
+            removed.append(self.lab.shared_dir)
+        for bridge in [c.LAN_BRIDGE, *record.get("bridges", [])]:
+            if net.link_exists(bridge):
+                net.delete_link(bridge)
+                removed.append(f"bridge {bridge}")
+        if self.paths.state.exists():
+            shutil.rmtree(self.paths.state)
+            removed.append(str(self.paths.state))
+        return removed
+
+    def _sweep(self) -> list[str]:
+        """Processes and namespaces of the lab that the record missed (a crashed 'up').
+
+        Only the lab's own programs are candidates: an admin's ``tail -f`` of a lab
+        log names the state directory too, and is not ours to kill.
+        """
+        removed = []
+        marker = str(self.paths.state)
+        config = str(Path(self.cfg.source).resolve())
+        for pid in _pids():
+            try:
+                argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            cmdline = b" ".join(argv).decode(errors="replace")
+            ours = (marker in cmdline and _is_lab_program(argv, cmdline)) or (
+                config in cmdline and b"daemon" in argv  # the lab's slurm-burst daemon
+            )
+            if ours and pid != os.getpid():
+                start = pid_start_time(pid)
+                c.stop(c.Proc(pid, start or 0), grace=2.0)
+                removed.append(f"stray process {pid}")
+        for ns in net.list_netns("sbl-"):
+            net.delete_guest_network(ns, "")
+            removed.append(f"netns {ns}")
+        return removed
+
+    # -- status -----------------------------------------------------------------
+    def status(self) -> dict[str, Any]:
+        record = self._read_record()
+        if record is None:
+            return {"up": False, "state_dir": str(self.paths.state)}
+        procs = {
+            name: {**info, "alive": alive(info["pid"], info["start"])}
+            for name, info in record.get("processes", {}).items()
+        }
+        onprem = {
+            name: {
+                **info,
+                "alive": alive(info["launcher_pid"], info["launcher_start"]),
+                "vm": vm.read_status(Path(info["vmdir"])).get("state"),
+            }
+            for name, info in record.get("onprem", {}).items()
+        }
+        nodes: list[dict[str, Any]] = []
+        if procs.get("slurmctld", {}).get("alive"):
+            try:
+                nodes = [
+                    {
+                        "name": n.name,
+                        "state": n.sinfo_state,
+                        "partitions": list(n.partitions),
+                        "addr": n.addr,
+                    }
+                    for n in self.slurm.nodes()
+                ]
+            except SchedulerError as exc:
+                nodes = [{"error": str(exc)}]
+        vms = []
+        if self.paths.state.exists():
+            vms = [
+                {
+                    "id": n.id,
+                    "name": n.name,
+                    "state": n.state,
+                    "ip": n.public_ips,
+                    "size": n.extra.get("size"),
+                }
+                for n in self.cloud().list_nodes()
+            ]
+        return {
+            "up": self._all_alive(record),
+            "state_dir": str(self.paths.state),
+            "slurm_conf": str(self.slurm_conf),
+            "up_seconds": record.get("up_seconds"),
+            "processes": procs,
+            "onprem": onprem,
+            "slurm_nodes": nodes,
+            "cloud_vms": vms,
+        }
+
+    # -- record -----------------------------------------------------------------
+    def _read_record(self) -> dict[str, Any] | None:
+        try:
+            return dict(json.loads(self.paths.record.read_text()))
+        except (OSError, ValueError):
+            return None
+
+    def _write_record(self, record: dict[str, Any]) -> None:
+        vm.write_json_atomic(self.paths.record, record)
+
+    @staticmethod
+    def _all_alive(record: dict[str, Any]) -> bool:
+        procs = record.get("processes", {})
+        onprem = record.get("onprem", {})
+        return (
+            bool(procs)
+            and bool(onprem)
+            and all(alive(p["pid"], p["start"]) for p in procs.values())
+            and all(alive(o["launcher_pid"], o["launcher_start"]) for o in onprem.values())
+        )
+
+
+LAB_PROGRAMS = frozenset(
+    {"munged", "slurmctld", "slurmdbd", "slurmd", "sshd", "unshare", "nsenter"}
+)
+LAB_MODULES = ("slurm_burst.lab.",)
+
+
+def _is_lab_program(argv: list[bytes], cmdline: str) -> bool:
+    name = os.path.basename(argv[0].decode(errors="replace")) if argv and argv[0] else ""
+    return name in LAB_PROGRAMS or any(m in cmdline for m in LAB_MODULES)
+
+
+def _pids() -> list[int]:
+    return [int(p) for p in os.listdir("/proc") if p.isdigit()]

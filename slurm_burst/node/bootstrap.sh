@@ -1,0 +1,81 @@
+#!/bin/sh
+# slurm-burst node bootstrap: run on a cloud node over SSH by the daemon, one step at a
+# time (sh bootstrap.sh STEP ARGS...). Every step is idempotent: running it again
+# on a node where it already happened changes nothing. No secret passes through argv:
+# the munge key arrives by SFTP; the WireGuard private key is made here and never leaves.
+set -eu
+step=$1; shift
+export PATH=/usr/sbin:/usr/bin:/sbin:/bin
+
+case "$step" in
+wg-key)
+    # wg-key IFACE: make the node's WireGuard key pair (once); print the public key.
+    iface=$1
+    umask 077
+    install -d -m 0700 /etc/wireguard
+    [ -s "/etc/wireguard/$iface.key" ] || wg genkey > "/etc/wireguard/$iface.key"
+    chmod 0600 "/etc/wireguard/$iface.key"
+    wg pubkey < "/etc/wireguard/$iface.key"
+    ;;
+wg-up)
+    # wg-up IFACE ADDRESS/PREFIX CONF [ROUTE...]: bring the tunnel up with CONF (no private
+    # key in it) plus the key made by wg-key; route ROUTEs (the controller) through it.
+    iface=$1; addr=$2; conf=$3; shift 3
+    if ! ip link show dev "$iface" >/dev/null 2>&1; then
+        ip link add dev "$iface" type wireguard 2>/dev/null || \
+            WG_I_PREFER_BUGGY_USERSPACE_TO_POLISHED_KMOD=1 wireguard-go "$iface"
+    fi
+    # link up first: the keepalive that starts the handshake must not be dropped
+    ip address replace "$addr" dev "$iface"
+    ip link set dev "$iface" up
+    # key and peer in one setconf (the key through a pipe, never argv): a peer without
+    # a key would send its first handshake too early and wait 5 s to retry
+    { printf '[Interface]\nPrivateKey = '; cat "/etc/wireguard/$iface.key"; cat "$conf"; } \
+        | wg setconf "$iface" /dev/stdin
+    for route in "$@"; do
+        ip route replace "$route" dev "$iface" src "${addr%/*}"
+    done
+    ;;
+munge-dirs)
+    # munge-dirs: directories munged needs; print munge's uid:gid for the key's owner.
+    install -d -o munge -g munge -m 0700 /etc/munge /var/lib/munge /var/log/munge
+    install -d -o munge -g munge -m 0755 /run/munge
+    echo "$(id -u munge):$(id -g munge)"
+    ;;
+munge-start)
+    # munge-start SOCKET: start munged on SOCKET (once) and wait for the socket.
+    sock=$1
+    install -d -o munge -g munge -m 0755 "$(dirname "$sock")"
+    if [ ! -S "$sock" ] || ! munge -n --socket="$sock" >/dev/null 2>&1; then
+        runuser -u munge -- /usr/sbin/munged --socket="$sock" --force
+    fi
+    i=0
+    until munge -n --socket="$sock" >/dev/null 2>&1; do
+        i=$((i + 1)); [ $i -lt 100 ] || { echo "munged did not answer on $sock" >&2; exit 1; }
+        sleep 0.1
+    done
+    # configless slurmd authenticates its first request (fetching slurm.conf, which holds
+    # AuthInfo) through munge's default socket: make that path reach this munged too
+    if [ "$sock" != /run/munge/munge.socket.2 ]; then
+        ln -sfn "$sock" /run/munge/munge.socket.2
+    fi
+    ;;
+slurmd-start)
+    # slurmd-start NODE CONF_SERVER: start slurmd (once) in configless mode as NODE.
+    node=$1; server=$2
+    install -d -m 0755 /var/log/slurm /var/lib/slurm /run/slurm
+    if pgrep -x slurmd >/dev/null 2>&1; then
+        echo "slurmd already running"
+    else
+        if ! slurmd --conf-server "$server" -N "$node" </dev/null >>/var/log/slurm/slurmd-start.log 2>&1
+        then
+            tail -n 5 /var/log/slurm/slurmd-start.log "/var/log/slurm/slurmd-$node.log" >&2 || true
+            exit 1
+        fi
+    fi
+    ;;
+*)
+    echo "unknown step: $step" >&2
+    exit 2
+    ;;
+esac

@@ -1,0 +1,54 @@
+"""Protected mode: a node group that keeps failing to launch stops being offered to jobs.
+
+After ``daemon.protect_after`` failed launches in a row the reconcile loop protects
+the group: its nodes are drained in Slurm with a ``(Code:GroupProtected)`` reason
+(pending jobs stay pending rather than resuming node after node into the same
+failure) and launches are refused. The group comes back after
+``daemon.protect_cooldown`` seconds, or at once with ``slurm-burst group enable``.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from slurm_burst.config import Config
+from slurm_burst.core.hostlist import compress
+from slurm_burst.core.nodestate import reason as node_reason
+from slurm_burst.ports import NodeStore, Scheduler
+
+log = logging.getLogger(__name__)
+
+
+class GroupControl:
+    def __init__(self, cfg: Config, store: NodeStore, scheduler: Scheduler) -> None:
+        self.cfg = cfg
+        self.store = store
+        self.scheduler = scheduler
+
+    def protect(self, group: str, why: str, now: float) -> None:
+        """Protected mode: the group's nodes drained in Slurm with a reason, launches refused."""
+        g = self.cfg.node_groups[group]
+        text = node_reason(
+            "GroupProtected",
+            f"node group {group} protected: {why}; back after "
+            f"{self.cfg.daemon.protect_cooldown:g} s or 'slurm-burst group enable {group}'",
+        )
+        self.store.protect_group(group, now + self.cfg.daemon.protect_cooldown, text)
+        self.scheduler.update_nodes(g.node_names(), state="drain", reason=text)
+        log.error("group.protected group=%s nodes=%s reason=%s", group, g.hostlist, why)
+
+    def enable(self, group: str) -> list[str]:
+        """Leave protected mode: launches allowed, our drain lifted in Slurm (only ours:
+        a drain an admin set with another reason stays). Returns the nodes undrained."""
+        g = self.cfg.node_groups[group]
+        self.store.unprotect_group(group)
+        members = set(g.node_names())
+        drained = [
+            n.name
+            for n in self.scheduler.nodes()
+            if n.name in members and "(Code:GroupProtected)" in n.reason
+        ]
+        if drained:
+            self.scheduler.update_nodes(drained, state="resume")
+        log.info("group.enabled group=%s undrained=%s", group, compress(drained) or "-")
+        return drained

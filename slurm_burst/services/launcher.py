@@ -1,0 +1,377 @@
+"""Launching instances: where a node group may launch now, in batches where the provider
+allows, one by one otherwise, falling back on capacity errors.
+
+**Candidates.** A node group lists (provider, size) pairs in fallback order
+(``NodeGroup.candidates``). :meth:`Launcher.candidates` is the one place that
+turns them into what may be tried now: none while the group is protected
+(``GroupProtected``), and a size cooling down after a capacity error is skipped
+for ``daemon.capacity_cooldown`` seconds, for every node of every group.
+
+**Tokens.** Every launch call carries an idempotency token fixed in the state
+store before the call: a retry after a crash repeats the call with the same
+token (and first looks for what it made), so it never makes a second instance.
+A node's token names the node, its resume count and the candidate's position; a
+batch's token is derived from its nodes and is recorded with them
+(``batch.TOKEN`` in the store's meta) so a restarted daemon can adopt the batch.
+
+**Batches.** New resume requests are planned per node group once
+(:meth:`Launcher.plan`): a group whose first usable candidate is on a provider
+that launches many instances in one call goes to :meth:`Launcher.launch_batch`;
+every other node is launched by its own worker (:meth:`Launcher.launch_one`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import shlex
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+from slurm_burst.config import Config, NodeGroup
+from slurm_burst.core.cloud import NODE_TAG, CapacityError, CloudError, Instance, LaunchSpec
+from slurm_burst.core.errors import StepError
+from slurm_burst.core.nodestate import NodeState, Want
+from slurm_burst.core.records import NodeRecord
+from slurm_burst.ports import Clock, Cloud, Metrics, NodeStore
+
+log = logging.getLogger(__name__)
+
+TAG_THREADS = 16  # parallel tag calls after a batch launch
+BATCH_THREADS = 4  # launch calls of one node group in flight at once
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """Where a node may launch: a provider and a size."""
+
+    seq: int  # its position in the group's fallback list (part of the launch token)
+    provider: str
+    size: str
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """The new nodes of one group, and where that group may launch them now."""
+
+    group: NodeGroup
+    nodes: tuple[str, ...]
+    candidates: tuple[Candidate, ...]  # empty: protected or every size cooling down
+
+
+# (node, instance) launched: the provisioner records the instance in the ledger
+Launched = Callable[[NodeRecord, Instance], None]
+
+
+class Launcher:
+    def __init__(
+        self,
+        cfg: Config,
+        store: NodeStore,
+        clouds: dict[str, Cloud],
+        ssh_public_key: str,
+        clock: Clock,
+        launched: Launched,
+        metrics: Metrics | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.store = store
+        self.clouds = clouds
+        self.ssh_public_key = ssh_public_key
+        self.clock = clock
+        self.launched = launched
+        self.metrics = metrics
+        self._batch_locks: dict[str, threading.Lock] = {}
+        self._unnamed: list[tuple[str, str, str]] = []  # (node, instance, provider) to tag
+        self._guard = threading.Lock()
+
+    # -- candidates -------------------------------------------------------------------
+    def candidates(
+        self, group: NodeGroup, start: int = 0, keep: int | None = None
+    ) -> list[Candidate]:
+        """Where ``group`` may launch now, in fallback order, from position ``start``.
+
+        Raises ``StepError(GroupProtected)`` while the group is protected, and a
+        :class:`CapacityError` naming the codes when every size is cooling down.
+        ``keep`` is a position tried even if it is cooling down: this node's own
+        call to it may have gone through, so it is repeated (same token), not lost.
+        """
+        now = self.clock.now()
+        health = self.store.groups().get(group.name)
+        if health is not None and health.protected(now):
+            raise StepError("GroupProtected", f"node group {group.name}: {health.reason}")
+        cold = self.store.unavailable(now)
+        every = [Candidate(i, p, s) for i, (p, s) in enumerate(group.candidates())]
+        usable = [c for c in every[start:] if (c.provider, c.size) not in cold or c.seq == keep]
+        if not usable:
+            codes = sorted(
+                {cold[(c.provider, c.size)][1] for c in every if (c.provider, c.size) in cold}
+            )
+            raise CapacityError(
+                f"every size of node group {group.name} is cooling down after "
+                f"capacity errors ({', '.join(codes)})",
+                codes[0] if codes else None,
+            )
+        return usable
+
+    def plan(self, requested: Sequence[NodeRecord]) -> list[LaunchPlan]:
+        """Newly requested nodes (as the daemon has just recorded them) by group, with
+        each group's candidates computed once."""
+        by_group: dict[str, list[str]] = {}
+        for rec in requested:
+            by_group.setdefault(rec.group, []).append(rec.name)
+        plans = []
+        for group_name, nodes in by_group.items():
+            group = self.cfg.node_groups[group_name]
+            try:
+                cands: tuple[Candidate, ...] = tuple(self.candidates(group))
+            except (StepError, CloudError):
+                cands = ()  # the per-node path raises the same error and fails the nodes
+            plans.append(LaunchPlan(group, tuple(nodes), cands))
+        return plans
+
+    def batches(self, plan: LaunchPlan) -> bool:
+        """Whether ``plan`` goes to :meth:`launch_batch` (its first candidate batches)."""
+        return bool(plan.candidates) and self.clouds[plan.candidates[0].provider].batch_max > 1
+
+    def spec(
+        self, group: NodeGroup, node: str, size: str, token: str, count: int = 1
+    ) -> LaunchSpec:
+        """What to launch for ``node`` (or for a batch of ``count`` led by it)."""
+        return LaunchSpec(
+            node=node,
+            cluster=self.cfg.cluster.name,
+            group=group.name,
+            size=size,
+            image=group.image,
+            token=token,
+            ssh_public_key=self.ssh_public_key,
+            user_data=user_data(self.cfg.cluster.name, node if count == 1 else group.name),
+            tags=dict(group.tags),
+            spot=group.spot,
+            spot_max_price=group.spot_max_price,
+            gpus=group.gpus,
+            accelerator=group.accelerator or group.gpu_type,
+            disk_gb=group.disk_gb,
+            count=count,
+        )
+
+    # -- one node ---------------------------------------------------------------------
+    def launch_one(self, rec: NodeRecord, group: NodeGroup) -> None:
+        """Launch the node's instance, falling back on capacity errors; leaves it booting.
+
+        A node left launching by a crash repeats its last call (same token, after
+        looking for what that call made); a node of a batch adopts the batch.
+        """
+        resumed = rec.token if rec.state == NodeState.LAUNCHING else ""  # a call may be made
+        if resumed:
+            info = self.store.meta_get(f"batch.{rec.token}")
+            if info is not None:
+                self._recover_batch(rec, group, info)
+                return
+        start = 0
+        every = group.candidates()
+        if rec.state == NodeState.LAUNCHING and (rec.provider, rec.size) in every:
+            start = every.index((rec.provider, rec.size))  # pick up where it was
+        keep = start if resumed and resumed == self.token(rec, start) else None
+        last: CloudError | None = None
+        for cand in self.candidates(group, start, keep):
+            token = self.token(rec, cand.seq)
+            fix = {"token": token, "provider": cand.provider, "size": cand.size}
+            if rec.state == NodeState.REQUESTED:
+                rec = self.store.transition(rec.name, NodeState.LAUNCHING, self.clock.now(), **fix)
+            elif (rec.token, rec.provider, rec.size) != (token, cand.provider, cand.size):
+                self.store.update(rec.name, **fix)
+                rec = rec._replace(token=token, provider=cand.provider, size=cand.size)
+            cloud = self.clouds[cand.provider]
+            try:
+                with timed(self.clock, rec.name, "launch"):
+                    found = cloud.find(token, self.cfg.cluster.name) if resumed == token else []
+                    inst = (
+                        found[0]
+                        if found
+                        else cloud.launch(self.spec(group, rec.name, cand.size, token))
+                    )
+            except CapacityError as exc:
+                last = exc
+                self.size_unavailable(rec.name, cand.provider, cand.size, exc)
+                continue
+            self._booting(rec, inst)
+            return
+        assert last is not None
+        raise last
+
+    def token(self, rec: NodeRecord, seq: int) -> str:
+        """The idempotency token of ``rec``'s launch on candidate ``seq``."""
+        return f"{self.cfg.cluster.name}-{rec.name}-{rec.launch_seq}-{seq}"[:64]
+
+    def _booting(self, rec: NodeRecord, inst: Instance) -> None:
+        if self.metrics is not None:
+            self.metrics.launched(rec.group, rec.provider, rec.size)
+        self.launched(rec, inst)
+        self.store.transition(
+            rec.name,
+            NodeState.BOOTING,
+            self.clock.now(),
+            instance_id=inst.id,
+            ip=inst.address,
+        )
+
+    def size_unavailable(self, node: str, provider: str, size: str, exc: CloudError) -> None:
+        """Cool ``provider/size`` down after a capacity error (every group skips it)."""
+        now = self.clock.now()
+        self.store.mark_unavailable(
+            provider, size, now + self.cfg.daemon.capacity_cooldown, exc.code
+        )
+        self.store.event(now, "size.unavailable", node, f"{provider}/{size}: {exc.code}")
+        log.warning(
+            "node.launch.capacity node=%s provider=%s size=%s code=%s cooldown=%g",
+            node,
+            provider,
+            size,
+            exc.code,
+            self.cfg.daemon.capacity_cooldown,
+        )
+
+    # -- batches --------------------------------------------------------------------
+    def launch_batch(self, plan: LaunchPlan) -> list[tuple[str, CloudError]]:
+        """Launch ``plan``'s nodes with as few calls as its providers allow: chunks of
+        the provider's ``batch_max``, each in one call, a group's chunks in flight
+        together. A capacity error moves a chunk to the next candidate; nodes that
+        reach a provider without batching stay requested for their own workers.
+
+        Returns the nodes whose launch failed otherwise, with the error (the caller
+        fails them).
+        """
+        recs = [r for r in map(self.store.node, plan.nodes) if r is not None]
+        todo = [r for r in recs if r.state == NodeState.REQUESTED and r.want == Want.UP]
+        failed: list[tuple[str, CloudError]] = []
+        for cand in plan.candidates:
+            if not todo:
+                break
+            n = self.clouds[cand.provider].batch_max
+            if n < 2:
+                break  # this provider launches one by one: the workers do it
+            chunks = [todo[i : i + n] for i in range(0, len(todo), n)]
+            with ThreadPoolExecutor(min(BATCH_THREADS, len(chunks))) as pool:
+                results = list(pool.map(partial(self._batch, plan.group, cand), chunks))
+            todo = []
+            for chunk, result in zip(chunks, results, strict=True):
+                if isinstance(result, CapacityError):
+                    todo += chunk  # the next candidate
+                elif isinstance(result, CloudError):
+                    failed += [(r.name, result) for r in chunk]
+        self.name_instances()
+        return failed
+
+    def _batch(
+        self, group: NodeGroup, cand: Candidate, recs: list[NodeRecord]
+    ) -> CloudError | None:
+        """Launch ``recs`` in one call; the error if it failed (nothing was made)."""
+        names = [r.name for r in recs]
+        key = ",".join(f"{r.name}:{r.launch_seq}" for r in recs)
+        digest = hashlib.sha256(f"{key}|{cand.seq}".encode()).hexdigest()[:16]
+        token = f"{self.cfg.cluster.name[:24]}-b{len(recs)}-{cand.seq}-{digest}"[:64]
+        self.store.meta_set(
+            f"batch.{token}",
+            {"nodes": names, "provider": cand.provider, "size": cand.size, "group": group.name},
+        )
+        fix = {"token": token, "provider": cand.provider, "size": cand.size}
+        for name in names:  # the token is fixed before the call: a crash repeats it
+            rec = self.store.node(name)
+            if rec is not None and rec.state == NodeState.REQUESTED:
+                self.store.transition(name, NodeState.LAUNCHING, self.clock.now(), **fix)
+            else:  # launching still, after a capacity error of the previous size
+                self.store.update(name, **fix)
+        try:
+            with timed(self.clock, names[0], f"launch-batch[{len(recs)}]"):
+                made = self.clouds[cand.provider].launch_many(
+                    self.spec(group, names[0], cand.size, token, count=len(recs))
+                )
+        except CloudError as exc:
+            if isinstance(exc, CapacityError):
+                self.size_unavailable(names[0], cand.provider, cand.size, exc)
+            self.store.meta_delete(f"batch.{token}")  # nothing was made
+            return exc
+        self._adopt_batch(token, made)
+        return None
+
+    def _adopt_batch(self, token: str, made: Sequence[Instance]) -> None:
+        """Give each node of the batch its instance (by launch index), then forget the batch."""
+        info = self.store.meta_get(f"batch.{token}") or {}
+        adopted: list[tuple[str, str, str]] = []
+        for name, inst in zip(info.get("nodes", []), made, strict=False):
+            rec = self.store.node(name)
+            if rec is None or rec.state != NodeState.LAUNCHING or rec.token != token:
+                continue  # suspended meanwhile: its instance is an orphan, reconciled away
+            self._booting(rec, inst)
+            adopted.append((name, inst.id, rec.provider))
+        self.store.meta_delete(f"batch.{token}")
+        with self._guard:
+            self._unnamed.extend(adopted)
+
+    def name_instances(self) -> None:
+        """Tag each instance of the batches launched so far with its node's name (a call
+        per instance, in parallel, once every batch is out). One that fails is tagged
+        again by its boot step."""
+        with self._guard:
+            adopted, self._unnamed = self._unnamed, []
+
+        def name_one(item: tuple[str, str, str]) -> None:
+            node, instance_id, provider = item
+            try:
+                self.clouds[provider].tag(instance_id, {NODE_TAG: node, "Name": node})
+            except CloudError as exc:
+                log.warning(
+                    "node.tag_failed node=%s instance=%s code=%s", node, instance_id, exc.code
+                )
+
+        if adopted:
+            with ThreadPoolExecutor(min(TAG_THREADS, len(adopted))) as pool:
+                list(pool.map(name_one, adopted))
+
+    def _recover_batch(self, rec: NodeRecord, group: NodeGroup, info: dict[str, Any]) -> None:
+        """A node left launching in a batch (the daemon died during the call): adopt what
+        the call made, or repeat it with the same token."""
+        with self._batch_lock(rec.token):
+            again = self.store.node(rec.name)
+            if again is None or again.state != NodeState.LAUNCHING or again.token != rec.token:
+                return  # another worker of the batch finished it
+            cloud = self.clouds[info["provider"]]
+            names: list[str] = info["nodes"]
+            made = cloud.find(rec.token, self.cfg.cluster.name)
+            if len(made) != len(names):
+                spec = self.spec(group, names[0], info["size"], rec.token, len(names))
+                made = cloud.launch_many(spec)
+            log.info("node.batch_recovered token=%s count=%d", rec.token, len(made))
+            self._adopt_batch(rec.token, made)
+        self.name_instances()
+
+    def _batch_lock(self, token: str) -> threading.Lock:
+        with self._guard:
+            return self._batch_locks.setdefault(token, threading.Lock())
+
+
+@contextmanager
+def timed(clock: Clock, node: str, step: str) -> Iterator[None]:
+    """Log how long ``step`` of ``node`` took (``node.step node=... seconds=...``)."""
+    started = clock.monotonic()
+    try:
+        yield
+    finally:
+        log.info("node.step node=%s step=%s seconds=%.2f", node, step, clock.monotonic() - started)
+
+
+def user_data(cluster: str, node: str) -> str:
+    """The instance's user-data: public facts only. The SSH public key goes in the
+    provider's key slot; everything secret arrives later over SSH."""
+    return (
+        "#!/bin/sh\n"
+        f"# slurm-burst cloud node {node} of cluster {cluster}; public data only.\n"
+        f"echo slurm-burst: node {shlex.quote(node)} booted, waiting for bootstrap over SSH\n"
+    )

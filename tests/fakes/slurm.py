@@ -1,0 +1,131 @@
+"""Slurm's controller in memory: nodes, jobs, and what ``scontrol update`` does to them."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from slurm_burst.core.slurm import (
+    SchedulerError,
+    SlurmJob,
+    SlurmNode,
+    SlurmPartition,
+    check_update,
+)
+
+
+class FakeScheduler:
+    """The Scheduler port. Every ``update_nodes`` call is kept in ``updates``.
+
+    States follow ``scontrol update``: ``drain`` adds DRAIN with the reason, ``resume``
+    lifts DRAIN and DOWN, ``down`` sets DOWN with the reason, ``power_down_force`` puts
+    a cloud node back to powered down (idle~). ``refuse`` fails every update it returns
+    a message for.
+    """
+
+    def __init__(self, nodes: Sequence[SlurmNode] = (), jobs: Sequence[SlurmJob] = ()) -> None:
+        self._nodes = {n.name: n for n in nodes}
+        self._jobs = list(jobs)
+        self.updates: list[dict[str, Any]] = []
+        self.refuse: Callable[[Sequence[str], dict[str, Any]], str | None] | None = None
+        self._lock = threading.Lock()
+
+    @classmethod
+    def cloud_nodes(cls, names: Sequence[str], partition: str = "burst") -> FakeScheduler:
+        """Cloud nodes powered down, as Slurm starts them."""
+        sched = cls()
+        sched.add_cloud_nodes(names, partition)
+        return sched
+
+    def add_cloud_nodes(self, names: Sequence[str], partition: str) -> None:
+        with self._lock:
+            for n in names:
+                self._nodes[n] = SlurmNode(
+                    n, "idle", frozenset({"CLOUD", "POWERED_DOWN"}), (partition,), addr=n
+                )
+
+    def nodes(self) -> list[SlurmNode]:
+        with self._lock:
+            return list(self._nodes.values())
+
+    def jobs(self, partitions: Sequence[str] | None = None) -> list[SlurmJob]:
+        return [j for j in self._jobs if not partitions or j.partition in partitions]
+
+    def job_counts(self, partitions: Sequence[str] | None = None) -> dict[tuple[str, str], int]:
+        out: dict[tuple[str, str], int] = {}
+        for j in self.jobs(partitions):
+            out[(j.partition, j.state)] = out.get((j.partition, j.state), 0) + 1
+        return out
+
+    def partitions(self) -> list[SlurmPartition]:
+        parts = sorted({p for n in self._nodes.values() for p in n.partitions})
+        return [SlurmPartition(p, "", "UP", "UNLIMITED") for p in parts]
+
+    def ping(self) -> bool:
+        return True
+
+    def update_nodes(
+        self,
+        names: Sequence[str],
+        *,
+        state: str | None = None,
+        reason: str | None = None,
+        addrs: Sequence[str] | None = None,
+        hostnames: Sequence[str] | None = None,
+    ) -> None:
+        check_update(names, state, reason, addrs, hostnames)
+        with self._lock:
+            self.updates.append(
+                {"nodes": list(names), "state": state, "reason": reason, "addrs": addrs}
+            )
+            change = {"state": state, "reason": reason, "addrs": addrs, "hostnames": hostnames}
+            refused = self.refuse(names, change) if self.refuse is not None else None
+            if refused is not None:
+                raise SchedulerError(f"scontrol update: {refused}")
+            unknown = [n for n in names if n not in self._nodes]
+            if unknown:
+                raise SchedulerError(f"scontrol update: Invalid node name specified {unknown[0]}")
+            for i, name in enumerate(names):
+                self._nodes[name] = _update(
+                    self._nodes[name],
+                    state,
+                    reason,
+                    addrs[i] if addrs is not None else None,
+                    hostnames[i] if hostnames is not None else None,
+                )
+
+    # -- what tests look at --------------------------------------------------------
+    def node(self, name: str) -> SlurmNode:
+        return self._nodes[name]
+
+    def states_set(self, name: str) -> list[str]:
+        return [u["state"] for u in self.updates if name in u["nodes"] and u["state"]]
+
+
+def _update(
+    n: SlurmNode, state: str | None, reason: str | None, addr: str | None, hostname: str | None
+) -> SlurmNode:
+    flags = set(n.flags)
+    base = n.state
+    if state == "drain":
+        flags.add("DRAIN")
+    elif state == "resume":
+        flags.discard("DRAIN")
+        base = "idle" if base == "down" else base
+        reason = ""
+    elif state == "down":
+        base = "down"
+    elif state == "power_down_force":
+        flags -= {"POWERING_UP", "DRAIN"}
+        flags.add("POWERED_DOWN")
+        base, reason = "idle", ""
+    elif state is not None:
+        raise SchedulerError(f"scontrol update: state {state} not modelled by the fake")
+    return n._replace(
+        state=base,
+        flags=frozenset(flags),
+        reason=n.reason if reason is None else reason,
+        addr=n.addr if addr is None else addr,
+        hostname=n.hostname if hostname is None else hostname,
+    )

@@ -1,0 +1,120 @@
+"""Hostile and careless input to the CLI: a clear message and a documented exit code,
+never a traceback, and nothing changed. Each case is an example of a class closed at its
+cause (file reading, number parsing, date ranges, output paths, schema revisions)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from slurm_burst.config import Config
+from tests.conftest import invoke, lab_config_in
+
+
+@pytest.fixture()
+def cfg(tmp_path: Path) -> Config:
+    c = lab_config_in(tmp_path)
+    invoke(["--config", c.source, "db", "upgrade"])
+    return c
+
+
+def _sb(cfg: Config, *args: str, expect: int) -> str:
+    r = invoke(["--config", cfg.source, *args], expect=expect)
+    out = r.stdout + r.stderr
+    assert "Traceback" not in out
+    return out
+
+
+def test_a_config_that_is_not_utf8_or_not_a_file_is_reported(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_bytes(b"\xff\xfe[cluster]\n")
+    out = invoke(["--config", str(bad), "config", "check"], expect=2).stderr
+    assert "not UTF-8" in out
+    fifo = tmp_path / "fifo.toml"
+    os.mkfifo(fifo)  # reading a FIFO would hang for ever
+    out = invoke(["--config", str(fifo), "config", "check"], expect=2).stderr
+    assert "not a regular file" in out
+    big = tmp_path / "big.toml"
+    with big.open("wb") as fh:
+        fh.truncate(2 * 1024 * 1024)
+    assert "over the limit" in invoke(["--config", str(big), "config", "check"], expect=2).stderr
+
+
+@pytest.mark.parametrize(
+    ("edit", "fragment"),
+    [
+        (("heartbeat_stale = 60", "heartbeat_stale = nan"), "must be a finite number"),
+        (("poll_period = 5 ", "poll_period = inf "), "must be a finite number"),
+        (('"ns.cpu2" = 0.085', '"ns.cpu2" = 1e308'), "too large an amount"),
+        (("price_per_hour = 1.40", "price_per_hour = nan"), "must be a finite number"),
+        (("count = 32", "count = 10000000"), "must be between 1 and 65,536"),
+    ],
+    ids=["nan-stale", "inf-poll", "huge-price", "nan-rate", "huge-count"],
+)
+def test_numbers_that_mean_nothing_are_config_errors(
+    tmp_path: Path, edit: tuple[str, str], fragment: str
+) -> None:
+    cfg = lab_config_in(tmp_path)
+    text = Path(cfg.source).read_text()
+    assert edit[0] in text, edit
+    Path(cfg.source).write_text(text.replace(edit[0], edit[1]))
+    r = invoke(["--config", cfg.source, "config", "check"], expect=2)
+    out = r.stdout + r.stderr
+    assert fragment in out
+
+
+def test_budget_amounts_out_of_range_change_nothing(cfg: Config) -> None:
+    for amount, fragment in (
+        ("1e308", "too large"),
+        ("nan", "not an amount"),
+        ("0.0000001", "less than one micro-dollar"),
+        ("-5", "cannot be negative"),
+    ):
+        args = ["budget", "set", "--no-sync", "--", "physics", amount]  # -5 is not an option
+        assert fragment in _sb(cfg, *args, expect=2)
+    assert "physics" not in _sb(cfg, "budget", "show", "--json", expect=0)
+
+
+def test_dates_at_the_end_of_the_calendar_are_bad_input(cfg: Config) -> None:
+    assert "before 9999-12-31" in _sb(cfg, "ledger", "report", "--to", "9999-12-31", expect=2)
+    assert "YYYY-MM-DD" in _sb(cfg, "ledger", "report", "--from", "2026-13-01", expect=2)
+
+
+def test_an_export_to_a_missing_directory_is_bad_input(cfg: Config, tmp_path: Path) -> None:
+    out = _sb(cfg, "ledger", "export", "-o", str(tmp_path / "no" / "x.csv"), expect=2)
+    assert "cannot write" in out
+
+
+def test_an_export_replaces_a_planted_symlink_and_never_writes_through_it(
+    cfg: Config, tmp_path: Path
+) -> None:
+    """Another user plants ``out.csv`` (or its old temporary name) as a symlink to a file
+    root may write: the export must not follow it."""
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    out = tmp_path / "out.csv"
+    (tmp_path / "out.csv.tmp").symlink_to(victim)
+    out.symlink_to(victim)
+    _sb(cfg, "ledger", "export", "-o", str(out), expect=0)
+    assert victim.read_text() == "precious\n"
+    assert not out.is_symlink() and out.read_text().startswith("day,account,")
+    assert oct(out.stat().st_mode & 0o777) == "0o640"
+
+
+def test_an_unknown_schema_revision_is_bad_input(cfg: Config) -> None:
+    assert "no schema revision 'bogus'" in _sb(cfg, "db", "upgrade", "--to", "bogus", expect=2)
+    assert "known: head, 0001, 0002" in _sb(cfg, "db", "upgrade", "--to", "", expect=2)
+
+
+def test_config_show_prints_any_valid_config(cfg: Config) -> None:
+    out = _sb(cfg, "config", "show", "--json", expect=0)
+    assert '"price_per_hour"' in out and '"ns.cpu2": 0.085' in out
+
+
+def test_host_numbers_past_the_int_limit_are_hostlist_errors() -> None:
+    huge = "9" * 5000
+    for args in (["hostlist", "expand", f"a[1-{huge}]"], ["hostlist", "compress", f"a{huge}"]):
+        r = invoke(args, expect=2)
+        assert "Traceback" not in r.stderr and "digits" in r.stderr and len(r.stderr) < 400

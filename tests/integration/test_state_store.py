@@ -1,0 +1,143 @@
+"""The state database (SQLite) as the daemon, the hooks and the CLI use it: the store
+contract, an address pool hammered from threads, a schema upgrade that keeps every node,
+and the commands that read it."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from slurm_burst.adapters.state.store import SCHEMA_VERSION, Store
+from slurm_burst.core.nodestate import NodeState, Want
+from slurm_burst.core.records import StoreError
+from tests.conftest import invoke, lab_config_in
+from tests.contracts.store import StoreContract
+
+
+class TestSqliteStore(StoreContract):
+    @pytest.fixture()
+    def store(self, tmp_path: Path) -> Iterator[Store]:
+        s = Store(tmp_path / "state.db")
+        yield s
+        s.close()
+
+
+def test_address_pool_never_hands_out_an_address_twice(tmp_path: Path) -> None:
+    db = tmp_path / "state.db"
+    Store(db).close()
+    got: dict[str, str] = {}
+    lock = threading.Lock()
+
+    def worker(i: int) -> None:
+        s = Store(db)  # one connection per thread: like separate processes
+        for j in range(10):
+            addr = s.allocate_address(f"n{i}-{j}", "10.9.0.0/24", time.time())
+            with lock:
+                got[f"n{i}-{j}"] = addr
+        s.close()
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(got) == 80 and len(set(got.values())) == 80
+    assert "10.9.0.1" not in got.values()  # the hub's
+
+
+OLD_SCHEMA = """
+CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE requests (id INTEGER PRIMARY KEY, kind TEXT NOT NULL, nodes TEXT NOT NULL,
+    jobs TEXT NOT NULL DEFAULT '[]', created_at REAL NOT NULL, done_at REAL);
+CREATE TABLE nodes (name TEXT PRIMARY KEY, grp TEXT NOT NULL, state TEXT NOT NULL,
+    want TEXT NOT NULL, error TEXT NOT NULL DEFAULT '', message TEXT NOT NULL DEFAULT '',
+    provider TEXT NOT NULL DEFAULT '', size TEXT NOT NULL DEFAULT '',
+    launch_seq INTEGER NOT NULL DEFAULT 0, token TEXT NOT NULL DEFAULT '',
+    instance_id TEXT NOT NULL DEFAULT '', ip TEXT NOT NULL DEFAULT '',
+    host_keys TEXT NOT NULL DEFAULT '[]', wg_pubkey TEXT NOT NULL DEFAULT '',
+    mesh_addr TEXT NOT NULL DEFAULT '', jobs TEXT NOT NULL DEFAULT '[]',
+    requested_at REAL NOT NULL DEFAULT 0, state_since REAL NOT NULL DEFAULT 0);
+CREATE TABLE mesh_addresses (address TEXT PRIMARY KEY, node TEXT NOT NULL UNIQUE,
+    allocated_at REAL NOT NULL);
+INSERT INTO nodes (name, grp, state, want, instance_id, mesh_addr, state_since)
+    VALUES ('burst-cpu-1', 'cpu', 'joined', 'up', 'ns-1', '10.77.0.2', 5.0);
+INSERT INTO mesh_addresses VALUES ('10.77.0.2', 'burst-cpu-1', 4.0);
+"""
+
+
+def test_a_database_of_the_previous_release_is_upgraded_keeping_every_node(
+    tmp_path: Path,
+) -> None:
+    """The state database a daemon of the previous release left (column ``grp``, no
+    groups table, schema version 0): opened, it is upgraded in place, the joined node
+    and its address are still there, and the new tables exist."""
+    db = tmp_path / "state.db"
+    with sqlite3.connect(db) as c:
+        c.executescript(OLD_SCHEMA)
+    s = Store(db)
+    rec = s.node("burst-cpu-1")
+    assert rec is not None and (rec.group, rec.state, rec.want) == ("cpu", "joined", Want.UP)
+    assert rec.instance_id == "ns-1" and s.addresses() == {"burst-cpu-1": "10.77.0.2"}
+    assert s.group_launch_result("cpu", ok=False) == 1  # the groups table was added
+    s.transition("burst-cpu-1", NodeState.TERMINATING, 6.0)
+    s.close()
+    with sqlite3.connect(db) as c:
+        assert c.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+    Store(db, create=False).close()  # and a reader opens it as it is
+
+
+def test_during_an_upgrade_the_hooks_leave_the_old_schema_to_the_old_daemon(
+    tmp_path: Path,
+) -> None:
+    """The package is upgraded while the old daemon still runs: the new hooks record
+    requests in the old database without changing its schema under the old daemon;
+    reading nodes says to restart; the new daemon then upgrades it."""
+    db = tmp_path / "state.db"
+    with sqlite3.connect(db) as c:
+        c.executescript(OLD_SCHEMA)
+    hook = Store(db, upgrade=False)
+    assert hook.outdated
+    hook.add_request("resume", ["burst-cpu-2"], [], 7.0)
+    assert [r.nodes for r in hook.pending_requests()] == [("burst-cpu-2",)]
+    with pytest.raises(StoreError, match="restart slurm-burst"):
+        hook.nodes()
+    hook.close()
+    with sqlite3.connect(db) as c:
+        assert c.execute("PRAGMA user_version").fetchone()[0] == 0
+        assert "grp" in {r[1] for r in c.execute("PRAGMA table_info(nodes)")}
+    daemon = Store(db)  # upgrade=True: what the daemon opens
+    assert daemon.node("burst-cpu-1") is not None and len(daemon.pending_requests()) == 1
+    daemon.close()
+
+
+def test_a_newer_schema_or_an_empty_file_is_refused_with_a_clear_error(tmp_path: Path) -> None:
+    db = tmp_path / "state.db"
+    Store(db).close()
+    with sqlite3.connect(db) as c:
+        c.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
+    with pytest.raises(StoreError, match="newer than this slurm-burst"):
+        Store(db)
+    empty = tmp_path / "empty.db"
+    empty.touch()
+    with pytest.raises(StoreError, match="is empty"):
+        Store(empty, create=False)
+    with pytest.raises(StoreError, match="does not exist"):
+        Store(tmp_path / "missing.db", create=False)
+
+
+def test_nodes_and_events_commands_read_the_database(tmp_path: Path) -> None:
+    cfg = lab_config_in(tmp_path)
+    store = Store(Path(cfg.daemon.state_dir) / "state.db")
+    store.transition("burst-cpu-1", NodeState.REQUESTED, time.time(), group="cpu", want=Want.UP)
+    doc = json.loads(invoke(["--config", cfg.source, "nodes", "--json"]).stdout)
+    assert [(n["name"], n["state"], n["want"]) for n in doc["nodes"]] == [
+        ("burst-cpu-1", "requested", "up")
+    ]
+    out = invoke(["--config", cfg.source, "events"]).stdout
+    assert "burst-cpu-1" in out and "node.requested" in out

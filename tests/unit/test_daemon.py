@@ -1,0 +1,115 @@
+"""The daemon's request handling and worker pool on in-memory fakes: a request becomes each
+node's want, new nodes are launched in batches where the provider batches and one by one
+where it does not, a duplicate resume does nothing, a resume-fail returns the node to
+service, and a restart picks up every node where it was."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from slurm_burst.core.nodestate import NodeState, Want
+from tests.conftest import wait
+from tests.fakes.world import World, make_world
+
+CPU = [f"burst-cpu-{i}" for i in range(1, 9)]
+
+
+def settle(w: World) -> None:
+    """Handle the pending requests and wait until every worker is done."""
+    w.daemon.handle_requests()
+    wait(w.daemon.workers.idle, 10, "the workers to finish")
+
+
+@pytest.fixture()
+def w(tmp_path: Path) -> World:
+    return make_world(tmp_path)
+
+
+@pytest.fixture()
+def wb(tmp_path: Path) -> World:
+    """A world whose provider launches up to 4 instances per call."""
+    return make_world(tmp_path, batch_max=4)
+
+
+def test_a_resume_on_a_batching_provider_is_launched_in_batches(wb: World) -> None:
+    wb.store.add_request("resume", CPU, [{"job_id": 7}], wb.clock.now())
+    settle(wb)
+    assert wb.cloud.calls["launch_many"] == 2 and wb.cloud.calls["launch"] == 0
+    assert all(wb.rec(n).state == NodeState.JOINED for n in CPU)
+    assert sorted(i.tags["slurm-burst-node"] for i in wb.cloud.live()) == sorted(CPU)
+    assert wb.store.pending_requests() == []
+    assert wb.rec(CPU[0]).jobs == '[{"job_id": 7}]'
+
+
+def test_a_resume_on_a_provider_without_batches_goes_straight_to_the_workers(w: World) -> None:
+    w.store.add_request("resume", CPU, [], w.clock.now())
+    settle(w)
+    assert w.cloud.calls["launch"] == 8 and w.cloud.calls["launch_many"] == 0
+    assert all(w.rec(n).state == NodeState.JOINED for n in CPU)
+
+
+def test_a_batch_refused_for_capacity_moves_to_the_next_size(wb: World) -> None:
+    wb.cloud.capacity.add("ns.cpu2")
+    wb.store.add_request("resume", CPU[:4], [], wb.clock.now())
+    settle(wb)
+    assert {wb.rec(n).size for n in CPU[:4]} == {"ns.cpu4"}
+    assert wb.cloud.calls["launch_many"] == 2  # refused once, made once
+
+
+def test_a_duplicate_resume_launches_nothing_more(w: World) -> None:
+    w.store.add_request("resume", CPU[:2], [], w.clock.now())
+    settle(w)
+    w.store.add_request("resume", CPU[:2], [], w.clock.now())
+    settle(w)
+    assert w.cloud.calls["launch"] == 2 and len(w.cloud.live()) == 2
+
+
+def test_a_suspend_releases_and_a_resume_fail_also_returns_the_node_to_service(
+    w: World,
+) -> None:
+    w.store.add_request("resume", CPU[:2], [], w.clock.now())
+    settle(w)
+    w.store.add_request("suspend", [CPU[0]], [], w.clock.now())
+    w.store.add_request("resume-fail", [CPU[1]], [], w.clock.now())
+    settle(w)
+    for n in CPU[:2]:
+        assert (w.rec(n).state, w.rec(n).want) == (NodeState.TERMINATED, Want.DOWN)
+    assert w.cloud.live() == [] and w.mesh.peers() == []
+    assert "power_down_force" not in w.slurm.states_set(CPU[0])
+    assert w.slurm.states_set(CPU[1])[-1] == "power_down_force"
+
+
+def test_a_suspend_of_a_node_never_seen_is_recorded_and_harmless(w: World) -> None:
+    w.store.add_request("suspend", ["burst-gpu-2"], [], w.clock.now())
+    settle(w)
+    assert w.rec("burst-gpu-2").state == NodeState.TERMINATED and w.cloud.calls["launch"] == 0
+
+
+def test_names_in_no_node_group_are_skipped(w: World) -> None:
+    w.store.add_request("resume", ["onprem-1", CPU[0]], [], w.clock.now())
+    settle(w)
+    assert w.store.node("onprem-1") is None and w.rec(CPU[0]).state == NodeState.JOINED
+
+
+def test_a_restart_picks_up_every_node_where_it_was(w: World) -> None:
+    """Nodes left mid-way by a dead daemon: one requested, one booting, one being torn
+    down. recover() hands each to a worker; each ends where its want says."""
+    w.store.add_request("resume", CPU[:3], [], w.clock.now())
+    w.daemon.handle_requests()  # the daemon "dies" here: no worker ran yet
+    wait(w.daemon.workers.idle, 10, "the workers")
+    w.store.update(CPU[2], want=Want.DOWN)
+    w.daemon.workers.recover()
+    wait(w.daemon.workers.idle, 10, "the recovered workers")
+    assert [w.rec(n).state for n in CPU[:3]] == [
+        NodeState.JOINED, NodeState.JOINED, NodeState.TERMINATED
+    ]  # fmt: skip
+    assert len(w.cloud.live()) == 2
+
+
+def test_the_heartbeat_says_who_leads_and_how_much_is_in_flight(w: World) -> None:
+    w.daemon.beat()
+    beat = w.store.heartbeat()
+    assert beat is not None and beat["node_id"] == "test" and beat["in_flight"] == 0
+    assert beat["at"] == w.clock.now()

@@ -1,0 +1,410 @@
+"""``Provisioner.drive`` on in-memory fakes: launch, boot, every bootstrap step's failure,
+teardown and resume-fail, on a fake clock (a 30 s boot timeout takes microseconds).
+
+The lab proves the same path end to end on real parts (tests/lab/test_x_burst.py and
+the fault matrix); these pin down each branch, fast.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from slurm_burst.core.cloud import AuthError, CloudError, ThrottledError
+from slurm_burst.core.errors import BurstError
+from slurm_burst.core.mesh import MeshError
+from slurm_burst.core.nodestate import NodeState, Want
+from slurm_burst.core.records import StoreError
+from slurm_burst.core.remote import RemoteError
+from slurm_burst.core.slurm import SchedulerError
+from slurm_burst.services.provisioner import REMOTE_SCRIPT
+from tests.fakes.ssh import MUNGE_IDS
+from tests.fakes.world import MUNGE_KEY, World, make_world
+
+N = "burst-cpu-1"
+
+
+@pytest.fixture()
+def w(tmp_path: Path) -> World:
+    return make_world(tmp_path)
+
+
+def assert_released(w: World, name: str, code: str) -> None:
+    """A failed node: torn down everywhere, Slurm told why, then returned to service."""
+    rec = w.rec(name)
+    assert (rec.state, rec.want, rec.error) == (NodeState.TERMINATED, Want.DOWN, code), rec
+    assert w.cloud.of_node(name) == [] and w.mesh.peers() == []
+    assert name not in w.store.addresses()
+    assert (rec.wg_pubkey, rec.mesh_addr, rec.ip, rec.host_keys) == ("", "", "", "[]")
+    reason = w.slurm.updates[[u["state"] for u in w.slurm.updates].index("down")]["reason"]
+    assert reason.endswith(f"(Code:{code})"), reason
+    assert w.slurm.states_set(name)[-1] == "power_down_force"
+    node = w.slurm.node(name)
+    assert node.powered_down and node.addr == name  # NodeAddr back to the name
+    assert all(s.closed for s in w.connector.sessions)
+
+
+# -- the whole path ------------------------------------------------------------------
+
+
+def test_a_node_launches_boots_bootstraps_and_joins(w: World) -> None:
+    w.request(N)
+    rec = w.prov.drive(N)
+    assert rec is not None and rec.state == NodeState.JOINED and rec.error == ""
+    (inst,) = w.cloud.of_node(N)
+    assert (rec.instance_id, rec.provider, rec.size) == (inst.id, "lab", "ns.cpu2")
+    assert rec.token == f"burstlab-{N}-1-0"
+    # the hub knows the node's key at its pool address; Slurm reaches it there
+    (peer,) = w.mesh.peers()
+    assert peer.public_key == rec.wg_pubkey and peer.allowed_ips == (f"{rec.mesh_addr}/32",)
+    assert rec.mesh_addr == "10.77.0.2" and w.slurm.node(N).addr == "10.77.0.2"
+    node = w.connector.nodes[inst.address]
+    assert node.files["/etc/munge/munge.key"] == (MUNGE_KEY, 0o400, (998, 998))
+    assert node.files[REMOTE_SCRIPT][1] == 0o700
+    conf = node.files["/etc/wireguard/wg-burst-hub.conf"]
+    assert conf[1] == 0o600 and b"PrivateKey" not in conf[0]
+    assert node.slurmd == N and node.munged
+    steps = [a[2] for a in node.ran if a[:2] == ["sh", REMOTE_SCRIPT]]
+    assert steps == ["wg-key", "wg-up", "munge-dirs", "munge-start", "slurmd-start"]
+    slurmd = next(a for a in node.ran if a[2:3] == ["slurmd-start"])
+    assert slurmd[3:] == [N, "10.77.0.1"]  # configless: the hub's mesh address
+    assert w.ledger.of(N) == ["requested", "running", "joined"]
+    assert w.ledger.events[0].price_per_hour == pytest.approx(0.085)
+    assert w.store.groups()["cpu"].failures == 0
+    assert [e["event"] for e in w.store.events() if e["node"] == N] == [
+        "node.requested", "node.launching", "node.booting", "node.bootstrapping", "node.joined",
+    ]  # fmt: skip
+
+
+def test_driving_a_joined_node_again_does_nothing(w: World) -> None:
+    w.request(N)
+    w.prov.drive(N)
+    calls = dict(w.cloud.calls)
+    assert w.prov.drive(N) is not None and dict(w.cloud.calls) == calls
+
+
+def test_a_suspended_node_is_torn_down_and_recorded(w: World) -> None:
+    w.request(N)
+    joined = w.prov.drive(N)
+    assert joined is not None
+    w.store.update(N, want=Want.DOWN)
+    rec = w.prov.drive(N)
+    assert rec is not None and rec.state == NodeState.TERMINATED and rec.error == ""
+    assert w.cloud.of_node(N) == [] and w.mesh.peers() == [] and w.store.addresses() == {}
+    assert w.slurm.node(N).addr == N
+    assert w.ledger.of(N) == ["requested", "running", "joined", "terminated"]
+    assert "power_down_force" not in w.slurm.states_set(N)  # Slurm suspended it itself
+
+
+def test_teardown_of_an_instance_already_gone_still_finishes(w: World) -> None:
+    w.request(N)
+    joined = w.prov.drive(N)
+    assert joined is not None
+    w.cloud.vanish(joined.instance_id)
+    w.store.update(N, want=Want.DOWN)
+    rec = w.prov.drive(N)
+    assert rec is not None and rec.state == NodeState.TERMINATED
+    assert w.mesh.peers() == [] and w.store.addresses() == {}
+
+
+def test_a_terminated_node_asked_up_again_launches_with_a_new_token(w: World) -> None:
+    w.request(N)
+    w.prov.drive(N)
+    w.store.update(N, want=Want.DOWN)
+    w.prov.drive(N)
+    w.store.update(N, want=Want.UP)
+    rec = w.prov.drive(N)
+    assert rec is not None and rec.state == NodeState.JOINED and rec.launch_seq == 2
+    assert rec.token == f"burstlab-{N}-2-0" and len(w.cloud.of_node(N)) == 1
+
+
+# -- launch ------------------------------------------------------------------------
+
+
+def test_a_capacity_error_falls_back_to_the_next_size_and_cools_the_first(w: World) -> None:
+    w.cloud.capacity.add("ns.cpu2")
+    w.request(N, "burst-cpu-2")
+    assert w.prov.drive(N) is not None
+    assert (w.rec(N).state, w.rec(N).size, w.rec(N).token) == (
+        NodeState.JOINED, "ns.cpu4", f"burstlab-{N}-1-1"
+    )  # fmt: skip
+    assert ("lab", "ns.cpu2") in w.store.unavailable(w.clock.now())
+    launches = w.cloud.calls["launch"]
+    w.prov.drive("burst-cpu-2")  # the cooling size is not even tried
+    assert w.cloud.calls["launch"] == launches + 1 and w.rec("burst-cpu-2").size == "ns.cpu4"
+    assert any(e["event"] == "size.unavailable" for e in w.store.events())
+
+
+def test_every_size_cooling_fails_the_node_with_the_providers_code(w: World) -> None:
+    w.cloud.capacity |= {"ns.cpu2", "ns.cpu4"}
+    w.request(N)
+    w.prov.drive(N)
+    assert_released(w, N, "InsufficientInstanceCapacity")
+    assert w.ledger.events == []  # nothing was launched, nothing is charged
+    w.request("burst-cpu-2", seq=1)
+    w.prov.drive("burst-cpu-2")  # both sizes cool: no call at all
+    assert w.cloud.calls["launch"] == 2
+    assert "cooling down" in w.rec("burst-cpu-2").message
+
+
+def test_a_protected_group_launches_nothing_and_it_does_not_count(w: World) -> None:
+    w.store.protect_group("cpu", w.clock.now() + 60, "3 failed launches")
+    w.request(N)
+    w.prov.drive(N)
+    assert_released(w, N, "GroupProtected")
+    assert w.cloud.calls["launch"] == 0 and w.store.groups()["cpu"].failures == 0
+
+
+def test_an_auth_failure_fails_at_once_and_counts(w: World) -> None:
+    w.cloud.errors["launch"] = [AuthError("AuthFailure: key revoked")]
+    w.request(N)
+    w.prov.drive(N)
+    assert_released(w, N, "AuthFailure")
+    assert w.store.groups()["cpu"].failures == 1
+
+
+def test_a_crash_after_the_launch_call_adopts_the_instance(w: World) -> None:
+    """The daemon died after create_node answered and before it recorded the instance:
+    the node is still launching with its token; the retry finds what the call made."""
+    w.request(N)
+    token = f"burstlab-{N}-1-0"
+    w.store.transition(N, NodeState.LAUNCHING, w.clock.now(), token=token, provider="lab",
+                       size="ns.cpu2")  # fmt: skip
+    spec = w.prov.launcher.spec(w.cfg.node_groups["cpu"], N, "ns.cpu2", token)
+    made = w.cloud.launch(spec)
+    rec = w.prov.drive(N)
+    assert rec is not None and rec.state == NodeState.JOINED and rec.instance_id == made.id
+    assert w.cloud.calls["launch"] == 1 and w.cloud.calls["find"] == 1
+
+
+def test_a_retried_call_to_a_size_that_cooled_meanwhile_is_repeated_not_lost(w: World) -> None:
+    w.request(N)
+    token = f"burstlab-{N}-1-0"
+    w.store.transition(N, NodeState.LAUNCHING, w.clock.now(), token=token, provider="lab",
+                       size="ns.cpu2")  # fmt: skip
+    w.cloud.launch(w.prov.launcher.spec(w.cfg.node_groups["cpu"], N, "ns.cpu2", token))
+    w.store.mark_unavailable("lab", "ns.cpu2", w.clock.now() + 60, "InsufficientInstanceCapacity")
+    rec = w.prov.drive(N)
+    assert rec is not None and rec.size == "ns.cpu2" and len(w.cloud.of_node(N)) == 1
+
+
+# -- boot --------------------------------------------------------------------------
+
+
+def test_an_instance_that_never_runs_times_out(w: World) -> None:
+    w.cloud.never_boot.add(N)
+    w.request(N)
+    started = w.clock.now()
+    w.prov.drive(N)
+    assert_released(w, N, "BootTimeout")
+    assert w.clock.now() - started >= w.cfg.daemon.boot_timeout
+    assert w.ledger.of(N) == ["requested", "failed", "terminated"]
+
+
+def test_an_instance_deleted_while_booting_vanished(w: World) -> None:
+    w.request(N)
+    w.prov.launcher.launch_one(w.rec(N), w.cfg.node_groups["cpu"])
+    w.cloud.terminate(w.rec(N).instance_id)
+    w.prov.drive(N)
+    assert_released(w, N, "InstanceVanished")
+
+
+def test_an_instance_put_in_error_for_want_of_capacity_cools_its_size(w: World) -> None:
+    w.request(N)
+    w.prov.launcher.launch_one(w.rec(N), w.cfg.node_groups["cpu"])
+    w.cloud.put_in_error(w.rec(N).instance_id, "No valid host was found. There are not enough")
+    w.prov.drive(N)
+    assert_released(w, N, "NoValidHost")
+    assert ("lab", "ns.cpu2") in w.store.unavailable(w.clock.now())
+
+
+def test_throttling_is_a_cloud_error_with_its_code_when_it_reaches_the_provisioner(
+    w: World,
+) -> None:
+    """Retrying throttled calls is ManagedCloud's job (test_reconcile_service); one that
+    gets through fails the node with the provider's code."""
+    w.cloud.errors["launch"] = [ThrottledError("RequestLimitExceeded: slow down")]
+    w.request(N)
+    w.prov.drive(N)
+    assert_released(w, N, "RequestLimitExceeded")
+
+
+# -- bootstrap: each step's failure ------------------------------------------------------
+
+
+Inject = Callable[[World], None]
+
+
+def _step_fails(step: str) -> Inject:
+    def inject(w: World) -> None:
+        w.connector.fail_steps[step] = f"{step} broke"
+
+    return inject
+
+
+def _put_fails(path: str) -> Inject:
+    def inject(w: World) -> None:
+        w.connector.fail_put.add(path)
+
+    return inject
+
+
+def _unreachable(w: World) -> None:
+    w.connector.keys_of = lambda host: None  # nothing ever answers on port 22
+
+
+def _wrong_host_key(w: World) -> None:
+    w.connector.keys_of = lambda host: [("ssh-ed25519", "AAAAC3NzaC1lZDI1NTE5AAAAIMitm")]
+
+
+def _garbage_wg_key(w: World) -> None:
+    w.connector.bad_wg_key = True
+
+
+def _pool_full(w: World) -> None:
+    for i in range(2, 255):
+        w.store.allocate_address(f"other-{i}", w.cfg.mesh.subnet, 0)
+
+
+def _hub_refuses(w: World) -> None:
+    w.mesh.fail_add = True
+
+
+def _no_handshake(w: World) -> None:
+    w.mesh.silent = True
+
+
+def _nodeaddr_refused(w: World) -> None:
+    def refuse(names: Sequence[str], change: dict[str, Any]) -> str | None:
+        setting_mesh_addr = change["addrs"] is not None and change["addrs"][0] != names[0]
+        return "Unable to contact slurm controller" if setting_mesh_addr else None
+
+    w.slurm.refuse = refuse
+
+
+BOOTSTRAP_FAULTS = [
+    ("ssh-unreachable", _unreachable, "SshUnreachable"),
+    ("host-key-mismatch", _wrong_host_key, "HostKeyMismatch"),
+    ("script-upload", _put_fails(REMOTE_SCRIPT), "RemoteCommand"),
+    ("wg-key", _step_fails("wg-key"), "Bootstrap.wg-key"),
+    ("wg-key-garbage", _garbage_wg_key, "WireGuardKey"),
+    ("address-pool-full", _pool_full, "MeshPoolFull"),
+    ("hub-peer", _hub_refuses, "HubPeer"),
+    ("wg-config-upload", _put_fails("/etc/wireguard/wg-burst-hub.conf"), "RemoteCommand"),
+    ("wg-up", _step_fails("wg-up"), "Bootstrap.wg-up"),
+    ("no-handshake", _no_handshake, "WireGuardHandshake"),
+    ("munge-dirs", _step_fails("munge-dirs"), "Bootstrap.munge-dirs"),
+    ("munge-key-upload", _put_fails("/etc/munge/munge.key"), "RemoteCommand"),
+    ("munge-start", _step_fails("munge-start"), "Bootstrap.munge-start"),
+    ("nodeaddr", _nodeaddr_refused, "NodeAddr"),
+    ("slurmd-start", _step_fails("slurmd-start"), "Bootstrap.slurmd-start"),
+]
+
+
+@pytest.mark.parametrize(
+    ("inject", "code"), [f[1:] for f in BOOTSTRAP_FAULTS], ids=[f[0] for f in BOOTSTRAP_FAULTS]
+)
+def test_each_bootstrap_step_failure_fails_the_node_and_releases_everything(
+    w: World, inject: Inject, code: str
+) -> None:
+    inject(w)
+    w.request(N)
+    w.prov.drive(N)
+    assert_released(w, N, code)
+    assert w.ledger.of(N) == ["requested", "running", "failed", "terminated"]
+    assert w.store.groups()["cpu"].failures == 1
+    if code != "SshUnreachable":
+        assert w.slurm.node(N).addr == N
+
+
+def test_a_suspend_during_bootstrap_cancels_it_and_tears_down(w: World) -> None:
+    """The node's want turns down while its slurmd is about to start: no slurmd, no
+    failure counted, everything released."""
+
+    def suspend_now(names: Sequence[str], change: dict[str, Any]) -> None:
+        if change["addrs"] is not None and change["addrs"][0] != names[0]:
+            w.store.update(N, want=Want.DOWN)  # Slurm's suspend arrives with NodeAddr set
+        return None
+
+    w.slurm.refuse = suspend_now
+    w.request(N)
+    rec = w.prov.drive(N)
+    assert rec is not None and rec.state == NodeState.TERMINATED and rec.error == ""
+    assert all(not n.slurmd for n in w.connector.nodes.values())
+    assert w.cloud.of_node(N) == [] and w.store.groups().get("cpu") is None
+
+
+def test_a_stopping_daemon_pauses_a_node_where_it_is(w: World) -> None:
+    w.cloud.never_boot.add(N)
+    w.request(N)
+    w.prov.stopping.set()
+    assert w.prov.drive(N) is None
+    assert w.rec(N).state == NodeState.BOOTING and w.rec(N).want == Want.UP
+
+
+# -- resume-fail and the reconcile loop's failures ---------------------------------------
+
+
+def test_fail_from_outside_fails_a_joined_node_once(w: World) -> None:
+    w.request(N)
+    w.prov.drive(N)
+    assert w.prov.fail(N, "InstanceVanished", "instance is gone")
+    assert not w.prov.fail(N, "InstanceVanished", "again")  # already failed
+    w.prov.drive(N)
+    assert_released(w, N, "InstanceVanished")
+    assert w.ledger.of(N) == ["requested", "running", "joined", "failed", "terminated"]
+
+
+def test_munge_ids_are_the_nodes_own(w: World) -> None:
+    w.request(N)
+    w.prov.drive(N)
+    (node,) = w.connector.nodes.values()
+    owner = node.files["/etc/munge/munge.key"][2]
+    assert owner == tuple(int(x) for x in MUNGE_IDS.split(":"))
+
+
+def test_failures_in_a_row_count_towards_protected_mode_and_a_join_resets_them(
+    w: World,
+) -> None:
+    w.cloud.errors["launch"] = [AuthError("AuthFailure: no"), AuthError("AuthFailure: no")]
+    w.request(N, "burst-cpu-2", "burst-cpu-3")
+    w.prov.drive(N)
+    w.prov.drive("burst-cpu-2")
+    assert w.store.groups()["cpu"].failures == 2  # the reconcile loop protects at 2
+    w.prov.drive("burst-cpu-3")
+    assert w.rec("burst-cpu-3").state == NodeState.JOINED
+    assert w.store.groups()["cpu"].failures == 0
+
+
+@pytest.mark.parametrize(
+    ("error", "code"),
+    [
+        (CloudError("instance list failed", "InternalFailure"), "InternalFailure"),
+        (RemoteError("session dropped", "SshUnreachable"), "SshUnreachable"),
+        (SchedulerError("slurmctld busy"), "SlurmError"),
+        (MeshError("wg: no such device"), "MeshError"),
+        (StoreError("disk full"), "InternalError"),
+    ],
+    ids=["cloud", "remote", "slurm", "mesh", "store"],
+)
+def test_every_error_of_a_port_fails_the_node_with_its_own_code(
+    w: World, error: BurstError, code: str
+) -> None:
+    """One error contract: whatever port fails during a step, the node fails by the
+    error's type with its code; nothing escapes to the worker's catch-all."""
+    w.request(N)
+    w.prov.launcher.launch_one(w.rec(N), w.cfg.node_groups["cpu"])
+    w.cloud.errors["get"] = [error]
+    w.prov.drive(N)
+    assert_released(w, N, code)
+
+
+def test_the_adapters_errors_keep_the_contract() -> None:
+    from slurm_burst.adapters.slurm.cli import SlurmError
+    from slurm_burst.adapters.ssh.session import SshError
+
+    for cls in (SlurmError, SshError, CloudError, RemoteError, MeshError, StoreError):
+        assert issubclass(cls, BurstError), cls
