@@ -1,15 +1,18 @@
 """Resume of 1,000 nodes of one node group against the EC2 emulator: batched launch
 (one RunInstances per group and size, MinCount = MaxCount) against one create_node per
-node, in the same run.
+node, in the same run; then the batched mode five more times with two CPU burners
+running beside the daemon (a loaded controller).
 
-For each mode: the resume hook program (a new process, as Slurm runs it) records the
+For each run: the resume hook program (a new process, as Slurm runs it) records the
 request; the daemon (in this process, its real request and launch path) launches;
 the clock stops when every node has its instance recorded. Printed: launch API calls
-(RunInstances), all API calls, and the wall time from the hook to all instances
-requested (goals: <= 10 calls, <= 10 s). The daemon's later steps (boot, SSH) are
-not run: nothing boots in an emulator, and they are not what is measured.
+(RunInstances), all API calls, the time from the daemon waking up with the request to
+its first launch call, and the wall time from the hook to all instances requested
+(goals: <= 10 launch calls in every run, first launch <= 0.2 s, <= 10 s unloaded). The
+daemon's later steps (boot, SSH) are not run: nothing boots in an emulator, and they
+are not what is measured.
 
-    python benchmarks/launch.py [--nodes 1000]
+    python benchmarks/launch.py [--nodes 1000] [--loaded-runs 5]
 """
 
 from __future__ import annotations
@@ -21,8 +24,10 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import NamedTuple, TypeVar
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -33,14 +38,17 @@ from slurm_burst.adapters.ha import SoleLeader  # noqa: E402
 from slurm_burst.adapters.ssh.session import SshConnector, generate_key  # noqa: E402
 from slurm_burst.adapters.state.store import Store  # noqa: E402
 from slurm_burst.config import Config, load_config  # noqa: E402
+from slurm_burst.core.cloud import LaunchSpec  # noqa: E402
 from slurm_burst.core.nodestate import NodeState  # noqa: E402
-from slurm_burst.core.records import NodeRecord  # noqa: E402
+from slurm_burst.core.records import NodeRecord, Request  # noqa: E402
 from slurm_burst.services.provisioner import Provisioner, Secrets  # noqa: E402
 from slurm_burst.wiring import DaemonParts  # noqa: E402
 from tests.ec2.emulator import RemoteEmulator  # noqa: E402
 from tests.fakes.mesh import FakeMesh  # noqa: E402
 from tests.fakes.slurm import FakeScheduler  # noqa: E402
 from tests.integration.test_ec2 import CONFIG  # noqa: E402
+
+T = TypeVar("T")
 
 
 def launch_only(prov: Provisioner) -> Callable[[str], NodeRecord | None]:
@@ -68,7 +76,14 @@ def config(tmp: Path, emu: RemoteEmulator, nodes: int, batch: int) -> Config:
     return load_config(path)
 
 
-def run(emu: RemoteEmulator, nodes: int, batch: int) -> tuple[int, int, float]:
+class Run(NamedTuple):
+    launches: int  # RunInstances calls
+    calls: int  # all EC2 API calls
+    first_launch: float  # s from the daemon finding the request to its first launch call
+    wall: float  # s from the hook starting to every node having its instance
+
+
+def run(emu: RemoteEmulator, nodes: int, batch: int) -> Run:
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         (tmp / "slurm").mkdir()
@@ -95,6 +110,7 @@ def run(emu: RemoteEmulator, nodes: int, batch: int) -> tuple[int, int, float]:
         )
         daemon = wiring.assemble(cfg, parts)
         daemon.prov.drive = launch_only(daemon.prov)  # type: ignore[method-assign,assignment]
+        marks = watch(store, aws)
         runner = threading.Thread(target=daemon.run, daemon=True)
         runner.start()
         while store.heartbeat() is None:
@@ -114,12 +130,62 @@ def run(emu: RemoteEmulator, nodes: int, batch: int) -> tuple[int, int, float]:
         daemon.stop.set()
         runner.join(timeout=60)
         calls = emu.calls()
-        return calls.get("RunInstances", 0), sum(calls.values()), wall
+        return Run(
+            calls.get("RunInstances", 0),
+            sum(calls.values()),
+            marks["launch"] - marks["woke"],
+            wall,
+        )
+
+
+def watch(store: Store, aws: LibcloudCloud) -> dict[str, float]:
+    """Note when the daemon first finds a pending request and when it first calls the
+    provider to launch (either way)."""
+    marks: dict[str, float] = {}
+    pending, launch, launch_many = store.pending_requests, aws.launch, aws.launch_many
+
+    def pending_requests() -> list[Request]:
+        found = pending()
+        if found:
+            marks.setdefault("woke", time.perf_counter())
+        return found
+
+    def mark_launch(fn: Callable[[LaunchSpec], T]) -> Callable[[LaunchSpec], T]:
+        def call(spec: LaunchSpec) -> T:
+            marks.setdefault("launch", time.perf_counter())
+            return fn(spec)
+
+        return call
+
+    store.pending_requests = pending_requests  # type: ignore[method-assign]
+    aws.launch = mark_launch(launch)  # type: ignore[method-assign,assignment]
+    aws.launch_many = mark_launch(launch_many)  # type: ignore[method-assign,assignment]
+    return marks
+
+
+@contextmanager
+def burners(n: int) -> Iterator[None]:
+    """``n`` CPU-bound processes for the duration (a loaded controller)."""
+    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
+    try:
+        yield
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+
+
+def show(label: str, r: Run) -> None:
+    print(
+        f"  {label:<30} launch calls {r.launches:5d}  all calls {r.calls:5d}  "
+        f"first launch {r.first_launch * 1000:6.0f} ms  hook -> all requested {r.wall:6.2f} s"
+    )
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--nodes", type=int, default=1000)
+    ap.add_argument("--loaded-runs", type=int, default=5)
     args = ap.parse_args()
     os.environ.setdefault("SB_TEST_AWS_KEY", "AKIDEMULATOR000000000")
     os.environ.setdefault("SB_TEST_AWS_SECRET", "emulator-secret")
@@ -127,15 +193,23 @@ def main() -> None:
     print(
         f"resume of {args.nodes} nodes of one group, EC2 emulator (moto, own process) on loopback"
     )
-    for label, batch in (("batched (RunInstances x N)", 0), ("one create_node per node", 1)):
-        launches, total, wall = run(emu, args.nodes, batch)
-        goal = "  OK" if launches <= 10 and wall <= 10 else ""
-        print(
-            f"  {label:<28} launch calls {launches:5d}  all API calls {total:5d}  "
-            f"hook -> all requested {wall:7.2f} s{goal}"
-        )
-    print("  goals (batched): <= 10 launch calls, <= 10 s")
+    show("batched", run(emu, args.nodes, 0))
+    show("one create_node per node", run(emu, args.nodes, 1))
+    loaded = []
+    with burners(2):
+        for i in range(args.loaded_runs):
+            loaded.append(run(emu, args.nodes, 0))
+            show(f"batched, 2 CPU burners, run {i + 1}", loaded[-1])
     emu.stop()
+    if loaded:
+        batched = sum(1 for r in loaded if r.launches <= 10)
+        worst = max(r.first_launch for r in loaded)
+        print(
+            f"  loaded: {batched}/{len(loaded)} runs batched (<= 10 launch calls); "
+            f"first launch at worst {worst * 1000:.0f} ms"
+        )
+    print("  goals: <= 10 launch calls in every batched run; first launch <= 200 ms; "
+          "<= 10 s unloaded")  # fmt: skip
 
 
 if __name__ == "__main__":

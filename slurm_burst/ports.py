@@ -10,6 +10,7 @@ same contract suites (``tests/contracts``) as the real adapters.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager
 from datetime import date, datetime
 from typing import Any, Protocol
 
@@ -120,6 +121,11 @@ class NodeStore(Protocol):
     """The daemon's durable memory: node records, the hooks' requests, the mesh address
     pool, group health, events and the heartbeat. Every write is atomic and durable
     before it returns: a request a hook recorded survives a crash of either side."""
+
+    def atomically(self) -> AbstractContextManager[None]:
+        """Every write inside is one transaction: all of it lands, or none if the block
+        raises; other threads see none of it until the block ends."""
+        ...
 
     # heartbeat and small facts (batches in flight, suspects, the last pass report)
     def beat(self, now: float, info: Mapping[str, Any]) -> None: ...

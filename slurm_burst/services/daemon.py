@@ -23,7 +23,8 @@ from pathlib import Path
 from slurm_burst.config import Config
 from slurm_burst.core.hostlist import compress
 from slurm_burst.core.nodestate import RESUMING, NodeState, Want
-from slurm_burst.core.records import NodeRecord
+from slurm_burst.core.records import NodeRecord, Request
+from slurm_burst.fileio import share
 from slurm_burst.ports import Clock, LeaderElection, Metrics, NodeStore
 from slurm_burst.services.chargeback import ChargebackLoop
 from slurm_burst.services.provisioner import Provisioner
@@ -50,8 +51,10 @@ class Daemon:
         stop: threading.Event,
         ledger_loop: ChargebackLoop | None = None,
         metrics: Metrics | None = None,
+        group: int | None = None,
     ) -> None:
         self.cfg = cfg
+        self.group = group  # SlurmUser's gid: its hooks write the state dir and the socket
         self.store = store
         self.prov = provisioner
         self.workers = workers
@@ -78,9 +81,10 @@ class Daemon:
         which one acts.
         """
         state = Path(self.cfg.daemon.state_dir)
-        state.mkdir(parents=True, exist_ok=True, mode=0o750)
+        state.mkdir(parents=True, exist_ok=True, mode=0o770)
+        share(state, 0o770, self.group)  # the hooks (SlurmUser) write the state database
         name = f"daemon.{self.node_id}.lock" if self.cfg.daemon.ha_url else "daemon.lock"
-        fd = os.open(state / name, os.O_RDWR | os.O_CREAT, 0o640)
+        fd = os.open(state / name, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -98,6 +102,8 @@ class Daemon:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         sock.bind(str(path))
         os.chmod(path, 0o660)  # the hooks run as SlurmUser: give its group access
+        if self.group is not None:
+            os.chown(path, -1, self.group)
         sock.settimeout(1.0)
         self._sock = sock
 
@@ -218,46 +224,16 @@ class Daemon:
             # a resume's nodes are claimed before they are written as requested: the
             # reconcile thread's rescan must not hand them to one-node workers meanwhile
             held = self.workers.reserve(req.nodes) if req.kind == "resume" else set()
-            jobs = json.dumps(req.jobs)
-            launch: list[NodeRecord] = []  # nodes newly asked up: launched in batches first
-            drive: list[str] = []  # nodes whose worker must look at them again
-            for name in req.nodes:
-                group = self.cfg.group_of(name)
-                if group is None:
-                    log.warning("request.unknown_node request=%d node=%s", req.id, name)
-                    continue
-                rec = self.store.node(name)
-                if req.kind == "resume":
-                    if rec is not None and rec.state in RESUMING and rec.want == Want.UP:
-                        log.info("node.resume.duplicate node=%s state=%s", name, rec.state)
-                        continue
-                    if rec is None or rec.state == NodeState.TERMINATED:
-                        new = self.store.transition(
-                            name,
-                            NodeState.REQUESTED,
-                            self.clock.now(),
-                            group=group.name,
-                            want=Want.UP,
-                            launch_seq=(rec.launch_seq + 1) if rec else 1,
-                            requested_at=req.created_at,
-                            jobs=jobs,
-                            error="",
-                            message="",
-                        )
-                        launch.append(new)
-                        continue
-                    self.store.update(name, want=Want.UP, jobs=jobs)
-                else:
-                    if rec is None:
-                        now = self.clock.now()
-                        self.store.transition(name, NodeState.TERMINATED, now, group=group.name)
-                    elif rec.want != Want.DOWN:
-                        self.store.update(name, want=Want.DOWN)
-                drive.append(name)
+            try:
+                with self.store.atomically():  # the request and its nodes: one transaction
+                    launch, drive = self._record_request(req)
+                    self.store.finish_request(req.id, self.clock.now())
+            except BaseException:
+                self.workers.submit_launch([], held)  # nothing launched: claims released
+                raise
             self.workers.submit_launch(launch, held)
             for name in drive:
                 self.workers.submit(name, power_down_force=req.kind == "resume-fail")
-            self.store.finish_request(req.id, self.clock.now())
             log.info(
                 "request.done id=%d kind=%s count=%d hostlist=%s",
                 req.id,
@@ -265,3 +241,44 @@ class Daemon:
                 len(req.nodes),
                 compress(list(req.nodes)),
             )
+
+    def _record_request(self, req: Request) -> tuple[list[NodeRecord], list[str]]:
+        """Write what ``req`` asks of each node; return the nodes newly asked up (to be
+        launched in batches first) and the nodes whose worker must look at them again."""
+        jobs = json.dumps(req.jobs)
+        launch: list[NodeRecord] = []
+        drive: list[str] = []
+        for name in req.nodes:
+            group = self.cfg.group_of(name)
+            if group is None:
+                log.warning("request.unknown_node request=%d node=%s", req.id, name)
+                continue
+            rec = self.store.node(name)
+            if req.kind == "resume":
+                if rec is not None and rec.state in RESUMING and rec.want == Want.UP:
+                    log.info("node.resume.duplicate node=%s state=%s", name, rec.state)
+                    continue
+                if rec is None or rec.state == NodeState.TERMINATED:
+                    new = self.store.transition(
+                        name,
+                        NodeState.REQUESTED,
+                        self.clock.now(),
+                        group=group.name,
+                        want=Want.UP,
+                        launch_seq=(rec.launch_seq + 1) if rec else 1,
+                        requested_at=req.created_at,
+                        jobs=jobs,
+                        error="",
+                        message="",
+                    )
+                    launch.append(new)
+                    continue
+                self.store.update(name, want=Want.UP, jobs=jobs)
+            elif rec is None:
+                self.store.transition(
+                    name, NodeState.TERMINATED, self.clock.now(), group=group.name
+                )
+            elif rec.want != Want.DOWN:
+                self.store.update(name, want=Want.DOWN)
+            drive.append(name)
+        return launch, drive

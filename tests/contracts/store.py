@@ -70,6 +70,24 @@ class StoreContract:
         store.finish_request(a, 3.0)
         assert [r.id for r in store.pending_requests()] == [b]
 
+    def test_atomically_lands_all_or_nothing(self, store: NodeStore) -> None:
+        with store.atomically():
+            store.transition("n1", NodeState.REQUESTED, 1.0, group="g", want=Want.UP)
+            store.transition("n2", NodeState.REQUESTED, 1.0, group="g", want=Want.UP)
+            with pytest.raises(TransitionError):  # a failed write inside is undone alone
+                store.transition("n1", NodeState.JOINED, 2.0)
+            store.update("n2", jobs="[1]")
+        assert [(r.name, r.state, r.jobs) for r in store.nodes()] == [
+            ("n1", NodeState.REQUESTED, "[]"),
+            ("n2", NodeState.REQUESTED, "[1]"),
+        ]
+        with pytest.raises(RuntimeError), store.atomically():
+            store.transition("n3", NodeState.REQUESTED, 3.0, group="g")
+            store.update("n1", want=Want.DOWN)
+            raise RuntimeError("the daemon fails half-way through a request")
+        assert [(r.name, r.want) for r in store.nodes()] == [("n1", Want.UP), ("n2", Want.UP)]
+        assert [e["node"] for e in store.events()] == ["n1", "n2"]
+
     def test_heartbeat_and_meta(self, store: NodeStore) -> None:
         assert store.heartbeat() is None and store.meta_get("x") is None
         store.beat(5.0, {"pid": 42})

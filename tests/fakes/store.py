@@ -5,7 +5,8 @@ from __future__ import annotations
 import copy
 import ipaddress
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 from slurm_burst.core.nodestate import NodeState, Want, check_transition
@@ -23,6 +24,8 @@ class MemoryStore:
     """The NodeStore port: the SQLite store's rules (checked transitions, one event per
     transition, an address never held twice) without the file."""
 
+    _DATA = ("_nodes", "_meta", "_requests", "_groups", "_unavailable", "_events", "_addresses")
+
     def __init__(self) -> None:
         self._nodes: dict[str, NodeRecord] = {}
         self._meta: dict[str, Any] = {}
@@ -32,6 +35,18 @@ class MemoryStore:
         self._events: list[dict[str, Any]] = []
         self._addresses: dict[str, str] = {}  # node -> address
         self._lock = threading.RLock()
+
+    @contextmanager
+    def atomically(self) -> Iterator[None]:
+        """Hold the lock for the block; on an exception put every field back as it was."""
+        with self._lock:
+            saved = {k: copy.deepcopy(getattr(self, k)) for k in self._DATA}
+            try:
+                yield
+            except BaseException:
+                for k, v in saved.items():
+                    setattr(self, k, v)
+                raise
 
     # -- heartbeat and meta ----------------------------------------------------------
     def beat(self, now: float, info: Mapping[str, Any]) -> None:

@@ -6,10 +6,12 @@ service, and a restart picks up every node where it was."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from slurm_burst.core.nodestate import NodeState, Want
+from slurm_burst.core.records import NodeRecord, StoreError
 from tests.conftest import wait
 from tests.fakes.world import World, make_world
 
@@ -113,3 +115,28 @@ def test_the_heartbeat_says_who_leads_and_how_much_is_in_flight(w: World) -> Non
     beat = w.store.heartbeat()
     assert beat is not None and beat["node_id"] == "test" and beat["in_flight"] == 0
     assert beat["at"] == w.clock.now()
+
+
+def test_a_request_is_written_whole_or_not_at_all(
+    wb: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A store error half-way through a resume (disk full, say) leaves no node written,
+    the request pending and no node claimed; the next wake-up does the whole request."""
+    wb.store.add_request("resume", CPU, [], wb.clock.now())
+    real, calls = wb.store.transition, []
+
+    def third_fails(*args: Any, **kwargs: Any) -> NodeRecord:
+        calls.append(args[0])
+        if len(calls) == 3:
+            raise StoreError("database or disk is full")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(wb.store, "transition", third_fails)
+    with pytest.raises(StoreError):
+        wb.daemon.handle_requests()
+    assert wb.store.nodes() == [] and len(wb.store.pending_requests()) == 1
+    assert wb.daemon.workers.idle()  # the request's claims were released
+    monkeypatch.setattr(wb.store, "transition", real)
+    settle(wb)
+    assert all(wb.rec(n).state == NodeState.JOINED for n in CPU)
+    assert wb.cloud.calls["launch_many"] == 2

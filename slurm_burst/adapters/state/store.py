@@ -14,6 +14,7 @@ older database forward when it is opened (version 1 renamed ``grp`` to
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import json
 import os
@@ -33,6 +34,7 @@ from slurm_burst.core.records import (
     Request,
     StoreError,
 )
+from slurm_burst.fileio import ensure_mode, share
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (
@@ -131,12 +133,16 @@ class Store:
     """
 
     def __init__(
-        self, path: str | os.PathLike[str], create: bool = True, upgrade: bool = True
+        self,
+        path: str | os.PathLike[str],
+        create: bool = True,
+        upgrade: bool = True,
+        group: int | None = None,
     ) -> None:
         self.path = Path(path)
         self.outdated = False  # an older schema left in place for the daemon to upgrade
         if create:
-            self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o750)
+            self._make_file(group)
         elif not self.path.exists():
             raise StoreError(f"state database {self.path} does not exist (is the daemon set up?)")
         try:
@@ -150,11 +156,30 @@ class Store:
             if self._version() != SCHEMA_VERSION:
                 self._set_up(create, upgrade)
             if create:
-                os.chmod(self.path, 0o640)
+                self._share_journal(group)
             self._db.execute("PRAGMA synchronous = FULL")
         except sqlite3.Error as exc:
             raise StoreError(f"state database {self.path}: {exc}") from exc
+        except OSError as exc:
+            raise StoreError(f"state database {self.path}: {exc.strerror or exc}") from None
         self._lock = threading.RLock()
+
+    def _make_file(self, group: int | None) -> None:
+        """The directory 0770 and the database 0660, in SlurmUser's ``group``: the hooks
+        (SlurmUser) write requests, the daemon (root) the rest. Made before SQLite opens
+        it, so its -wal and -shm (SQLite gives them the database's mode and owner) are
+        never wider."""
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o770)
+            share(self.path.parent, 0o770, group)
+            ensure_mode(self.path, 0o660, group)
+        except OSError as exc:
+            raise StoreError(f"state database {self.path}: {exc.strerror or exc}") from None
+
+    def _share_journal(self, group: int | None) -> None:
+        for suffix in ("-wal", "-shm"):
+            with contextlib.suppress(FileNotFoundError):
+                share(f"{self.path}{suffix}", 0o660, group)
 
     def _version(self) -> int:
         return int(self._db.execute("PRAGMA user_version").fetchone()[0])
@@ -197,15 +222,29 @@ class Store:
 
     @contextmanager
     def tx(self) -> Iterator[sqlite3.Connection]:
-        """One write transaction, taken at once (BEGIN IMMEDIATE) so writers queue."""
+        """One write transaction, taken at once (BEGIN IMMEDIATE) so writers queue.
+
+        Inside :meth:`atomically` it is a savepoint of the outer transaction instead: a
+        write that fails is undone alone, and nothing is committed until the outer ends.
+        """
         with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
+            nested = self._db.in_transaction
+            self._db.execute("SAVEPOINT w" if nested else "BEGIN IMMEDIATE")
             try:
                 yield self._db
             except BaseException:
-                self._db.execute("ROLLBACK")
+                self._db.execute("ROLLBACK TO w" if nested else "ROLLBACK")
+                if nested:
+                    self._db.execute("RELEASE w")
                 raise
-            self._db.execute("COMMIT")
+            self._db.execute("RELEASE w" if nested else "COMMIT")
+
+    @contextmanager
+    def atomically(self) -> Iterator[None]:
+        """Every write inside is one transaction: all of it lands, or none if the block
+        raises. Other threads' reads and writes wait until it ends."""
+        with self.tx():
+            yield
 
     def _read(self, sql: str, args: Sequence[Any] = ()) -> list[sqlite3.Row]:
         with self._lock:
