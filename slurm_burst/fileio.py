@@ -3,6 +3,9 @@ an export's target. Stdlib only; shared by the config loader, the hooks and the 
 
 * :func:`read_regular` refuses what is not a regular file (a FIFO would hang the reader,
   a device would never end) and what is larger than a cap, without reading it.
+* :func:`untrusted` is sshd's StrictModes rule for files that choose what root runs (the
+  config, credentials, programs): nobody but root or us may own or change the file or
+  any directory above it.
 * :func:`write_atomic` writes a new file under a name nobody can have planted (mkstemp in
   the target directory, created exclusively, never through a symlink) and renames it into
   place, so a half-written file never takes the target's name.
@@ -52,6 +55,73 @@ def not_private(mode: int) -> str | None:
     if mode & 0o077:
         return f"is mode {stat.S_IMODE(mode):04o}; only its owner may read it (chmod 600)"
     return None
+
+
+def untrusted(path: str | os.PathLike[str], uids: frozenset[int] | None = None) -> str | None:
+    """Why someone other than root or us could change what ``path`` holds (None if
+    nobody can): the file (symlinks resolved) and every directory above it must be owned
+    by root or by us (``uids``) and writable by no one else, by neither group (unless the
+    group is root's) nor others. A directory that is root's and sticky (/tmp) is fine
+    above it: others may write there, but cannot replace what is not theirs."""
+    uids = frozenset({0, os.geteuid()}) if uids is None else uids
+    real = Path(os.path.realpath(path))
+    for p in (real, *real.parents):
+        try:
+            st = os.stat(p)
+        except OSError as exc:
+            return f"{p}: {exc.strerror}"
+        mode = stat.S_IMODE(st.st_mode)
+        if st.st_uid not in uids:
+            return f"{p} is owned by {_user(st.st_uid)}, not by root"
+        writers = st.st_mode & stat.S_IWOTH or (st.st_mode & stat.S_IWGRP and st.st_gid != 0)
+        if not writers:
+            continue
+        if p != real and stat.S_ISDIR(st.st_mode) and st.st_mode & stat.S_ISVTX and not st.st_uid:
+            continue
+        who = "anyone" if st.st_mode & stat.S_IWOTH else "its group"
+        return f"{p} is writable by {who} (mode {mode:04o}; chmod go-w)"
+    return None
+
+
+def _user(uid: int) -> str:
+    import pwd
+
+    try:
+        return f"user {pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except KeyError:
+        return f"uid {uid}"
+
+
+def ensure_mode(path: str | os.PathLike[str], mode: int, gid: int | None = None) -> None:
+    """Create the file ``path`` with ``mode`` if it is missing (never through a symlink,
+    whatever the umask), and give an existing file ``mode`` and group ``gid`` where we
+    may (we own it, or are root); a file someone else owns is left as it is."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+    try:
+        share(fd, mode, gid)
+    finally:
+        os.close(fd)
+
+
+def share(target: int | str | os.PathLike[str], mode: int, gid: int | None = None) -> None:
+    """Give ``target`` (an open descriptor, or a path: a file or directory, never
+    followed through a symlink) ``mode`` and group ``gid`` where we may: we own it, or
+    are root. Not for sockets (they cannot be opened)."""
+    if not isinstance(target, int):
+        flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+        fd = os.open(target, flags)
+        try:
+            share(fd, mode, gid)
+        finally:
+            os.close(fd)
+        return
+    st = os.fstat(target)
+    if os.geteuid() not in (0, st.st_uid):
+        return
+    if gid is not None and st.st_gid != gid:
+        os.fchown(target, -1, gid)
+    if stat.S_IMODE(st.st_mode) != mode:
+        os.fchmod(target, mode)
 
 
 @contextlib.contextmanager

@@ -58,7 +58,18 @@ def node_store(cfg: Config, create: bool = True, upgrade: bool = False) -> Store
     Only the daemon upgrades an older release's schema (``upgrade=True``): see Store."""
     from slurm_burst.adapters.state.store import Store
 
-    return Store(state_db_path(cfg), create=create, upgrade=upgrade)
+    return Store(state_db_path(cfg), create=create, upgrade=upgrade, group=slurm_group(cfg))
+
+
+def slurm_group(cfg: Config) -> int | None:
+    """The gid of ``daemon.group`` (SlurmUser's); None if this host has no such group
+    (then files keep their creator's group; ``config check`` warns)."""
+    import grp
+
+    try:
+        return grp.getgrnam(cfg.daemon.group).gr_gid
+    except KeyError:
+        return None
 
 
 def clock() -> Clock:
@@ -311,6 +322,7 @@ def assemble(cfg: Config, parts: DaemonParts) -> Daemon:
         stop,
         loop,
         parts.metrics,
+        slurm_group(cfg),
     )
 
 

@@ -22,6 +22,7 @@ from slurm_burst.cli.common import (
     state_store,
     ts,
 )
+from slurm_burst.fileio import ensure_mode
 
 
 @click.command("daemon")
@@ -74,7 +75,12 @@ def daemon(ctx: click.Context, node_id: str | None) -> None:
 
 
 def _daemon_logging(path: str, verbose: int) -> None:
-    handler: logging.Handler = logging.FileHandler(path) if path else logging.StreamHandler()
+    try:
+        if path:
+            ensure_mode(path, 0o640)  # the daemon's alone (its group may read)
+        handler: logging.Handler = logging.FileHandler(path) if path else logging.StreamHandler()
+    except OSError as exc:
+        fail(f"cannot open daemon.log_file {path}: {exc.strerror or exc}", EXIT_PRECONDITION)
     handler.setFormatter(
         logging.Formatter("%(asctime)s %(levelname)s %(threadName)s %(name)s %(message)s")
     )

@@ -25,12 +25,12 @@ def _hook(kind: str) -> click.Command:
     @click.pass_context
     def command(ctx: click.Context, hostlist: str) -> None:
         from slurm_burst.core.records import StoreError
-        from slurm_burst.wiring import node_store, scheduler
+        from slurm_burst.wiring import node_store, scheduler, slurm_group
 
         a = app(ctx)
         a.check_drivers = False  # importing libcloud to check driver names costs ~150 ms
         cfg = a.config
-        setup_hook_logging(cfg.daemon.hook_log)
+        setup_hook_logging(cfg.daemon.hook_log, slurm_group(cfg))
         redact_logs()
         try:
             store = node_store(cfg)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import re
-import stat
 import tomllib
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -14,7 +13,7 @@ from slurm_burst.config.model import Config
 from slurm_burst.config.schema import Problem, build
 from slurm_burst.config.validate import validate
 from slurm_burst.core.redact import has_inline_password
-from slurm_burst.fileio import FileRefused, not_private, read_regular
+from slurm_burst.fileio import FileRefused, not_private, read_regular, untrusted
 
 DEFAULT_CONFIG_PATH = "/etc/slurm-burst/slurm-burst.toml"
 ENV_VAR = "SLURM_BURST_CONFIG"
@@ -67,7 +66,8 @@ def check_config(
     cfg, more = parse_config(text, source, driver_exists)
     problems += more
     if cfg is not None:
-        problems += _credential_file_problems(cfg)
+        problems += _credential_file_problems(cfg) + _program_problems(cfg)
+        problems += _group_problems(cfg)
     lines = _key_lines(text)
     return cfg, [_with_line(p, lines) for p in problems]
 
@@ -149,16 +149,53 @@ def _strip_inline_secrets(data: dict[str, Any], problems: list[Problem]) -> None
 
 
 def _file_mode_problems(path: Path, what: str, secret: bool = False) -> list[Problem]:
+    """The StrictModes rule (it chooses what root runs), and private if ``secret``."""
     try:
         mode = path.stat().st_mode
     except OSError:
         return []
     out = []
-    if mode & stat.S_IWOTH:
-        out.append(Problem("", f"{what} {path} is world-writable (chmod o-w)"))
+    why = untrusted(path)
+    if why:
+        out.append(Problem("", f"{what} {path} can be changed by others: {why}"))
     problem = not_private(mode) if secret else None
     if problem:
         out.append(Problem("", f"{what} {path} {problem}"))
+    return out
+
+
+def _group_problems(cfg: Config) -> list[Problem]:
+    import grp
+
+    try:
+        grp.getgrnam(cfg.daemon.group)
+    except KeyError:
+        return [
+            Problem(
+                "daemon.group",
+                f"no group {cfg.daemon.group!r} on this host: the state database, socket "
+                "and hook log keep their creator's group, and hooks run as SlurmUser may "
+                "be refused (set it to SlurmUser's group)",
+                severity="warning",
+            )
+        ]
+    return []
+
+
+# the programs slurm-burst runs from slurm.bin_dir
+SLURM_TOOLS = ("sinfo", "squeue", "scontrol", "sacct", "sacctmgr")
+
+
+def _program_problems(cfg: Config) -> list[Problem]:
+    """The Slurm programs root runs, and the directory they are found in, are nobody
+    else's to change."""
+    bin_dir = Path(cfg.slurm.bin_dir)
+    out = []
+    for path in (bin_dir, *(bin_dir / tool for tool in SLURM_TOOLS)):
+        why = untrusted(path) if path.exists() else None
+        if why:
+            out.append(Problem("slurm.bin_dir", f"{path} can be changed by others: {why}"))
+            break
     return out
 
 

@@ -301,6 +301,13 @@ class DaemonConfig:
     state_dir: str = doc(
         "Directory of the daemon's state database and keys.", default="/var/lib/slurm-burst"
     )
+    group: str = doc(
+        "Group of Slurm's SlurmUser. The hooks run as SlurmUser and write the state "
+        "database, wake the daemon and log through it: state_dir is 0770, the state "
+        "database (with its -wal and -shm), the socket and the hook log 0660, all in "
+        "this group; everything else is the daemon's alone.",
+        default="slurm",
+    )
     poll_period: float = doc("Seconds between reconcile passes.", default=30.0)
     heartbeat_stale: float = doc(
         "Seconds after which the daemon's heartbeat counts as stale.", default=120.0

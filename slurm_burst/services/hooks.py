@@ -28,7 +28,7 @@ from slurm_burst.config import Config
 from slurm_burst.core.hostlist import HostlistError, compress, expand_unique
 from slurm_burst.core.nodestate import reason
 from slurm_burst.core.resumefile import ResumeFileError, ResumeJob, parse_resume_file
-from slurm_burst.fileio import FileRefused, read_regular
+from slurm_burst.fileio import FileRefused, ensure_mode, read_regular, share
 from slurm_burst.ports import NodeStore, Scheduler
 
 log = logging.getLogger("slurm_burst.hooks")
@@ -172,10 +172,15 @@ def wake(path: str) -> bool:
         return False
 
 
-def setup_hook_logging(path: str) -> None:
-    """Hooks log to a file of their own: Slurm throws their stdout/stderr away."""
+def setup_hook_logging(path: str, group: int | None = None) -> None:
+    """Hooks log to a file of their own: Slurm throws their stdout/stderr away. It is
+    0660 in SlurmUser's ``group``: a hook run by hand as root must not lock SlurmUser out."""
     try:
-        Path(path).parent.mkdir(parents=True, exist_ok=True, mode=0o750)
+        parent = Path(path).parent
+        if not parent.exists():  # made here: SlurmUser's group must be able to enter it
+            parent.mkdir(parents=True, exist_ok=True)
+            share(parent, 0o770, group)
+        ensure_mode(path, 0o660, group)
         handler: logging.Handler = logging.FileHandler(path)
     except OSError:
         handler = logging.StreamHandler()

@@ -174,7 +174,7 @@ def test_world_writable_config_and_readable_credentials(tmp_path: Path) -> None:
     )
     _, problems = check_config(write(tmp_path, text, mode=0o666))
     messages = [p.message for p in problems if p.severity == "error"]
-    assert any("world-writable" in m for m in messages)
+    assert any("can be changed by others" in m and "writable by anyone" in m for m in messages)
     assert any("mode 0644; only its owner may read it" in m for m in messages)
     creds.chmod(0o640)  # group-readable is not enough either: the docs say 0600
     _, problems = check_config(write(tmp_path, text))
@@ -242,3 +242,40 @@ def test_spot_on_a_driver_that_cannot_ask_for_it(tmp_path: Path) -> None:
     assert any(
         p.path == "node_groups.gpu.spot" and "cannot ask it for spot" in p.message for p in problems
     ), problems
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="changing a file's owner needs root")
+def test_strict_modes_for_the_config_its_credentials_and_the_slurm_programs(
+    tmp_path: Path,
+) -> None:
+    """Whoever can change the config, a credentials file, or the programs in
+    slurm.bin_dir chooses what root runs: each is refused, saying which path and why."""
+    tmp_path.chmod(0o755)
+    creds = tmp_path / "aws.toml"
+    creds.write_text('key = "k"\nsecret = "s"\n')
+    creds.chmod(0o600)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "scontrol").write_text("#!/bin/sh\n")
+    (bin_dir / "scontrol").chmod(0o755)
+    text = GOOD.replace(
+        '{ key_env = "AWS_KEY", secret_env = "AWS_SECRET" }', f'{{ file = "{creds}" }}'
+    ).replace("[slurm]\n", f'[slurm]\nbin_dir = "{bin_dir}"\n', 1)
+    path = write(tmp_path, text)
+
+    def errors() -> list[str]:
+        return [f"{p.path}: {p.message}" for p in check_config(path)[1] if p.severity == "error"]
+
+    assert errors() == []
+    os.chown(path, 65534, -1)
+    assert [e for e in errors() if f"the config file {path} can be changed by others" in e]
+    os.chown(path, 0, -1)
+    os.chown(creds, 65534, -1)
+    assert [e for e in errors() if e.startswith("providers.aws.credentials.file") and
+            f"{creds} is owned by" in e]  # fmt: skip
+    os.chown(creds, 0, -1)
+    os.chown(bin_dir / "scontrol", -1, 65534)
+    (bin_dir / "scontrol").chmod(0o775)
+    assert [e for e in errors() if e.startswith("slurm.bin_dir") and "writable by its group" in e]
+    with pytest.raises(ConfigError, match="can be changed by others"):
+        load_config(path)

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from slurm_burst.config import ProviderConfig
-from slurm_burst.fileio import not_private
+from slurm_burst.fileio import not_private, untrusted
 
 # the provider's standard environment: driver -> {constructor argument: variable}
 STANDARD_ENV: dict[str, dict[str, str]] = {
@@ -104,7 +104,8 @@ def resolve(prov: ProviderConfig, environ: Mapping[str, str] | None = None) -> d
 
 
 def check_private(path: Path, what: str) -> None:
-    """Refuse a secret file that others may read or anyone may write."""
+    """Refuse a secret file that others may read, or that anyone but root or us could
+    change (the StrictModes rule)."""
     try:
         mode = path.stat().st_mode
     except OSError as exc:
@@ -112,6 +113,9 @@ def check_private(path: Path, what: str) -> None:
     problem = not_private(mode)
     if problem:
         raise CredentialsError(f"{what} {path} {problem}")
+    why = untrusted(path)
+    if why:
+        raise CredentialsError(f"{what} {path} can be changed by others: {why}")
 
 
 def _from_file(prov: ProviderConfig, path: Path, where: str) -> dict[str, Any]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -23,8 +24,8 @@ def make_engine(url: str) -> Engine:
         raise LedgerError(
             redact(f"ledger.url {url!r} is not a database URL: {exc}")
         ) from None  # the cause quotes the URL too
-    if parsed.get_backend_name() == "sqlite" and parsed.database:
-        Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
+    if parsed.get_backend_name() == "sqlite" and parsed.database not in (None, "", ":memory:"):
+        _create_private(Path(str(parsed.database)))
     kwargs: dict[str, Any] = {"pool_pre_ping": True}
     if parsed.get_backend_name() in ("postgresql", "mysql"):
         kwargs["connect_args"] = {"connect_timeout": 5}
@@ -44,6 +45,19 @@ def make_engine(url: str) -> Engine:
             cur.close()
 
     return engine
+
+
+def _create_private(path: Path) -> None:
+    """A new SQLite ledger is the daemon's alone (0600, whatever the umask); SQLite gives
+    its -wal and -shm the same mode. An existing file is left as the site made it."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o750)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        os.close(os.open(path, flags, 0o600))
+    except FileExistsError:
+        pass
+    except OSError as exc:
+        raise LedgerError(f"ledger database {path}: {exc.strerror or exc}") from None
 
 
 def insert_ignore(engine: Engine, table: Table) -> Insert:
