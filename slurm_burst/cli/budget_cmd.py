@@ -35,12 +35,16 @@ def group() -> None:
 @click.argument("amount")
 @click.option("--period", type=click.Choice(["month"]), default="month", show_default=True)
 @click.option("--no-sync", is_flag=True, help="Record only; the daemon syncs Slurm later.")
+@click.option("--force", is_flag=True, help="Record it even if Slurm has no such account (yet).")
 @click.pass_context
-def set_(ctx: click.Context, account: str, amount: str, period: str, no_sync: bool) -> None:
+def set_(
+    ctx: click.Context, account: str, amount: str, period: str, no_sync: bool, force: bool
+) -> None:
     """Set ACCOUNT's budget to AMOUNT dollars per PERIOD (0 stops its burst jobs).
 
     The setting is a new ledger row (history is kept). Unless --no-sync, Slurm's
-    limit for the account is updated at once.
+    limit for the account is updated at once. An account Slurm's accounting does not
+    know is refused (exit 2; a typo would budget nobody) unless --force.
     """
     import re
     from decimal import Decimal
@@ -63,6 +67,18 @@ def set_(ctx: click.Context, account: str, amount: str, period: str, no_sync: bo
             EXIT_BAD_INPUT,
         )
     cb = _chargeback(ctx)
+    if not force and cb.accounting is not None:
+        from slurm_burst.core.slurm import SchedulerError
+
+        try:
+            known = cb.accounting.has_account(account)
+        except SchedulerError as exc:
+            fail(f"cannot ask Slurm whether account {account!r} exists: {exc} "
+                 "(--force records the budget anyway)", EXIT_FAILED)  # fmt: skip
+        if not known:
+            fail(f"Slurm has no account {account!r} on cluster {cb.cfg.cluster.name} "
+                 "(sacctmgr show account); --force records the budget anyway",
+                 EXIT_BAD_INPUT)  # fmt: skip
     try:
         cb.ledger.set_budget(account, micros, period)
         status = {s.account: s for s in cb.budgets(sync=not no_sync)}.get(account)

@@ -118,3 +118,29 @@ def test_host_numbers_past_the_int_limit_are_hostlist_errors() -> None:
     for args in (["hostlist", "expand", f"a[1-{huge}]"], ["hostlist", "compress", f"a{huge}"]):
         r = invoke(args, expect=2)
         assert "Traceback" not in r.stderr and "digits" in r.stderr and len(r.stderr) < 400
+
+
+def test_a_budget_for_an_account_slurm_does_not_know_is_refused(tmp_path: Path) -> None:
+    """A typo would budget nobody: Slurm (its accounting database, here a stand-in
+    sacctmgr that knows physics) is asked first; --force records it anyway."""
+    bin_dir = tmp_path / "slurm-bin"
+    bin_dir.mkdir()
+    sacctmgr = bin_dir / "sacctmgr"
+    sacctmgr.write_text(
+        '#!/bin/sh\ncase "$*" in *"show association"*"account=physics "*) echo physics;; '
+        '*"show association"*) ;; *) exit 0;; esac\n'
+    )
+    sacctmgr.chmod(0o755)
+    cfg = lab_config_in(tmp_path)
+    text = Path(cfg.source).read_text().replace("[slurm]\n", f'[slurm]\nbin_dir = "{bin_dir}"\n')
+    Path(cfg.source).write_text(text)
+    invoke(["--config", cfg.source, "db", "upgrade"])
+    out = _sb(cfg, "budget", "set", "--no-sync", "phyiscs", "100", expect=2)
+    assert "Slurm has no account 'phyiscs' on cluster burstlab" in out and "--force" in out
+    _sb(cfg, "budget", "set", "--no-sync", "physics", "100", expect=0)
+    _sb(cfg, "budget", "set", "--no-sync", "--force", "newdept", "50", expect=0)
+    shown = _sb(cfg, "budget", "show", "--json", expect=0)
+    assert "physics" in shown and "newdept" in shown and "phyiscs" not in shown
+    sacctmgr.write_text("#!/bin/sh\necho 'slurmdbd: connection refused' >&2\nexit 1\n")
+    out = _sb(cfg, "budget", "set", "--no-sync", "physics", "100", expect=1)
+    assert "cannot ask Slurm whether account 'physics' exists" in out

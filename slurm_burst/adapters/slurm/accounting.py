@@ -85,6 +85,14 @@ class SlurmAccounting:
         text = self._cmd("scontrol", "show", "assoc_mgr", f"accounts={account}", "flags=assoc")
         return parse_assoc_usage(text, account)
 
+    def has_account(self, account: str) -> bool:
+        """Whether Slurm's accounting database knows ``account`` on this cluster."""
+        text = self._cmd(
+            "sacctmgr", "--noheader", "--parsable2", "show", "association",
+            "where", f"account={account}", f"cluster={self.cluster}", "format=Account",
+        )  # fmt: skip
+        return any(line.strip() == account for line in text.splitlines())
+
     def set_billing_limit(self, account: str, minutes: int | None) -> None:
         """Set (or with None remove) ``GrpTRESMins=billing=minutes`` on the account."""
         value = "-1" if minutes is None else str(max(0, int(minutes)))
