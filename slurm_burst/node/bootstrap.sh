@@ -74,6 +74,12 @@ slurmd-start)
         fi
     fi
     ;;
+diagnose)
+    # diagnose NODE: what an admin would look at when slurmd never registered
+    node=$1
+    echo "slurmd: $(pgrep -x slurmd >/dev/null 2>&1 && echo running || echo 'not running')"
+    tail -n 15 /var/log/slurm/slurmd-start.log "/var/log/slurm/slurmd-$node.log" 2>&1 || true
+    ;;
 *)
     echo "unknown step: $step" >&2
     exit 2

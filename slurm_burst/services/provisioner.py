@@ -60,6 +60,9 @@ log = logging.getLogger(__name__)
 REMOTE_SCRIPT = "/run/slurm-burst-bootstrap.sh"
 POLL = 0.5  # seconds between looks at a booting instance
 HANDSHAKE_WAIT = 20.0  # seconds a new tunnel gets to complete its first handshake
+# failures whose cause is on the node: its slurmd logs are logged before it is terminated
+DIAGNOSED = frozenset({"SlurmdNotRegistered", "Bootstrap.slurmd-start"})
+DIAGNOSE_WAIT = 10.0
 
 # Failures that say nothing about the group's health: not counted towards protected mode.
 NOT_LAUNCH_FAILURES = frozenset({"GroupProtected", "SlurmPoweredDown", "ResumeLost"})
@@ -285,6 +288,22 @@ class Provisioner:
             code = f"Bootstrap.{step}" if exc.code == "RemoteCommand" else exc.code
             raise StepError(code, str(exc)) from exc
 
+    def _diagnose(self, rec: NodeRecord) -> None:
+        """Log what the node says about its slurmd before it is terminated (its logs go
+        with it): the one chance to see why it never registered. Best effort, bounded."""
+        try:
+            sh = self.connector.connect(
+                rec.ip, rec.host_key_list(), self.clock.monotonic() + DIAGNOSE_WAIT
+            )
+            try:
+                said = sh.run(["sh", REMOTE_SCRIPT, "diagnose", rec.name], timeout=DIAGNOSE_WAIT)
+            finally:
+                sh.close()
+        except Exception as exc:  # the node may be gone: that is worth saying, not failing
+            log.warning("node.diagnose_failed node=%s error=%s", rec.name, exc)
+            return
+        log.warning("node.diagnosis node=%s code=%s\n%s", rec.name, rec.error, said.strip())
+
     def _wait_handshake(self, name: str, pub: str, deadline: float) -> None:
         limit = min(deadline, self.clock.monotonic() + HANDSHAKE_WAIT)
         while self.clock.monotonic() < limit:
@@ -300,6 +319,8 @@ class Provisioner:
             rec = self.store.transition(
                 name, NodeState.TERMINATING, self.clock.now(), want=Want.DOWN
             )
+        if rec.error in DIAGNOSED and rec.ip:
+            self._diagnose(rec)
         with timed(self.clock, name, "teardown"):
             if rec.instance_id and rec.provider:
                 self.clouds[rec.provider].terminate(rec.instance_id)

@@ -78,6 +78,9 @@ class FakeNode:
                 raise RemoteError(f"{self.host}: slurmd: munge not running", "RemoteCommand")
             self.slurmd = args[0]
             return ""
+        if step == "diagnose":
+            state = f"running as {self.slurmd}" if self.slurmd else "not running"
+            return f"slurmd: {state}\nslurmd: error: fetch_config: failed (fake)\n"
         raise RemoteError(f"{self.host}: unknown step: {step}", "RemoteCommand")
 
 

@@ -358,6 +358,26 @@ def test_fail_from_outside_fails_a_joined_node_once(w: World) -> None:
     assert w.ledger.of(N) == ["requested", "running", "joined", "failed", "terminated"]
 
 
+def test_a_node_whose_slurmd_never_registered_is_diagnosed_before_teardown(
+    w: World, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Its logs go with the instance: what the node says is logged first; a node that
+    cannot say (an older node script, a session that breaks) is said so, and torn down
+    all the same."""
+    for name, answers in ((N, True), ("burst-cpu-2", False)):
+        w.request(name)
+        w.prov.drive(name)
+        if not answers:
+            w.connector.nodes[w.rec(name).ip].fail["diagnose"] = "unknown step: diagnose"
+        w.prov.fail(name, "SlurmdNotRegistered", "slurmd started 33 s ago and has not registered")
+        w.prov.drive(name)
+        assert_released(w, name, "SlurmdNotRegistered")
+    said = [r.getMessage() for r in caplog.records if r.name == "slurm_burst.services.provisioner"]
+    first = f"node.diagnosis node={N} code=SlurmdNotRegistered\nslurmd: running as {N}"
+    assert any(m.startswith(first) for m in said), said
+    assert any(m.startswith("node.diagnose_failed node=burst-cpu-2") for m in said), said
+
+
 def test_munge_ids_are_the_nodes_own(w: World) -> None:
     w.request(N)
     w.prov.drive(N)
