@@ -68,7 +68,7 @@ class Cloud(Protocol):
 
     def launch(self, spec: LaunchSpec) -> Instance: ...
 
-    def launch_many(self, spec: LaunchSpec) -> list[Instance]: ...  # spec.count, all or none
+    def launch_many(self, spec: LaunchSpec) -> list[Instance]: ...  # min_count..count, or none
 
     def find(self, token: str, cluster: str) -> list[Instance]: ...  # what a token launched
 

@@ -61,10 +61,14 @@ def wait(cond: Callable[[], T | None], timeout: float, what: str, every: float =
         time.sleep(every)
 
 
-def lab_config_in(tmp_path: Path, extra: str = "") -> Config:
+def lab_config_in(tmp_path: Path, extra: str = "", edits: Sequence[tuple[str, str]] = ()) -> Config:
     """The shipped lab config with every path of the lab under ``tmp_path/lab`` (nothing
-    of a real lab is touched), plus ``extra`` TOML lines appended."""
+    of a real lab is touched), each of ``edits`` (old, new) made once, plus ``extra``
+    TOML lines appended."""
     text = LAB_CONFIG.read_text().replace("/var/lib/slurm-burst-lab", f"{tmp_path}/lab")
+    for old, new in edits:
+        assert old in text, old
+        text = text.replace(old, new, 1)
     path = tmp_path / "slurm-burst.toml"
     path.write_text(text + extra)
     path.chmod(0o640)

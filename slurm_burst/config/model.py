@@ -176,6 +176,12 @@ class NodeGroup:
         default="",
     )
     disk_gb: int = doc("Root disk size in GB; 0: the image's.", default=0)
+    all_or_nothing: str = doc(
+        "'job': a multi-node job gets all its nodes or none (a node that cannot be "
+        "launched or bootstrapped fails its job, which Slurm requeues, and the job's "
+        "other nodes are released at once); 'node': best effort, each node on its own.",
+        default="job",
+    )
     tags: Mapping[str, str] = doc(
         "Extra tags (GCE: labels) on every instance, e.g. a cost center.",
         default_factory=_empty,

@@ -223,6 +223,8 @@ def _groups(cfg: Config, out: list[Problem], declared: set[str]) -> None:
     seen: dict[str, str] = {}
     for gname, g in cfg.node_groups.items():
         base = f"node_groups.{gname}"
+        if g.all_or_nothing not in ("job", "node"):
+            out.append(Problem(f"{base}.all_or_nothing", "must be 'job' or 'node'"))
         _group(cfg, g, base, out, declared)
         if _PATTERN.match(g.pattern) and 1 <= g.count <= MAX_GROUP_NODES:
             for node in g.node_names():

@@ -38,6 +38,7 @@ class LaunchSpec:
     accelerator: str = ""  # the provider's accelerator type (GCE: nvidia-tesla-t4)
     disk_gb: int = 0  # 0: the image's root disk
     count: int = 1  # instances in this one call (a batch: the same spec, ``count`` times)
+    min_count: int = 0  # fewest instances the call may make (0: ``count``, all or none)
 
 
 class Instance(NamedTuple):

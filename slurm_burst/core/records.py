@@ -57,6 +57,11 @@ class NodeRecord(NamedTuple):
     def host_key_list(self) -> list[tuple[str, str]]:
         return [(str(k[0]), str(k[1])) for k in json.loads(self.host_keys)]
 
+    def job_list(self) -> list[dict[str, Any]]:
+        """The jobs waiting for this node (the resume file's, as stored)."""
+        jobs = json.loads(self.jobs or "[]")
+        return [j for j in jobs if isinstance(j, dict)] if isinstance(jobs, list) else []
+
     def as_dict(self) -> dict[str, Any]:
         out = self._asdict()
         out["state"] = str(self.state)

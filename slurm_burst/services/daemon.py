@@ -22,6 +22,7 @@ from pathlib import Path
 
 from slurm_burst.config import Config
 from slurm_burst.core.hostlist import compress
+from slurm_burst.core.jobs import jobs_by_node
 from slurm_burst.core.nodestate import RESUMING, NodeState, Want
 from slurm_burst.core.records import NodeRecord, Request
 from slurm_burst.fileio import share
@@ -245,7 +246,7 @@ class Daemon:
     def _record_request(self, req: Request) -> tuple[list[NodeRecord], list[str]]:
         """Write what ``req`` asks of each node; return the nodes newly asked up (to be
         launched in batches first) and the nodes whose worker must look at them again."""
-        jobs = json.dumps(req.jobs)
+        by_node = jobs_by_node(req.jobs, req.nodes)  # each node keeps the jobs it serves
         launch: list[NodeRecord] = []
         drive: list[str] = []
         for name in req.nodes:
@@ -254,6 +255,7 @@ class Daemon:
                 log.warning("request.unknown_node request=%d node=%s", req.id, name)
                 continue
             rec = self.store.node(name)
+            jobs = json.dumps(by_node.get(name, []))
             if req.kind == "resume":
                 if rec is not None and rec.state in RESUMING and rec.want == Want.UP:
                     log.info("node.resume.duplicate node=%s state=%s", name, rec.state)

@@ -36,6 +36,7 @@ from typing import Any
 from slurm_burst.config import Config, NodeGroup
 from slurm_burst.core.cloud import NODE_TAG, CapacityError, CloudError, Instance, LaunchSpec
 from slurm_burst.core.errors import StepError
+from slurm_burst.core.jobs import job_ids, least_useful, share_out
 from slurm_burst.core.nodestate import NodeState, Want
 from slurm_burst.core.records import NodeRecord
 from slurm_burst.ports import Clock, Cloud, Metrics, NodeStore
@@ -140,7 +141,13 @@ class Launcher:
         return bool(plan.candidates) and self.clouds[plan.candidates[0].provider].batch_max > 1
 
     def spec(
-        self, group: NodeGroup, node: str, size: str, token: str, count: int = 1
+        self,
+        group: NodeGroup,
+        node: str,
+        size: str,
+        token: str,
+        count: int = 1,
+        min_count: int = 0,
     ) -> LaunchSpec:
         """What to launch for ``node`` (or for a batch of ``count`` led by it)."""
         return LaunchSpec(
@@ -159,6 +166,7 @@ class Launcher:
             accelerator=group.accelerator or group.gpu_type,
             disk_gb=group.disk_gb,
             count=count,
+            min_count=min_count,
         )
 
     # -- one node ---------------------------------------------------------------------
@@ -266,13 +274,20 @@ class Launcher:
                     todo += chunk  # the next candidate
                 elif isinstance(result, CloudError):
                     failed += [(r.name, result) for r in chunk]
+                else:  # a partial launch: the nodes it could not serve try the next
+                    todo += [r for r in chunk if r.name in result]
         self.name_instances()
         return failed
 
     def _batch(
         self, group: NodeGroup, cand: Candidate, recs: list[NodeRecord]
-    ) -> CloudError | None:
-        """Launch ``recs`` in one call; the error if it failed (nothing was made)."""
+    ) -> CloudError | set[str]:
+        """Launch ``recs`` in one call: the error if it failed (nothing was made), else
+        the nodes a partial launch left without an instance.
+
+        The call asks for every node, and for at least the smallest job's nodes (one
+        node where ``all_or_nothing`` is "node"): the provider makes what it has room
+        for, and :func:`share_out` gives the instances to whole jobs first."""
         names = [r.name for r in recs]
         key = ",".join(f"{r.name}:{r.launch_seq}" for r in recs)
         digest = hashlib.sha256(f"{key}|{cand.seq}".encode()).hexdigest()[:16]
@@ -288,24 +303,33 @@ class Launcher:
                 self.store.transition(name, NodeState.LAUNCHING, self.clock.now(), **fix)
             else:  # launching still, after a capacity error of the previous size
                 self.store.update(name, **fix)
+        least = least_useful(names, _jobs_of(recs)) if group.all_or_nothing == "job" else 1
         try:
             with timed(self.clock, names[0], f"launch-batch[{len(recs)}]"):
                 made = self.clouds[cand.provider].launch_many(
-                    self.spec(group, names[0], cand.size, token, count=len(recs))
+                    self.spec(group, names[0], cand.size, token, len(recs), least)
                 )
         except CloudError as exc:
             if isinstance(exc, CapacityError):
                 self.size_unavailable(names[0], cand.provider, cand.size, exc)
             self.store.meta_delete(f"batch.{token}")  # nothing was made
             return exc
-        self._adopt_batch(token, made)
-        return None
+        served = self._adopt_batch(token, made)
+        if len(made) < len(recs):
+            short = CapacityError(f"{len(made)} of {len(recs)} made", "PartialCapacity")
+            self.size_unavailable(names[0], cand.provider, cand.size, short)
+        return set(names) - served
 
-    def _adopt_batch(self, token: str, made: Sequence[Instance]) -> None:
-        """Give each node of the batch its instance (by launch index), then forget the batch."""
+    def _adopt_batch(self, token: str, made: Sequence[Instance]) -> set[str]:
+        """Give the batch's nodes their instances (by launch index; whole jobs first if
+        fewer were made than asked), then forget the batch. Returns the nodes served."""
         info = self.store.meta_get(f"batch.{token}") or {}
+        nodes: list[str] = info.get("nodes", [])
+        if len(made) < len(nodes):
+            recs = [r for r in map(self.store.node, nodes) if r is not None]
+            nodes = share_out(nodes, _jobs_of(recs), len(made))
         adopted: list[tuple[str, str, str]] = []
-        for name, inst in zip(info.get("nodes", []), made, strict=False):
+        for name, inst in zip(nodes, made, strict=False):
             rec = self.store.node(name)
             if rec is None or rec.state != NodeState.LAUNCHING or rec.token != token:
                 continue  # suspended meanwhile: its instance is an orphan, reconciled away
@@ -314,6 +338,7 @@ class Launcher:
         self.store.meta_delete(f"batch.{token}")
         with self._guard:
             self._unnamed.extend(adopted)
+        return set(nodes[: len(made)])
 
     def name_instances(self) -> None:
         """Tag each instance of the batches launched so far with its node's name (a call
@@ -355,6 +380,10 @@ class Launcher:
     def _batch_lock(self, token: str) -> threading.Lock:
         with self._guard:
             return self._batch_locks.setdefault(token, threading.Lock())
+
+
+def _jobs_of(recs: Sequence[NodeRecord]) -> dict[str, set[int]]:
+    return {r.name: job_ids(r.job_list()) for r in recs}
 
 
 @contextmanager

@@ -35,6 +35,8 @@ from importlib import resources
 from slurm_burst.config import Config, NodeGroup
 from slurm_burst.core.cloud import NODE_TAG, CapacityError, CloudError, Instance, classify
 from slurm_burst.core.errors import BurstError, StepError
+from slurm_burst.core.hostlist import HostlistError, expand_unique
+from slurm_burst.core.jobs import job_ids, released_with
 from slurm_burst.core.mesh import MeshError
 from slurm_burst.core.nodestate import LIVE, NodeState, Want, reason
 from slurm_burst.core.pricing import dollars
@@ -63,6 +65,9 @@ HANDSHAKE_WAIT = 20.0  # seconds a new tunnel gets to complete its first handsha
 # failures whose cause is on the node: its slurmd logs are logged before it is terminated
 DIAGNOSED = frozenset({"SlurmdNotRegistered", "Bootstrap.slurmd-start"})
 DIAGNOSE_WAIT = 10.0
+
+# A node released because another node of its job failed (all_or_nothing = "job").
+JOB_FAILED = "JobFailed"
 
 # Failures that say nothing about the group's health: not counted towards protected mode.
 NOT_LAUNCH_FAILURES = frozenset({"GroupProtected", "SlurmPoweredDown", "ResumeLost"})
@@ -119,6 +124,8 @@ class Provisioner:
             cfg, store, clouds, secrets.ssh_public_key, clock, self._launched, metrics
         )
         self.script = resources.files("slurm_burst.node").joinpath("bootstrap.sh").read_bytes()
+        self._released: list[str] = []  # nodes let go with a failed job, for the workers
+        self._released_lock = threading.Lock()
 
     # -- the driver ---------------------------------------------------------------
     def drive(self, name: str) -> NodeRecord | None:
@@ -129,7 +136,7 @@ class Provisioner:
                 return None
             if rec.want == Want.DOWN or rec.state in (NodeState.FAILED, NodeState.TERMINATING):
                 if rec.state != NodeState.TERMINATED:
-                    failed = rec.state == NodeState.FAILED
+                    failed = rec.state == NodeState.FAILED or rec.error == JOB_FAILED
                     self._teardown(rec)
                     if failed:
                         self.power_down_force(name)
@@ -367,6 +374,50 @@ class Provisioner:
             self.scheduler.update_nodes([rec.name], state="down", reason=reason(code, message))
         except Exception as exc:
             log.warning("node.mark_down_failed node=%s error=%s", rec.name, exc)
+        group = self.cfg.group_of(rec.name)
+        if group is not None and group.all_or_nothing == "job":
+            self._release_job_of(rec, code)
+
+    def _release_job_of(self, failed: NodeRecord, code: str) -> None:
+        """Let go of the other nodes of ``failed``'s jobs: the job is requeued (or, if it
+        cannot be, ended) by Slurm now that ``failed`` is DOWN, so they would boot and
+        join for nothing. A node also serving a job that is not failing stays."""
+        jobs = failed.job_list()
+        nodes_of_job: dict[int, list[str]] = {}
+        for job in jobs:
+            try:
+                nodes = expand_unique(str(job.get("nodes", "")))
+            except HostlistError:
+                continue
+            for j in job_ids([job]):
+                nodes_of_job[j] = nodes
+        jobs_of = {failed.name: job_ids(jobs)}
+        records = {}
+        for n in {n for nodes in nodes_of_job.values() for n in nodes} - {failed.name}:
+            sib = self.store.node(n)
+            if sib is not None:
+                records[n] = sib
+                jobs_of[n] = job_ids(sib.job_list())
+        lost = ",".join(str(j) for j in sorted(jobs_of[failed.name]))
+        for name in released_with(failed.name, jobs_of, nodes_of_job):
+            sib = records[name]
+            if sib.want != Want.UP or sib.state in (
+                NodeState.TERMINATED, NodeState.TERMINATING, NodeState.FAILED,
+            ):  # fmt: skip
+                continue
+            message = f"job {lost} lost {failed.name} ({code})"
+            self.store.update(name, want=Want.DOWN, error=JOB_FAILED, message=message)
+            self.store.event(self.clock.now(), "node.released", name, message)
+            log.warning("node.released node=%s job=%s failed=%s code=%s",
+                        name, lost, failed.name, code)  # fmt: skip
+            with self._released_lock:
+                self._released.append(name)
+
+    def take_released(self) -> list[str]:
+        """Nodes released with a failed job since the last call: they need a worker."""
+        with self._released_lock:
+            out, self._released = self._released, []
+        return out
 
     def fail(self, name: str, code: str, message: str) -> bool:
         """Fail ``name`` from outside its worker (the reconcile loop); False if nothing to fail."""

@@ -93,6 +93,7 @@ class Workers:
         try:
             for name, exc in self.launcher.launch_batch(plan):
                 self.prov.fail(name, exc.code, str(exc))
+            self._submit_released()
         except Exception:
             log.exception("node.batch_launch_crashed count=%d", len(plan.nodes))
         finally:
@@ -110,6 +111,7 @@ class Workers:
                     self.prov.drive(name)
                 except Exception:
                     log.exception("node.worker_crashed node=%s", name)
+                self._submit_released()
                 with self._lock:
                     if name in self._again:
                         self._again.discard(name)
@@ -122,6 +124,11 @@ class Workers:
         finally:
             with self._lock:
                 self._active.pop(name, None)
+
+    def _submit_released(self) -> None:
+        """Nodes let go because their job lost a node: each to a worker, to tear down."""
+        for name in self.prov.take_released():
+            self.submit(name)
 
     def recover(self) -> None:
         """After a (re)start: pick up every node that is not where it should be."""

@@ -10,7 +10,11 @@ more (see ../shared/docs/LAB-NOTES.md):
   same token with the same parameters returns the first answer (the same
   reservation), with other parameters ``IdempotentParameterMismatch``, as EC2 does;
 - error injection: :meth:`Ec2Emulator.inject` makes the next calls of an action
-  fail with a real EC2 error document (code, message, HTTP status).
+  fail with a real EC2 error document (code, message, HTTP status);
+- EC2's MinCount/MaxCount rule (moto makes MinCount): as many instances as there is
+  room for, up to MaxCount, or InsufficientInstanceCapacity if that is fewer than
+  MinCount. Room is unlimited unless :meth:`Ec2Emulator.limit` gives an instance type
+  room for N instances per call.
 
 Every request is counted by action (:attr:`Ec2Emulator.calls`) for the tests'
 assertions and the launch benchmark.
@@ -28,7 +32,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import parse_qsl
+from urllib.parse import parse_qsl, urlencode
 
 NS_MOTO = b'xmlns="http://ec2.amazonaws.com/doc/2016-11-15"'
 NS_EC2 = b'xmlns="http://ec2.amazonaws.com/doc/2016-11-15/"'
@@ -82,6 +86,7 @@ class Ec2Emulator:
         self._app = create_backend_app("ec2")
         self.calls: Counter[str] = Counter()
         self._faults: list[Fault] = []
+        self._room: dict[str, int] = {}  # instance type -> most instances one call makes
         self._tokens: dict[str, tuple[tuple[tuple[str, str], ...], str, list[Any], bytes]] = {}
         self._lock = threading.Lock()
         self._moto: contextlib.AbstractContextManager[Any] = (
@@ -115,9 +120,15 @@ class Ec2Emulator:
         with self._lock:
             self._faults.append(Fault(action, code, message or f"injected {code}", http, times))
 
+    def limit(self, instance_type: str, room: int) -> None:
+        """Calls of RunInstances for ``instance_type`` make at most ``room`` instances."""
+        with self._lock:
+            self._room[instance_type] = room
+
     def clear(self) -> None:
         with self._lock:
             self._faults.clear()
+            self._room.clear()
             self.calls.clear()
 
     def driver(self, region: str = "us-east-1") -> Any:
@@ -155,8 +166,14 @@ class Ec2Emulator:
         if fault is not None:
             return self._answer(start_response, f"{fault.http} ERROR", [], error_document(
                 fault.code, fault.message))  # fmt: skip
-        token = args.get("ClientToken") if action == "RunInstances" else None
         fingerprint = tuple(sorted((k, v) for k, v in params if k not in _VOLATILE))
+        if action == "RunInstances":
+            with self._lock:
+                room = self._room.get(args.get("InstanceType", ""))
+            refused = self._within(environ, params, room)
+            if refused is not None:
+                return self._answer(start_response, "500 Internal Server Error", [], refused)
+        token = args.get("ClientToken") if action == "RunInstances" else None
         if token:
             with self._lock:
                 seen = self._tokens.get(token)
@@ -181,6 +198,37 @@ class Ec2Emulator:
             with self._lock:
                 self._tokens[token] = (fingerprint, captured["status"], headers, out)
         return self._answer(start_response, captured["status"], headers, out)
+
+    @staticmethod
+    def _within(
+        environ: dict[str, Any], params: list[tuple[str, str]], room: int | None
+    ) -> bytes | None:
+        """Make a RunInstances make what EC2 would: MinCount and MaxCount both set to what
+        there is room for (up to MaxCount), or EC2's capacity error (returned) if that
+        is fewer than MinCount. The request is rewritten for moto where it came from
+        (the query string or the form)."""
+        args = dict(params)
+        low, high = int(args.get("MinCount", 1)), int(args.get("MaxCount", 1))
+        made = high if room is None else min(room, high)
+        if made < low:
+            return error_document(
+                "InsufficientInstanceCapacity",
+                f"We currently do not have sufficient {args.get('InstanceType')} capacity "
+                f"({room} left, MinCount {low})",
+            )
+        if made != low:
+
+            def fixed(text: str) -> str:
+                pairs = parse_qsl(text, keep_blank_values=True)
+                return urlencode(
+                    [(k, str(made) if k in ("MinCount", "MaxCount") else v) for k, v in pairs]
+                )
+
+            environ["QUERY_STRING"] = fixed(environ.get("QUERY_STRING", ""))
+            body = fixed(environ["wsgi.input"].getvalue().decode()).encode()
+            environ["CONTENT_LENGTH"] = str(len(body))
+            environ["wsgi.input"] = io.BytesIO(body)
+        return None
 
     def _control(self, environ: dict[str, Any], start_response: StartResponse) -> list[bytes]:
         """For a test in another process: GET /_emulator/calls, POST /_emulator/clear,

@@ -45,7 +45,9 @@ class FakeCloud:
     ``running`` with an address and a console host key (``never_boot`` keeps it pending).
 
     Errors are injected per call: ``errors["launch"]`` is a list popped one per call,
-    ``capacity`` a set of sizes that always fail for want of capacity. ``calls`` counts
+    ``capacity`` a set of sizes that always fail for want of capacity, ``limit`` the
+    most instances of a size one call gets (EC2's MinCount..MaxCount: fewer than the
+    call's ``min_count`` is a capacity error). ``calls`` counts
     every call by name. Terminated instances stay listed, as on EC2.
     """
 
@@ -55,6 +57,7 @@ class FakeCloud:
     boot_seconds: float = 2.0
     never_boot: set[str] = field(default_factory=set)  # node names
     capacity: set[str] = field(default_factory=set)  # sizes
+    limit: dict[str, int] = field(default_factory=dict)  # size -> most instances per call
     errors: dict[str, list[BurstError]] = field(default_factory=dict)
     calls: Counter[str] = field(default_factory=Counter)
     vms: dict[str, _Vm] = field(default_factory=dict)
@@ -146,6 +149,10 @@ class FakeCloud:
         self._call(call)
         if spec.size in self.capacity:
             raise CapacityError(f"InsufficientInstanceCapacity: no {spec.size} left")
+        room = self.limit.get(spec.size, count)
+        if room < min(count, spec.min_count or count):  # as EC2: MinCount or nothing
+            raise CapacityError(f"InsufficientInstanceCapacity: {room} {spec.size} left")
+        count = min(count, room)
         with self._lock:
             made = sorted(
                 (v for v in self.vms.values() if v.token == spec.token),

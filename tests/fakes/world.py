@@ -3,6 +3,7 @@ wired together as ``wiring.assemble`` wires the real ones."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -63,8 +64,13 @@ class World:
         return rec
 
 
-def make_world(tmp_path: Path, batch_max: int = 1, extra_config: str = "") -> World:
-    cfg = lab_config_in(tmp_path, extra_config)
+def make_world(
+    tmp_path: Path,
+    batch_max: int = 1,
+    extra_config: str = "",
+    edits: Sequence[tuple[str, str]] = (),
+) -> World:
+    cfg = lab_config_in(tmp_path, extra_config, edits)
     clock = FakeClock()
     cloud = FakeCloud("lab", clock, batch_max=batch_max, boot_seconds=2.0)
     mesh = FakeMesh(clock)

@@ -12,6 +12,7 @@ capacity fallback to the next size.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import threading
 import time
@@ -36,6 +37,7 @@ from slurm_burst.core.cloud import (
     QuotaError,
     ThrottledError,
 )
+from slurm_burst.core.hostlist import expand
 from slurm_burst.core.nodestate import NodeState, Want, reason
 from slurm_burst.services.daemon import Daemon
 from slurm_burst.services.provisioner import Provisioner, Secrets
@@ -551,3 +553,52 @@ class TestEc2CloudContract(CloudContract):
     @pytest.fixture()
     def settle(self) -> Callable[[], None]:
         return lambda: time.sleep(0.2)
+
+
+def test_a_partial_launch_serves_whole_jobs_and_the_rest_falls_back(
+    emulator: Ec2Emulator, cfg_factory: Callable[..., Config], tmp_path: Path
+) -> None:
+    """EC2 grants 12 of 16 c5.large: one RunInstances (MinCount = the smallest job)
+    makes 12, which go to three whole jobs of four; the fourth job moves whole to
+    c5.xlarge; the short size cools down."""
+    cfg = cfg_factory()
+    prov = provisioner(cfg, tmp_path)
+    names = [f"aws-{i}" for i in range(1, 17)]
+    jobs = [{"job_id": j, "nodes": f"aws-[{4 * j - 3}-{4 * j}]"} for j in range(1, 5)]
+    for n in names:
+        prov.store.transition(
+            n, NodeState.REQUESTED, time.time(), group="cpu", want=Want.UP, launch_seq=1,
+            jobs=json.dumps([j for j in jobs if n in expand(str(j["nodes"]))]),
+        )  # fmt: skip
+    emulator.clear()
+    emulator.limit("c5.large", 12)
+    launch_batch(prov, names)
+    assert emulator.calls["RunInstances"] == 2
+    sizes = [prov.store.node(n).size for n in names]  # type: ignore[union-attr]
+    assert sizes == ["c5.large"] * 12 + ["c5.xlarge"] * 4
+    live = aws_instances(emulator, cfg.cluster.name)
+    assert sorted(n.extra["instance_type"] for n in live) == ["c5.large"] * 12 + ["c5.xlarge"] * 4
+    assert ("aws", "c5.large") in prov.store.unavailable(time.time())
+
+
+def test_a_partial_launch_below_the_smallest_job_makes_nothing(
+    emulator: Ec2Emulator, cfg_factory: Callable[..., Config], tmp_path: Path
+) -> None:
+    cfg = cfg_factory()
+    prov = provisioner(cfg, tmp_path)
+    names = [f"aws-{i}" for i in range(1, 9)]
+    jobs = [{"job_id": 1, "nodes": "aws-[1-4]"}, {"job_id": 2, "nodes": "aws-[5-8]"}]
+    for n in names:
+        prov.store.transition(
+            n, NodeState.REQUESTED, time.time(), group="cpu", want=Want.UP, launch_seq=1,
+            jobs=json.dumps([j for j in jobs if n in expand(str(j["nodes"]))]),
+        )  # fmt: skip
+    emulator.clear()
+    emulator.limit("c5.large", 3)  # EC2 has room for 3; MinCount is 4
+    launch_batch(prov, names)
+    assert emulator.calls["RunInstances"] == 2
+    live = aws_instances(emulator, cfg.cluster.name)
+    assert sorted(n.extra["instance_type"] for n in live) == ["c5.xlarge"] * 8
+    assert prov.store.unavailable(time.time())[("aws", "c5.large")][1] == (
+        "InsufficientInstanceCapacity"
+    )

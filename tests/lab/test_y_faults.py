@@ -296,6 +296,42 @@ def test_node_failure_is_named_and_the_job_requeued(
            [job], requeued(env, store, job, node))  # fmt: skip
 
 
+def test_a_two_node_job_whose_node_never_boots_releases_the_other_at_once(
+    lab_config: Config,
+    env: dict[str, str],
+    store: Store,
+    cloud: Any,
+    faults: Any,
+    cancel: list[int],
+) -> None:
+    """All or nothing per job: burst-cpu-12 never boots, so the job is requeued (its node
+    DOWN first) and burst-cpu-13, booted for nothing, is torn down and returned to Slurm
+    then, not left to join and idle until SuspendTime."""
+    bad, other = "burst-cpu-12", "burst-cpu-13"
+    faults([{"call": "create_node", "node": bad, "times": 1, "never_running": True}])
+    since = last_event_id(store)
+    out = sh(env, "sbatch", "--parsable", "-p", "burst-cpu", "-N2", "-w", f"{bad},{other}",
+             "-t", "5", "-o", "/dev/null", "--wrap", "srun hostname")  # fmt: skip
+    job = int(out.strip().split(";")[0])
+    cancel.append(job)
+
+    def released() -> bool:
+        rec = store.node(other)
+        return (
+            any(e["event"] == "node.released" for e in events(store, other, since))
+            and rec is not None
+            and (str(rec.state), rec.error) == ("terminated", "JobFailed")
+        )
+
+    wait(lambda: node_failed_with(store, bad, since, "BootTimeout"), 90, f"{bad} to time out")
+    wait(released, 30, f"{other} released with the job")
+    detail = next(e["detail"] for e in events(store, other, since) if e["event"] == "node.released")
+    assert detail == f"job {job} lost {bad} (BootTimeout)"
+    settle("a 2-node job loses a node", "job requeued; its other node released at once",
+           store, cloud, lab_config, env, [job], requeued(env, store, job, bad))  # fmt: skip
+    assert not [i for i in cloud.list_nodes() if i.name == other and i.state != "terminated"]
+
+
 # -- the world changes under the daemon ------------------------------------------------
 
 

@@ -36,13 +36,13 @@ def wb(tmp_path: Path) -> World:
 
 
 def test_a_resume_on_a_batching_provider_is_launched_in_batches(wb: World) -> None:
-    wb.store.add_request("resume", CPU, [{"job_id": 7}], wb.clock.now())
+    wb.store.add_request("resume", CPU, [{"job_id": 7, "nodes": "burst-cpu-[1-8]"}], wb.clock.now())
     settle(wb)
     assert wb.cloud.calls["launch_many"] == 2 and wb.cloud.calls["launch"] == 0
     assert all(wb.rec(n).state == NodeState.JOINED for n in CPU)
     assert sorted(i.tags["slurm-burst-node"] for i in wb.cloud.live()) == sorted(CPU)
     assert wb.store.pending_requests() == []
-    assert wb.rec(CPU[0]).jobs == '[{"job_id": 7}]'
+    assert wb.rec(CPU[0]).job_list() == [{"job_id": 7, "nodes": "burst-cpu-[1-8]"}]
 
 
 def test_a_resume_on_a_provider_without_batches_goes_straight_to_the_workers(w: World) -> None:

@@ -99,12 +99,13 @@ class LibcloudCloud:
         return self._to_instance(node)
 
     def launch_many(self, spec: LaunchSpec) -> list[Instance]:
-        """``spec.count`` instances in one call, all or none, ordered by launch index.
+        """Between ``spec.min_count`` (0: all) and ``spec.count`` instances in one call,
+        ordered by launch index.
 
-        EC2: one RunInstances with MinCount = MaxCount = count (a partial launch would
-        leave nodes half-served; a capacity error falls the whole batch back to the
-        next size instead). The instances carry the batch's tags; each is tagged with
-        its node's name by :meth:`tag` once the caller has mapped them.
+        EC2: one RunInstances with MinCount and MaxCount; EC2 makes as many as it has
+        capacity for, or none (InsufficientInstanceCapacity) if fewer than MinCount.
+        The instances carry the batch's tags; each is tagged with its node's name by
+        :meth:`tag` once the caller has mapped them.
         """
         started = time.monotonic()
         made = self._create(spec)
@@ -118,9 +119,10 @@ class LibcloudCloud:
             spec.token,
             time.monotonic() - started,
         )
-        if len(out) != spec.count:
+        if not (spec.min_count or spec.count) <= len(out) <= spec.count:
             raise CloudError(
-                f"{self.name}: asked for {spec.count} instances, got {len(out)}",
+                f"{self.name}: asked for {spec.min_count or spec.count}..{spec.count} "
+                f"instances, got {len(out)}",
                 "PartialLaunch",
             )
         return out

@@ -127,8 +127,9 @@ def ec2(
         kw["ex_spot"] = True
         if spec.spot_max_price:
             kw["ex_spot_max_price"] = spec.spot_max_price
-    if spec.count > 1:
-        kw["ex_mincount"] = kw["ex_maxcount"] = spec.count  # all or nothing: see launch_many
+    if spec.count > 1:  # EC2 makes as many as it can between the two, or none
+        kw["ex_maxcount"] = spec.count
+        kw["ex_mincount"] = spec.min_count or spec.count
     return kw
 
 
