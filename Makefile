@@ -8,13 +8,14 @@ SB := $(VENV)/bin/slurm-burst
 LAB_CONFIG := slurm-conf/lab/slurm-burst.toml
 LAB_SLURM_CONF := /var/lib/slurm-burst-lab/etc/slurm/slurm.conf
 
-.PHONY: help setup system venv demo test test-fast bench lab-up lab-down lint docs clean
+.PHONY: help setup system venv demo test test-fast bench soak lab-up lab-down lint docs clean
 
 help:
 	@echo "make demo      set up, bring the lab up, run a 2-node job on burst cloud nodes"
 	@echo "make test      set up and run the whole test suite (root: the lab tests need it)"
 	@echo "make test-fast the unit tests alone (seconds, any user)"
 	@echo "make bench     set up and print the benchmark figures"
+	@echo "make soak      200 burst cycles in the lab, then nothing left and nothing grown"
 	@echo "make lab-down  remove the lab: processes, namespaces, links, files"
 	@echo "make lint      ruff and mypy (strict: package, tests, benchmarks)"
 	@echo "make docs      regenerate the generated sections of docs/"
@@ -53,6 +54,12 @@ test-fast: venv
 
 bench: setup
 	$(PY) benchmarks/run.py
+
+# The soak (tests/lab/test_z_soak.py); CI runs it with 20 cycles inside `make test`.
+SOAK_CYCLES ?= 200
+soak: setup
+	SOAK_CYCLES=$(SOAK_CYCLES) $(PY) -m pytest tests/lab/test_z_soak.py -p no:cacheprovider \
+		-o timeout=5400 -rs $(PYTEST_ARGS)
 
 lint: venv
 	$(VENV)/bin/ruff check slurm_burst tests benchmarks scripts

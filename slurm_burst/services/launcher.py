@@ -292,17 +292,19 @@ class Launcher:
         key = ",".join(f"{r.name}:{r.launch_seq}" for r in recs)
         digest = hashlib.sha256(f"{key}|{cand.seq}".encode()).hexdigest()[:16]
         token = f"{self.cfg.cluster.name[:24]}-b{len(recs)}-{cand.seq}-{digest}"[:64]
-        self.store.meta_set(
-            f"batch.{token}",
-            {"nodes": names, "provider": cand.provider, "size": cand.size, "group": group.name},
-        )
         fix = {"token": token, "provider": cand.provider, "size": cand.size}
-        for name in names:  # the token is fixed before the call: a crash repeats it
-            rec = self.store.node(name)
-            if rec is not None and rec.state == NodeState.REQUESTED:
-                self.store.transition(name, NodeState.LAUNCHING, self.clock.now(), **fix)
-            else:  # launching still, after a capacity error of the previous size
-                self.store.update(name, **fix)
+        with self.store.atomically():  # the token is fixed before the call: a crash repeats it
+            self.store.meta_set(
+                f"batch.{token}",
+                {"nodes": names, "provider": cand.provider, "size": cand.size,
+                 "group": group.name},
+            )  # fmt: skip
+            for name in names:
+                rec = self.store.node(name)
+                if rec is not None and rec.state == NodeState.REQUESTED:
+                    self.store.transition(name, NodeState.LAUNCHING, self.clock.now(), **fix)
+                else:  # launching still, after a capacity error of the previous size
+                    self.store.update(name, **fix)
         least = least_useful(names, _jobs_of(recs)) if group.all_or_nothing == "job" else 1
         try:
             with timed(self.clock, names[0], f"launch-batch[{len(recs)}]"):

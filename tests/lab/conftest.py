@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
-from collections.abc import Iterator
+import subprocess
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,10 +17,12 @@ from slurm_burst.adapters.state.store import Store
 from slurm_burst.config import Config, load_config
 from slurm_burst.lab.service import Lab
 from slurm_burst.wiring import cloud_driver, node_store
-from tests.conftest import LAB_CONFIG
+from tests.conftest import LAB_CONFIG, invoke
 
 # (fault, outcome, reconcile passes to consistent, seconds to done): test_y_faults fills it
 FAULT_MATRIX: list[tuple[str, str, str, str]] = []
+# the soak's figures (test_z_soak fills it)
+SOAK: dict[str, Any] = {}
 
 needs_root = pytest.mark.skipif(
     os.geteuid() != 0 or not shutil.which("slurmctld", path="/usr/sbin:/usr/bin"),
@@ -32,6 +37,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if SOAK:
+        terminalreporter.section("soak")
+        for key, value in SOAK.items():
+            terminalreporter.write_line(f"{key:<28} {value}")
     if not FAULT_MATRIX:
         return
     w1 = max(len(r[0]) for r in FAULT_MATRIX)
@@ -76,6 +85,33 @@ def store(lab: Lab, lab_config: Config) -> Iterator[Store]:
     s = node_store(lab_config, create=False)
     yield s
     s.close()
+
+
+@pytest.fixture(scope="module")
+def env(lab: Lab) -> dict[str, str]:
+    """The environment Slurm's commands need to reach the lab's slurmctld."""
+    return {"SLURM_CONF": str(lab.slurm_conf), "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
+
+
+@pytest.fixture
+def faults(lab_config: Config) -> Iterator[Callable[[list[dict[str, Any]]], None]]:
+    """Inject cloud faults through the lab provider's fault file; cleared afterwards,
+    and the cpu group enabled again (failures of one case do not protect the next)."""
+    path = Path(lab_config.providers["lab"].options["fault_file"])
+
+    def inject(rules: list[dict[str, Any]]) -> None:
+        path.write_text(json.dumps(rules))
+
+    yield inject
+    path.unlink(missing_ok=True)
+    invoke(["--config", str(LAB_CONFIG), "group", "enable", "cpu"])
+
+
+def sh(env: dict[str, str], *argv: str, check: bool = True) -> str:
+    """Run a Slurm command against the lab; its output."""
+    return subprocess.run(
+        argv, env=env, text=True, capture_output=True, check=check, timeout=30
+    ).stdout
 
 
 @pytest.fixture(scope="module")

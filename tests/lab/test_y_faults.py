@@ -6,7 +6,7 @@ the daemon must end, within two reconcile passes of the fault's effect, with
 - every affected job requeued, running or completed,
 - the ledger consistent: no open ledger row for an instance that is gone.
 
-Cloud faults go through the lab provider's fault file (``adapters/cloud/faults.py``):
+Cloud faults go through the lab provider's fault file (``slurm_burst/lab/faults.py``):
 provider errors with real codes, instances that never boot, and packets really
 dropped inside a VM (``ip rule ... blackhole``). Process faults are real: the
 daemon SIGKILLed, hooks called twice or out of turn. Each case adds a row to the
@@ -34,34 +34,11 @@ from slurm_burst.lab.service import Lab
 from slurm_burst.wiring import ledger, mesh_hub
 from tests.conftest import LAB_CONFIG, invoke
 from tests.conftest import wait as until
-from tests.lab.conftest import FAULT_MATRIX
+from tests.lab.conftest import FAULT_MATRIX, sh
 
 pytestmark = pytest.mark.faults
 
 SB = ["--config", str(LAB_CONFIG)]
-
-
-@pytest.fixture(scope="module")
-def env(lab: Lab) -> dict[str, str]:
-    return {"SLURM_CONF": str(lab.slurm_conf), "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
-
-
-@pytest.fixture
-def faults(lab_config: Config) -> Iterator[Callable[[list[dict[str, Any]]], None]]:
-    path = Path(lab_config.providers["lab"].options["fault_file"])
-
-    def inject(rules: list[dict[str, Any]]) -> None:
-        path.write_text(json.dumps(rules))
-
-    yield inject
-    path.unlink(missing_ok=True)
-    invoke([*SB, "group", "enable", "cpu"])  # failures of one case do not protect the next
-
-
-def sh(env: dict[str, str], *argv: str, check: bool = True) -> str:
-    return subprocess.run(
-        argv, env=env, text=True, capture_output=True, check=check, timeout=30
-    ).stdout
 
 
 def sbatch(env: dict[str, str], node: str, seconds: int = 1) -> int:

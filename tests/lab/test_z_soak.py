@@ -1,0 +1,149 @@
+"""The soak: many burst cycles with one daemon running throughout, then nothing left
+behind and nothing grown.
+
+A cycle resumes two nodes for a two-node batch job, runs it, and powers the nodes down
+once it has ended (``scontrol update state=power_down``: Slurm runs SuspendProgram at
+once, as a SuspendTime of zero would; 22.05 cannot change a partition's SuspendTime
+while it runs). Every tenth cycle one of the two nodes fails its launch (AuthFailure):
+its job is requeued and cancelled, and the other node is released with it. Four pairs
+of nodes take turns, so a pair powers down while the next cycles run.
+
+At the end: no instance, no cloud VM (namespace) and no hub peer left, no mesh address
+leased, every ledger row closed; the daemon's open file descriptors and threads as
+after cycle 10, its resident memory grown by at most 50 KB a cycle.
+
+``SOAK_CYCLES`` (default 20, what CI runs; ``make soak``: 200). The figures are printed
+at the end of the run and written to ``soak.json`` in the lab's log directory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from slurm_burst.adapters.state.store import Store
+from slurm_burst.config import Config
+from slurm_burst.lab.service import Lab
+from slurm_burst.wiring import ledger, mesh_hub
+from tests.conftest import wait
+from tests.lab.conftest import SOAK, sh
+
+CYCLES = int(os.environ.get("SOAK_CYCLES", "20"))
+PAIRS = [(f"burst-cpu-{i}", f"burst-cpu-{i + 1}") for i in (1, 3, 5, 7)]
+RSS_PER_CYCLE = 50 * 1024  # bytes
+
+
+def sample(pid: int) -> dict[str, int]:
+    """The daemon's open descriptors, threads and resident memory (bytes)."""
+    status = dict(
+        line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+    )
+    return {
+        "fds": len(os.listdir(f"/proc/{pid}/fd")),
+        "threads": int(status["Threads"]),
+        "rss": int(status["VmRSS"].split()[0]) * 1024,
+    }
+
+
+def powered_down(env: dict[str, str], nodes: tuple[str, ...]) -> bool:
+    out = sh(env, "sinfo", "-h", "-N", "-n", ",".join(nodes), "-o", "%N %T", check=False)
+    states = dict(line.split() for line in out.splitlines() if line.strip())
+    return all(states.get(n) == "idle~" for n in nodes)
+
+
+def job_state(env: dict[str, str], job: int) -> str:
+    out = sh(env, "scontrol", "show", "job", "-o", str(job), check=False)
+    fields = dict(tok.split("=", 1) for tok in out.split() if "=" in tok)
+    return fields.get("JobState", "GONE")
+
+
+def completed(env: dict[str, str], job: int) -> bool:
+    return job_state(env, job) == "COMPLETED"
+
+
+def cloud_vms() -> int:
+    """VM processes of the namespace cloud (each VM is a set of namespaces held by one)."""
+    out = subprocess.run(
+        ["pgrep", "-f", "slurm_burst.lab.nscloud.vminit"], capture_output=True, text=True
+    )
+    return len(out.stdout.split())
+
+
+def test_burst_cycles_leave_nothing_behind_and_grow_nothing(
+    lab: Lab,
+    lab_config: Config,
+    env: dict[str, str],
+    store: Store,
+    cloud: Any,
+    faults: Any,
+) -> None:
+    pid = int(lab.status()["processes"]["daemon"]["pid"])
+    every = tuple(n for pair in PAIRS for n in pair)
+    wait(lambda: powered_down(env, every), 180, "the soak's nodes powered down")
+    started = time.monotonic()
+    baseline: dict[str, int] = {}
+    failed_cycles = 0
+    for cycle in range(1, CYCLES + 1):
+        pair = PAIRS[cycle % len(PAIRS)]
+        wait(partial(powered_down, env, pair), 120, f"{pair} powered down")
+        fail = cycle % 10 == 0
+        if fail:
+            faults([{"call": "create_node", "node": pair[0], "times": 1,
+                     "error": "AuthFailure"}])  # fmt: skip
+        out = sh(env, "sbatch", "--parsable", "-p", "burst-cpu", "-N2", "-w", ",".join(pair),
+                 "-t", "5", "-o", "/dev/null", "--wrap", "srun true")  # fmt: skip
+        job = int(out.strip().split(";")[0])
+        if fail:
+
+            def released(pair: tuple[str, ...] = pair) -> bool:
+                a, b = store.node(pair[0]), store.node(pair[1])
+                return (
+                    a is not None and b is not None
+                    and (str(a.state), a.error) == ("terminated", "AuthFailure")
+                    and (str(b.state), b.error) == ("terminated", "JobFailed")
+                )  # fmt: skip
+
+            wait(released, 60, f"cycle {cycle}: {pair[0]} failed, {pair[1]} released")
+            sh(env, "scancel", str(job))
+            faults([])
+            failed_cycles += 1
+        else:
+            wait(partial(completed, env, job), 120, f"cycle {cycle}: job {job} completed")
+            sh(env, "scontrol", "update", f"nodename={','.join(pair)}", "state=power_down")
+        if cycle == min(10, CYCLES):
+            baseline = sample(pid)
+    wait(lambda: powered_down(env, every), 180, "every node powered down")
+    wait(lambda: all(str(r.state) == "terminated" for r in store.nodes()), 60, "nodes gone")
+    minutes = (time.monotonic() - started) / 60
+    end = sample(pid)
+    live = [n.id for n in cloud.list_nodes() if n.state != "terminated"]
+    peers = mesh_hub(lab_config).peers()
+    figures = {
+        "cycles": CYCLES,
+        "failed_launch_cycles": failed_cycles,
+        "minutes": round(minutes, 1),
+        "instances_left": len(live),
+        "cloud_vms_left": cloud_vms(),
+        "hub_peers_left": len(peers),
+        "addresses_leased": len(store.addresses()),
+        "ledger_rows_open": len(ledger(lab_config).open_instances()),
+        "after_cycle_10": baseline,
+        "at_end": end,
+        "rss_growth_per_cycle_bytes": round((end["rss"] - baseline["rss"]) / max(1, CYCLES - 10)),
+    }
+    SOAK.update(figures)
+    (lab.paths.log / "soak.json").write_text(json.dumps(figures, indent=2) + "\n")
+    assert (live, figures["cloud_vms_left"], peers) == ([], 0, []), figures
+    assert figures["addresses_leased"] == 0 and figures["ledger_rows_open"] == 0, figures
+    assert (end["fds"], end["threads"]) == (baseline["fds"], baseline["threads"]), figures
+    if CYCLES > 10:
+        assert end["rss"] - baseline["rss"] <= RSS_PER_CYCLE * (CYCLES - 10), figures
+    if CYCLES < 10:
+        pytest.skip(f"{CYCLES} cycles: too few to compare with cycle 10")
