@@ -268,14 +268,15 @@ class Launcher:
             chunks = [todo[i : i + n] for i in range(0, len(todo), n)]
             with ThreadPoolExecutor(min(BATCH_THREADS, len(chunks))) as pool:
                 results = list(pool.map(partial(self._batch, plan.group, cand), chunks))
-            todo = []
+            again: list[str] = []  # for the next candidate
             for chunk, result in zip(chunks, results, strict=True):
                 if isinstance(result, CapacityError):
-                    todo += chunk  # the next candidate
+                    again += [r.name for r in chunk]
                 elif isinstance(result, CloudError):
                     failed += [(r.name, result) for r in chunk]
-                else:  # a partial launch: the nodes it could not serve try the next
-                    todo += [r for r in chunk if r.name in result]
+                else:  # a partial launch: the nodes it could not serve
+                    again += [r.name for r in chunk if r.name in result]
+            todo = [r for r in map(self.store.node, again) if r is not None]  # launching now
         self.name_instances()
         return failed
 
@@ -299,12 +300,11 @@ class Launcher:
                 {"nodes": names, "provider": cand.provider, "size": cand.size,
                  "group": group.name},
             )  # fmt: skip
-            for name in names:
-                rec = self.store.node(name)
-                if rec is not None and rec.state == NodeState.REQUESTED:
-                    self.store.transition(name, NodeState.LAUNCHING, self.clock.now(), **fix)
-                else:  # launching still, after a capacity error of the previous size
-                    self.store.update(name, **fix)
+            for rec in recs:  # as launch_batch read them: requested, or launching still
+                if rec.state == NodeState.REQUESTED:  # after a capacity error of the last size
+                    self.store.transition(rec.name, NodeState.LAUNCHING, self.clock.now(), **fix)
+                else:
+                    self.store.update(rec.name, **fix)
         least = least_useful(names, _jobs_of(recs)) if group.all_or_nothing == "job" else 1
         try:
             with timed(self.clock, names[0], f"launch-batch[{len(recs)}]"):

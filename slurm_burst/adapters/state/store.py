@@ -105,6 +105,7 @@ SCHEMA_VERSION = len(MIGRATIONS)
 # NodeRecord field -> column, in field order (the record's names are the port's).
 COLUMN = {f: ("node_group" if f == "group" else f) for f in NodeRecord._fields}
 NODE_SELECT = "SELECT " + ", ".join(COLUMN.values()) + " FROM nodes"  # noqa: S608 - our names
+NODE_RETURNING = " RETURNING " + ", ".join(COLUMN.values())
 _STATE = {str(s): s for s in NodeState}
 _WANT = {str(w): w for w in Want}
 
@@ -398,12 +399,12 @@ class Store:
             if old is None or old.state != new:
                 values["state_since"] = now
             sets, args = _sets(values)
-            db.execute(f"UPDATE nodes SET {sets} WHERE name = ?", (*args, name))  # noqa: S608 - column names are checked above
+            update = f"UPDATE nodes SET {sets} WHERE name = ?{NODE_RETURNING}"  # noqa: S608 - column names are checked above
+            row = db.execute(update, (*args, name)).fetchone()
             db.execute(
                 "INSERT INTO events (at, node, event, detail) VALUES (?, ?, ?, ?)",
                 (now, name, f"node.{new}", changes.get("error", "")),
             )
-            row = next(iter(db.execute(f"{NODE_SELECT} WHERE name = ?", (name,))))
         return _record(row)
 
     def update(self, name: str, **changes: Any) -> None:
