@@ -129,7 +129,7 @@ def plan(snap: Snapshot, policy: Policy) -> Plan:
         return snap.now - first
 
     actions += _orphans(snap, policy, suspect)
-    actions += _stuck_nodes(snap, policy)
+    actions += _stuck_nodes(snap, policy, suspect)
     actions += _mesh(snap, suspect)
     actions += _ledger(snap)
     actions += _groups(snap, policy)
@@ -176,7 +176,7 @@ def _orphans(snap: Snapshot, policy: Policy, suspect: _Suspect) -> Iterable[Acti
                 )
 
 
-def _stuck_nodes(snap: Snapshot, policy: Policy) -> Iterable[Action]:
+def _stuck_nodes(snap: Snapshot, policy: Policy, suspect: _Suspect) -> Iterable[Action]:
     listed: dict[str, dict[str, Instance]] | None = None
     if snap.instances is not None:
         listed = {p: {i.id: i for i in insts} for p, insts in snap.instances.items()}
@@ -242,8 +242,9 @@ def _stuck_nodes(snap: Snapshot, policy: Policy) -> Iterable[Action]:
             continue
         held = snap.records.get(node.name)
         lost = held is None or (held.want == Want.DOWN and held.state == NodeState.TERMINATED)
-        since = 0.0 if held is None else held.state_since
-        if lost and snap.now - since > policy.lost_resume_grace:
+        # counted from when the daemon first saw it, not from the record's last change:
+        # Slurm marks a node powering up a moment before its resume hook records it
+        if lost and suspect(f"resume-lost:{node.name}") >= policy.lost_resume_grace:
             yield Action(
                 "fail_node",
                 "ResumeLost",

@@ -258,6 +258,8 @@ class Daemon:
             jobs = json.dumps(by_node.get(name, []))
             if req.kind == "resume":
                 if rec is not None and rec.state in RESUMING and rec.want == Want.UP:
+                    if name in by_node and rec.jobs != jobs:  # Slurm's jobs, after a resume
+                        self.store.update(name, jobs=jobs)  # of ours (ResumeLost) had none
                     log.info("node.resume.duplicate node=%s state=%s", name, rec.state)
                     continue
                 if rec is None or rec.state == NodeState.TERMINATED:

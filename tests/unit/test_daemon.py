@@ -140,3 +140,15 @@ def test_a_request_is_written_whole_or_not_at_all(
     settle(wb)
     assert all(wb.rec(n).state == NodeState.JOINED for n in CPU)
     assert wb.cloud.calls["launch_many"] == 2
+
+
+def test_a_duplicate_resume_brings_the_jobs_a_first_one_lacked(w: World) -> None:
+    """The reconcile loop resumes a node Slurm powers up without a request (ResumeLost,
+    no jobs); the hook's own request, arriving after, still says which job waits."""
+    w.store.add_request("resume", CPU[:2], [], w.clock.now())
+    w.daemon.handle_requests()
+    job = {"job_id": 9, "nodes": "burst-cpu-[1-2]"}
+    w.store.add_request("resume", CPU[:2], [job], w.clock.now())
+    settle(w)
+    assert [w.rec(n).job_list() for n in CPU[:2]] == [[job], [job]]
+    assert w.cloud.calls["launch"] == 2

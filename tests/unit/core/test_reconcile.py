@@ -158,17 +158,26 @@ CASES = [
         id="joined-and-registered-long-ago",
     ),
     pytest.param(
-        snap([], slurm_nodes={"n2": snode("n2", "POWERING_UP")}),
+        snap(
+            [],
+            slurm_nodes={"n2": snode("n2", "POWERING_UP")},
+            suspects={"resume-lost:n2": NOW - 61},
+        ),
         [("fail_node", "ResumeLost", "n2")],
-        id="slurm-powering-up-unknown-node-is-resumed",
+        id="slurm-powering-up-unknown-node-is-resumed-after-its-grace",
+    ),
+    pytest.param(
+        snap([], slurm_nodes={"n2": snode("n2", "POWERING_UP")}),
+        [],
+        id="resume-lost-waits-its-grace",
     ),
     pytest.param(
         snap(
-            [Rec("n2", NodeState.TERMINATED, want=Want.DOWN, state_since=NOW - 5)],
+            [Rec("n2", NodeState.TERMINATED, want=Want.DOWN, state_since=NOW - 3600)],
             slurm_nodes={"n2": snode("n2", "POWERING_UP")},
         ),
         [],
-        id="resume-lost-waits-its-grace",
+        id="a-power-up-seen-once-is-not-lost-however-old-the-record",  # the hook is on its way
     ),
     pytest.param(
         snap(
