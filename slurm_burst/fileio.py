@@ -93,35 +93,38 @@ def _user(uid: int) -> str:
 
 
 def ensure_mode(path: str | os.PathLike[str], mode: int, gid: int | None = None) -> None:
-    """Create the file ``path`` with ``mode`` if it is missing (never through a symlink,
-    whatever the umask), and give an existing file ``mode`` and group ``gid`` where we
-    may (we own it, or are root); a file someone else owns is left as it is."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+    """Create the file ``path`` with ``mode`` (and group ``gid``) if it is missing, never
+    through a symlink and whatever the umask; give an existing one ``mode`` and ``gid``
+    where we may (:func:`share`).
+
+    An existing file is never opened: closing any descriptor of a file drops every
+    POSIX lock this process holds on it, and SQLite's locks on a database (and on its
+    -shm) are such locks. A process that has the database open must not lose them."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
     try:
-        share(fd, mode, gid)
+        fd = os.open(path, flags, mode)
+    except FileExistsError:
+        share(path, mode, gid)
+        return
+    try:
+        if gid is not None and os.geteuid() == 0:
+            os.fchown(fd, -1, gid)
+        os.fchmod(fd, mode)
     finally:
         os.close(fd)
 
 
-def share(target: int | str | os.PathLike[str], mode: int, gid: int | None = None) -> None:
-    """Give ``target`` (an open descriptor, or a path: a file or directory, never
-    followed through a symlink) ``mode`` and group ``gid`` where we may: we own it, or
-    are root. Not for sockets (they cannot be opened)."""
-    if not isinstance(target, int):
-        flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
-        fd = os.open(target, flags)
-        try:
-            share(fd, mode, gid)
-        finally:
-            os.close(fd)
-        return
-    st = os.fstat(target)
-    if os.geteuid() not in (0, st.st_uid):
+def share(path: str | os.PathLike[str], mode: int, gid: int | None = None) -> None:
+    """Give ``path`` (a file or directory; a symlink is left alone) ``mode`` and group
+    ``gid`` where we may: we own it, or are root. By path, never by opening it (see
+    :func:`ensure_mode`)."""
+    st = os.lstat(path)
+    if stat.S_ISLNK(st.st_mode) or os.geteuid() not in (0, st.st_uid):
         return
     if gid is not None and st.st_gid != gid:
-        os.fchown(target, -1, gid)
+        os.chown(path, -1, gid, follow_symlinks=False)
     if stat.S_IMODE(st.st_mode) != mode:
-        os.fchmod(target, mode)
+        os.chmod(path, mode)
 
 
 @contextlib.contextmanager

@@ -5,6 +5,7 @@ and the commands that read it."""
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import threading
 import time
@@ -141,3 +142,33 @@ def test_nodes_and_events_commands_read_the_database(tmp_path: Path) -> None:
     ]
     out = invoke(["--config", cfg.source, "events"]).stdout
     assert "burst-cpu-1" in out and "node.requested" in out
+
+
+def _locks_on(path: Path) -> list[str]:
+    """This process's POSIX locks on ``path`` (from /proc/locks, by inode)."""
+    st = os.stat(path)
+    dev = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    mine = str(os.getpid())
+    return [
+        line
+        for line in Path("/proc/locks").read_text().splitlines()
+        if " POSIX " in line and line.split()[4] == mine and line.split()[5] == dev
+    ]
+
+
+def test_opening_the_store_again_keeps_this_process_sqlite_locks(tmp_path: Path) -> None:
+    """Closing any descriptor of a file drops every POSIX lock the process holds on it,
+    SQLite's included: setting up the files' modes must never open an existing
+    database or its -shm (a dropped -shm lock lets another process reset the WAL index
+    under this connection, and its writes vanish for everyone else)."""
+    path = tmp_path / "state.db"
+    first = Store(path)
+    first.beat(1.0, {"pid": 1})
+    held = _locks_on(Path(f"{path}-shm"))
+    assert held, "SQLite holds a lock on the -shm while connected"
+    second = Store(path)  # what a second open (or a hook in-process) does to the files
+    assert _locks_on(Path(f"{path}-shm")) == held
+    second.close()
+    first.beat(2.0, {"pid": 1})
+    reader = Store(path, create=False)
+    assert (reader.heartbeat() or {})["at"] == 2.0
