@@ -16,7 +16,7 @@ import json
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +37,7 @@ from slurm_burst.core.cloud import (
     QuotaError,
     ThrottledError,
 )
-from slurm_burst.core.hostlist import expand
+from slurm_burst.core.jobs import jobs_by_node
 from slurm_burst.core.nodestate import NodeState, Want, reason
 from slurm_burst.services.daemon import Daemon
 from slurm_burst.services.provisioner import Provisioner, Secrets
@@ -167,12 +167,15 @@ def provisioner(cfg: Config, tmp: Path, slurm: FakeScheduler | None = None) -> P
     return daemon(cfg, tmp, slurm).prov
 
 
-def requested(prov: Provisioner, *names: str) -> None:
-    """Nodes of the test group asked up, as a resume leaves them for the provisioner."""
+def requested(prov: Provisioner, *names: str, jobs: Sequence[dict[str, object]] = ()) -> None:
+    """Nodes of the test group asked up, as a resume (of ``jobs``) leaves them for the
+    provisioner."""
+    by_node = jobs_by_node(jobs, names)
     for n in names:
         prov.store.transition(
-            n, NodeState.REQUESTED, time.time(), group="cpu", want=Want.UP, launch_seq=1
-        )
+            n, NodeState.REQUESTED, time.time(), group="cpu", want=Want.UP, launch_seq=1,
+            jobs=json.dumps(by_node.get(n, [])),
+        )  # fmt: skip
 
 
 def launch_batch(prov: Provisioner, names: list[str]) -> None:
@@ -565,11 +568,7 @@ def test_a_partial_launch_serves_whole_jobs_and_the_rest_falls_back(
     prov = provisioner(cfg, tmp_path)
     names = [f"aws-{i}" for i in range(1, 17)]
     jobs = [{"job_id": j, "nodes": f"aws-[{4 * j - 3}-{4 * j}]"} for j in range(1, 5)]
-    for n in names:
-        prov.store.transition(
-            n, NodeState.REQUESTED, time.time(), group="cpu", want=Want.UP, launch_seq=1,
-            jobs=json.dumps([j for j in jobs if n in expand(str(j["nodes"]))]),
-        )  # fmt: skip
+    requested(prov, *names, jobs=jobs)
     emulator.clear()
     emulator.limit("c5.large", 12)
     launch_batch(prov, names)
@@ -588,11 +587,7 @@ def test_a_partial_launch_below_the_smallest_job_makes_nothing(
     prov = provisioner(cfg, tmp_path)
     names = [f"aws-{i}" for i in range(1, 9)]
     jobs = [{"job_id": 1, "nodes": "aws-[1-4]"}, {"job_id": 2, "nodes": "aws-[5-8]"}]
-    for n in names:
-        prov.store.transition(
-            n, NodeState.REQUESTED, time.time(), group="cpu", want=Want.UP, launch_seq=1,
-            jobs=json.dumps([j for j in jobs if n in expand(str(j["nodes"]))]),
-        )  # fmt: skip
+    requested(prov, *names, jobs=jobs)
     emulator.clear()
     emulator.limit("c5.large", 3)  # EC2 has room for 3; MinCount is 4
     launch_batch(prov, names)
