@@ -10,7 +10,9 @@ of nodes take turns, so a pair powers down while the next cycles run.
 
 At the end: no instance, no cloud VM (namespace) and no hub peer left, no mesh address
 leased, every ledger row closed; the daemon's open file descriptors and threads as
-after cycle 10, its resident memory grown by at most 50 KB a cycle.
+after cycle 10 (both sampled with nothing in flight), its resident memory grown by at
+most 50 KB a cycle (checked from 100 cycles on: over 20 the allocator's steps outweigh
+any trend; the figure is printed either way).
 
 ``SOAK_CYCLES`` (default 20, what CI runs; ``make soak``: 200). The figures are printed
 at the end of the run and written to ``soak.json`` in the lab's log directory.
@@ -52,16 +54,29 @@ def sample(pid: int) -> dict[str, int]:
     }
 
 
+def quiet_sample(
+    pid: int, env: dict[str, str], store: Store, nodes: tuple[str, ...]
+) -> dict[str, int]:
+    """:func:`sample`, once nothing is in flight: every node powered down and torn down,
+    the daemon's workers idle (a sample mid-teardown counts its SSH sessions)."""
+    wait(lambda: powered_down(env, nodes), 180, "every node powered down")
+    wait(lambda: all(str(r.state) == "terminated" for r in store.nodes()), 60, "nodes gone")
+    wait(lambda: (store.heartbeat() or {}).get("in_flight") == 0, 60, "the workers idle")
+    time.sleep(2)  # the last sessions' threads end
+    return sample(pid)
+
+
 def powered_down(env: dict[str, str], nodes: tuple[str, ...]) -> bool:
     out = sh(env, "sinfo", "-h", "-N", "-n", ",".join(nodes), "-o", "%N %T", check=False)
     states = dict(line.split() for line in out.splitlines() if line.strip())
     return all(states.get(n) == "idle~" for n in nodes)
 
 
-def cloud_vms() -> int:
-    """VM processes of the namespace cloud (each VM is a set of namespaces held by one)."""
+def cloud_vms(state_dir: str) -> int:
+    """Processes of the namespace cloud's VMs (each VM's namespaces are held by its
+    processes; the on-prem VMs live elsewhere and stay)."""
     out = subprocess.run(
-        ["pgrep", "-f", "slurm_burst.lab.nscloud.vminit"], capture_output=True, text=True
+        ["pgrep", "-f", f"nscloud.vminit {state_dir}/vms/"], capture_output=True, text=True
     )
     return len(out.stdout.split())
 
@@ -111,11 +126,9 @@ def test_burst_cycles_leave_nothing_behind_and_grow_nothing(
             assert srun.returncode == 0, f"cycle {cycle}: {srun.stderr[-2000:]}"
             sh(env, "scontrol", "update", f"nodename={','.join(pair)}", "state=power_down")
         if cycle == min(10, CYCLES):
-            baseline = sample(pid)
-    wait(lambda: powered_down(env, every), 180, "every node powered down")
-    wait(lambda: all(str(r.state) == "terminated" for r in store.nodes()), 60, "nodes gone")
+            baseline = quiet_sample(pid, env, store, every)
+    end = quiet_sample(pid, env, store, every)
     minutes = (time.monotonic() - started) / 60
-    end = sample(pid)
     live = [n.id for n in cloud.list_nodes() if n.state != "terminated"]
     peers = mesh_hub(lab_config).peers()
     figures = {
@@ -123,7 +136,7 @@ def test_burst_cycles_leave_nothing_behind_and_grow_nothing(
         "failed_launch_cycles": failed_cycles,
         "minutes": round(minutes, 1),
         "instances_left": len(live),
-        "cloud_vms_left": cloud_vms(),
+        "cloud_vms_left": cloud_vms(lab_config.providers["lab"].options["state_dir"]),
         "hub_peers_left": len(peers),
         "addresses_leased": len(store.addresses()),
         "ledger_rows_open": len(ledger(lab_config).open_instances()),
@@ -136,7 +149,7 @@ def test_burst_cycles_leave_nothing_behind_and_grow_nothing(
     assert (live, figures["cloud_vms_left"], peers) == ([], 0, []), figures
     assert figures["addresses_leased"] == 0 and figures["ledger_rows_open"] == 0, figures
     assert (end["fds"], end["threads"]) == (baseline["fds"], baseline["threads"]), figures
-    if CYCLES > 10:
+    if CYCLES >= 100:  # over fewer cycles the allocator's steps outweigh the trend
         assert end["rss"] - baseline["rss"] <= RSS_PER_CYCLE * (CYCLES - 10), figures
     if CYCLES < 10:
         pytest.skip(f"{CYCLES} cycles: too few to compare with cycle 10")
