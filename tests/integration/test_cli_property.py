@@ -12,8 +12,10 @@ never ends by design).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -165,9 +167,10 @@ def test_no_input_makes_a_command_crash(
     cfg, files = world
     args = data.draw(argv(cmd, files, tmp_path))
     before = _requests(cfg)
-    runner = CliRunner()
-    with runner.isolated_filesystem(temp_dir=tmp_path):  # relative paths land here
-        result = runner.invoke(cli, ["--config", cfg.source, *path, *args])
+    with tempfile.TemporaryDirectory(dir=tmp_path) as cwd, contextlib.chdir(cwd):
+        result = CliRunner().invoke(
+            cli, ["--config", cfg.source, *path, *args]
+        )  # relative paths land in cwd
     shown = f"{' '.join(path)} {args!r}: exit {result.exit_code}\n{result.output[-2000:]}"
     crashed = result.exception is not None and not isinstance(result.exception, SystemExit)
     assert not crashed, f"traceback for {shown}\n{result.exception!r}"
