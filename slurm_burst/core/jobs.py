@@ -13,7 +13,16 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any
 
-from slurm_burst.core.hostlist import HostlistError, expand_unique
+from slurm_burst.core.hostlist import DEFAULT_MAX_NAMES, HostlistError, expand_unique
+
+
+def job_nodes(job: Mapping[str, Any], max_names: int = DEFAULT_MAX_NAMES) -> list[str]:
+    """The nodes ``job`` (a resume-file job as stored) lists; [] if its hostlist does
+    not parse or names more than ``max_names``."""
+    try:
+        return expand_unique(str(job.get("nodes", "")), max_names=max_names)
+    except HostlistError:
+        return []
 
 
 def jobs_by_node(
@@ -24,13 +33,20 @@ def jobs_by_node(
     wanted = set(names)
     out: dict[str, list[dict[str, Any]]] = {}
     for job in jobs:
-        try:
-            nodes = expand_unique(str(job.get("nodes", "")), max_names=max(1, len(wanted)))
-        except HostlistError:
-            continue
-        for n in nodes:
+        for n in job_nodes(job, max(1, len(wanted))):
             if n in wanted:
                 out.setdefault(n, []).append(dict(job))
+    return out
+
+
+def nodes_by_job(jobs: Iterable[Mapping[str, Any]]) -> dict[int, list[str]]:
+    """Each of ``jobs``' ids with the nodes it lists (a job whose hostlist does not
+    parse, or without an id, is left out)."""
+    out: dict[int, list[str]] = {}
+    for job in jobs:
+        nodes = job_nodes(job)
+        for j in job_ids([job]) if nodes else ():
+            out[j] = nodes
     return out
 
 

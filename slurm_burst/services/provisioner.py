@@ -35,8 +35,7 @@ from importlib import resources
 from slurm_burst.config import Config, NodeGroup
 from slurm_burst.core.cloud import NODE_TAG, CapacityError, CloudError, Instance, classify
 from slurm_burst.core.errors import BurstError, StepError
-from slurm_burst.core.hostlist import HostlistError, expand_unique
-from slurm_burst.core.jobs import job_ids, released_with
+from slurm_burst.core.jobs import job_ids, nodes_by_job, released_with
 from slurm_burst.core.mesh import MeshError
 from slurm_burst.core.nodestate import LIVE, NodeState, Want, reason
 from slurm_burst.core.pricing import dollars
@@ -383,14 +382,7 @@ class Provisioner:
         cannot be, ended) by Slurm now that ``failed`` is DOWN, so they would boot and
         join for nothing. A node also serving a job that is not failing stays."""
         jobs = failed.job_list()
-        nodes_of_job: dict[int, list[str]] = {}
-        for job in jobs:
-            try:
-                nodes = expand_unique(str(job.get("nodes", "")))
-            except HostlistError:
-                continue
-            for j in job_ids([job]):
-                nodes_of_job[j] = nodes
+        nodes_of_job = nodes_by_job(jobs)
         jobs_of = {failed.name: job_ids(jobs)}
         records = {}
         for n in {n for nodes in nodes_of_job.values() for n in nodes} - {failed.name}:

@@ -6,7 +6,13 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from slurm_burst.core.jobs import jobs_by_node, least_useful, released_with, share_out
+from slurm_burst.core.jobs import (
+    jobs_by_node,
+    least_useful,
+    nodes_by_job,
+    released_with,
+    share_out,
+)
 
 
 def test_each_node_keeps_only_the_jobs_that_list_it() -> None:
@@ -16,6 +22,7 @@ def test_each_node_keeps_only_the_jobs_that_list_it() -> None:
         {"job_id": 3, "nodes": "n[1-999]"},  # more nodes than the request: not ours
         {"job_id": 4, "nodes": "n[1-"},  # does not parse
     ]
+    assert nodes_by_job(jobs) == {1: ["n1", "n2"], 2: ["n3"], 3: [f"n{i}" for i in range(1, 1000)]}
     got = jobs_by_node(jobs, ["n1", "n2", "n3"])
     assert {n: [j["job_id"] for j in js] for n, js in got.items()} == {
         "n1": [1], "n2": [1], "n3": [2],
