@@ -25,7 +25,6 @@ from slurm_burst.core.hostlist import compress
 from slurm_burst.core.jobs import jobs_by_node
 from slurm_burst.core.nodestate import RESUMING, NodeState, Want
 from slurm_burst.core.records import NodeRecord, Request
-from slurm_burst.fileio import share
 from slurm_burst.ports import Clock, LeaderElection, Metrics, NodeStore
 from slurm_burst.services.chargeback import ChargebackLoop
 from slurm_burst.services.provisioner import Provisioner
@@ -55,7 +54,7 @@ class Daemon:
         group: int | None = None,
     ) -> None:
         self.cfg = cfg
-        self.group = group  # SlurmUser's gid: its hooks write the state dir and the socket
+        self.group = group  # SlurmUser's gid: its hooks wake the daemon through the socket
         self.store = store
         self.prov = provisioner
         self.workers = workers
@@ -82,8 +81,7 @@ class Daemon:
         which one acts.
         """
         state = Path(self.cfg.daemon.state_dir)
-        state.mkdir(parents=True, exist_ok=True, mode=0o770)
-        share(state, 0o770, self.group)  # the hooks (SlurmUser) write the state database
+        state.mkdir(parents=True, exist_ok=True, mode=0o770)  # its mode: the state store's
         name = f"daemon.{self.node_id}.lock" if self.cfg.daemon.ha_url else "daemon.lock"
         fd = os.open(state / name, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
         try:

@@ -164,6 +164,7 @@ class Store:
         except OSError as exc:
             raise StoreError(f"state database {self.path}: {exc.strerror or exc}") from None
         self._lock = threading.RLock()
+        self._depth = 0  # tx() blocks open: inside one, a write is a savepoint
 
     def _make_file(self, group: int | None) -> None:
         """The directory 0770 and the database 0660, in SlurmUser's ``group``: the hooks
@@ -229,8 +230,10 @@ class Store:
         write that fails is undone alone, and nothing is committed until the outer ends.
         """
         with self._lock:
-            nested = self._db.in_transaction
+            nested = self._depth > 0  # ours to count: a transaction left open by a failed
+            # COMMIT must fail the next write, not swallow it as a savepoint
             self._db.execute("SAVEPOINT w" if nested else "BEGIN IMMEDIATE")
+            self._depth += 1
             try:
                 yield self._db
             except BaseException:
@@ -238,7 +241,15 @@ class Store:
                 if nested:
                     self._db.execute("RELEASE w")
                 raise
-            self._db.execute("RELEASE w" if nested else "COMMIT")
+            finally:
+                self._depth -= 1
+            try:
+                self._db.execute("RELEASE w" if nested else "COMMIT")
+            except BaseException:
+                if not nested:
+                    with contextlib.suppress(sqlite3.Error):
+                        self._db.execute("ROLLBACK")
+                raise
 
     @contextmanager
     def atomically(self) -> Iterator[None]:
