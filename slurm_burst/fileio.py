@@ -100,18 +100,35 @@ def ensure_mode(path: str | os.PathLike[str], mode: int, gid: int | None = None)
     An existing file is never opened: closing any descriptor of a file drops every
     POSIX lock this process holds on it, and SQLite's locks on a database (and on its
     -shm) are such locks. A process that has the database open must not lose them."""
+    if not create_new(path, mode, gid):
+        share(path, mode, gid)
+
+
+def create_new(path: str | os.PathLike[str], mode: int, gid: int | None = None) -> bool:
+    """Create the empty file ``path`` with exactly ``mode`` (and group ``gid`` if we are
+    root), exclusively and never through a symlink; False if it exists (left untouched)."""
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
     try:
         fd = os.open(path, flags, mode)
     except FileExistsError:
-        share(path, mode, gid)
-        return
+        return False
     try:
         if gid is not None and os.geteuid() == 0:
             os.fchown(fd, -1, gid)
         os.fchmod(fd, mode)
     finally:
         os.close(fd)
+    return True
+
+
+def gid_of(group: str) -> int | None:
+    """The id of ``group`` on this host; None if there is no such group."""
+    import grp
+
+    try:
+        return grp.getgrnam(group).gr_gid
+    except KeyError:
+        return None
 
 
 def share(path: str | os.PathLike[str], mode: int, gid: int | None = None) -> None:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from slurm_burst.config import Config, ProviderConfig
+from slurm_burst.fileio import gid_of
 
 if TYPE_CHECKING:
     from libcloud.compute.base import NodeDriver
@@ -64,12 +65,7 @@ def node_store(cfg: Config, create: bool = True, upgrade: bool = False) -> Store
 def slurm_group(cfg: Config) -> int | None:
     """The gid of ``daemon.group`` (SlurmUser's); None if this host has no such group
     (then files keep their creator's group; ``config check`` warns)."""
-    import grp
-
-    try:
-        return grp.getgrnam(cfg.daemon.group).gr_gid
-    except KeyError:
-        return None
+    return gid_of(cfg.daemon.group)
 
 
 def clock() -> Clock:

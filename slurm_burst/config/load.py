@@ -13,7 +13,7 @@ from slurm_burst.config.model import Config
 from slurm_burst.config.schema import Problem, build
 from slurm_burst.config.validate import validate
 from slurm_burst.core.redact import has_inline_password
-from slurm_burst.fileio import FileRefused, not_private, read_regular, untrusted
+from slurm_burst.fileio import FileRefused, gid_of, not_private, read_regular, untrusted
 
 DEFAULT_CONFIG_PATH = "/etc/slurm-burst/slurm-burst.toml"
 ENV_VAR = "SLURM_BURST_CONFIG"
@@ -165,21 +165,17 @@ def _file_mode_problems(path: Path, what: str, secret: bool = False) -> list[Pro
 
 
 def _group_problems(cfg: Config) -> list[Problem]:
-    import grp
-
-    try:
-        grp.getgrnam(cfg.daemon.group)
-    except KeyError:
-        return [
-            Problem(
-                "daemon.group",
-                f"no group {cfg.daemon.group!r} on this host: the state database, socket "
-                "and hook log keep their creator's group, and hooks run as SlurmUser may "
-                "be refused (set it to SlurmUser's group)",
-                severity="warning",
-            )
-        ]
-    return []
+    if gid_of(cfg.daemon.group) is not None:
+        return []
+    return [
+        Problem(
+            "daemon.group",
+            f"no group {cfg.daemon.group!r} on this host: the state database, socket "
+            "and hook log keep their creator's group, and hooks run as SlurmUser may "
+            "be refused (set it to SlurmUser's group)",
+            severity="warning",
+        )
+    ]
 
 
 # the programs slurm-burst runs from slurm.bin_dir

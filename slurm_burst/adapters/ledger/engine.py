@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -14,6 +13,7 @@ from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 
 from slurm_burst.core.redact import redact
 from slurm_burst.core.usage import LedgerConflict, LedgerError, LedgerUnavailable
+from slurm_burst.fileio import create_new
 
 
 def make_engine(url: str) -> Engine:
@@ -52,10 +52,7 @@ def _create_private(path: Path) -> None:
     its -wal and -shm the same mode. An existing file is left as the site made it."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o750)
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-        os.close(os.open(path, flags, 0o600))
-    except FileExistsError:
-        pass
+        create_new(path, 0o600)
     except OSError as exc:
         raise LedgerError(f"ledger database {path}: {exc.strerror or exc}") from None
 
