@@ -14,7 +14,7 @@ from slurm_burst.core.records import NodeRecord
 from slurm_burst.services.daemon import Daemon
 from slurm_burst.services.provisioner import Provisioner, Secrets
 from slurm_burst.wiring import DaemonParts, assemble
-from tests.conftest import lab_config_in
+from tests.conftest import lab_config_in, wait
 from tests.fakes.clock import FakeClock
 from tests.fakes.cloud import FakeCloud, address, host_key
 from tests.fakes.ledger import FakeLedger
@@ -57,6 +57,11 @@ class World:
                 launch_seq=seq,
                 requested_at=self.clock.now(),
             )
+
+    def settle(self) -> None:
+        """Handle the pending requests and wait until every worker is done."""
+        self.daemon.handle_requests()
+        wait(self.daemon.workers.idle, 10, "the workers to finish")
 
     def rec(self, name: str) -> NodeRecord:
         rec = self.store.node(name)

@@ -11,15 +11,9 @@ from pathlib import Path
 import pytest
 
 from slurm_burst.core.nodestate import NodeState, Want
-from tests.conftest import wait
 from tests.fakes.world import World, make_world
 
 CPU = [f"burst-cpu-{i}" for i in range(1, 17)]
-
-
-def settle(w: World) -> None:
-    w.daemon.handle_requests()
-    wait(w.daemon.workers.idle, 10, "the workers to finish")
 
 
 def jobs(*spans: tuple[int, int, int]) -> list[dict[str, object]]:
@@ -37,7 +31,7 @@ def test_a_partial_launch_serves_whole_jobs_and_the_rest_moves_to_the_next_size(
 ) -> None:
     w.cloud.limit["ns.cpu2"] = 8  # the provider makes 8 of 16
     w.store.add_request("resume", CPU, jobs((1, 1, 5), (2, 6, 13), (3, 14, 16)), 0.0)
-    settle(w)
+    w.settle()
     sizes = [w.rec(n).size for n in CPU]
     assert all(w.rec(n).state == NodeState.JOINED for n in CPU)
     # jobs 1 (5 nodes) and 3 (3) fit whole in 8; job 2 (8) goes whole to the next size
@@ -49,7 +43,7 @@ def test_a_partial_launch_serves_whole_jobs_and_the_rest_moves_to_the_next_size(
 def test_a_partial_launch_below_the_smallest_job_makes_nothing(w: World) -> None:
     w.cloud.limit["ns.cpu2"] = 3  # fewer than any job needs: EC2 makes none
     w.store.add_request("resume", CPU[:8], jobs((1, 1, 4), (2, 5, 8)), 0.0)
-    settle(w)
+    w.settle()
     assert {w.rec(n).size for n in CPU[:8]} == {"ns.cpu4"}
     assert len(w.cloud.live()) == 8  # nothing was made on ns.cpu2
 
@@ -57,7 +51,7 @@ def test_a_partial_launch_below_the_smallest_job_makes_nothing(w: World) -> None
 def test_a_failed_node_releases_its_jobs_other_nodes_after_slurm_is_told(w: World) -> None:
     w.cloud.never_boot.add("burst-cpu-2")
     w.store.add_request("resume", CPU[:8], jobs((1, 1, 4), (2, 5, 8)), 0.0)
-    settle(w)
+    w.settle()
     failed = w.rec("burst-cpu-2")
     assert (failed.state, failed.error) == (NodeState.TERMINATED, "BootTimeout")
     for n in ("burst-cpu-1", "burst-cpu-3", "burst-cpu-4"):  # job 1's others: let go
@@ -80,7 +74,7 @@ def test_a_failed_node_releases_its_jobs_other_nodes_after_slurm_is_told(w: Worl
 def test_a_node_that_also_serves_a_healthy_job_is_kept(w: World) -> None:
     w.cloud.never_boot.add("burst-cpu-1")
     w.store.add_request("resume", CPU[:4], jobs((1, 1, 2), (2, 2, 4)), 0.0)
-    settle(w)
+    w.settle()
     assert w.rec("burst-cpu-1").error == "BootTimeout"
     assert [w.rec(n).state for n in CPU[1:4]] == [NodeState.JOINED] * 3  # 2 serves job 2
 
@@ -93,7 +87,7 @@ def test_best_effort_per_node_keeps_the_other_nodes(tmp_path: Path) -> None:
     )
     w.cloud.never_boot.add("burst-cpu-2")
     w.store.add_request("resume", CPU[:4], jobs((1, 1, 4)), 0.0)
-    settle(w)
+    w.settle()
     assert [w.rec(n).state for n in ("burst-cpu-1", "burst-cpu-3", "burst-cpu-4")] == [
         NodeState.JOINED
     ] * 3

@@ -18,12 +18,6 @@ from tests.fakes.world import World, make_world
 CPU = [f"burst-cpu-{i}" for i in range(1, 9)]
 
 
-def settle(w: World) -> None:
-    """Handle the pending requests and wait until every worker is done."""
-    w.daemon.handle_requests()
-    wait(w.daemon.workers.idle, 10, "the workers to finish")
-
-
 @pytest.fixture()
 def w(tmp_path: Path) -> World:
     return make_world(tmp_path)
@@ -37,7 +31,7 @@ def wb(tmp_path: Path) -> World:
 
 def test_a_resume_on_a_batching_provider_is_launched_in_batches(wb: World) -> None:
     wb.store.add_request("resume", CPU, [{"job_id": 7, "nodes": "burst-cpu-[1-8]"}], wb.clock.now())
-    settle(wb)
+    wb.settle()
     assert wb.cloud.calls["launch_many"] == 2 and wb.cloud.calls["launch"] == 0
     assert all(wb.rec(n).state == NodeState.JOINED for n in CPU)
     assert sorted(i.tags["slurm-burst-node"] for i in wb.cloud.live()) == sorted(CPU)
@@ -47,7 +41,7 @@ def test_a_resume_on_a_batching_provider_is_launched_in_batches(wb: World) -> No
 
 def test_a_resume_on_a_provider_without_batches_goes_straight_to_the_workers(w: World) -> None:
     w.store.add_request("resume", CPU, [], w.clock.now())
-    settle(w)
+    w.settle()
     assert w.cloud.calls["launch"] == 8 and w.cloud.calls["launch_many"] == 0
     assert all(w.rec(n).state == NodeState.JOINED for n in CPU)
 
@@ -55,16 +49,16 @@ def test_a_resume_on_a_provider_without_batches_goes_straight_to_the_workers(w: 
 def test_a_batch_refused_for_capacity_moves_to_the_next_size(wb: World) -> None:
     wb.cloud.capacity.add("ns.cpu2")
     wb.store.add_request("resume", CPU[:4], [], wb.clock.now())
-    settle(wb)
+    wb.settle()
     assert {wb.rec(n).size for n in CPU[:4]} == {"ns.cpu4"}
     assert wb.cloud.calls["launch_many"] == 2  # refused once, made once
 
 
 def test_a_duplicate_resume_launches_nothing_more(w: World) -> None:
     w.store.add_request("resume", CPU[:2], [], w.clock.now())
-    settle(w)
+    w.settle()
     w.store.add_request("resume", CPU[:2], [], w.clock.now())
-    settle(w)
+    w.settle()
     assert w.cloud.calls["launch"] == 2 and len(w.cloud.live()) == 2
 
 
@@ -72,10 +66,10 @@ def test_a_suspend_releases_and_a_resume_fail_also_returns_the_node_to_service(
     w: World,
 ) -> None:
     w.store.add_request("resume", CPU[:2], [], w.clock.now())
-    settle(w)
+    w.settle()
     w.store.add_request("suspend", [CPU[0]], [], w.clock.now())
     w.store.add_request("resume-fail", [CPU[1]], [], w.clock.now())
-    settle(w)
+    w.settle()
     for n in CPU[:2]:
         assert (w.rec(n).state, w.rec(n).want) == (NodeState.TERMINATED, Want.DOWN)
     assert w.cloud.live() == [] and w.mesh.peers() == []
@@ -85,13 +79,13 @@ def test_a_suspend_releases_and_a_resume_fail_also_returns_the_node_to_service(
 
 def test_a_suspend_of_a_node_never_seen_is_recorded_and_harmless(w: World) -> None:
     w.store.add_request("suspend", ["burst-gpu-2"], [], w.clock.now())
-    settle(w)
+    w.settle()
     assert w.rec("burst-gpu-2").state == NodeState.TERMINATED and w.cloud.calls["launch"] == 0
 
 
 def test_names_in_no_node_group_are_skipped(w: World) -> None:
     w.store.add_request("resume", ["onprem-1", CPU[0]], [], w.clock.now())
-    settle(w)
+    w.settle()
     assert w.store.node("onprem-1") is None and w.rec(CPU[0]).state == NodeState.JOINED
 
 
@@ -137,7 +131,7 @@ def test_a_request_is_written_whole_or_not_at_all(
     assert wb.store.nodes() == [] and len(wb.store.pending_requests()) == 1
     assert wb.daemon.workers.idle()  # the request's claims were released
     monkeypatch.setattr(wb.store, "transition", real)
-    settle(wb)
+    wb.settle()
     assert all(wb.rec(n).state == NodeState.JOINED for n in CPU)
     assert wb.cloud.calls["launch_many"] == 2
 
@@ -149,6 +143,6 @@ def test_a_duplicate_resume_brings_the_jobs_a_first_one_lacked(w: World) -> None
     w.daemon.handle_requests()
     job = {"job_id": 9, "nodes": "burst-cpu-[1-2]"}
     w.store.add_request("resume", CPU[:2], [job], w.clock.now())
-    settle(w)
+    w.settle()
     assert [w.rec(n).job_list() for n in CPU[:2]] == [[job], [job]]
     assert w.cloud.calls["launch"] == 2
