@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from slurm_burst.adapters.proc import release_free_memory
 from slurm_burst.config import Config, ProviderConfig
 from slurm_burst.fileio import gid_of
 
@@ -319,6 +320,7 @@ def assemble(cfg: Config, parts: DaemonParts) -> Daemon:
         loop,
         parts.metrics,
         slurm_group(cfg),
+        release_free_memory,
     )
 
 

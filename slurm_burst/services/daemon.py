@@ -18,6 +18,7 @@ import logging
 import os
 import socket
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 from slurm_burst.config import Config
@@ -52,8 +53,11 @@ class Daemon:
         ledger_loop: ChargebackLoop | None = None,
         metrics: Metrics | None = None,
         group: int | None = None,
+        release_memory: Callable[[], None] | None = None,
     ) -> None:
         self.cfg = cfg
+        # after each pass: freed heap back to the system (glibc keeps it, per thread arena)
+        self.release_memory = release_memory or (lambda: None)
         self.group = group  # SlurmUser's gid: its hooks wake the daemon through the socket
         self.store = store
         self.prov = provisioner
@@ -175,6 +179,7 @@ class Daemon:
             except Exception:
                 log.exception("reconcile.pass_failed")
             self.workers.rescan()
+            self.release_memory()
             elapsed = self.clock.monotonic() - started
             self.stop.wait(max(0.0, self.cfg.daemon.poll_period - elapsed))
 

@@ -146,3 +146,16 @@ def test_a_duplicate_resume_brings_the_jobs_a_first_one_lacked(w: World) -> None
     w.settle()
     assert [w.rec(n).job_list() for n in CPU[:2]] == [[job], [job]]
     assert w.cloud.calls["launch"] == 2
+
+
+def test_each_reconcile_pass_gives_the_free_heap_back(w: World) -> None:
+    """The daemon returns glibc's free pages after every pass (the soak's RSS figure)."""
+    calls: list[int] = []
+
+    def release() -> None:
+        calls.append(1)
+        w.daemon.stop.set()  # one pass is enough
+
+    w.daemon.release_memory = release
+    w.daemon._reconcile_loop()
+    assert calls == [1]

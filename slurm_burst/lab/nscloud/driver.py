@@ -6,7 +6,8 @@ through the VM's namespaces), an asynchronous ``create_node`` (pending ->
 running after the boot delay), user-data run at boot, an SSH host key the
 provider reports (``extra["ssh_host_key"]`` and the cloud-init block in
 ``ex_get_console_output``), idempotency tokens like EC2's ClientToken, and
-terminated instances that stay listed. State lives under ``state_dir``; all
+terminated instances that stay listed for ``forget_after`` seconds (EC2: about an
+hour), then are forgotten. State lives under ``state_dir``; all
 mutations hold an exclusive lock on it, so several processes can share it.
 """
 
@@ -67,6 +68,7 @@ class NamespaceNodeDriver(NodeDriver):
         boot_delay: float = 2.0,
         hide: tuple[str, ...] | list[str] = (),
         gpu_dir: str = "/run/simgpu",
+        forget_after: float = 3600.0,
         **kwargs: Any,
     ) -> None:
         self.key = key
@@ -78,6 +80,7 @@ class NamespaceNodeDriver(NodeDriver):
         self.boot_delay = float(boot_delay)
         self.hide = (*vm.DEFAULT_HIDE, str(self.state_dir), *hide)
         self.gpu_dir = gpu_dir
+        self.forget_after = float(forget_after)
         # NodeDriver.__init__ would build an HTTP connection; there is none to build.
 
     # -- catalogue ----------------------------------------------------------
@@ -172,7 +175,9 @@ class NamespaceNodeDriver(NodeDriver):
     def list_nodes(
         self, ex_node_ids: list[str] | None = None, ex_filters: dict[str, str] | None = None
     ) -> list[Node]:
-        """Every instance, terminated ones included; ``ex_filters`` matches tags (tag:KEY)."""
+        """Every instance, terminated ones included until they are forgotten;
+        ``ex_filters`` matches tags (tag:KEY)."""
+        self._forget_terminated()
         nodes = []
         for meta in self._all_meta():
             if ex_node_ids is not None and meta["id"] not in ex_node_ids:
@@ -251,6 +256,24 @@ class NamespaceNodeDriver(NodeDriver):
     # -- internals ----------------------------------------------------------
     def _locked(self) -> AbstractContextManager[None]:
         return locked(self.state_dir)
+
+    def _forget_terminated(self) -> None:
+        """Drop instances terminated more than ``forget_after`` seconds ago, as EC2 does:
+        a listing must not grow with every instance the cloud ever made."""
+        now = time.time()
+        stale = [
+            m["id"]
+            for m in self._all_meta()
+            if m["state"] == "terminated"
+            and now - float(m.get("terminated_at") or now) > self.forget_after
+        ]
+        if not stale:
+            return
+        with self._locked():
+            for vm_id in stale:
+                meta = self._read_meta(vm_id)
+                if meta is not None and meta["state"] == "terminated":
+                    shutil.rmtree(self.state_dir / "vms" / vm_id, ignore_errors=True)
 
     def _all_meta(self) -> list[dict[str, Any]]:
         vms = self.state_dir / "vms"

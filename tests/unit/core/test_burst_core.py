@@ -7,7 +7,6 @@ import json
 import pytest
 
 from slurm_burst.core.cloud import AuthError, CapacityError, CloudError, ThrottledError, classify
-from slurm_burst.core.hostkeys import parse_console_host_keys
 from slurm_burst.core.nodestate import NodeState, TransitionError, check_transition, reason
 from slurm_burst.core.resumefile import ResumeFileError, parse_resume_file
 
@@ -60,30 +59,6 @@ def test_resume_file_23_02_shape_keeps_the_extra_fields() -> None:
 def test_resume_file_errors_say_what_is_wrong(text: str, message: str) -> None:
     with pytest.raises(ResumeFileError, match=message):
         parse_resume_file(text)
-
-
-CONSOLE = """\
-[    1.0] boot
-ec2: -----BEGIN SSH HOST KEY KEYS-----
-ec2: ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOld host
-ec2: -----END SSH HOST KEY KEYS-----
-more boot
------BEGIN SSH HOST KEY KEYS-----
-ecdsa-sha2-nistp256 AAAAE2VjZHNh root@node
-ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAINew root@node
-bogus-type AAAA
------END SSH HOST KEY KEYS-----
------BEGIN SSH HOST KEY KEYS-----
-ssh-ed25519 AAAAunfinished
-"""
-
-
-def test_console_host_keys_come_from_the_last_complete_block() -> None:
-    assert parse_console_host_keys(CONSOLE) == [
-        ("ecdsa-sha2-nistp256", "AAAAE2VjZHNh"),
-        ("ssh-ed25519", "AAAAC3NzaC1lZDI1NTE5AAAAINew"),
-    ]
-    assert parse_console_host_keys("no block here") == []
 
 
 @pytest.mark.parametrize(
