@@ -166,6 +166,7 @@ def placement(cfg: Config, provider: ProviderConfig) -> Placement:
         resource_group=provider.resource_group,
         root_device=provider.root_device,
         ssh_user=cfg.daemon.ssh_user,
+        host_keys=provider.host_keys,
         extra=dict(provider.launch_options),
     )
 
@@ -181,11 +182,23 @@ def clouds(cfg: Config) -> dict[str, LibcloudCloud]:
 
 def managed_clouds(cfg: Config, metrics: Metrics | None = None) -> dict[str, ManagedCloud]:
     """The clouds as the daemon uses them: every call timed and throttling retried."""
+    from slurm_burst.core.hostkeys import READS_PER_SECOND
     from slurm_burst.services.cloudcalls import ManagedCloud
 
     d = cfg.daemon
+
+    def reads(p: ProviderConfig) -> float:
+        return p.host_key_reads_per_second or READS_PER_SECOND.get(p.driver, 5.0)
+
     return {
-        name: ManagedCloud(c, d.api_attempts, d.api_backoff, d.api_backoff_max, metrics)
+        name: ManagedCloud(
+            c,
+            d.api_attempts,
+            d.api_backoff,
+            d.api_backoff_max,
+            metrics,
+            reads_per_second=reads(cfg.providers[name]),
+        )
         for name, c in clouds(cfg).items()
     }
 

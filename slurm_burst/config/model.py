@@ -137,6 +137,17 @@ class ProviderConfig:
         "Extra create_node keyword arguments, passed as they are (e.g. ex_iamprofile).",
         default_factory=_empty,
     )
+    host_keys: str = doc(
+        "Where the daemon reads a new instance's SSH host keys through the API: 'console' "
+        "(ec2, openstack), 'guest-attributes' or 'serial-port' (gce), 'boot-diagnostics' "
+        "(azure_arm). Empty: the driver's first.",
+        default="",
+    )
+    host_key_reads_per_second: float = doc(
+        "Most host-key reads per second for all joining nodes together (the provider's API "
+        "limit). 0: the driver's default (ec2 10, gce 10, azure_arm 2, openstack 5).",
+        default=0.0,
+    )
 
 
 _PATTERN = re.compile(

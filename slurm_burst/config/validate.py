@@ -8,6 +8,7 @@ from collections.abc import Callable
 
 from slurm_burst.config.model import _PATTERN, Config, NodeGroup, ProviderConfig
 from slurm_burst.config.schema import Problem
+from slurm_burst.core.hostkeys import SOURCES
 from slurm_burst.core.hostlist import HostlistError, expand
 from slurm_burst.core.pricing import PricingError, ambiguous, parse_instant, to_micros
 from slurm_burst.core.redact import has_inline_password
@@ -254,6 +255,7 @@ def _provider(name: str, prov: ProviderConfig, out: list[Problem]) -> None:
     base = f"providers.{name}"
     if prov.launch_batch < 0:
         out.append(Problem(f"{base}.launch_batch", "must not be negative (0: driver default)"))
+    _host_keys(name, prov, out)
     if prov.driver == "azure_arm":
         for key in ("resource_group", "network", "zone"):
             if not getattr(prov, key):
@@ -261,6 +263,33 @@ def _provider(name: str, prov: ProviderConfig, out: list[Problem]) -> None:
     for key in ("name", "size", "image", "location", "ex_userdata", "ex_metadata"):
         if key in prov.launch_options:
             out.append(Problem(f"{base}.launch_options.{key}", "is set by slurm-burst; remove it"))
+
+
+def _host_keys(name: str, prov: ProviderConfig, out: list[Problem]) -> None:
+    """A join must never fail at run time for a reason the config could have shown: a
+    driver with no way to read a new instance's host keys through its API is refused."""
+    base = f"providers.{name}"
+    offered = SOURCES.get(prov.driver, ())
+    if prov.driver and not offered:
+        out.append(
+            Problem(
+                f"{base}.driver",
+                f"slurm-burst cannot read a new {prov.driver} instance's SSH host keys through "
+                "the provider's API, so no node could join (nothing to trust); use ec2, gce, "
+                "azure_arm or openstack (docs/providers.md, 'Host keys')",
+            )
+        )
+    elif prov.host_keys and prov.host_keys not in offered:
+        out.append(
+            Problem(
+                f"{base}.host_keys",
+                f"{prov.host_keys!r} is not a host-key source of {prov.driver}; "
+                f"choose {' or '.join(repr(x) for x in offered)}",
+            )
+        )
+    rate = prov.host_key_reads_per_second
+    if not 0 <= rate < 10_000:  # NaN fails both
+        out.append(Problem(f"{base}.host_key_reads_per_second", "must be 0 (the default) to 10000"))
 
 
 def _group_on_providers(cfg: Config, g: NodeGroup, base: str, out: list[Problem]) -> None:

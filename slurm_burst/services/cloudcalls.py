@@ -5,17 +5,23 @@ A throttled call (``RequestLimitExceeded``, HTTP 429/503) is retried up to
 launch is retried with the same idempotency token, so a retry after a
 throttled-but-accepted request returns the instance it made, never a second.
 Other errors pass through at once, typed, with the provider's code.
+
+Host-key reads are polled while nodes boot; all of a provider's workers share one
+:class:`~slurm_burst.core.ratelimit.TokenBucket` of ``reads_per_second``, so a
+thousand joining nodes stay within the provider's API budget.
 """
 
 from __future__ import annotations
 
 import logging
 import random
+import threading
 import time
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 from slurm_burst.core.cloud import CloudError, Instance, LaunchSpec, backoff
+from slurm_burst.core.ratelimit import TokenBucket
 from slurm_burst.ports import Cloud, Metrics
 
 log = logging.getLogger(__name__)
@@ -32,6 +38,8 @@ class ManagedCloud:
         metrics: Metrics | None = None,
         sleep: Callable[[float], None] = time.sleep,
         rand: Callable[[], float] = random.random,
+        reads_per_second: float = 0.0,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self.inner = cloud
         self.name = cloud.name
@@ -41,6 +49,9 @@ class ManagedCloud:
         self.metrics = metrics
         self.sleep = sleep
         self.rand = rand
+        self.monotonic = monotonic
+        self._reads = TokenBucket(reads_per_second)
+        self._reads_lock = threading.Lock()
 
     def _call(self, call: str, fn: Callable[..., T], *args: Any) -> T:
         for attempt in range(self.attempts):
@@ -96,4 +107,9 @@ class ManagedCloud:
         self._call("terminate", self.inner.terminate, instance_id)
 
     def host_keys(self, instance_id: str) -> list[tuple[str, str]]:
+        """One read of the instance's host keys, in its turn within the provider's budget."""
+        with self._reads_lock:
+            wait = self._reads.reserve(self.monotonic())
+        if wait > 0:
+            self.sleep(wait)
         return self._call("host_keys", self.inner.host_keys, instance_id)

@@ -60,6 +60,7 @@ log = logging.getLogger(__name__)
 
 REMOTE_SCRIPT = "/run/slurm-burst-bootstrap.sh"
 POLL = 0.5  # seconds between looks at a booting instance
+ATTEST_POLL_MAX = 5.0  # host-key reads back off from POLL to this (a rate-limited API)
 HANDSHAKE_WAIT = 20.0  # seconds a new tunnel gets to complete its first handshake
 # failures whose cause is on the node: its slurmd logs are logged before it is terminated
 DIAGNOSED = frozenset({"SlurmdNotRegistered", "Bootstrap.slurmd-start"})
@@ -192,36 +193,31 @@ class Provisioner:
         raise StepError(err.code if err.code != CloudError.code else "InstanceError", fault)
 
     def _boot(self, rec: NodeRecord) -> None:
+        """Two timed steps: ``boot`` (launched -> running with an address) and ``attest``
+        (running -> its SSH host keys read through the provider's API)."""
         cloud = self.clouds[rec.provider]
         deadline = rec.state_since + self.cfg.daemon.boot_timeout
         with timed(self.clock, rec.name, "boot"):
             while True:
-                self._check_want(rec.name)
-                inst = cloud.get(rec.instance_id)
-                if inst is not None and inst.state == "error" and inst.fault:
-                    self._instance_fault(rec, inst.fault)
-                if inst is None or inst.state in ("terminated", "error", "stopped"):
-                    raise StepError(
-                        "InstanceVanished",
-                        f"instance {rec.instance_id} is {inst.state if inst else 'gone'}",
-                    )
-                if inst.tags.get(NODE_TAG) != rec.name:  # a batch's instance, not yet named
-                    try:
-                        cloud.tag(rec.instance_id, {NODE_TAG: rec.name, "Name": rec.name})
-                    except CloudError as exc:  # a convenience: ownership is by instance id
-                        log.warning("node.tag_failed node=%s code=%s", rec.name, exc.code)
-                    inst = inst._replace(tags={**inst.tags, NODE_TAG: rec.name})
-                if inst.state == "running" and inst.address:
-                    keys = cloud.host_keys(rec.instance_id)
-                    if keys:
-                        break
-                if self.clock.now() > deadline:
-                    raise StepError(
-                        "BootTimeout",
-                        f"instance {rec.instance_id} not running with "
-                        f"a host key after {self.cfg.daemon.boot_timeout:g} s",
-                    )
+                inst = self._running(rec)
+                if inst is not None:
+                    break
+                self._past(deadline, "BootTimeout", f"instance {rec.instance_id} not running")
                 self.clock.sleep(POLL)
+        with timed(self.clock, rec.name, "attest"):
+            wait = POLL
+            while True:
+                self._check_want(rec.name)
+                keys = cloud.host_keys(rec.instance_id)
+                if keys:
+                    break
+                self._past(
+                    deadline,
+                    "HostKeyTimeout",
+                    f"instance {rec.instance_id} runs but published no SSH host keys",
+                )
+                self.clock.sleep(wait)
+                wait = min(ATTEST_POLL_MAX, wait * 2)
         self._record(rec, rec.instance_id, "running", self.clock.now())
         self.store.transition(
             rec.name,
@@ -230,6 +226,29 @@ class Provisioner:
             ip=inst.address,
             host_keys=json.dumps(keys),
         )
+
+    def _past(self, deadline: float, code: str, what: str) -> None:
+        if self.clock.now() > deadline:
+            raise StepError(code, f"{what} after {self.cfg.daemon.boot_timeout:g} s")
+
+    def _running(self, rec: NodeRecord) -> Instance | None:
+        """The instance once it runs with an address; None while it boots."""
+        cloud = self.clouds[rec.provider]
+        self._check_want(rec.name)
+        inst = cloud.get(rec.instance_id)
+        if inst is not None and inst.state == "error" and inst.fault:
+            self._instance_fault(rec, inst.fault)
+        if inst is None or inst.state in ("terminated", "error", "stopped"):
+            raise StepError(
+                "InstanceVanished",
+                f"instance {rec.instance_id} is {inst.state if inst else 'gone'}",
+            )
+        if inst.tags.get(NODE_TAG) != rec.name:  # a batch's instance, not yet named
+            try:
+                cloud.tag(rec.instance_id, {NODE_TAG: rec.name, "Name": rec.name})
+            except CloudError as exc:  # a convenience: ownership is by instance id
+                log.warning("node.tag_failed node=%s code=%s", rec.name, exc.code)
+        return inst if inst.state == "running" and inst.address else None
 
     def _bootstrap(self, rec: NodeRecord) -> None:
         mesh_cfg = self.cfg.mesh

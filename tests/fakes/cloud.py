@@ -42,7 +42,8 @@ class _Vm:
 @dataclass
 class FakeCloud:
     """The Cloud port. An instance is ``pending`` for ``boot_seconds`` of the clock, then
-    ``running`` with an address and a console host key (``never_boot`` keeps it pending).
+    ``running`` with an address and a console host key (``never_boot`` keeps it pending,
+    ``no_host_keys`` keeps its host keys unpublished).
 
     Errors are injected per call: ``errors["launch"]`` is a list popped one per call,
     ``capacity`` a set of sizes that always fail for want of capacity, ``limit`` the
@@ -56,6 +57,7 @@ class FakeCloud:
     batch_max: int = 1
     boot_seconds: float = 2.0
     never_boot: set[str] = field(default_factory=set)  # node names
+    no_host_keys: set[str] = field(default_factory=set)  # node names: run, publish no keys
     capacity: set[str] = field(default_factory=set)  # sizes
     limit: dict[str, int] = field(default_factory=dict)  # size -> most instances per call
     errors: dict[str, list[BurstError]] = field(default_factory=dict)
@@ -113,7 +115,7 @@ class FakeCloud:
         self._call("host_keys")
         with self._lock:
             vm = self._vm(instance_id)
-            if self._state(vm) != "running":
+            if self._state(vm) != "running" or vm.tags.get(NODE_TAG) in self.no_host_keys:
                 return []
             return [(vm.host_key_type, host_key(vm.id))]
 

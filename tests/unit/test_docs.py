@@ -59,6 +59,7 @@ def _codes_in_code() -> set[str]:
         src = path.read_text()
         codes |= set(re.findall(r'StepError\(\s*"([A-Za-z.]+)"', src))
         codes |= set(re.findall(r'_as_step\("(\w+)"', src))
+        codes |= set(re.findall(r'_past\(\s*\w+,\s*"(\w+)"', src))
         codes |= set(re.findall(r'reason\(\s*"(\w+)"', src))
         codes |= set(re.findall(r'_fail\(\w+, "(\w+)"', src))
         codes |= set(re.findall(r'Error\(\s*(?:f?"[^"]*"\s*)+,\s*"(\w+)",?\s*\)', src))

@@ -13,8 +13,18 @@ from slurm_burst.lab.nscloud.driver import NamespaceNodeDriver
 def vm(state_dir: Path, vm_id: str, state: str, terminated_at: float | None = None) -> None:
     d = state_dir / "vms" / vm_id
     d.mkdir(parents=True)
-    meta = {"id": vm_id, "name": vm_id, "size": "ns.cpu2", "image": "host", "ip": "10.251.0.9",
-            "token": None, "tags": {}, "created_at": 0.0, "state": state, "region": "lab-1"}  # fmt: skip
+    meta = {
+        "id": vm_id,
+        "name": vm_id,
+        "size": "ns.cpu2",
+        "image": "host",
+        "state": state,
+        "ip": "10.0.0.9",
+        "token": None,
+        "tags": {},
+        "created_at": 0,
+        "region": "r",
+    }
     if terminated_at is not None:
         meta["terminated_at"] = terminated_at
     (d / "meta.json").write_text(json.dumps(meta))

@@ -7,6 +7,7 @@ the fault matrix); these pin down each branch, fast.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -192,6 +193,31 @@ def test_a_retried_call_to_a_size_that_cooled_meanwhile_is_repeated_not_lost(w: 
 
 
 # -- boot --------------------------------------------------------------------------
+
+
+def test_a_running_instance_without_host_keys_times_out_reading_less_and_less(
+    w: World, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The attest step backs off (a console API is rate-limited) and has its own code."""
+    w.cloud.no_host_keys.add(N)
+    w.request(N)
+    with caplog.at_level(logging.INFO):
+        w.prov.drive(N)
+    assert_released(w, N, "HostKeyTimeout")
+    reads = w.cloud.calls["host_keys"]
+    # 30 s of boot_timeout at a fixed 0.5 s would be ~56 reads; backing off to 5 s: ~10
+    assert 3 <= reads <= 12, reads
+    steps = [r.getMessage() for r in caplog.records if "node.step" in r.getMessage()]
+    assert any("step=boot " in m for m in steps) and any("step=attest " in m for m in steps)
+
+
+def test_attestation_is_its_own_timed_step(w: World, caplog: pytest.LogCaptureFixture) -> None:
+    w.request(N)
+    with caplog.at_level(logging.INFO):
+        w.prov.drive(N)
+    assert w.rec(N).state == NodeState.JOINED
+    attest = [r.getMessage() for r in caplog.records if "step=attest" in r.getMessage()]
+    assert len(attest) == 1 and f"node={N}" in attest[0], attest
 
 
 def test_an_instance_that_never_runs_times_out(w: World) -> None:

@@ -26,12 +26,13 @@ from libcloud.common.exceptions import BaseHTTPError
 from libcloud.common.types import LibcloudError
 from libcloud.compute.base import Node, NodeSize
 
+from slurm_burst.adapters.cloud.attest import HostKeySource, NoSource, host_key_source
 from slurm_burst.adapters.cloud.profiles import (
     BATCH_DEFAULT,
     DESTROY_KWARGS,
     TAG_FILTERS,
     Placement,
-    azure_json_fix,
+    azure_connection_fix,
     create_kwargs,
 )
 from slurm_burst.core.cloud import (
@@ -46,7 +47,6 @@ from slurm_burst.core.cloud import (
     ThrottledError,
     classify,
 )
-from slurm_burst.core.hostkeys import parse_console_host_keys
 
 __all__ = ["CLUSTER_TAG", "GROUP_TAG", "NODE_TAG", "TOKEN_TAG", "LibcloudCloud"]
 
@@ -69,7 +69,12 @@ class LibcloudCloud:
         self.placement = placement or Placement()
         self.batch_max = batch or BATCH_DEFAULT.get(self.kind, 1)
         if self.kind == "azure_arm":
-            azure_json_fix(driver)
+            azure_connection_fix(driver)
+        self.source: HostKeySource | None
+        try:
+            self.source = host_key_source(self.kind, driver, self.placement.host_keys)
+        except NoSource:
+            self.source = None  # `config check` refuses such a profile; a join would fail
         self._sizes: dict[str, NodeSize] = {}
         self._keypair = ""
         self._lock = threading.Lock()
@@ -235,22 +240,23 @@ class LibcloudCloud:
         return [i for i in out if i.tags.get(CLUSTER_TAG) == cluster]
 
     def host_keys(self, instance_id: str) -> list[tuple[str, str]]:
-        """The SSH host keys the instance printed on its console (empty until it has)."""
+        """The SSH host keys the instance published where the provider lets us read them
+        (``[]`` until it has); see :mod:`.attest`."""
+        if self.source is None:
+            raise CloudError(
+                f"{self.name}: driver {self.kind} offers no way to read an instance's SSH "
+                "host keys through its API; no host key to trust",
+                "NoHostKeySource",
+            )
         node = self._node(instance_id)
         if node is None:
             raise NotFoundError(f"{self.name}: instance {instance_id} not found")
         try:
-            console = self.driver.ex_get_console_output(node)
-        except AttributeError as exc:
-            raise CloudError(
-                f"{self.name}: driver {self.kind} cannot read the console; no host key to trust",
-                "NoConsole",
-            ) from exc
+            return self.source.read(node)
+        except NoSource as exc:
+            raise CloudError(f"{self.name}: {exc}", "NoHostKeySource") from exc
         except _ERRORS as exc:
             raise self._error(exc) from exc
-        if isinstance(console, dict):  # EC2: {"instance_id", "timestamp", "output"}
-            console = console.get("output") or ""
-        return parse_console_host_keys(str(console))
 
     # -- terminate ------------------------------------------------------------
     def terminate(self, instance_id: str) -> None:

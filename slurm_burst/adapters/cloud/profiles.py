@@ -33,6 +33,7 @@ from typing import Any
 from libcloud.compute.base import NodeAuthSSHKey, NodeImage, NodeLocation, NodeSize
 
 from slurm_burst.core.cloud import CLUSTER_TAG, GROUP_TAG, NODE_TAG, TOKEN_TAG, LaunchSpec
+from slurm_burst.core.hostkeys import SERIAL_PORT_SCRIPT, default_source
 
 # drivers that make many instances in one call (EC2: RunInstances MinCount/MaxCount)
 BATCH_DEFAULT = {"ec2": 500}
@@ -55,6 +56,7 @@ class Placement:
     resource_group: str = ""
     root_device: str = "/dev/sda1"
     ssh_user: str = "root"
+    host_keys: str = ""  # the host-key source (core.hostkeys.SOURCES); '' the driver's default
     extra: Mapping[str, Any] = field(default_factory=dict)  # passed to create_node as is
 
 
@@ -148,6 +150,12 @@ def gce(
             "ssh-keys": f"{p.ssh_user}:{spec.ssh_public_key.strip()}",
         },
     }
+    # where the daemon will read the host keys (attest.py): the guest environment's
+    # hostkeys/ guest attributes, or the block our startup script prints to serial port 1
+    if (p.host_keys or default_source("gce")) == "serial-port":
+        kw["ex_metadata"]["startup-script"] = spec.user_data + SERIAL_PORT_SCRIPT
+    else:
+        kw["ex_metadata"]["enable-guest-attributes"] = "TRUE"
     if p.zone:
         kw["location"] = p.zone
     if p.subnet:
@@ -187,7 +195,7 @@ def azure_arm(
         "ex_network": p.network,
         "ex_subnet": p.subnet or "default",
         "ex_tags": dict(tagset),
-        # bytes: libcloud 3.9 base64-encodes it with b64encode (see azure_json_fix)
+        # bytes: libcloud 3.9 base64-encodes it with b64encode (see azure_connection_fix)
         "ex_customdata": spec.user_data.encode(),
         "ex_use_managed_disks": True,
     }
@@ -269,18 +277,27 @@ def nscloud(
     }
 
 
-def azure_json_fix(driver: Any) -> None:
-    """libcloud 3.9's azure_arm driver puts ``base64.b64encode(customData)`` (bytes) into
-    the JSON body, which ``json.dumps`` refuses: send it as the ASCII text it is."""
+def azure_connection_fix(driver: Any) -> None:
+    """Two changes to what libcloud 3.9's azure_arm driver sends, at its JSON encoder:
+
+    - it puts ``base64.b64encode(customData)`` (bytes) into the JSON body, which
+      ``json.dumps`` refuses: send it as the ASCII text it is;
+    - its ``create_node`` cannot enable boot diagnostics, where the daemon reads the
+      new VM's host keys: the VM's create request (its PUT) gets a
+      ``diagnosticsProfile`` with managed boot diagnostics (no storage account).
+    """
     conn = getattr(driver, "connection", None)
-    if conn is None or getattr(conn, "_bytes_as_text", False):
+    if conn is None or getattr(conn, "_slurm_burst_fixed", False):
         return
 
     def encode_data(data: Any) -> str:
+        if isinstance(data, dict) and data.get("type") == "Microsoft.Compute/virtualMachines":
+            props = data.setdefault("properties", {})
+            props.setdefault("diagnosticsProfile", {"bootDiagnostics": {"enabled": True}})
         return json.dumps(data, default=lambda o: o.decode("ascii") if isinstance(o, bytes) else o)
 
     conn.encode_data = encode_data
-    conn._bytes_as_text = True
+    conn._slurm_burst_fixed = True
 
 
 PROFILES: dict[str, Builder] = {
