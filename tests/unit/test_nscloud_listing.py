@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 from slurm_burst.lab.nscloud.driver import NamespaceNodeDriver
 
@@ -13,7 +14,7 @@ from slurm_burst.lab.nscloud.driver import NamespaceNodeDriver
 def vm(state_dir: Path, vm_id: str, state: str, terminated_at: float | None = None) -> None:
     d = state_dir / "vms" / vm_id
     d.mkdir(parents=True)
-    meta = {
+    meta: dict[str, Any] = {
         "id": vm_id,
         "name": vm_id,
         "size": "ns.cpu2",
