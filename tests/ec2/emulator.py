@@ -16,18 +16,28 @@ more (see ../shared/docs/LAB-NOTES.md):
   MinCount. Room is unlimited unless :meth:`Ec2Emulator.limit` gives an instance type
   room for N instances per call.
 
+- GetConsoleOutput as EC2 serves it: an instance's console is :attr:`Ec2Emulator.console`
+  (set by a test, or read from a VM's console by :attr:`Ec2Emulator.console_of`);
+  ``Latest=true`` is served on Nitro instance types only (moto's DescribeInstanceTypes
+  data says which) and refused elsewhere with ``UnsupportedOperation``; the buffered
+  output (no ``Latest``) appears ``buffer_lag`` seconds after the instance was made,
+  as EC2 posts it "shortly after" a state change.
+
 Every request is counted by action (:attr:`Ec2Emulator.calls`) for the tests'
-assertions and the launch benchmark.
+assertions and the launch benchmark; console reads are kept whole
+(:attr:`Ec2Emulator.console_reads`).
 """
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import io
 import json
 import logging
 import re
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -94,6 +104,13 @@ class Ec2Emulator:
         )
         self._server: Any = None
         self.port = 0
+        # consoles: instance id -> text, or a function that reads it (a booted VM's)
+        self.console: dict[str, str] = {}
+        self.console_of: Callable[[str], str | None] | None = None
+        self.buffer_lag = 0.0
+        self.console_reads: list[dict[str, str]] = []
+        self.made: dict[str, tuple[str, float]] = {}  # instance id -> (type, when made)
+        self.on_run: Callable[[dict[str, str], bytes], None] | None = None
 
     # -- control --------------------------------------------------------------
     def start(self) -> int:
@@ -166,6 +183,8 @@ class Ec2Emulator:
         if fault is not None:
             return self._answer(start_response, f"{fault.http} ERROR", [], error_document(
                 fault.code, fault.message))  # fmt: skip
+        if action == "GetConsoleOutput":
+            return self._console(start_response, args)
         fingerprint = tuple(sorted((k, v) for k, v in params if k not in _VOLATILE))
         if action == "RunInstances":
             with self._lock:
@@ -197,7 +216,62 @@ class Ec2Emulator:
         if token and captured["status"].startswith("200"):
             with self._lock:
                 self._tokens[token] = (fingerprint, captured["status"], headers, out)
+        if action == "RunInstances" and captured["status"].startswith("200"):
+            self._made(args, out)
         return self._answer(start_response, captured["status"], headers, out)
+
+    # -- consoles ---------------------------------------------------------------
+    def _made(self, args: dict[str, str], answer: bytes) -> None:
+        """Note each new instance's type and birth; hand the answer to :attr:`on_run`."""
+        from xml.etree import ElementTree
+
+        ns = {"e": NS_EC2.decode().split('"')[1]}
+        now = time.monotonic()
+        root = ElementTree.fromstring(answer)
+        with self._lock:
+            for item in root.iterfind("e:instancesSet/e:item", ns):
+                iid = item.findtext("e:instanceId", "", ns)
+                self.made.setdefault(iid, (item.findtext("e:instanceType", "", ns), now))
+        if self.on_run is not None:
+            self.on_run(args, answer)
+
+    def _console(self, start_response: StartResponse, args: dict[str, str]) -> list[bytes]:
+        from moto.ec2.models.instance_types import INSTANCE_TYPES
+
+        iid = args.get("InstanceId", "")
+        with self._lock:
+            self.console_reads.append(dict(args))
+            itype, born = self.made.get(iid, ("", 0.0))
+        if not itype:
+            return self._refuse(
+                start_response,
+                "InvalidInstanceID.NotFound",
+                f"The instance ID '{iid}' does not exist",
+            )
+        latest = args.get("Latest", "").lower() == "true"
+        if latest and INSTANCE_TYPES.get(itype, {}).get("Hypervisor") != "nitro":
+            return self._refuse(
+                start_response,
+                "UnsupportedOperation",
+                f"The latest console output is not supported for instance type {itype}",
+            )
+        text = self.console.get(iid)
+        if text is None and self.console_of is not None:
+            text = self.console_of(iid)
+        if not latest and time.monotonic() - born < self.buffer_lag:
+            text = ""  # not posted yet
+        output = base64.b64encode((text or "").encode()).decode()
+        body = (
+            f'<?xml version="1.0" encoding="UTF-8"?>\n<GetConsoleOutputResponse {NS_EC2.decode()}>'
+            "<requestId>00000000-0000-0000-0000-000000000001</requestId>"
+            f"<instanceId>{iid}</instanceId>"
+            f"<timestamp>{time.strftime('%Y-%m-%dT%H:%M:%S.000Z', time.gmtime())}</timestamp>"
+            f"<output>{output}</output></GetConsoleOutputResponse>"
+        ).encode()
+        return self._answer(start_response, "200 OK", [], body)
+
+    def _refuse(self, start_response: StartResponse, code: str, message: str) -> list[bytes]:
+        return self._answer(start_response, "400 Bad Request", [], error_document(code, message))
 
     @staticmethod
     def _within(

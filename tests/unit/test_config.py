@@ -141,6 +141,21 @@ def test_check_json_lists_every_problem(tmp_path: Path) -> None:
             "providers.aws.resource_group",
             "azure_arm needs it",
         ),
+        (
+            ('driver = "ec2"', 'driver = "vsphere"'),
+            "providers.aws.driver",
+            "cannot read a new vsphere instance's SSH host keys",
+        ),
+        (
+            ('driver = "ec2"', 'driver = "ec2"\nhost_keys = "guest-attributes"'),
+            "providers.aws.host_keys",
+            "not a host-key source of ec2; choose 'console'",
+        ),
+        (
+            ('driver = "ec2"', 'driver = "ec2"\nhost_key_reads_per_second = 1e9'),
+            "providers.aws.host_key_reads_per_second",
+            "0 (the default) to 10000",
+        ),
     ],
     ids=[
         "inline-secret",
@@ -151,6 +166,9 @@ def test_check_json_lists_every_problem(tmp_path: Path) -> None:
         "batch",
         "qualified-size",
         "azure-needs",
+        "no-host-key-source",
+        "wrong-host-key-source",
+        "huge-read-rate",
     ],
 )
 def test_semantic_errors(tmp_path: Path, edit: tuple[str, str], path: str, fragment: str) -> None:
