@@ -52,7 +52,7 @@ moto = pytest.importorskip(
 )
 
 from tests.ec2.emulator import Ec2Emulator  # noqa: E402 - after the importorskip
-from tests.integration.test_provider_requests import FIXTURES, NOVA, Http  # noqa: E402
+from tests.providers import FIXTURES, NOVA, Http  # noqa: E402
 
 CONFIG = """
 [cluster]
