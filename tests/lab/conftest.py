@@ -18,6 +18,7 @@ from slurm_burst.config import Config, load_config
 from slurm_burst.lab.service import Lab
 from slurm_burst.wiring import cloud_driver, node_store
 from tests.conftest import LAB_CONFIG, invoke
+from tests.providers import azure, gce, http, openstack  # noqa: F401  (fixtures)
 
 # (fault, outcome, reconcile passes to consistent, seconds to done): test_y_faults fills it
 FAULT_MATRIX: list[tuple[str, str, str, str]] = []
