@@ -224,7 +224,7 @@ class Lab:
             removed.append("daemon")
         if self.paths.state.exists() or record:
             try:
-                self.cloud().ex_teardown()
+                self.cloud().ex_teardown(every_vm_network=True)
                 removed.append("cloud VMs and bridge")
             except Exception as exc:  # keep going: down must always finish
                 log.warning("lab.down cloud teardown failed: %s", exc)

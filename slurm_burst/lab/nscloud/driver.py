@@ -244,12 +244,19 @@ class NamespaceNodeDriver(NodeDriver):
             raise LibcloudError(f"{node.id} is not running", driver=self)
         return vm.enter_argv(int(meta["launcher_pid"]))
 
-    def ex_teardown(self) -> None:
-        """Destroy every VM, the bridge and the state directory: leave nothing behind."""
+    def ex_teardown(self, every_vm_network: bool = False) -> None:
+        """Destroy every VM, the bridge and the state directory: leave nothing behind.
+
+        Only this cloud's VM networks (named after the VM ids in its own state
+        directory), so that a test's own cloud leaves the lab's alone; the lab, which
+        owns the names on this host, passes ``every_vm_network`` to sweep them all."""
+        vms = self.state_dir / "vms"
+        ours = {d.name for d in vms.iterdir()} if vms.is_dir() else set()
         for node in self.list_nodes():
             self.destroy_node(node)
         for ns in net.list_netns("sbl-ns-"):
-            net.delete_guest_network(ns, "sbv" + ns.removeprefix("sbl-ns-"))
+            if every_vm_network or ns.removeprefix("sbl-") in ours:
+                net.delete_guest_network(ns, "sbv" + ns.removeprefix("sbl-ns-"))
         net.delete_link(self.bridge)
         shutil.rmtree(self.state_dir, ignore_errors=True)
 
