@@ -41,9 +41,9 @@ from slurm_burst.config import Config, load_config  # noqa: E402
 from slurm_burst.core.cloud import LaunchSpec  # noqa: E402
 from slurm_burst.core.nodestate import NodeState  # noqa: E402
 from slurm_burst.core.records import NodeRecord, Request  # noqa: E402
+from slurm_burst.lab.ec2emu import RemoteEmulator  # noqa: E402
 from slurm_burst.services.provisioner import Provisioner, Secrets  # noqa: E402
 from slurm_burst.wiring import DaemonParts  # noqa: E402
-from tests.ec2.emulator import RemoteEmulator  # noqa: E402
 from tests.fakes.mesh import FakeMesh  # noqa: E402
 from tests.fakes.slurm import FakeScheduler  # noqa: E402
 from tests.integration.test_ec2 import CONFIG  # noqa: E402

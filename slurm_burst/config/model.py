@@ -416,6 +416,11 @@ class LabConfig:
         default="/srv/slurm-burst-lab",
     )
     daemon: bool = doc("Start the slurm-burst daemon with the lab.", default=True)
+    ec2_provider: str = doc(
+        "Provider profile (driver 'ec2', options host 127.0.0.1 and a port) the lab serves "
+        "with its EC2 emulator, whose instances boot as VMs on the cloud bridge; '' none.",
+        default="",
+    )
 
 
 @dataclass(frozen=True)

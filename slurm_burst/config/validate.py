@@ -103,6 +103,19 @@ def validate(
                 out.append(Problem("lab.accounts", f"{acct!r} is not a Slurm account name"))
         if cfg.lab.onprem_partition not in cfg.slurm.onprem_partitions:
             out.append(Problem("lab.onprem_partition", "must be listed in slurm.onprem_partitions"))
+        if cfg.lab.ec2_provider:
+            ec2 = cfg.providers.get(cfg.lab.ec2_provider)
+            ec2_port = (ec2.options.get("port") if ec2 is not None else None) or 0
+            if ec2 is None or ec2.driver != "ec2" or ec2.options.get("host") != "127.0.0.1":
+                out.append(
+                    Problem(
+                        "lab.ec2_provider",
+                        "must name a provider profile with driver 'ec2' and options.host "
+                        "'127.0.0.1' (the lab's EC2 emulator)",
+                    )
+                )
+            elif not isinstance(ec2_port, int) or not 1024 <= ec2_port <= 65535:
+                out.append(Problem("lab.ec2_provider", "its options.port must be 1024..65535"))
     return out
 
 

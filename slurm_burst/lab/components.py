@@ -197,6 +197,59 @@ def start_slurmctld(cfg: Config, paths: Paths, slurm_conf: Path) -> Proc:
     return spawn(argv, paths.log / "slurmctld.out", env={"SLURM_CONF": str(slurm_conf)})
 
 
+# the dummy credentials the lab's EC2 emulator takes (moto checks none)
+EC2_CREDENTIALS = {"key": "AKIDSLURMBURSTLAB000", "secret": "lab-emulator-secret"}
+
+
+def lab_env(cfg: Config) -> dict[str, str]:
+    """What the lab's daemon needs in its environment: the EC2 emulator's credentials
+    in the variables the lab's EC2 profile names."""
+    assert cfg.lab is not None
+    prov = cfg.providers.get(cfg.lab.ec2_provider)
+    creds = prov.credentials if prov is not None else None
+    if creds is None or not (creds.key_env and creds.secret_env):
+        return {}
+    return {creds.key_env: EC2_CREDENTIALS["key"], creds.secret_env: EC2_CREDENTIALS["secret"]}
+
+
+def start_ec2(cfg: Config, paths: Paths) -> Proc:
+    """The EC2 emulator on the lab provider's port, its instances booting as VMs on the
+    namespace cloud's bridge (the upper half of its subnet); ready once its default
+    subnet exists."""
+    import ipaddress
+    import json
+    import urllib.request
+
+    assert cfg.lab is not None
+    port = int(cfg.providers[cfg.lab.ec2_provider].options["port"])
+    cloud = cfg.providers[cfg.lab.cloud_provider].options
+    subnet = ipaddress.ip_network(str(cloud.get("subnet", "10.251.0.0/24")))
+    upper = list(subnet.subnets(prefixlen_diff=1))[1]
+    bridge, delay = str(cloud.get("bridge", "sbl-inet")), str(cloud.get("boot_delay", 2.0))
+    argv = [sys.executable, "-m", "slurm_burst.lab.ec2emu", str(port),
+            "--boot", str(paths.state / "ec2"), "--bridge", bridge, "--subnet", str(subnet),
+            "--range", str(upper), "--boot-delay", delay, "--hide", str(paths.state)]  # fmt: skip
+    proc = spawn(argv, paths.log / "ec2.out")
+
+    def ready() -> bool:
+        url = f"http://127.0.0.1:{port}/_emulator/calls"
+        try:
+            with urllib.request.urlopen(url, timeout=5) as r:
+                return int(json.loads(r.read()).get("CreateSubnet", 0)) > 0
+        except (OSError, ValueError):
+            return False
+
+    wait_for(ready, 60, "EC2 emulator with its default subnet", proc)
+    return proc
+
+
+def stop_ec2_vms(paths: Paths) -> None:
+    """Halt what a dead emulator left (it halts its VMs itself on SIGTERM)."""
+    from slurm_burst.lab.ec2vms import Ec2Vms
+
+    Ec2Vms(paths.state / "ec2", "unused", "10.0.0.0/8").halt_all()
+
+
 def start_daemon(cfg: Config, paths: Paths) -> Proc:
     """The slurm-burst daemon, as systemd would run it; ready once its heartbeat is written."""
     from slurm_burst.core.records import StoreError
@@ -210,7 +263,7 @@ def start_daemon(cfg: Config, paths: Paths) -> Proc:
         str(Path(cfg.source).resolve()),
         "daemon",
     ]
-    proc = spawn(argv, paths.log / "daemon.out")
+    proc = spawn(argv, paths.log / "daemon.out", env=lab_env(cfg) or None)
 
     def beating() -> bool:
         """A heartbeat written; a database not there yet, or whose schema the daemon is

@@ -148,6 +148,10 @@ class Lab:
         cloud = self.cloud()
         cloud.ex_ensure_network()
         record["bridges"].append(cloud.bridge)
+        if self.lab.ec2_provider:
+            self.progress("cloud: EC2 emulator (its instances boot as VMs on that bridge)")
+            record["processes"]["ec2"] = vars(c.start_ec2(self.cfg, self.paths))
+            self._write_record(record)
         if self.lab.daemon:
             self.progress("slurm-burst daemon (WireGuard hub, provisioning)")
             record["processes"]["daemon"] = vars(c.start_daemon(self.cfg, self.paths))
@@ -222,6 +226,12 @@ class Lab:
         if daemon:  # first: it must not act on what is being removed
             c.stop(c.Proc(daemon["pid"], daemon["start"]), grace=10.0)
             removed.append("daemon")
+        ec2 = (record.get("processes") or {}).get("ec2")
+        if ec2:  # it halts its VMs on SIGTERM
+            c.stop(c.Proc(ec2["pid"], ec2["start"]), grace=20.0)
+            removed.append("EC2 emulator")
+        if self.paths.state.exists():
+            c.stop_ec2_vms(self.paths)
         if self.paths.state.exists() or record:
             try:
                 self.cloud().ex_teardown(every_vm_network=True)

@@ -19,7 +19,7 @@ from slurm_burst.adapters.cloud.compute import LibcloudCloud
 from slurm_burst.adapters.cloud.profiles import Placement
 from slurm_burst.core.cloud import CloudError, LaunchSpec
 from slurm_burst.core.hostkeys import SERIAL_PORT_SCRIPT
-from tests.ec2.emulator import Ec2Emulator
+from slurm_burst.lab.ec2emu import Ec2Emulator
 from tests.providers import (
     DEBIAN,
     NOVA,

@@ -1,4 +1,4 @@
-"""An EC2 API emulator on loopback: moto's EC2 server behind a WSGI wrapper (tests only).
+"""An EC2 API emulator on loopback: moto's EC2 server behind a WSGI wrapper (tests, the lab).
 
 libcloud's own EC2 driver talks to it over HTTP with SigV4, exactly as it talks to
 AWS. The wrapper makes moto answer the way EC2 does where it differs, and nothing
@@ -17,11 +17,15 @@ more (see ../shared/docs/LAB-NOTES.md):
   room for N instances per call.
 
 - GetConsoleOutput as EC2 serves it: an instance's console is :attr:`Ec2Emulator.console`
-  (set by a test, or read from a VM's console by :attr:`Ec2Emulator.console_of`);
+  (set by a test, or a booted VM's console);
   ``Latest=true`` is served on Nitro instance types only (moto's DescribeInstanceTypes
   data says which) and refused elsewhere with ``UnsupportedOperation``; the buffered
   output (no ``Latest``) appears ``buffer_lag`` seconds after the instance was made,
   as EC2 posts it "shortly after" a state change.
+
+- Booting (opt-in, :class:`~slurm_burst.lab.ec2vms.Ec2Vms`): each instance becomes a
+  namespace VM at its private IP. Instances launched without a subnet go to the
+  emulator's default subnet (``default_subnet``), a range of the lab bridge's subnet.
 
 Every request is counted by action (:attr:`Ec2Emulator.calls`) for the tests'
 assertions and the launch benchmark; console reads are kept whole
@@ -43,6 +47,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qsl, urlencode
+
+from slurm_burst.lab.ec2vms import Ec2Vms
 
 NS_MOTO = b'xmlns="http://ec2.amazonaws.com/doc/2016-11-15"'
 NS_EC2 = b'xmlns="http://ec2.amazonaws.com/doc/2016-11-15/"'
@@ -106,11 +112,11 @@ class Ec2Emulator:
         self.port = 0
         # consoles: instance id -> text, or a function that reads it (a booted VM's)
         self.console: dict[str, str] = {}
-        self.console_of: Callable[[str], str | None] | None = None
         self.buffer_lag = 0.0
         self.console_reads: list[dict[str, str]] = []
         self.made: dict[str, tuple[str, float]] = {}  # instance id -> (type, when made)
-        self.on_run: Callable[[dict[str, str], bytes], None] | None = None
+        self.vms: Ec2Vms | None = None  # instances boot as VMs (the lab)
+        self.default_subnet = ""  # SubnetId for a RunInstances that names none
 
     # -- control --------------------------------------------------------------
     def start(self) -> int:
@@ -185,6 +191,13 @@ class Ec2Emulator:
                 fault.code, fault.message))  # fmt: skip
         if action == "GetConsoleOutput":
             return self._console(start_response, args)
+        if (
+            action == "RunInstances"
+            and self.default_subnet
+            and not any(k == "SubnetId" or k.startswith("NetworkInterface.") for k, _ in params)
+        ):
+            params = _rewrite(environ, lambda pairs: [*pairs, ("SubnetId", self.default_subnet)])
+            args = dict(params)
         fingerprint = tuple(sorted((k, v) for k, v in params if k not in _VOLATILE))
         if action == "RunInstances":
             with self._lock:
@@ -216,24 +229,39 @@ class Ec2Emulator:
         if token and captured["status"].startswith("200"):
             with self._lock:
                 self._tokens[token] = (fingerprint, captured["status"], headers, out)
-        if action == "RunInstances" and captured["status"].startswith("200"):
-            self._made(args, out)
+        if captured["status"].startswith("200"):
+            self._after(action, args, params, out)
         return self._answer(start_response, captured["status"], headers, out)
 
-    # -- consoles ---------------------------------------------------------------
+    # -- consoles and VMs -------------------------------------------------------------
+    def _after(
+        self, action: str, args: dict[str, str], params: list[tuple[str, str]], out: bytes
+    ) -> None:
+        """What a successful call means beyond moto's records: instances noted (and
+        booted), a key pair's public key kept for booting, terminated VMs halted."""
+        if action == "RunInstances":
+            self._made(args, out)
+        elif self.vms is not None and action == "ImportKeyPair":
+            self.vms.import_key(args.get("KeyName", ""), args.get("PublicKeyMaterial", ""))
+        elif self.vms is not None and action == "TerminateInstances":
+            for key, value in params:
+                if key.startswith("InstanceId."):
+                    self.vms.halt(value)
+
     def _made(self, args: dict[str, str], answer: bytes) -> None:
-        """Note each new instance's type and birth; hand the answer to :attr:`on_run`."""
+        """Note each new instance's type and birth; boot its VM if booting is on."""
         from xml.etree import ElementTree
 
         ns = {"e": NS_EC2.decode().split('"')[1]}
         now = time.monotonic()
-        root = ElementTree.fromstring(answer)
-        with self._lock:
-            for item in root.iterfind("e:instancesSet/e:item", ns):
-                iid = item.findtext("e:instanceId", "", ns)
+        root = ElementTree.fromstring(answer)  # noqa: S314 - moto's own answer, not input
+        for item in root.iterfind("e:instancesSet/e:item", ns):
+            iid = item.findtext("e:instanceId", "", ns)
+            with self._lock:
                 self.made.setdefault(iid, (item.findtext("e:instanceType", "", ns), now))
-        if self.on_run is not None:
-            self.on_run(args, answer)
+            if self.vms is not None:
+                ip = item.findtext("e:privateIpAddress", "", ns)
+                self.vms.boot(iid, ip, args.get("UserData", ""), args.get("KeyName", ""))
 
     def _console(self, start_response: StartResponse, args: dict[str, str]) -> list[bytes]:
         from moto.ec2.models.instance_types import INSTANCE_TYPES
@@ -256,8 +284,8 @@ class Ec2Emulator:
                 f"The latest console output is not supported for instance type {itype}",
             )
         text = self.console.get(iid)
-        if text is None and self.console_of is not None:
-            text = self.console_of(iid)
+        if text is None and self.vms is not None:
+            text = self.vms.console(iid)
         if not latest and time.monotonic() - born < self.buffer_lag:
             text = ""  # not posted yet
         output = base64.b64encode((text or "").encode()).decode()
@@ -291,17 +319,9 @@ class Ec2Emulator:
                 f"({room} left, MinCount {low})",
             )
         if made != low:
-
-            def fixed(text: str) -> str:
-                pairs = parse_qsl(text, keep_blank_values=True)
-                return urlencode(
-                    [(k, str(made) if k in ("MinCount", "MaxCount") else v) for k, v in pairs]
-                )
-
-            environ["QUERY_STRING"] = fixed(environ.get("QUERY_STRING", ""))
-            body = fixed(environ["wsgi.input"].getvalue().decode()).encode()
-            environ["CONTENT_LENGTH"] = str(len(body))
-            environ["wsgi.input"] = io.BytesIO(body)
+            _rewrite(environ, lambda pairs: [
+                (k, str(made) if k in ("MinCount", "MaxCount") else v) for k, v in pairs
+            ])  # fmt: skip
         return None
 
     def _control(self, environ: dict[str, Any], start_response: StartResponse) -> list[bytes]:
@@ -331,8 +351,29 @@ class Ec2Emulator:
         return [body]
 
 
+def _rewrite(
+    environ: dict[str, Any],
+    change: Callable[[list[tuple[str, str]]], list[tuple[str, str]]],
+) -> list[tuple[str, str]]:
+    """Rewrite a request's parameters for moto where they came from: the form body if
+    it has one, else the query string; return them all."""
+    body = environ["wsgi.input"].getvalue().decode()
+    form = "form" in environ.get("CONTENT_TYPE", "") and bool(body)
+    query = parse_qsl(environ.get("QUERY_STRING", ""), keep_blank_values=True)
+    posted = parse_qsl(body, keep_blank_values=True) if form else []
+    if form:
+        body = urlencode(change(posted))
+    else:
+        environ["QUERY_STRING"] = urlencode(change(query))
+    data = body.encode()
+    environ["CONTENT_LENGTH"] = str(len(data))
+    environ["wsgi.input"] = io.BytesIO(data)
+    query = parse_qsl(environ.get("QUERY_STRING", ""), keep_blank_values=True)
+    return query + (parse_qsl(body, keep_blank_values=True) if form else [])
+
+
 class RemoteEmulator:
-    """An emulator serving in another process (``python -m tests.ec2.emulator``), as
+    """An emulator serving in another process (``python -m slurm_burst.lab.ec2emu``), as
     EC2 is another service: its calls counted and faults injected over HTTP."""
 
     def __init__(self) -> None:
@@ -344,7 +385,7 @@ class RemoteEmulator:
             s.bind(("127.0.0.1", 0))
             self.port = int(s.getsockname()[1])
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.ec2.emulator", str(self.port)],
+            [sys.executable, "-m", "slurm_burst.lab.ec2emu", str(self.port)],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
@@ -379,14 +420,56 @@ class RemoteEmulator:
         self._proc.wait(timeout=30)
 
 
-def main() -> None:
-    import sys
+def boot_vms(emu: Ec2Emulator, vms: Ec2Vms, vm_range: str) -> None:
+    """Booting on: a VPC and default subnet (``vm_range``, inside the lab bridge's subnet)
+    for instances launched without one; call once the emulator serves."""
+    import ipaddress
+
+    vms.ensure_network()
+    vpc_cidr = ipaddress.ip_network(vm_range).supernet(new_prefix=16)
+    driver = emu.driver()
+    vpc = driver.ex_create_network(str(vpc_cidr))  # (its name= tags 0-based: refused)
+    subnet = driver.ex_create_subnet(vpc.id, vm_range, "us-east-1a")
+    emu.vms, emu.default_subnet = vms, subnet.id
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m slurm_burst.lab.ec2emu PORT``: API only (the launch benchmark, calls
+    overlapping as on EC2). With ``--boot STATE_DIR``: instances boot as namespace VMs
+    (the lab), calls served one at a time; SIGTERM halts every VM, then exits."""
+    import argparse
+    import signal
 
     from werkzeug.serving import make_server
 
+    ap = argparse.ArgumentParser(prog="python -m slurm_burst.lab.ec2emu")
+    ap.add_argument("port", type=int)
+    ap.add_argument("--boot", metavar="STATE_DIR", default="")
+    ap.add_argument("--bridge", default="sbl-inet")
+    ap.add_argument("--subnet", default="10.251.0.0/24", help="the bridge's subnet")
+    ap.add_argument("--range", dest="vm_range", default="10.251.0.128/25")
+    ap.add_argument("--boot-delay", type=float, default=2.0)
+    ap.add_argument("--hide", action="append", default=[])
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     logging.getLogger("werkzeug").setLevel(logging.ERROR)
-    emu = Ec2Emulator(serialize=False)  # a benchmark's: calls overlap, as on EC2
-    make_server("127.0.0.1", int(sys.argv[1]), emu, threaded=True).serve_forever()
+    emu = Ec2Emulator(serialize=bool(args.boot))
+    server = make_server("127.0.0.1", args.port, emu, threaded=True)
+    emu.port = args.port
+    vms: Ec2Vms | None = None
+    if args.boot:
+        vms = Ec2Vms(args.boot, args.bridge, args.subnet, args.boot_delay, tuple(args.hide))
+        threading.Thread(target=lambda: boot_vms(emu, vms, args.vm_range), daemon=True).start()
+
+    def stop(signum: int, frame: Any) -> None:
+        threading.Thread(target=server.shutdown, daemon=True).start()
+
+    signal.signal(signal.SIGTERM, stop)
+    try:
+        server.serve_forever()
+    finally:
+        if vms is not None:
+            vms.halt_all()
 
 
 if __name__ == "__main__":

@@ -1,0 +1,113 @@
+"""The EC2 emulator's instances as namespace VMs (the lab's VM machinery), opt-in.
+
+With booting on (``python -m slurm_burst.lab.ec2emu PORT --boot ...``, as ``lab up``
+starts it), each instance a RunInstances makes boots as a VM on the lab's cloud bridge:
+its address is the instance's private IP (the emulator's default subnet is a range of
+the bridge's subnet), it runs the request's user-data, root's authorized key is the
+public key of the request's key pair (as cloud-init installs it), and its console, with
+the host-key block, is what GetConsoleOutput serves. TerminateInstances halts it.
+Without booting, the emulator stays API-only (the 1,000-instance benchmarks).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import ipaddress
+import json
+import logging
+import shutil
+import threading
+from pathlib import Path
+
+from slurm_burst.lab.nscloud import net, vm
+
+log = logging.getLogger(__name__)
+
+
+class Ec2Vms:
+    """Namespace VMs for EC2 instance ids, under ``state_dir/vms/<instance id>``."""
+
+    def __init__(
+        self,
+        state_dir: str | Path,
+        bridge: str,
+        subnet: str,
+        boot_delay: float = 2.0,
+        hide: tuple[str, ...] = (),
+    ) -> None:
+        self.state_dir = Path(state_dir)
+        self.bridge = bridge
+        self.subnet = ipaddress.ip_network(subnet)
+        self.gateway = str(next(self.subnet.hosts()))
+        self.boot_delay = boot_delay
+        self.hide = (*vm.DEFAULT_HIDE, *hide)
+        self._keys: dict[str, str] = {}  # key pair name -> public key line
+        self._lock = threading.Lock()
+
+    def ensure_network(self) -> None:
+        net.ensure_bridge(self.bridge, f"{self.gateway}/{self.subnet.prefixlen}")
+
+    def import_key(self, name: str, material_b64: str) -> None:
+        """ImportKeyPair's public key, for the instances launched with that key pair."""
+        try:
+            line = base64.b64decode(material_b64).decode().strip()
+        except (binascii.Error, UnicodeDecodeError):
+            return
+        with self._lock:
+            self._keys[name] = line
+
+    def boot(self, instance_id: str, ip: str, user_data_b64: str, key_name: str) -> None:
+        """Boot the instance's VM at ``ip`` (detached; running after the boot delay)."""
+        if ipaddress.ip_address(ip) not in self.subnet:
+            log.warning("ec2vms.skip instance=%s ip=%s: not on the lab bridge", instance_id, ip)
+            return
+        try:
+            user_data = base64.b64decode(user_data_b64).decode() if user_data_b64 else None
+        except (binascii.Error, UnicodeDecodeError):
+            user_data = None
+        with self._lock:
+            key = self._keys.get(key_name, "")
+        short = instance_id.removeprefix("i-")[:12]
+        spec = vm.VmSpec(
+            id=instance_id,
+            hostname="ip-" + ip.replace(".", "-"),  # EC2's own name for it
+            netns=f"sbl-ns-{short}",  # the lab's VM networks, swept by `lab down`
+            host_if=f"sbv{short}",
+            bridge=self.bridge,
+            address=f"{ip}/{self.subnet.prefixlen}",
+            gateway=self.gateway,
+            boot_delay=self.boot_delay,
+            hide=self.hide,
+            authorized_keys=(key,) if key else (),
+        )
+        vmdir = self.state_dir / "vms" / instance_id
+        self.ensure_network()
+        pid, start = vm.boot(vmdir, spec, user_data)
+        vm.write_json_atomic(vmdir / "meta.json", {"launcher_pid": pid, "launcher_start": start})
+        log.info("ec2vms.boot instance=%s ip=%s", instance_id, ip)
+
+    def console(self, instance_id: str) -> str | None:
+        """The VM's console so far; None for an instance that has no VM."""
+        try:
+            return (self.state_dir / "vms" / instance_id / "console.log").read_text(
+                errors="replace"
+            )
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+
+    def halt(self, instance_id: str) -> None:
+        vmdir = self.state_dir / "vms" / instance_id
+        try:
+            meta = json.loads((vmdir / "meta.json").read_text())
+        except (OSError, ValueError):
+            return
+        vm.halt(vmdir, meta.get("launcher_pid"), meta.get("launcher_start"))  # and its network
+        shutil.rmtree(vmdir, ignore_errors=True)
+        log.info("ec2vms.halt instance=%s", instance_id)
+
+    def halt_all(self) -> None:
+        """Every VM this emulator booted (``lab down``)."""
+        vms = self.state_dir / "vms"
+        for d in sorted(vms.iterdir()) if vms.is_dir() else []:
+            self.halt(d.name)
