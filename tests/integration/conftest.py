@@ -1,3 +1,22 @@
-"""The provider fixtures (recorded HTTP answers) for this tier's tests."""
+"""This tier's shared fixtures: the providers' recorded HTTP answers, the EC2 emulator."""
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
 
 from tests.providers import azure, gce, http, openstack  # noqa: F401  (fixtures)
+
+
+@pytest.fixture(scope="module")
+def emulator() -> Iterator[Any]:
+    """The EC2 emulator on loopback, API only (moto is imported when it starts)."""
+    pytest.importorskip(
+        "moto", reason="the EC2 emulator needs moto[server] (make test installs it)"
+    )
+    from slurm_burst.lab.ec2emu import Ec2Emulator
+
+    emu = Ec2Emulator()
+    emu.start()
+    yield emu
+    emu.stop()

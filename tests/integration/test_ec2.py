@@ -107,14 +107,6 @@ api_backoff_max = 0.05
 """
 
 
-@pytest.fixture(scope="module")
-def emulator() -> Iterator[Ec2Emulator]:
-    emu = Ec2Emulator()
-    emu.start()
-    yield emu
-    emu.stop()
-
-
 @pytest.fixture
 def cfg_factory(
     emulator: Ec2Emulator, tmp_path: Path, monkeypatch: pytest.MonkeyPatch

@@ -9,7 +9,6 @@ flag depends on the instance type. The lab's tests then connect to VMs with such
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -117,14 +116,6 @@ def test_openstack_reads_cloud_inits_block_from_the_console_log(
 
 
 # -- EC2 -----------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def emulator() -> Iterator[Ec2Emulator]:
-    emu = Ec2Emulator()
-    emu.start()
-    yield emu
-    emu.stop()
 
 
 def ec2_launch(emulator: Ec2Emulator, size: str, node: str) -> tuple[LibcloudCloud, str]:
