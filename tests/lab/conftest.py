@@ -24,6 +24,8 @@ from tests.providers import azure, gce, http, openstack  # noqa: F401  (fixtures
 FAULT_MATRIX: list[tuple[str, str, str, str]] = []
 # the soak's figures (test_z_soak fills it)
 SOAK: dict[str, Any] = {}
+# per-node step figures of the EC2 join (test_x_ec2 fills it)
+EC2_JOIN: dict[str, Any] = {}
 
 needs_root = pytest.mark.skipif(
     os.geteuid() != 0 or not shutil.which("slurmctld", path="/usr/sbin:/usr/bin"),
@@ -38,6 +40,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if EC2_JOIN:
+        terminalreporter.section("EC2 join (lab emulator)")
+        for key, value in EC2_JOIN.items():
+            terminalreporter.write_line(f"{key:<28} {value}")
     if SOAK:
         terminalreporter.section("soak")
         for key, value in SOAK.items():

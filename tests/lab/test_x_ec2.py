@@ -17,7 +17,7 @@ from slurm_burst.adapters.state.store import Store
 from slurm_burst.config import Config
 from slurm_burst.lab.service import Lab
 from tests.conftest import wait
-from tests.lab.conftest import sh
+from tests.lab.conftest import EC2_JOIN, sh
 
 NODES = ("burst-ec2-1", "burst-ec2-2")
 
@@ -55,8 +55,10 @@ def test_a_job_runs_on_ec2_instances_the_ec2_profile_launched_attested_and_joine
     assert sorted(ec2_vms(lab)) == sorted(r.instance_id for r in recs.values() if r)
     log = (lab.paths.log / "daemon.log").read_text()
     for name in NODES:
-        attest = re.findall(rf"node\.step node={name} step=attest seconds=([\d.]+)", log)
-        assert attest, f"no attest step logged for {name}"
+        steps = dict(re.findall(rf"node\.step node={name} step=([\w-]+) seconds=([\d.]+)", log))
+        assert "attest" in steps, f"no attest step logged for {name}"
+        EC2_JOIN[name] = {k: steps[k] for k in ("launch", "boot", "attest", "ssh", "slurmd")
+                          if k in steps}  # fmt: skip
     # released: instances terminated through the API, their VMs halted
     sh(env, "scontrol", "update", f"nodename={','.join(NODES)}", "state=power_down")
     wait(lambda: not ec2_vms(lab), 120, "the EC2 instances' VMs halted")
