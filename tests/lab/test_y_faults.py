@@ -560,7 +560,9 @@ def ha_pair(lab: Lab, tmp_path: Path) -> Iterator[dict[str, Any]]:
             )
             argv = [sys.executable, "-m", "slurm_burst", "--config", str(conf), "daemon",
                     "--node-id", node_id]  # fmt: skip
-            procs[node_id] = c.spawn(argv, lab.paths.log / f"daemon-{node_id}.out")
+            procs[node_id] = c.spawn(
+                argv, lab.paths.log / f"daemon-{node_id}.out", env=c.lab_env(lab.cfg) or None
+            )
             if node_id == "lab-a":  # a first, so that it leads
                 _await_leading(procs[node_id], lab.paths.log, node_id)
         yield procs
