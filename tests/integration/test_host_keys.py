@@ -173,3 +173,25 @@ def test_a_driver_without_a_host_key_source_fails_with_a_typed_error(tmp_path: P
     with pytest.raises(CloudError) as err:
         cloud.host_keys("vm-1")
     assert err.value.code == "NoHostKeySource"
+
+
+def test_gce_attribute_values_with_their_type_and_other_namespaces(
+    http: Http, gce: Any, keys: list[tuple[str, str]]
+) -> None:
+    """A value written as a whole key line is read; another namespace's keys are not."""
+    http.values.update(key_values(keys))
+    cloud = gce(http, {("GET", GUEST_ATTRIBUTES): (200, "guest_attributes_full_lines.json")})
+    inst = cloud.list_instances("c1")[0]
+    assert cloud.host_keys(inst.id) == [k for k in keys if k[0] == "ssh-ed25519"]
+
+
+def test_azure_refuses_a_serial_log_address_that_is_not_https_and_never_prints_its_token(
+    http: Http, azure: Any
+) -> None:
+    cloud = azure(
+        http, {("POST", "/retrieveBootDiagnosticsData"): (200, "boot_diagnostics_http.json")}
+    )
+    vm = cloud.list_instances("c1")[0]
+    with pytest.raises(CloudError) as err:
+        cloud.host_keys(vm.id)
+    assert "not https" in str(err.value) and "sig=" not in str(err.value)

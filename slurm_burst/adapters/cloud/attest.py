@@ -149,7 +149,9 @@ class GceGuestAttributes:
         for item in items:
             if item.get("namespace") != "hostkeys":
                 continue
-            key = key_entry(str(item.get("key", "")), str(item.get("value", "")).split(" ")[0])
+            ktype, words = str(item.get("key", "")), str(item.get("value", "")).split()
+            body = words[1] if len(words) > 1 and words[0] == ktype else (words or [""])[0]
+            key = key_entry(ktype, body)
             if key is not None:
                 keys.append(key)
         return keys
@@ -201,7 +203,10 @@ class AzureBootDiagnostics:
             raise
         uri = str((resp or {}).get("serialConsoleLogBlobUri") or "")
         if uri and urlsplit(uri).scheme != "https":
-            raise LibcloudError(f"BootDiagnostics: the serial log address is not https: {uri[:60]}")
+            # (never the whole address: its query string is a read token)
+            raise LibcloudError(
+                f"BootDiagnostics: the serial log address is not https ({urlsplit(uri).netloc})"
+            )
         if uri:
             now = self._clock()
             with self._lock:  # expired addresses go: the map holds only booting instances
