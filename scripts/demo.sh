@@ -71,5 +71,6 @@ job from slurmdbd (sacct) and split each instance's cost among its jobs. Watch a
 Budgets (Slurm enforces them):  ${SB[*]} budget set physics 0; ${SB[*]} budget show
 Try more:   export SLURM_CONF=$SLURM_CONF
             sbatch -p burst-gpu --gres=gpu:1 --wrap 'hostname; echo \$SLURM_GPUS_ON_NODE'
+            srun -p burst-ec2 -N2 hostname   # EC2: our EC2 profile on the lab's EC2 emulator
 Tear the whole lab down (VMs, daemon, hub, slurmctld, files):   make lab-down
 TXT
