@@ -10,10 +10,11 @@ import pytest
 from slurm_burst.adapters.slurm.openapi import SchemaError, parse_jobs, parse_nodes
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "slurm-22.05"
+DATA_2411 = DATA.parent / "slurm-24.11"
 
 
-def load(name: str) -> dict[str, object]:
-    return dict(json.loads((DATA / name).read_text()))
+def load(name: str, data: Path = DATA) -> dict[str, object]:
+    return dict(json.loads((data / name).read_text()))
 
 
 def test_nodes_v0038() -> None:
@@ -47,5 +48,41 @@ def test_misshapen_document_is_a_schema_error() -> None:
     del doc["jobs"][0]["job_id"]  # type: ignore[index]
     with pytest.raises(SchemaError, match=r"not shaped as v0\.0\.38"):
         parse_jobs(doc)
-    with pytest.raises(SchemaError, match=r"no meta\.plugin\.type"):
+    with pytest.raises(SchemaError, match=r"no meta\.plugin"):
         parse_nodes({"nodes": []})
+
+
+def test_nodes_v0042_from_scontrol_of_slurm_24_11() -> None:
+    nodes = {n.name: n for n in parse_nodes(load("scontrol-nodes.json", DATA_2411))}
+    assert sorted(nodes) == ["c-1", "c-2", "c-3", "c-4"]  # onprem-1 (unresolvable) not listed
+    up = nodes["c-1"]
+    assert up.state == "mixed" and up.flags == {"CLOUD", "NOT_RESPONDING", "POWERING_UP"}
+    assert up.partitions == ("burst",) and up.features == ("cloud",)
+    assert up.cpus == 2 and up.real_memory_mb == 1000 and up.boot_time is None
+    assert nodes["c-4"].flags == {"CLOUD", "DRAIN", "POWERED_DOWN"}
+    assert nodes["c-4"].reason == "probe (Code:Test)"
+
+
+def test_jobs_v0042_from_squeue_of_slurm_24_11() -> None:
+    jobs = {j.job_id: j for j in parse_jobs(load("squeue.json", DATA_2411))}
+    burst = jobs[1]
+    assert burst.state == "CONFIGURING" and burst.nodes == "c-[1-2]"  # as 22.05 says it
+    assert burst.node_count == 2 and burst.cpus == 2 and burst.time_limit_min == 60
+    assert burst.tres_requested == {"cpu": "2", "mem": "2000M", "node": "2", "billing": "2"}
+    assert burst.submit_time is not None and burst.user == "root"
+    assert jobs[2].state == "PENDING" and jobs[2].reason == "Resources"
+    assert jobs[2].start_time is None
+
+
+def test_sinfo_of_24_11_groups_nodes_and_says_so() -> None:
+    """24.11's sinfo --json has no per-node records: a clear error naming its schema."""
+    with pytest.raises(SchemaError, match=r"not shaped as v0\.0\.42"):
+        parse_nodes(load("sinfo.json", DATA_2411))
+
+
+def test_an_unknown_schema_names_the_slurm_release() -> None:
+    doc = load("squeue.json", DATA_2411)
+    doc["meta"]["plugin"]["data_parser"] = "data_parser/v0.0.44"  # type: ignore[index]
+    doc["meta"]["slurm"]["release"] = "26.05.5"  # type: ignore[index]
+    with pytest.raises(SchemaError, match=r"Slurm 26\.05\.5's JSON schema v0\.0\.44 is not"):
+        parse_jobs(doc)
