@@ -86,3 +86,26 @@ def test_an_unknown_schema_names_the_slurm_release() -> None:
     doc["meta"]["slurm"]["release"] = "26.05.5"  # type: ignore[index]
     with pytest.raises(SchemaError, match=r"Slurm 26\.05\.5's JSON schema v0\.0\.44 is not"):
         parse_jobs(doc)
+
+
+def test_the_cli_reads_24_11_nodes_from_scontrol_after_one_look_at_sinfo() -> None:
+    """Recorded 24.11 answers behind the CLI adapter's runner: the first read asks sinfo,
+    sees its grouped shape, and asks scontrol; later reads ask scontrol only."""
+    from slurm_burst.adapters.proc import Result
+    from slurm_burst.adapters.slurm.cli import SlurmCli
+
+    asked: list[tuple[str, ...]] = []
+    answers = {"sinfo": "sinfo.json", "scontrol": "scontrol-nodes.json"}
+
+    def runner(argv: list[str], timeout: float, env: object) -> Result:
+        tool = Path(argv[0]).name
+        asked.append((tool, *argv[1:]))
+        return Result(tuple(argv), 0, (DATA_2411 / answers[tool]).read_text(), "", 0.0)
+
+    cli = SlurmCli(runner=runner)
+    assert len(cli.nodes()) == 4 and len(cli.nodes()) == 4
+    assert asked == [
+        ("sinfo", "--json"),
+        ("scontrol", "show", "nodes", "--json"),
+        ("scontrol", "show", "nodes", "--json"),
+    ]

@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from slurm_burst.adapters.proc import CommandError, Result, run
-from slurm_burst.adapters.slurm.openapi import SchemaError, parse_jobs, parse_nodes
+from slurm_burst.adapters.slurm.openapi import SchemaError, parse_jobs, parse_nodes, slurm_release
 from slurm_burst.core.hostlist import compress
 from slurm_burst.core.slurm import (
     SchedulerError,
@@ -58,6 +58,7 @@ class SlurmCli:
         self.timeout = timeout
         self.batch = batch
         self._run = runner
+        self._nodes_from_scontrol = False  # learned from the first sinfo --json
 
     def _cmd(self, tool: str, *args: str) -> str:
         argv = [str(self.bin / tool), *args]
@@ -80,7 +81,18 @@ class SlurmCli:
 
     # -- reads --------------------------------------------------------------
     def nodes(self) -> list[SlurmNode]:
-        return parse_nodes(self._json("sinfo", "--json"))
+        """Every node, one command. 22.05's ``sinfo --json`` lists nodes; later releases
+        group them by state there, so their per-node records come from ``scontrol show
+        nodes --json``: the first read learns which from sinfo's answer, later reads go
+        straight to the right command."""
+        if self._nodes_from_scontrol:
+            return parse_nodes(self._json("scontrol", "show", "nodes", "--json"))
+        doc = self._json("sinfo", "--json")
+        if "nodes" in doc or "sinfo" not in doc:
+            return parse_nodes(doc)
+        self._nodes_from_scontrol = True
+        log.info("slurm.nodes_from_scontrol release=%s", slurm_release(doc) or "unknown")
+        return parse_nodes(self._json("scontrol", "show", "nodes", "--json"))
 
     def jobs(self, partitions: Sequence[str] | None = None) -> list[SlurmJob]:
         """Jobs, all or of ``partitions`` only (the reconcile loop reads burst partitions)."""
