@@ -3,8 +3,9 @@
 Slurm changes these documents between releases (22.05 = v0.0.38; 23.02 = v0.0.39;
 23.11 = v0.0.40; 24.11 = v0.0.42 ...). The parser is chosen from the document's own
 ``meta`` block (``meta.plugin.type`` up to 23.02, ``meta.plugin.data_parser`` since);
-a new schema is a new pair of functions registered in ``PARSERS``, and an unknown one is
-an explicit error naming the Slurm release rather than a silent misreading.
+the parsers read both shapes below, a new schema is registered in ``SCHEMAS`` once they
+read it, and an unknown one is an explicit error naming the Slurm release rather than a
+silent misreading.
 
 v0.0.42 (recorded from 24.11.5, tests/data/slurm-24.11): per-node records come from
 ``scontrol show nodes --json`` (``sinfo --json`` groups nodes by state there); a state
@@ -59,11 +60,8 @@ def _csv(value: Any) -> str:
 
 
 def _time(value: Any) -> datetime | None:
-    if isinstance(value, dict):  # v0.0.39+: {"set": bool, "infinite": bool, "number": int}
-        value = value.get("number") if value.get("set") else None
-    if not value:
-        return None
-    return datetime.fromtimestamp(int(value), tz=UTC)
+    seconds = _number(value)
+    return datetime.fromtimestamp(seconds, tz=UTC) if seconds else None
 
 
 def _tres(text: str) -> dict[str, str]:
@@ -79,16 +77,25 @@ def _split(text: str) -> tuple[str, ...]:
     return tuple(filter(None, (text or "").split(",")))
 
 
-def nodes_v0038(doc: Mapping[str, Any]) -> list[SlurmNode]:
-    """Nodes of a v0.0.38 document. Values most nodes share (state, flags, partitions,
-    features) are made once and shared: 20,000 nodes cost a few MB, not tens."""
+def _state_and_flags(n: Mapping[str, Any]) -> tuple[str, tuple[Any, ...]]:
+    """v0.0.38: ``state`` a string and ``state_flags`` a list; v0.0.42: one list, the
+    base state first."""
+    state = n["state"]
+    if isinstance(state, list):
+        return str(state[0]), tuple(state[1:])
+    return str(state), tuple(n.get("state_flags") or ())
+
+
+def _nodes(doc: Mapping[str, Any]) -> list[SlurmNode]:
+    """Nodes of a v0.0.38 ``sinfo --json`` or v0.0.42 ``scontrol show nodes --json``
+    document. Values most nodes share (state, flags, partitions, features) are made once
+    and shared: 20,000 nodes cost a few MB, not tens."""
     out = []
     same: dict[Any, Any] = {}
     for n in doc["nodes"]:
-        flags = tuple(n.get("state_flags") or ())
+        state, flags = _state_and_flags(n)
         parts = tuple(n.get("partitions") or ())
-        feats = n.get("active_features") or n.get("features", "")
-        state = str(n["state"])
+        feats = _csv(n.get("active_features") or n.get("features", ""))
         out.append(
             SlurmNode(
                 name=n["name"],
@@ -101,59 +108,6 @@ def nodes_v0038(doc: Mapping[str, Any]) -> list[SlurmNode]:
                 addr=n.get("address", ""),
                 hostname=n.get("hostname", ""),
                 reason=n.get("reason", ""),
-                cpus=int(n.get("cpus") or 0),
-                real_memory_mb=int(n.get("real_memory") or 0),
-                boot_time=_time(n.get("boot_time")),
-            )
-        )
-    return out
-
-
-def jobs_v0038(doc: Mapping[str, Any]) -> list[SlurmJob]:
-    out = []
-    for j in doc["jobs"]:
-        limit = j.get("time_limit")
-        out.append(
-            SlurmJob(
-                job_id=int(j["job_id"]),
-                name=j.get("name", ""),
-                state=str(j["job_state"]).upper(),
-                partition=j.get("partition", ""),
-                nodes=j.get("nodes", ""),
-                account=j.get("account", ""),
-                user=j.get("user_name", ""),
-                time_limit_min=int(limit)
-                if isinstance(limit, int) and limit < 0xFFFFFFFE
-                else None,
-                tres_requested=_tres(j.get("tres_req_str", "")),
-                tres_allocated=_tres(j.get("tres_alloc_str", "")),
-                node_count=int(j.get("node_count") or 0),
-                cpus=int(j.get("cpus") or 0),
-                submit_time=_time(j.get("submit_time")),
-                start_time=_time(j.get("start_time")),
-                end_time=_time(j.get("end_time")),
-                reason=j.get("state_reason", ""),
-            )
-        )
-    return out
-
-
-def nodes_v0042(doc: Mapping[str, Any]) -> list[SlurmNode]:
-    """Nodes of a v0.0.42 ``scontrol show nodes --json`` document."""
-    out = []
-    for n in doc["nodes"]:
-        state = [str(x) for x in n["state"]]
-        out.append(
-            SlurmNode(
-                name=n["name"],
-                state=state[0].lower(),
-                flags=frozenset(x.upper() for x in state[1:]),
-                partitions=tuple(n.get("partitions") or ()),
-                features=_split(_csv(n.get("active_features") or n.get("features"))),
-                gres=n.get("gres", ""),
-                addr=n.get("address", ""),
-                hostname=n.get("hostname", ""),
-                reason=n.get("reason", ""),
                 cpus=_number(n.get("cpus")),
                 real_memory_mb=_number(n.get("real_memory")),
                 boot_time=_time(n.get("boot_time")),
@@ -162,70 +116,75 @@ def nodes_v0042(doc: Mapping[str, Any]) -> list[SlurmNode]:
     return out
 
 
-def jobs_v0042(doc: Mapping[str, Any]) -> list[SlurmJob]:
-    """Jobs of a v0.0.42 ``squeue --json`` document. A job's state list is its base state
-    and flags; CONFIGURING (a job waiting for its powered-up nodes) is reported as the
-    state, as v0.0.38 does."""
-    out = []
-    for j in doc["jobs"]:
-        states = [str(x).upper() for x in j["job_state"]]
-        limit = j.get("time_limit")
-        unlimited = isinstance(limit, dict) and (limit.get("infinite") or not limit.get("set"))
-        out.append(
-            SlurmJob(
-                job_id=int(j["job_id"]),
-                name=j.get("name", ""),
-                state="CONFIGURING" if "CONFIGURING" in states else states[0],
-                partition=j.get("partition", ""),
-                nodes=j.get("nodes", ""),
-                account=j.get("account", ""),
-                user=j.get("user_name", ""),
-                time_limit_min=None if unlimited else _number(limit),
-                tres_requested=_tres(j.get("tres_req_str", "")),
-                tres_allocated=_tres(j.get("tres_alloc_str", "")),
-                node_count=_number(j.get("node_count")),
-                cpus=_number(j.get("cpus")),
-                submit_time=_time(j.get("submit_time")),
-                start_time=_time(j.get("start_time")),
-                end_time=_time(j.get("end_time")),
-                reason=j.get("state_reason", ""),
-            )
+def _job_state(value: Any) -> str:
+    """v0.0.38: a string; v0.0.42: the base state and its flags, where CONFIGURING (a job
+    waiting for its powered-up nodes) is reported as the state, as v0.0.38 does."""
+    if isinstance(value, list):
+        states = [str(x).upper() for x in value]
+        return "CONFIGURING" if "CONFIGURING" in states else states[0]
+    return str(value).upper()
+
+
+def _limit(value: Any) -> int | None:
+    """A time limit in minutes; None for none (v0.0.38: 0xFFFFFFFE and up; v0.0.42:
+    ``infinite`` or not ``set``)."""
+    if isinstance(value, dict):
+        return None if value.get("infinite") or not value.get("set") else _number(value)
+    return int(value) if isinstance(value, int) and value < 0xFFFFFFFE else None
+
+
+def _jobs(doc: Mapping[str, Any]) -> list[SlurmJob]:
+    """Jobs of a v0.0.38 or v0.0.42 ``squeue --json`` document."""
+    return [
+        SlurmJob(
+            job_id=int(j["job_id"]),
+            name=j.get("name", ""),
+            state=_job_state(j["job_state"]),
+            partition=j.get("partition", ""),
+            nodes=j.get("nodes", ""),
+            account=j.get("account", ""),
+            user=j.get("user_name", ""),
+            time_limit_min=_limit(j.get("time_limit")),
+            tres_requested=_tres(j.get("tres_req_str", "")),
+            tres_allocated=_tres(j.get("tres_alloc_str", "")),
+            node_count=_number(j.get("node_count")),
+            cpus=_number(j.get("cpus")),
+            submit_time=_time(j.get("submit_time")),
+            start_time=_time(j.get("start_time")),
+            end_time=_time(j.get("end_time")),
+            reason=j.get("state_reason", ""),
         )
-    return out
+        for j in doc["jobs"]
+    ]
 
 
-Parser = tuple[
-    Callable[[Mapping[str, Any]], list[SlurmNode]], Callable[[Mapping[str, Any]], list[SlurmJob]]
-]
-PARSERS: dict[str, Parser] = {
-    "v0.0.38": (nodes_v0038, jobs_v0038),  # 22.05
-    "v0.0.42": (nodes_v0042, jobs_v0042),  # 24.11
-}
+# the schemas the parsers read, and the Slurm release each was recorded from
+SCHEMAS = {"v0.0.38": "22.05", "v0.0.42": "24.11"}
 
 
-def _parser(doc: Mapping[str, Any]) -> Parser:
+def _check(doc: Mapping[str, Any]) -> None:
     version = schema_version(doc)
-    if version not in PARSERS:
+    if version not in SCHEMAS:
         release = slurm_release(doc)
         by = f"Slurm {release}'s" if release else "Slurm"
+        supported = ", ".join(f"{v} (Slurm {r})" for v, r in SCHEMAS.items())
         raise SchemaError(
-            f"{by} JSON schema {version} is not supported yet (supported: "
-            f"{', '.join(PARSERS)}: Slurm 22.05 and 24.11)"
+            f"{by} JSON schema {version} is not supported yet (supported: {supported})"
         )
-    return PARSERS[version]
 
 
-def _parse(doc: Mapping[str, Any], which: int, tool: str) -> list[Any]:
-    parser = _parser(doc)[which]
+def _parse(doc: Mapping[str, Any], parser: Callable[[Mapping[str, Any]], list[Any]],
+           tool: str) -> list[Any]:  # fmt: skip
+    _check(doc)
     try:
         return parser(doc)
-    except (KeyError, TypeError, ValueError) as exc:
+    except (KeyError, IndexError, TypeError, ValueError) as exc:
         raise SchemaError(f"{tool} JSON not shaped as {schema_version(doc)}: {exc!r}") from exc
 
 
 def parse_nodes(doc: Mapping[str, Any]) -> list[SlurmNode]:
-    return _parse(doc, 0, "sinfo")
+    return _parse(doc, _nodes, "sinfo")
 
 
 def parse_jobs(doc: Mapping[str, Any]) -> list[SlurmJob]:
-    return _parse(doc, 1, "squeue")
+    return _parse(doc, _jobs, "squeue")
