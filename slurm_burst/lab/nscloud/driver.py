@@ -177,9 +177,8 @@ class NamespaceNodeDriver(NodeDriver):
     ) -> list[Node]:
         """Every instance, terminated ones included until they are forgotten;
         ``ex_filters`` matches tags (tag:KEY)."""
-        self._forget_terminated()
         nodes = []
-        for meta in self._all_meta():
+        for meta in self._forget_terminated(self._all_meta()):
             if ex_node_ids is not None and meta["id"] not in ex_node_ids:
                 continue
             if ex_filters and any(
@@ -264,23 +263,25 @@ class NamespaceNodeDriver(NodeDriver):
     def _locked(self) -> AbstractContextManager[None]:
         return locked(self.state_dir)
 
-    def _forget_terminated(self) -> None:
-        """Drop instances terminated more than ``forget_after`` seconds ago, as EC2 does:
-        a listing must not grow with every instance the cloud ever made."""
+    def _forget_terminated(self, metas: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """``metas`` without the instances terminated more than ``forget_after`` seconds
+        ago, whose records are deleted, as EC2 forgets them: a listing must not grow with
+        every instance the cloud ever made."""
         now = time.time()
-        stale = [
+        stale = {
             m["id"]
-            for m in self._all_meta()
+            for m in metas
             if m["state"] == "terminated"
             and now - float(m.get("terminated_at") or now) > self.forget_after
-        ]
+        }
         if not stale:
-            return
+            return metas
         with self._locked():
             for vm_id in stale:
                 meta = self._read_meta(vm_id)
                 if meta is not None and meta["state"] == "terminated":
                     shutil.rmtree(self.state_dir / "vms" / vm_id, ignore_errors=True)
+        return [m for m in metas if m["id"] not in stale]
 
     def _all_meta(self) -> list[dict[str, Any]]:
         vms = self.state_dir / "vms"
