@@ -245,9 +245,9 @@ def start_ec2(cfg: Config, paths: Paths) -> Proc:
 
 def stop_ec2_vms(paths: Paths) -> None:
     """Halt what a dead emulator left (it halts its VMs itself on SIGTERM)."""
-    from slurm_burst.lab.ec2vms import Ec2Vms
+    from slurm_burst.lab.ec2vms import halt_all
 
-    Ec2Vms(paths.state / "ec2", "unused", "10.0.0.0/8").halt_all()
+    halt_all(paths.state / "ec2")
 
 
 def start_daemon(cfg: Config, paths: Paths) -> Proc:

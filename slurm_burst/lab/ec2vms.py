@@ -97,17 +97,26 @@ class Ec2Vms:
             return None
 
     def halt(self, instance_id: str) -> None:
-        vmdir = self.state_dir / "vms" / instance_id
-        try:
-            meta = json.loads((vmdir / "meta.json").read_text())
-        except (OSError, ValueError):
-            return
-        vm.halt(vmdir, meta.get("launcher_pid"), meta.get("launcher_start"))  # and its network
-        shutil.rmtree(vmdir, ignore_errors=True)
-        log.info("ec2vms.halt instance=%s", instance_id)
+        halt(self.state_dir / "vms" / instance_id)
 
     def halt_all(self) -> None:
         """Every VM this emulator booted (``lab down``)."""
-        vms = self.state_dir / "vms"
-        for d in sorted(vms.iterdir()) if vms.is_dir() else []:
-            self.halt(d.name)
+        halt_all(self.state_dir)
+
+
+def halt(vmdir: Path) -> None:
+    """Stop one instance's VM, its network with it, and remove its directory."""
+    try:
+        meta = json.loads((vmdir / "meta.json").read_text())
+    except (OSError, ValueError):
+        return
+    vm.halt(vmdir, meta.get("launcher_pid"), meta.get("launcher_start"))  # and its network
+    shutil.rmtree(vmdir, ignore_errors=True)
+    log.info("ec2vms.halt instance=%s", vmdir.name)
+
+
+def halt_all(state_dir: Path) -> None:
+    """Every VM booted under ``state_dir`` (also what a dead emulator left)."""
+    vms = state_dir / "vms"
+    for d in sorted(vms.iterdir()) if vms.is_dir() else []:
+        halt(d)

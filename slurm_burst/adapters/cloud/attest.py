@@ -174,22 +174,15 @@ class AzureBootDiagnostics:
 
     name = "boot-diagnostics"
 
-    def __init__(
-        self,
-        driver: Any,
-        get: Callable[..., Any] | None = None,
-        clock: Callable[[], float] = time.time,
-    ) -> None:
+    def __init__(self, driver: Any) -> None:
         self.driver = driver
-        self._get = get
-        self._clock = clock
         self._uris: dict[str, tuple[str, float]] = {}  # instance id -> (log address, expiry)
         self._lock = threading.Lock()
 
     def _log_uri(self, node: Node) -> str:
         with self._lock:
             uri, until = self._uris.get(str(node.id), ("", 0.0))
-        if uri and self._clock() < until:
+        if uri and time.time() < until:
             return uri
         try:
             resp = self.driver.connection.request(
@@ -208,7 +201,7 @@ class AzureBootDiagnostics:
                 f"BootDiagnostics: the serial log address is not https ({urlsplit(uri).netloc})"
             )
         if uri:
-            now = self._clock()
+            now = time.time()
             with self._lock:  # expired addresses go: the map holds only booting instances
                 self._uris = {k: v for k, v in self._uris.items() if v[1] > now}
                 self._uris[str(node.id)] = (uri, now + (SAS_MINUTES - 5) * 60)
@@ -218,12 +211,9 @@ class AzureBootDiagnostics:
         uri = self._log_uri(node)
         if not uri:
             return []
-        get = self._get
-        if get is None:
-            import requests  # libcloud's own HTTP library
+        import requests  # libcloud's own HTTP library
 
-            get = requests.get
-        resp = get(uri, timeout=30)
+        resp = requests.get(uri, timeout=30)
         if resp.status_code in (403, 404):  # not written yet, or the address expired
             with self._lock:
                 self._uris.pop(str(node.id), None)
