@@ -286,10 +286,14 @@ def assemble(cfg: Config, parts: DaemonParts) -> Daemon:
     from slurm_burst.services.daemon import Daemon
     from slurm_burst.services.provisioner import Provisioner
     from slurm_burst.services.reconciler import Reconciler
+    from slurm_burst.services.registration import Registrations
     from slurm_burst.services.workers import Workers
 
     stop = threading.Event()
     clouds = dict(parts.clouds)
+    registrations = Registrations(
+        parts.store, parts.scheduler, parts.clock, stop, give_up=cfg.daemon.register_timeout
+    )
     prov = Provisioner(
         cfg,
         parts.store,
@@ -302,6 +306,7 @@ def assemble(cfg: Config, parts: DaemonParts) -> Daemon:
         parts.clock,
         stop,
         parts.metrics,
+        joined=registrations.watch,
     )
     workers = Workers(prov, parts.store, cfg.daemon.workers)
     reconciler = Reconciler(
@@ -334,6 +339,7 @@ def assemble(cfg: Config, parts: DaemonParts) -> Daemon:
         parts.metrics,
         slurm_group(cfg),
         release_free_memory,
+        registrations,
     )
 
 

@@ -65,3 +65,45 @@ def _hook(kind: str) -> click.Command:
 resume = _hook("resume")
 suspend = _hook("suspend")
 resume_fail = _hook("resume-fail")
+
+
+_PROLOG_EPILOG = (
+    "Exit codes: 0 the job's cloud nodes have registered (or it has none), then the "
+    "site's own prolog (slurm.prolog_chain) decides; 1 a node failed, the daemon is not "
+    "running, or the nodes were not ready within ResumeTimeout plus 30 s (Slurm requeues "
+    "a batch job, cancels an interactive one)."
+)
+
+
+@click.command("prolog-slurmctld", epilog=_PROLOG_EPILOG)
+@click.pass_context
+def prolog_slurmctld(ctx: click.Context) -> None:
+    """PrologSlurmctld: hold a job with cloud nodes until they have joined the cluster.
+
+    Reads SLURM_JOB_ID and SLURM_JOB_NODELIST from the environment Slurm gives it;
+    waits on the daemon's state database, not on slurmctld.
+    """
+    import os
+
+    from slurm_burst.services.prolog import chain, run_prolog
+    from slurm_burst.wiring import node_store, slurm_group
+
+    a = app(ctx)
+    a.check_drivers = False
+    cfg = a.config
+    setup_hook_logging(cfg.daemon.hook_log, slurm_group(cfg))
+    redact_logs()
+    result = run_prolog(os.environ, cfg, lambda: node_store(cfg, create=False))
+    if result.message:
+        click.echo(f"slurm-burst prolog-slurmctld: {result.message}", err=True)
+    if result.code == 0 and cfg.slurm.prolog_chain:
+        try:
+            chain(cfg.slurm.prolog_chain, os.environ)
+        except OSError as exc:
+            click.echo(
+                f"slurm-burst prolog-slurmctld: cannot run {cfg.slurm.prolog_chain}: "
+                f"{exc.strerror or exc}",
+                err=True,
+            )
+            sys.exit(1)
+    sys.exit(result.code)

@@ -27,6 +27,7 @@ COMMANDS = {
     "resume": "slurm_burst.cli.hooks_cmd:resume",
     "suspend": "slurm_burst.cli.hooks_cmd:suspend",
     "resume-fail": "slurm_burst.cli.hooks_cmd:resume_fail",
+    "prolog-slurmctld": "slurm_burst.cli.hooks_cmd:prolog_slurmctld",
     "daemon": "slurm_burst.cli.daemon_cmd:daemon",
     "nodes": "slurm_burst.cli.daemon_cmd:nodes",
     "events": "slurm_burst.cli.daemon_cmd:events",

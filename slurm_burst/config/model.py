@@ -72,6 +72,12 @@ class SlurmConfig:
         "The cluster's munge key on this host; pushed to cloud nodes over SFTP only.",
         default="/etc/munge/munge.key",
     )
+    prolog_chain: str = doc(
+        "The site's own PrologSlurmctld, run by ours (Slurm takes one): for every job, "
+        "after its cloud nodes have registered; its exit status is the prolog's. "
+        "Empty: none.",
+        default="",
+    )
 
 
 @dataclass(frozen=True)

@@ -205,6 +205,8 @@ def _slurm(cfg: Config, out: list[Problem]) -> None:
     for key in ("resume_rate", "suspend_rate"):
         if getattr(s, key) < 0:
             out.append(Problem(f"slurm.{key}", "must not be negative"))
+    if s.prolog_chain and not s.prolog_chain.startswith("/"):
+        out.append(Problem("slurm.prolog_chain", "must be an absolute path (Slurm's PATH is bare)"))
     burst = set(cfg.burst_partitions())
     for part in s.onprem_partitions:
         if part in burst:

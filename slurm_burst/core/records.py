@@ -53,6 +53,9 @@ class NodeRecord(NamedTuple):
     jobs: str = "[]"  # JSON: the resume file's jobs behind the request
     requested_at: float = 0.0
     state_since: float = 0.0
+    # when the daemon saw slurmctld hear from this life's slurmd (0: not yet); what the
+    # PrologSlurmctld waits for
+    registered_at: float = 0.0
 
     def host_key_list(self) -> list[tuple[str, str]]:
         return [(str(k[0]), str(k[1])) for k in json.loads(self.host_keys)]

@@ -34,6 +34,29 @@ def check_update(
         raise ValueError("nothing to update")
 
 
+# A node in one of these states (or with one of these flags) has not registered yet.
+UNREGISTERED_STATES = frozenset({"down", "future", "unknown"})
+UNREGISTERED_FLAGS = frozenset(
+    {"POWERED_DOWN", "POWERING_UP", "POWERING_DOWN", "POWER_DOWN", "NOT_RESPONDING"}
+)
+
+
+def parse_state_field(value: str) -> tuple[str, frozenset[str]]:
+    """``IDLE+CLOUD+POWERING_UP`` (scontrol's ``State=``) -> ("idle", {CLOUD, POWERING_UP}).
+
+    A base state printed with sinfo's mark (``IDLE*``, ``MIXED#``) gets the flag the
+    mark stands for.
+    """
+    base, *rest = value.split("+")
+    flags = set(rest)
+    for mark, flag in (("*", "NOT_RESPONDING"), ("~", "POWERED_DOWN"), ("#", "POWERING_UP"),
+                       ("%", "POWERING_DOWN"), ("!", "POWER_DOWN")):  # fmt: skip
+        if base.endswith(mark):
+            base = base[: -len(mark)]
+            flags.add(flag)
+    return base.lower(), frozenset(flags)
+
+
 class SlurmNode(NamedTuple):
     """A node as sinfo reports it (a NamedTuple: 20,000 are read every reconcile pass)."""
 
@@ -61,6 +84,12 @@ class SlurmNode(NamedTuple):
     @property
     def powering_up(self) -> bool:
         return "POWERING_UP" in self.flags
+
+    @property
+    def registered(self) -> bool:
+        """slurmctld has heard from this node's slurmd since it was powered up: nothing
+        about power saving or a missing slurmd is left in its state."""
+        return self.state not in UNREGISTERED_STATES and not self.flags & UNREGISTERED_FLAGS
 
     @property
     def sinfo_state(self) -> str:

@@ -30,6 +30,7 @@ from slurm_burst.ports import Clock, LeaderElection, Metrics, NodeStore
 from slurm_burst.services.chargeback import ChargebackLoop
 from slurm_burst.services.provisioner import Provisioner
 from slurm_burst.services.reconciler import Reconciler
+from slurm_burst.services.registration import Registrations
 from slurm_burst.services.workers import Workers
 
 log = logging.getLogger(__name__)
@@ -54,8 +55,10 @@ class Daemon:
         metrics: Metrics | None = None,
         group: int | None = None,
         release_memory: Callable[[], None] | None = None,
+        registrations: Registrations | None = None,
     ) -> None:
         self.cfg = cfg
+        self.registrations = registrations  # publishes slurmd registrations for the prolog
         # after each pass: freed heap back to the system (glibc keeps it, per thread arena)
         self.release_memory = release_memory or (lambda: None)
         self.group = group  # SlurmUser's gid: its hooks wake the daemon through the socket
@@ -152,6 +155,8 @@ class Daemon:
             self.ledger_loop.ensure_schema()  # db upgrade at start, under the migration lock
             self.ledger_loop.start()  # spool replay, ingest, split: now, then every interval
         self.workers.recover()
+        if self.registrations is not None:
+            self.registrations.start()
         self._reconcile_thread = threading.Thread(
             target=self._reconcile_loop, name="reconcile", daemon=True
         )
@@ -200,6 +205,8 @@ class Daemon:
         if self._reconcile_thread is not None:
             self._reconcile_thread.join(timeout=60)
         self.leader.release()
+        if self.registrations is not None:
+            self.registrations.wake()  # it sees stop and ends
         if self.ledger_loop is not None:
             self.ledger_loop.stop.set()
         self.workers.shutdown()
@@ -235,6 +242,7 @@ class Daemon:
             except BaseException:
                 self.workers.submit_launch([], held)  # nothing launched: claims released
                 raise
+            self.prov.address_early([r.name for r in launch])  # before any worker starts
             self.workers.submit_launch(launch, held)
             for name in drive:
                 self.workers.submit(name, power_down_force=req.kind == "resume-fail")

@@ -14,6 +14,7 @@ import logging
 from slurm_burst.config import Config
 from slurm_burst.core.hostlist import compress
 from slurm_burst.core.nodestate import reason as node_reason
+from slurm_burst.core.slurm import SchedulerError
 from slurm_burst.ports import NodeStore, Scheduler
 
 log = logging.getLogger(__name__)
@@ -49,6 +50,20 @@ class GroupControl:
             if n.name in members and "(Code:GroupProtected)" in n.reason
         ]
         if drained:
-            self.scheduler.update_nodes(drained, state="resume")
+            try:
+                self.scheduler.update_nodes(drained, state="resume")
+            except SchedulerError as exc:
+                # scontrol refuses a whole batch for one node caught mid-transition
+                # (powering down): undrain one by one, keep what Slurm still refuses
+                log.warning("group.undrain_batch_refused group=%s error=%s", group, exc)
+                drained = [n for n in drained if self._resume_one(n)]
         log.info("group.enabled group=%s undrained=%s", group, compress(drained) or "-")
         return drained
+
+    def _resume_one(self, name: str) -> bool:
+        try:
+            self.scheduler.update_nodes([name], state="resume")
+            return True
+        except SchedulerError as exc:
+            log.warning("group.undrain_refused node=%s error=%s", name, exc)
+            return False

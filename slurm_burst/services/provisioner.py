@@ -26,7 +26,7 @@ import ipaddress
 import json
 import logging
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -36,10 +36,10 @@ from slurm_burst.config import Config, NodeGroup
 from slurm_burst.core.cloud import NODE_TAG, CapacityError, CloudError, Instance, classify
 from slurm_burst.core.errors import BurstError, StepError
 from slurm_burst.core.jobs import job_ids, nodes_by_job, released_with
-from slurm_burst.core.mesh import MeshError
+from slurm_burst.core.mesh import MeshError, parking_address
 from slurm_burst.core.nodestate import LIVE, NodeState, Want, reason
 from slurm_burst.core.pricing import dollars
-from slurm_burst.core.records import NodeRecord, PoolExhausted
+from slurm_burst.core.records import NodeRecord, PoolExhausted, StoreError
 from slurm_burst.core.remote import RemoteError
 from slurm_burst.core.slurm import SchedulerError
 from slurm_burst.core.usage import InstanceEvent
@@ -108,8 +108,10 @@ class Provisioner:
         clock: Clock,
         stopping: threading.Event,
         metrics: Metrics | None = None,
+        joined: Callable[[str], None] | None = None,
     ) -> None:
         self.cfg = cfg
+        self.joined = joined or (lambda name: None)  # slurmd started: watch it register
         self.store = store
         self.clouds = clouds
         self.mesh = mesh
@@ -172,6 +174,34 @@ class Provisioner:
                 self._fail(rec, exc.code, str(exc))
             except OSError as exc:  # the controller's own disk, sockets, processes
                 self._fail(rec, "InternalError", f"{type(exc).__name__}: {exc}")
+
+    def address_early(self, names: Sequence[str]) -> None:
+        """Give newly requested nodes their mesh address, and Slurm their NodeAddr, now.
+
+        Until a node's NodeAddr is set it is the node's name, which a cloud node's name
+        seldom resolves to: every slurmctld message to a node powering up (``scontrol
+        reconfigure`` sends one to each) would then spend ~10 s in getaddrinfo, holding
+        up slurmctld. The mesh address fails at once until the node's peer is up (the
+        hub routes unpeered addresses unreachable). One ``scontrol update`` for all;
+        the bootstrap's ``nodeaddr`` step sets the same again. Best effort: a failure
+        here is repeated, and reported, by that step.
+        """
+        named, addrs = [], []
+        for name in names:
+            try:
+                addrs.append(
+                    self.store.allocate_address(name, self.cfg.mesh.subnet, self.clock.now())
+                )
+                named.append(name)
+            except StoreError as exc:  # a full pool: the rest fail in bootstrap (MeshPoolFull)
+                log.warning("node.address_early_failed node=%s error=%s", name, exc)
+                break
+        if not named:
+            return
+        try:
+            self.scheduler.update_nodes(named, addrs=addrs, hostnames=named)
+        except Exception as exc:
+            log.warning("node.nodeaddr_early_failed count=%d error=%s", len(named), exc)
 
     # -- steps --------------------------------------------------------------------
     def _group(self, rec: NodeRecord) -> NodeGroup:
@@ -295,7 +325,8 @@ class Provisioner:
         finally:
             sh.close()
         self._record(rec, rec.instance_id, "joined", self.clock.now())
-        self.store.transition(rec.name, NodeState.JOINED, self.clock.now())
+        self.store.transition(rec.name, NodeState.JOINED, self.clock.now(), registered_at=0.0)
+        self.joined(rec.name)
         self.store.group_launch_result(rec.group, ok=True)
         log.info(
             "node.joined node=%s mesh_addr=%s total_seconds=%.1f",
@@ -351,10 +382,11 @@ class Provisioner:
                 self.clouds[rec.provider].terminate(rec.instance_id)
             if rec.wg_pubkey:
                 self.mesh.remove_peer(rec.wg_pubkey)
-            self.store.release_address(name)
-            if rec.mesh_addr:
-                try:  # NodeAddr back to the name: nothing points at a released address
-                    self.scheduler.update_nodes([name], addrs=[name], hostnames=[name])
+            released = self.store.release_address(name)  # given at the request, or bootstrap
+            if released or rec.mesh_addr:
+                try:  # NodeAddr parked: nothing points at a released address
+                    park = parking_address(self.cfg.mesh.subnet)
+                    self.scheduler.update_nodes([name], addrs=[park], hostnames=[name])
                 except Exception as exc:
                     log.warning("node.nodeaddr_reset_failed node=%s error=%s", name, exc)
             if rec.instance_id:

@@ -15,6 +15,7 @@ from slurm_burst.config import Config, NodeGroup
 from slurm_burst.core.hostlist import compress
 from slurm_burst.core.pricing import billing_weight
 from slurm_burst.fileio import write_atomic
+from slurm_burst.services.prolog import prolog_epilog_timeout
 
 FRAGMENT = "slurm-burst.conf"
 GRES = "gres.conf"
@@ -105,6 +106,7 @@ def render(cfg: Config) -> dict[str, str]:
         conf_dir=s.conf_dir,
         hook_dir=s.hook_dir,
         resume_timeout=s.resume_timeout,
+        prolog_epilog_timeout=prolog_epilog_timeout(cfg),
         suspend_timeout=s.suspend_timeout,
         suspend_time=s.suspend_time,
         resume_rate=s.resume_rate,
@@ -126,10 +128,11 @@ HOOKS = {
     "resume": "slurm-burst-resume",
     "suspend": "slurm-burst-suspend",
     "resume-fail": "slurm-burst-resume-fail",
+    "prolog-slurmctld": "slurm-burst-prolog-slurmctld",
 }
 
 _SHIM = """#!{python}
-# slurm-burst {kind} hook, installed by `slurm-burst conf install-hooks`.
+# slurm-burst {kind} program, installed by `slurm-burst conf install-hooks`.
 # slurmctld runs it as SlurmUser with a minimal environment, so the config path is
 # fixed here. Node names arrive as one argv element and are never given to a shell.
 import sys
@@ -141,7 +144,8 @@ cli(["--config", {config!r}, {kind!r}, *sys.argv[1:]], prog_name="slurm-burst")
 
 
 def hook_programs(config_path: str, python: str = sys.executable) -> dict[str, str]:
-    """``{file name: program text}`` of the three power-saving programs slurm.conf names."""
+    """``{file name: program text}`` of the programs slurm.conf names: the three
+    power-saving hooks and the PrologSlurmctld."""
     return {
         name: _SHIM.format(python=python, kind=kind, config=str(config_path))
         for kind, name in HOOKS.items()
@@ -149,7 +153,7 @@ def hook_programs(config_path: str, python: str = sys.executable) -> dict[str, s
 
 
 def install_hooks(hook_dir: str, config_path: str) -> list[Path]:
-    """Write the three hook programs into ``hook_dir`` (each atomically, 0755)."""
+    """Write the hook programs and the prolog into ``hook_dir`` (each atomically, 0755)."""
     return write_files(Path(hook_dir), hook_programs(config_path), 0o755)
 
 

@@ -29,6 +29,7 @@ class FakeScheduler:
         self._jobs = list(jobs)
         self.updates: list[dict[str, Any]] = []
         self.refuse: Callable[[Sequence[str], dict[str, Any]], str | None] | None = None
+        self.registered_calls = 0
         self._lock = threading.Lock()
 
     @classmethod
@@ -48,6 +49,11 @@ class FakeScheduler:
     def nodes(self) -> list[SlurmNode]:
         with self._lock:
             return list(self._nodes.values())
+
+    def registered(self, names: Sequence[str]) -> set[str]:
+        with self._lock:
+            self.registered_calls += 1
+            return {n for n in names if n in self._nodes and self._nodes[n].registered}
 
     def jobs(self, partitions: Sequence[str] | None = None) -> list[SlurmJob]:
         return [j for j in self._jobs if not partitions or j.partition in partitions]

@@ -132,6 +132,10 @@ class MemoryStore:
         with self._lock:
             return [self._nodes[n] for n in sorted(self._nodes)]
 
+    def nodes_named(self, names: Sequence[str]) -> dict[str, NodeRecord]:
+        with self._lock:
+            return {n: self._nodes[n] for n in names if n in self._nodes}
+
     def transition(
         self, name: str, new: NodeState, now: float, group: str = "", **changes: Any
     ) -> NodeRecord:

@@ -85,6 +85,9 @@ def test_a_database_of_the_previous_release_is_upgraded_keeping_every_node(
     rec = s.node("burst-cpu-1")
     assert rec is not None and (rec.group, rec.state, rec.want) == ("cpu", "joined", Want.UP)
     assert rec.instance_id == "ns-1" and s.addresses() == {"burst-cpu-1": "10.77.0.2"}
+    assert rec.registered_at == 0  # the column added for the prolog, not yet seen
+    s.update("burst-cpu-1", registered_at=5.5)
+    assert s.nodes_named(["burst-cpu-1", "nosuch"])["burst-cpu-1"].registered_at == 5.5
     assert s.group_launch_result("cpu", ok=False) == 1  # the groups table was added
     s.transition("burst-cpu-1", NodeState.TERMINATING, 6.0)
     s.close()

@@ -16,6 +16,7 @@ from libcloud.compute.base import NodeAuthSSHKey
 from slurm_burst.adapters.clock import SystemClock
 from slurm_burst.adapters.cloud.compute import LibcloudCloud
 from slurm_burst.adapters.mesh.wireguard import WireGuardHub
+from slurm_burst.adapters.proc import run
 from slurm_burst.adapters.slurm.cli import SlurmCli
 from slurm_burst.adapters.ssh.session import SshConnector, generate_key
 from slurm_burst.core.cloud import Instance, LaunchSpec
@@ -62,6 +63,28 @@ class TestWireGuardHubContract(MeshContract):
         hub = WireGuardHub("sbt-wg0", "10.66.0.0/24", 51899, str(tmp_path / "wg"), "10.66.0.1")
         yield hub
         hub.down()
+
+    def test_an_address_without_a_peer_is_unreachable_at_once(self, mesh: WireGuardHub) -> None:
+        """Not silently dropped (wireguard-go would): slurmctld's message to a node that
+        is still booting fails at once instead of waiting out its timeout."""
+        import socket
+
+        mesh.ensure_hub()
+        key = "xTIBA5rboUvnH4htodjb6e697QjLERt1NAB4mZqp8Dg="
+        mesh.add_peer(key, "10.66.0.7", "n7")
+
+        def route(addr: str) -> str:
+            return run(["ip", "route", "get", addr], check=False).stdout
+
+        assert "dev sbt-wg0" in route("10.66.0.7")
+        t = time.monotonic()
+        with pytest.raises(OSError, match="No route to host"):
+            socket.create_connection(("10.66.0.8", 6818), timeout=5)
+        assert time.monotonic() - t < 1
+        mesh.remove_peer(key)
+        assert "dev sbt-wg0" not in route("10.66.0.7")
+        mesh.down()
+        assert "10.66.0.0/24" not in run(["ip", "route"]).stdout  # down removes it
 
 
 @pytest.fixture(scope="module")

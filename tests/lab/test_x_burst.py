@@ -24,6 +24,7 @@ from slurm_burst.adapters.proc import run
 from slurm_burst.adapters.state.store import Store
 from slurm_burst.config import Config
 from slurm_burst.core.hostlist import expand
+from slurm_burst.core.mesh import parking_address
 from slurm_burst.lab.service import Lab
 from slurm_burst.wiring import ledger, mesh_hub
 from tests.conftest import LAB_CONFIG, invoke
@@ -297,7 +298,8 @@ def test_idle_nodes_are_suspended_and_everything_released(
     assert mesh_hub(lab_config).peers() == []
     assert store.addresses() == {}
     recs = node_records(env)
-    assert all(recs[n]["NodeAddr"] == n for n in burst)
+    park = parking_address(lab_config.mesh.subnet)  # used nodes parked, the rest by name
+    assert all(recs[n]["NodeAddr"] == (park if store.node(n) else n) for n in burst)
     rows = ledger(lab_config).instances()
     assert len(rows) == len(cloud.list_nodes())
     for r in rows:

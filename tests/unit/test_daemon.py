@@ -159,3 +159,16 @@ def test_each_reconcile_pass_gives_the_free_heap_back(w: World) -> None:
     w.daemon.release_memory = release
     w.daemon._reconcile_loop()
     assert calls == [1]
+
+
+def test_a_resume_gives_slurm_every_new_nodes_mesh_address_in_one_update(w: World) -> None:
+    """Before any node boots: a node powering up is never addressed by its (unresolvable)
+    name, and one scontrol update carries them all."""
+    w.store.add_request("resume", CPU, [], w.clock.now())
+    w.daemon.handle_requests()
+    first = w.slurm.updates[0]
+    assert first["nodes"] == CPU and first["state"] is None
+    assert first["addrs"] == [w.store.addresses()[n] for n in CPU]
+    assert len(set(first["addrs"])) == 8 and all(a.startswith("10.77.0.") for a in first["addrs"])
+    wait(w.daemon.workers.idle, 10, "the workers to finish")
+    assert {w.rec(n).mesh_addr for n in CPU} == set(first["addrs"])  # the same in bootstrap

@@ -10,10 +10,18 @@ Where the kernel has no WireGuard module, the interface comes from
 ``wireguard-go`` (userspace). The hub forwards between peers (node-to-node
 traffic such as ``srun`` step launches) with forwarding enabled on the hub
 interface only, not host-wide.
+
+**Routes.** The subnet is routed ``unreachable`` and each peer's /32 through the
+interface. An address with no peer yet (a node still booting, whose NodeAddr the
+daemon has already set) then fails at once with "No route to host"; with the
+subnet routed to the interface, wireguard-go would drop the packets silently and
+every slurmctld message to such a node (``scontrol reconfigure`` sends one to each
+node powering up) would wait out its timeout.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import logging
 import os
@@ -71,7 +79,20 @@ class WireGuardHub:
             run(["ip", "address", "replace", self.address, "dev", self.interface])
             run(["ip", "link", "set", "dev", self.interface, "up"])
             Path(f"/proc/sys/net/ipv4/conf/{self.interface}/forwarding").write_text("1\n")
+            # replaces the interface's own subnet route (same destination)
+            run(["ip", "route", "replace", "unreachable", str(self.net)])
+            for peer in self._read_conf():
+                self._route(peer.allowed_ips, add=True)
         return self.public_key()
+
+    def _route(self, allowed: Sequence[str], add: bool) -> None:
+        """Route a peer's addresses through the interface (or stop): best effort on removal."""
+        for a in allowed:
+            if add:
+                run(["ip", "route", "replace", a, "dev", self.interface])
+                continue
+            with contextlib.suppress(CommandError):  # gone with a recreated interface
+                run(["ip", "route", "del", a, "dev", self.interface])
 
     def public_key(self) -> str:
         if self._public_key is None:
@@ -96,6 +117,8 @@ class WireGuardHub:
         """Remove the interface (wireguard-go exits with it); keep key and config."""
         if self._link_exists():
             run(["ip", "link", "delete", "dev", self.interface])
+        with contextlib.suppress(CommandError):  # not there
+            run(["ip", "route", "del", "unreachable", str(self.net)])
 
     def _create_link(self) -> None:
         try:
@@ -125,6 +148,7 @@ class WireGuardHub:
             peers.append(Peer(public_key, (allowed,), comment=node))
             self._write_conf(peers)
             self._sync()
+            self._route((allowed,), add=True)
         log.info("mesh.peer.added node=%s address=%s", node, address)
 
     def remove_peer(self, public_key: str) -> None:
@@ -134,6 +158,8 @@ class WireGuardHub:
             if len(kept) != len(peers):
                 self._write_conf(kept)
                 self._sync()
+                gone = {a for p in peers if p.public_key == public_key for a in p.allowed_ips}
+                self._route(sorted(gone - {a for p in kept for a in p.allowed_ips}), add=False)
                 log.info("mesh.peer.removed peers_left=%d", len(kept))
 
     def peers(self) -> list[Peer]:

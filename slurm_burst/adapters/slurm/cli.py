@@ -24,6 +24,7 @@ from slurm_burst.core.slurm import (
     SlurmNode,
     SlurmPartition,
     check_update,
+    parse_state_field,
 )
 
 log = logging.getLogger(__name__)
@@ -93,6 +94,16 @@ class SlurmCli:
         self._nodes_from_scontrol = True
         log.info("slurm.nodes_from_scontrol release=%s", slurm_release(doc) or "unknown")
         return parse_nodes(self._json("scontrol", "show", "nodes", "--json"))
+
+    def registered(self, names: Sequence[str]) -> set[str]:
+        """Which of ``names`` slurmctld has heard from since they were powered up: one
+        ``scontrol show node -o HOSTLIST`` (slurmctld sends every node once and scontrol
+        picks; the text format is the same from 22.05 to 26.05). What the daemon polls
+        while nodes join, so that the PrologSlurmctld can let their jobs start."""
+        if not names:
+            return set()
+        text = self._cmd("scontrol", "show", "node", "--oneliner", compress(list(names)))
+        return {name for name, node in parse_oneliners(text).items() if node.registered}
 
     def jobs(self, partitions: Sequence[str] | None = None) -> list[SlurmJob]:
         """Jobs, all or of ``partitions`` only (the reconcile loop reads burst partitions)."""
@@ -174,3 +185,25 @@ class SlurmCli:
                 "slurm.update nodes=%d hostlist=%s state=%s", len(chunk), compress(chunk), state
             )
             self._cmd("scontrol", *args)
+
+
+def parse_oneliners(text: str) -> dict[str, SlurmNode]:
+    """``scontrol show node --oneliner`` -> {name: node (name, state and flags only)}.
+
+    Only the first ``NodeName=`` and ``State=`` of a line count: a node's reason comes
+    later on its line and is free text (it may say ``State=`` too). Lines that are not a
+    node's (``Node x not found``) are skipped.
+    """
+    out = {}
+    for line in text.splitlines():
+        fields: dict[str, str] = {}
+        for token in line.split(" "):
+            key, sep, value = token.partition("=")
+            if sep and key in ("NodeName", "State") and key not in fields:
+                fields[key] = value
+            if key == "Reason":
+                break
+        if "NodeName" in fields and "State" in fields:
+            state, flags = parse_state_field(fields["State"])
+            out[fields["NodeName"]] = SlurmNode(fields["NodeName"], state, flags)
+    return out

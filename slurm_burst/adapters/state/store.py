@@ -68,7 +68,8 @@ CREATE TABLE IF NOT EXISTS nodes (
     mesh_addr   TEXT NOT NULL DEFAULT '',
     jobs        TEXT NOT NULL DEFAULT '[]',
     requested_at REAL NOT NULL DEFAULT 0,
-    state_since REAL NOT NULL DEFAULT 0
+    state_since REAL NOT NULL DEFAULT 0,
+    registered_at REAL NOT NULL DEFAULT 0  -- when slurmctld was seen to hear from its slurmd
 );
 CREATE TABLE IF NOT EXISTS mesh_addresses (
     address      TEXT PRIMARY KEY,
@@ -99,7 +100,10 @@ CREATE TABLE IF NOT EXISTS events (
 
 
 # Schema versions: each entry brings a database from version i to i + 1.
-MIGRATIONS: tuple[str, ...] = ("ALTER TABLE nodes RENAME COLUMN grp TO node_group",)
+MIGRATIONS: tuple[str, ...] = (
+    "ALTER TABLE nodes RENAME COLUMN grp TO node_group",
+    "ALTER TABLE nodes ADD COLUMN registered_at REAL NOT NULL DEFAULT 0",
+)
 SCHEMA_VERSION = len(MIGRATIONS)
 
 # NodeRecord field -> column, in field order (the record's names are the port's).
@@ -383,6 +387,19 @@ class Store:
     def nodes(self) -> list[NodeRecord]:
         self._require_current()
         return [_record(r) for r in self._read(f"{NODE_SELECT} ORDER BY name")]
+
+    def nodes_named(self, names: Sequence[str]) -> dict[str, NodeRecord]:
+        """The records of ``names`` that exist (a prolog's nodes), in a few queries."""
+        self._require_current()
+        out: dict[str, NodeRecord] = {}
+        unique = sorted(set(names))
+        for start in range(0, len(unique), 500):  # well under SQLite's bound-variable limit
+            chunk = unique[start : start + 500]
+            marks = ",".join("?" * len(chunk))
+            for row in self._read(f"{NODE_SELECT} WHERE name IN ({marks})", chunk):
+                rec = _record(row)
+                out[rec.name] = rec
+        return out
 
     def transition(
         self, name: str, new: NodeState, now: float, group: str = "", **changes: Any

@@ -1,0 +1,132 @@
+"""Slurm's PrologSlurmctld: hold a job with cloud nodes until they have joined, then let go.
+
+Slurm runs it (as SlurmUser, in slurmscriptd) when it allocates a job. For a job
+without burst nodes it returns at once. For one with burst nodes it waits, reading
+the daemon's state database (never polling slurmctld), until every burst node of
+the job has joined and registered (``core.prolog``): then Slurm launches the batch
+job at once instead of at its next 30-second check. If a node fails, or the wait
+outlasts ResumeTimeout plus a margin, it exits non-zero: Slurm requeues a batch job
+(cancels an interactive one), and the node's reason names the failure.
+
+Many run at once (one per job being allocated); each reads a few rows every
+``POLL`` seconds, so 50 waiting jobs cost the controller next to nothing and
+slurmctld's script runner is never blocked (it runs prologs concurrently).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from slurm_burst.config import Config
+from slurm_burst.core.hostlist import HostlistError, compress, expand_unique
+from slurm_burst.core.prolog import FAIL, READY, judge
+from slurm_burst.core.records import StoreError
+from slurm_burst.ports import NodeStore
+
+log = logging.getLogger("slurm_burst.prolog")
+
+POLL = 0.2  # seconds between looks at the state database
+# The wait ends this long after ResumeTimeout: Slurm itself gives up on the nodes at
+# ResumeTimeout (and requeues), so the prolog outlives it only to see why.
+MARGIN = 30
+EXIT_OK, EXIT_FAILED = 0, 1
+
+
+def deadline_seconds(cfg: Config) -> int:
+    return cfg.slurm.resume_timeout + MARGIN
+
+
+def prolog_epilog_timeout(cfg: Config) -> int:
+    """The PrologEpilogTimeout ``conf render`` writes: the prolog's wait plus the same
+    margin again for the site's chained prolog. It also bounds slurmd's Prolog and
+    Epilog on every node (Slurm has one setting for all of them)."""
+    return deadline_seconds(cfg) + MARGIN
+
+
+@dataclass(frozen=True)
+class PrologResult:
+    code: int
+    message: str = ""
+    nodes: tuple[str, ...] = ()  # the job's burst nodes
+    waited: float = 0.0
+
+
+def run_prolog(
+    env: Mapping[str, str],
+    cfg: Config,
+    store: Callable[[], NodeStore],
+    now: Callable[[], float] = time.time,
+    sleep: Callable[[float], None] = time.sleep,
+) -> PrologResult:
+    """Wait for the job's burst nodes; the state store is opened only for jobs with some."""
+    job = env.get("SLURM_JOB_ID", "?")
+    try:
+        names = expand_unique(
+            env.get("SLURM_JOB_NODELIST", ""), max_names=cfg.slurm.hostlist_max_names
+        )
+    except HostlistError as exc:
+        log.error("prolog.bad_nodelist job=%s error=%s", job, exc)
+        return PrologResult(EXIT_FAILED, f"SLURM_JOB_NODELIST not understood: {exc}")
+    ours = tuple(n for n in names if cfg.group_of(n) is not None)
+    if not ours:
+        return PrologResult(EXIT_OK)
+    started = now()
+    try:
+        return _wait(job, ours, cfg, store(), started, now, sleep)
+    except StoreError as exc:
+        # Not knowing is no reason to requeue every burst job (an upgrade, a lost file):
+        # the job goes on as it would without a prolog, started at Slurm's next check.
+        log.error("prolog.store_unreadable job=%s error=%s (job not held)", job, exc)
+        return PrologResult(EXIT_OK, f"{exc}; job not held", ours, now() - started)
+
+
+def _wait(
+    job: str,
+    ours: tuple[str, ...],
+    cfg: Config,
+    db: NodeStore,
+    started: float,
+    now: Callable[[], float],
+    sleep: Callable[[float], None],
+) -> PrologResult:
+    limit = started + deadline_seconds(cfg)
+    log.info("prolog.waiting job=%s count=%d hostlist=%s", job, len(ours), compress(list(ours)))
+    while True:
+        beat = db.heartbeat()
+        t = now()
+        verdict = judge(
+            ours,
+            db.nodes_named(ours),
+            started,
+            None if beat is None else t - float(beat["at"]),
+            cfg.daemon.heartbeat_stale,
+        )
+        if verdict.kind == READY:
+            log.info("prolog.ready job=%s count=%d waited=%.2f", job, len(ours), t - started)
+            return PrologResult(EXIT_OK, nodes=ours, waited=t - started)
+        if verdict.kind == FAIL:
+            log.error("prolog.failed job=%s waited=%.1f %s", job, t - started, verdict.message)
+            return PrologResult(EXIT_FAILED, verdict.message, ours, t - started)
+        if t >= limit:
+            message = (
+                f"nodes {compress(list(verdict.waiting))} not ready "
+                f"{deadline_seconds(cfg)} s after the job was allocated "
+                f"(ResumeTimeout {cfg.slurm.resume_timeout} s + {MARGIN} s)"
+            )
+            log.error("prolog.timeout job=%s %s", job, message)
+            return PrologResult(EXIT_FAILED, message, ours, t - started)
+        sleep(POLL)
+
+
+def chain(path: str, env: Mapping[str, str]) -> None:
+    """Become the site's own PrologSlurmctld (its exit status is the prolog's); returns
+    only if it cannot be run. No shell: the job's environment is passed as it is."""
+    try:
+        os.execve(path, [path], dict(env))
+    except OSError as exc:
+        log.error("prolog.chain_failed program=%s error=%s", path, exc.strerror or exc)
+        raise
