@@ -9,6 +9,7 @@ PACKAGES=(
   openssh-server openssh-client               # sshd inside each namespace VM
   iproute2 util-linux procps                  # ip, nsenter/unshare/mount, pgrep
   mariadb-server mariadb-client               # the lab's slurmdbd keeps accounting here
+  mmdebstrap                                  # root filesystems of other Slurm releases (trixie, sid)
 )
 
 if [ "$(id -u)" -ne 0 ]; then

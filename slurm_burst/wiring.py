@@ -63,6 +63,30 @@ def node_store(cfg: Config, create: bool = True, upgrade: bool = False) -> Store
     return Store(state_db_path(cfg), create=create, upgrade=upgrade, group=slurm_group(cfg))
 
 
+def slurm_release(cfg: Config) -> str:
+    """The cluster's Slurm release: ``slurm.release``, else what the installed Slurm says
+    (``slurmctld -V`` beside ``slurm.bin_dir``, which needs no configuration; else
+    ``sinfo --version`` with the cluster's slurm.conf). ValueError, saying what to do,
+    when none answers."""
+    from slurm_burst.adapters.proc import CommandError, run
+    from slurm_burst.core.slurm import release_of
+
+    if cfg.slurm.release:
+        return cfg.slurm.release
+    bin_dir = Path(cfg.slurm.bin_dir)
+    env = {"SLURM_CONF": f"{cfg.slurm.conf_dir}/slurm.conf"}
+    tried = []
+    for argv in (
+        [str(bin_dir.parent / "sbin" / "slurmctld"), "-V"],
+        [str(bin_dir / "sinfo"), "--version"],
+    ):
+        try:
+            return release_of(run(argv, timeout=10, env=env).stdout)
+        except (CommandError, ValueError, OSError) as exc:
+            tried.append(f"{' '.join(argv)}: {str(exc)[:200]}")
+    raise ValueError(f"cannot tell the Slurm release ({'; '.join(tried)}); set slurm.release")
+
+
 def slurm_group(cfg: Config) -> int | None:
     """The gid of ``daemon.group`` (SlurmUser's); None if this host has no such group
     (then files keep their creator's group; ``config check`` warns)."""

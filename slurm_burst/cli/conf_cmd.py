@@ -22,8 +22,13 @@ def group() -> None:
     type=click.Path(file_okay=False, path_type=Path),
     help="Write slurm-burst.conf and gres.conf here instead of printing them.",
 )
+@click.option(
+    "--slurm-release",
+    metavar="X.Y",
+    help="Render for this Slurm release (default: slurm.release, else sinfo --version).",
+)
 @click.pass_context
-def render_cmd(ctx: click.Context, output_dir: Path | None) -> None:
+def render_cmd(ctx: click.Context, output_dir: Path | None, slurm_release: str | None) -> None:
     """Print the slurm.conf Include fragment (power saving, CLOUD nodes, burst
     partitions) and the matching gres.conf.
 
@@ -33,7 +38,13 @@ def render_cmd(ctx: click.Context, output_dir: Path | None) -> None:
       echo 'Include slurm-burst.conf' >> /etc/slurm/slurm.conf   # relative: configless
       scontrol reconfigure   # node definition changes need a slurmctld restart
     """
-    files = render(app(ctx).config)
+    from slurm_burst.wiring import slurm_release as release_of_cluster
+
+    cfg = app(ctx).config
+    try:
+        files = render(cfg, slurm_release or release_of_cluster(cfg))
+    except ValueError as exc:
+        fail(str(exc), EXIT_BAD_INPUT)
     if output_dir is None:
         for name, text in files.items():
             click.echo(f"#### {name}\n{text}")

@@ -72,6 +72,11 @@ class SlurmConfig:
         "The cluster's munge key on this host; pushed to cloud nodes over SFTP only.",
         default="/etc/munge/munge.key",
     )
+    release: str = doc(
+        "Slurm release of the cluster's slurmctld ('22.05', '24.11' or '26.05'): what "
+        "'conf render' emits. Empty: read from 'sinfo --version' in bin_dir.",
+        default="",
+    )
     prolog_chain: str = doc(
         "The site's own PrologSlurmctld, run by ours (Slurm takes one): for every job, "
         "after its cloud nodes have registered; its exit status is the prolog's. "

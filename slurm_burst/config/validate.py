@@ -12,6 +12,7 @@ from slurm_burst.core.hostkeys import SOURCES
 from slurm_burst.core.hostlist import HostlistError, expand
 from slurm_burst.core.pricing import PricingError, ambiguous, parse_instant, to_micros
 from slurm_burst.core.redact import has_inline_password
+from slurm_burst.core.slurm import SUPPORTED_RELEASES
 
 _SLURM_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
 _IFNAME = re.compile(r"^[A-Za-z0-9_.-]{1,15}$")
@@ -205,6 +206,8 @@ def _slurm(cfg: Config, out: list[Problem]) -> None:
     for key in ("resume_rate", "suspend_rate"):
         if getattr(s, key) < 0:
             out.append(Problem(f"slurm.{key}", "must not be negative"))
+    if s.release and s.release not in SUPPORTED_RELEASES:
+        out.append(Problem("slurm.release", f"must be one of {', '.join(SUPPORTED_RELEASES)}"))
     if s.prolog_chain and not s.prolog_chain.startswith("/"):
         out.append(Problem("slurm.prolog_chain", "must be an absolute path (Slurm's PATH is bare)"))
     burst = set(cfg.burst_partitions())

@@ -3,6 +3,7 @@ nothing above the adapters sees Slurm's JSON."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -137,3 +138,21 @@ class SlurmPartition:
     default: bool = False
     total_nodes: int = 0
     suspend_time: str = ""
+
+
+# The Slurm releases slurm-burst is tested against: bookworm's, trixie's, and the newest
+# release Debian carries (sid, November 2026). Named, not a moving target.
+SUPPORTED_RELEASES = ("22.05", "24.11", "26.05")
+
+
+def release_of(version: str) -> str:
+    """``slurm 24.11.5`` or ``24.11.5`` -> ``24.11``; ValueError when it is neither."""
+    m = re.search(r"\b(\d{2})\.(\d{2})(?:\.\d+)?\b", version)
+    if m is None:
+        raise ValueError(f"not a Slurm version: {version[:80]!r}")
+    return f"{m.group(1)}.{m.group(2)}"
+
+
+def release_key(release: str) -> tuple[int, int]:
+    major, minor = release.split(".")
+    return int(major), int(minor)

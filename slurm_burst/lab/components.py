@@ -24,6 +24,7 @@ from slurm_burst.config import Config, LabConfig
 from slurm_burst.core.hostlist import compress
 from slurm_burst.lab.nscloud import net, vm
 from slurm_burst.services.slurmconf import render
+from slurm_burst.wiring import slurm_release
 
 LAN_BRIDGE = "sbl-lan"
 CONF_TEMPLATES = Path(__file__).resolve().parents[2] / "slurm-conf" / "lab"
@@ -132,7 +133,7 @@ def write_slurm_conf(cfg: Config, paths: Paths) -> Path:
         onprem_hostlist=compress(names),
         dbd_port=cfg.lab.dbd_port,
     )
-    files = {"slurm.conf": text, **render(cfg)}
+    files = {"slurm.conf": text, **render(cfg, slurm_release(cfg))}
     for name, body in files.items():
         (conf_dir / name).write_text(body)
     dbd = Template((CONF_TEMPLATES / "slurmdbd.conf.in").read_text()).substitute(

@@ -14,6 +14,7 @@ from string import Template
 from slurm_burst.config import Config, NodeGroup
 from slurm_burst.core.hostlist import compress
 from slurm_burst.core.pricing import billing_weight
+from slurm_burst.core.slurm import SUPPORTED_RELEASES, release_key
 from slurm_burst.fileio import write_atomic
 from slurm_burst.services.prolog import prolog_epilog_timeout
 
@@ -91,9 +92,28 @@ def billing_weights(cfg: Config, partition: str, at: datetime | None = None) -> 
     return f"GRES/gpu={best}" if gpu else f"CPU={best}"
 
 
-def render(cfg: Config) -> dict[str, str]:
-    """``{"slurm-burst.conf": ..., "gres.conf": ...}`` for ``cfg``."""
+def release_settings(release: str) -> dict[str, str]:
+    """What differs by Slurm release in the fragment. 23.11 made ``cloud_reg_addrs``
+    the behaviour and ``NoAddrCache`` the default, and 24.11 refuses both as defunct
+    (an ``error:`` line at every start); 22.05 needs them."""
+    if release not in SUPPORTED_RELEASES:
+        raise ValueError(
+            f"Slurm {release} is not one slurm-burst supports ({', '.join(SUPPORTED_RELEASES)})"
+        )
+    old = release_key(release) < (23, 11)
+    params = ["enable_configless", "idle_on_node_suspend"] + (["cloud_reg_addrs"] if old else [])
+    return {
+        "release": release,
+        "ctld_params": ",".join(params),
+        "comm_params": "CommunicationParameters=NoAddrCache" if old else "",
+    }
+
+
+def render(cfg: Config, release: str) -> dict[str, str]:
+    """``{"slurm-burst.conf": ..., "gres.conf": ...}`` for ``cfg``, in what Slurm
+    ``release`` (e.g. "24.11") accepts."""
     tdir = template_dir()
+    rel = release_settings(release)
     s = cfg.slurm
     exc = (
         f"SuspendExcParts={','.join(s.onprem_partitions)}"
@@ -110,8 +130,11 @@ def render(cfg: Config) -> dict[str, str]:
         suspend_timeout=s.suspend_timeout,
         suspend_time=s.suspend_time,
         resume_rate=s.resume_rate,
-        power_save_interval=s.power_save_interval,
         suspend_rate=s.suspend_rate,
+        release=rel["release"],
+        ctld_params=f"{rel['ctld_params']},power_save_interval={s.power_save_interval},"
+        "power_save_min_interval=0",
+        comm_params=rel["comm_params"],
         suspend_exc_parts=exc,
         node_lines="\n".join(node_line(g) for g in cfg.node_groups.values()),
         partition_lines="\n".join(partition_lines(cfg)),

@@ -13,7 +13,7 @@ from typing import Any
 from slurm_burst.adapters.state.store import Store
 from slurm_burst.config import Config
 from slurm_burst.lab.service import Lab
-from tests.conftest import wait
+from tests.conftest import LAB_CONFIG, invoke, wait
 from tests.lab.conftest import sh
 
 HOOK_LOG = Path("/var/lib/slurm-burst-lab/log/hooks.log")
@@ -122,7 +122,11 @@ def test_fifty_jobs_waiting_in_the_prolog_leave_slurmctld_free(
         assert states.count("CONFIGURING") == 50, states
     finally:
         sh(env, "scancel", *map(str, jobs), check=False)
-    wait(lambda: cold(env, hostlist) and not_live(store, nodes), 180, "the 25 nodes released")
+    wait(lambda: not_live(store, nodes), 180, "the 25 nodes torn down")
+    # 25 failed launches in a row protected the group (its nodes drained): lift it, so
+    # that the nodes return to service for the next tests
+    invoke(["--config", str(LAB_CONFIG), "group", "enable", "cpu"])
+    wait(lambda: cold(env, hostlist), 120, "the 25 nodes powered down in Slurm")
 
 
 def prologs_waiting(jobs: list[int]) -> set[int]:

@@ -11,6 +11,7 @@ from slurm_burst.adapters.slurm.openapi import SchemaError, parse_jobs, parse_no
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "slurm-22.05"
 DATA_2411 = DATA.parent / "slurm-24.11"
+DATA_2605 = DATA.parent / "slurm-26.05"
 
 
 def load(name: str, data: Path = DATA) -> dict[str, object]:
@@ -86,6 +87,26 @@ def test_an_unknown_schema_names_the_slurm_release() -> None:
     doc["meta"]["slurm"]["release"] = "26.05.5"  # type: ignore[index]
     with pytest.raises(SchemaError, match=r"Slurm 26\.05\.5's JSON schema v0\.0\.44 is not"):
         parse_jobs(doc)
+
+
+def test_slurm_26_05_v0045_nodes_jobs_and_oneliners() -> None:
+    """Recorded from sid's 26.05.5 (tests/data/slurm-26.05): the v0.0.42 shape again."""
+    from slurm_burst.adapters.slurm.cli import parse_oneliners
+
+    nodes = {n.name: n for n in parse_nodes(load("scontrol-nodes.json", DATA_2605))}
+    assert len(nodes) == 37 and nodes["burst-cpu-1"].sinfo_state == "idle~"
+    assert (
+        nodes["burst-gpu-2"].reason == "probe (Code:Test)" and "DRAIN" in nodes["burst-gpu-2"].flags
+    )
+    assert nodes["burst-cpu-1"].partitions == ("burst-cpu",) and nodes["burst-cpu-1"].cpus == 2
+    (job,) = parse_jobs(load("squeue.json", DATA_2605))
+    assert (job.state, job.partition, job.node_count, job.reason) == (
+        "PENDING", "burst-cpu", 2, "JobHeldUser",
+    )  # fmt: skip
+    with pytest.raises(SchemaError, match=r"not shaped as v0\.0\.45"):
+        parse_nodes(load("sinfo.json", DATA_2605))  # grouped by state, as 24.11's
+    text = (DATA_2605 / "nodes.txt").read_text()
+    assert not any(n.registered for n in parse_oneliners(text).values() if n.name != "onprem-1")
 
 
 def test_the_cli_reads_24_11_nodes_from_scontrol_after_one_look_at_sinfo() -> None:

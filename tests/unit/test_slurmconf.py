@@ -4,14 +4,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from slurm_burst.config import load_config
+from slurm_burst.core.slurm import release_of
 from slurm_burst.services.slurmconf import render
 from tests.conftest import invoke
 from tests.unit.test_config import GOOD, write
 
 
 def test_render_from_config(tmp_path: Path) -> None:
-    files = render(load_config(write(tmp_path, GOOD)))
+    files = render(load_config(write(tmp_path, GOOD)), "22.05")
     frag = files["slurm-burst.conf"]
     assert (
         "NodeName=gpu-[01-03] State=CLOUD CPUs=4 RealMemory=15000 Gres=gpu:a10g:1"
@@ -31,3 +34,37 @@ def test_render_writes_files(tmp_path: Path) -> None:
     out = tmp_path / "etc"
     invoke(["--config", str(cfg), "conf", "render", "-o", str(out)])
     assert sorted(p.name for p in out.iterdir()) == ["gres.conf", "slurm-burst.conf"]
+
+
+def test_each_release_gets_what_it_accepts(tmp_path: Path) -> None:
+    """22.05 needs cloud_reg_addrs and NoAddrCache; 24.11 and 26.05 call both defunct
+    (an error: line at every start, seen in tests/lab/test_slurm_versions.py)."""
+    cfg = load_config(write(tmp_path, GOOD))
+    old = render(cfg, "22.05")["slurm-burst.conf"]
+    assert "CommunicationParameters=NoAddrCache" in old and "cloud_reg_addrs," in old
+    for release in ("24.11", "26.05"):
+        frag = render(cfg, release)["slurm-burst.conf"]
+        settings = [ln for ln in frag.splitlines() if not ln.startswith("#")]
+        assert not [ln for ln in settings if "NoAddrCache" in ln or "cloud_reg_addrs" in ln]
+        assert (
+            "SlurmctldParameters=enable_configless,idle_on_node_suspend,power_save_interval="
+            in frag
+        )
+        assert f"# For Slurm {release}." in frag
+        assert "PrologSlurmctld=/usr/local/bin/slurm-burst-prolog-slurmctld" in frag
+
+
+@pytest.mark.parametrize(
+    ("text", "release"),
+    [("slurm-wlm 24.11.5\n", "24.11"), ("slurm 22.05.8", "22.05"), ("26.05", "26.05")],
+)
+def test_release_of_a_version_line(text: str, release: str) -> None:
+    assert release_of(text) == release
+
+
+def test_an_unsupported_release_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"Slurm 23\.02 is not one slurm-burst supports"):
+        render(load_config(write(tmp_path, GOOD)), "23.02")
+    out = invoke(["--config", str(write(tmp_path, GOOD)), "conf", "render", "--slurm-release",
+                  "21.08"], expect=2)  # fmt: skip
+    assert "21.08" in out.stderr

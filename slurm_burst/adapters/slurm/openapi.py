@@ -159,7 +159,7 @@ def _jobs(doc: Mapping[str, Any]) -> list[SlurmJob]:
 
 
 # the schemas the parsers read, and the Slurm release each was recorded from
-SCHEMAS = {"v0.0.38": "22.05", "v0.0.42": "24.11"}
+SCHEMAS = {"v0.0.38": "22.05", "v0.0.42": "24.11", "v0.0.45": "26.05"}
 
 
 def _check(doc: Mapping[str, Any]) -> None:

@@ -1,0 +1,155 @@
+"""Root filesystems of the Slurm releases a site runs, built from Debian's own packages.
+
+The host is Debian bookworm (Slurm 22.05). Slurm 24.11 comes from trixie and the newest
+release Debian carries (named here, not a moving target: 26.05, from sid) from sid,
+each as a root filesystem made by ``mmdebstrap`` from the host's own Debian mirror and
+cached under ``/var/cache/slurm-burst/images/<release>`` (built once: ~25 s and ~250
+MB each here; a stamp file says what is inside, and a half-built image is never used).
+The lab runs that release's slurmctld in it (``lab.versioned``); cloud VMs booted from
+it are the next step.
+
+Where things run, per release: the daemon, the hooks and the prolog always run with the
+host's Python (3.11, in the project's environment) and reach Slurm's commands of the
+image's release through ``chroot``; the image's own Python (3.13 on trixie, 3.14 on
+sid) runs nothing of ours.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from slurm_burst.adapters.proc import CommandError, run
+
+log = logging.getLogger(__name__)
+
+CACHE = Path("/var/cache/slurm-burst/images")
+NEWEST = "26.05"  # the newest Slurm release Debian carries (sid, November 2026)
+HOST_RELEASE = "22.05"  # bookworm's: the lab's default, no image needed
+PACKAGES = (
+    "slurmctld",
+    "slurmd",
+    "slurmdbd",
+    "slurm-client",
+    "munge",
+    "openssh-server",
+    "wireguard-tools",
+    "iproute2",
+    "python3",
+)
+KEYRING = "/usr/share/keyrings/debian-archive-keyring.gpg"
+
+
+@dataclass(frozen=True)
+class Release:
+    slurm: str  # "24.11"
+    suite: str  # the Debian suite that carries it
+
+
+RELEASES = {"24.11": Release("24.11", "trixie"), NEWEST: Release(NEWEST, "sid")}
+SUPPORTED = (HOST_RELEASE, *RELEASES)
+
+
+class ImageError(RuntimeError):
+    """An image cannot be built or used; the message says why and what to do."""
+
+
+def release(name: str) -> Release:
+    if name not in RELEASES:
+        raise ImageError(
+            f"no image for Slurm {name!r}: the lab runs {', '.join(SUPPORTED)} "
+            f"({HOST_RELEASE} is the host's own)"
+        )
+    return RELEASES[name]
+
+
+def host_mirror(sources: Path = Path("/etc/apt")) -> str:
+    """The Debian archive the host's apt uses (deb822 ``debian.sources`` or a classic
+    ``sources.list``), so that images come from the same mirror as the host's packages."""
+    for path in sorted((sources / "sources.list.d").glob("*.sources")):
+        for block in path.read_text(errors="replace").split("\n\n"):
+            fields = dict(
+                line.split(":", 1)
+                for line in block.splitlines()
+                if ":" in line and not line.startswith("#")
+            )
+            uris = fields.get("URIs", "").split()
+            if uris and "security" not in uris[0] and "Types" in fields:
+                return uris[0]
+    classic = sources / "sources.list"
+    if classic.exists():
+        for line in classic.read_text(errors="replace").splitlines():
+            m = re.match(r"deb\s+(?:\[[^\]]*\]\s+)?(\S+)\s+\S+", line.strip())
+            if m and "security" not in m.group(1):
+                return m.group(1)
+    raise ImageError(f"no Debian mirror found in {sources}; add one to apt's sources")
+
+
+def image_dir(name: str, cache: Path = CACHE) -> Path:
+    return cache / release(name).slurm
+
+
+def stamp(root: Path) -> dict[str, Any] | None:
+    try:
+        return dict(json.loads((root / "etc" / "slurm-burst-image.json").read_text()))
+    except (OSError, ValueError):
+        return None
+
+
+def ensure(name: str, cache: Path = CACHE, progress: Callable[[str], None] = log.info) -> Path:
+    """The root filesystem of Slurm ``name``, built if the cache has none; returns it."""
+    rel = release(name)
+    root = image_dir(name, cache)
+    have = stamp(root)
+    if (
+        have is not None
+        and have.get("slurm", "").startswith(rel.slurm + ".")
+        and have.get("packages") == list(PACKAGES)
+    ):
+        return root
+    if shutil.which("mmdebstrap") is None:
+        raise ImageError("mmdebstrap is missing: run scripts/setup-system.sh (make setup)")
+    cache.mkdir(parents=True, exist_ok=True)
+    tmp = cache / f".{rel.slurm}.building.{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    mirror = host_mirror()
+    progress(f"image: building Slurm {rel.slurm} ({rel.suite}) from {mirror}")
+    t = time.monotonic()
+    argv = [
+        "mmdebstrap",
+        "--variant=apt",
+        "--quiet",
+        "--include=" + ",".join(PACKAGES),
+        # the mirror may be a fixed snapshot whose Release files have expired (sid's do)
+        '--aptopt=Acquire::Check-Valid-Until "false"',
+        # the packages' services are not started inside the image
+        '--customize-hook=rm -f "$1"/etc/machine-id',
+        rel.suite,
+        str(tmp),
+        f"deb [signed-by={KEYRING}] {mirror} {rel.suite} main",
+    ]
+    try:
+        run(argv, timeout=900)
+        version = run(["chroot", str(tmp), "slurmctld", "-V"]).stdout.split()
+    except CommandError as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise ImageError(f"building the Slurm {rel.slurm} image failed: {exc}") from exc
+    got = version[1] if len(version) > 1 else "?"
+    if not got.startswith(rel.slurm + "."):
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise ImageError(f"{rel.suite} carries Slurm {got}, not {rel.slurm}: update RELEASES")
+    info = {"slurm": got, "suite": rel.suite, "mirror": mirror, "packages": list(PACKAGES),
+            "built_at": time.time()}  # fmt: skip
+    (tmp / "etc" / "slurm-burst-image.json").write_text(json.dumps(info) + "\n")
+    shutil.rmtree(root, ignore_errors=True)
+    os.replace(tmp, root)
+    progress(f"image: Slurm {got} ready in {time.monotonic() - t:.0f} s at {root}")
+    return root

@@ -1,0 +1,249 @@
+"""A slurmctld of another Slurm release, run from its image: to check what ``conf render``
+emits against that release, and the Scheduler port against its commands.
+
+The image (``lab.images``) stays read-only: the controller runs in an overlay of it
+(upper and work directories in ``work``), with /proc and /dev bound in, its own munged
+(own key) and slurmctld on ports of its own (7817/7818: the lab's 22.05 controller
+keeps 6817). Slurm's commands of that release run in it through ``chroot``; no shell
+anywhere, node names and reasons stay argv elements. ``stop`` unmounts and removes
+everything it made.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import socket
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from slurm_burst.adapters.proc import CommandError, Result, run
+from slurm_burst.config import Config
+from slurm_burst.lab.components import Proc, onprem_names, spawn, stop
+from slurm_burst.services.slurmconf import install_hooks, render
+
+PORT = 7817
+
+BASE = """# slurm.conf of a versioned check controller, written by slurm_burst.lab.versioned
+ClusterName={cluster}
+SlurmctldHost={host}(127.0.0.1)
+SlurmUser=root
+SlurmctldPort={port}
+SlurmdPort={slurmd_port}
+AuthType=auth/munge
+StateSaveLocation=/var/lib/slurm/slurmctld
+SlurmctldPidFile=/run/slurmctld.pid
+SlurmctldLogFile=/var/log/slurm/slurmctld.log
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/slurmdbd
+AccountingStorageHost=localhost
+AccountingStoragePort={dbd_port}
+SelectType=select/cons_tres
+SelectTypeParameters=CR_CPU
+SchedulerType=sched/backfill
+MpiDefault=none
+ReturnToService=2
+# what the site's slurm.conf has for budgets (ledger.md); GRES/gpu billing weights need it
+AccountingStorageTRES=gres/gpu
+MailProg=/bin/true
+Include slurm-burst.conf
+NodeName={onprem} NodeAddr=127.0.0.2 CPUs=2 RealMemory=1000 State=UNKNOWN
+PartitionName={onprem_partition} Nodes={onprem} Default=YES MaxTime=INFINITE State=UP
+"""
+FIRST_START_NOISE = (
+    "Could not open ",  # job, node, reservation, trigger state files: none yet
+    "Trying backup state save file",
+    "No fed_mgr state file",
+    "slurm_send_node_msg: ",  # our scontrol ping gave up while slurmctld started
+)
+
+DBD = """# slurmdbd.conf of a versioned check controller: the host's MariaDB, its own database
+AuthType=auth/munge
+DbdHost=localhost
+DbdAddr=127.0.0.1
+DbdPort={dbd_port}
+SlurmUser=root
+LogFile=/var/log/slurm/slurmdbd.log
+PidFile=/run/slurmdbd.pid
+StorageType=accounting_storage/mysql
+StorageHost=localhost
+StorageUser=root
+StorageLoc={db}
+"""
+
+
+class VersionedController:
+    def __init__(
+        self, image: Path, release: str, work: Path, cfg: Config, port: int = PORT
+    ) -> None:
+        self.image = image
+        self.release = release
+        self.work = work
+        self.root = work / "root"
+        self.cfg = cfg
+        self.port = port
+        self.procs: list[Proc] = []
+        self.start_errors: list[str] = []  # slurmctld's error: lines of its start
+        self.database = f"slurm_burst_check_{release.replace('.', '')}"
+        self.mounts: list[Path] = []
+
+    # -- in the image -------------------------------------------------------------
+    def run(self, argv: Sequence[str], **kw: Any) -> Result:
+        """``argv`` inside the image's root (its Slurm commands, its slurm.conf)."""
+        env = {"SLURM_CONF": "/etc/slurm/slurm.conf", "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
+        return run(
+            ["chroot", str(self.root), *argv], env={**env, **(kw.pop("env", None) or {})}, **kw
+        )
+
+    @property
+    def log(self) -> Path:
+        return self.root / "var" / "log" / "slurm" / "slurmctld.log"
+
+    def errors(self) -> list[str]:
+        """slurmctld's ``error:`` lines so far (what the release refuses or doubts), but
+        those of a first start on an empty state directory, and a client of ours that
+        gave up waiting for an answer while slurmctld was starting."""
+        try:
+            text = self.log.read_text(errors="replace")
+        except OSError:
+            return []
+        return [
+            line
+            for line in text.splitlines()
+            if "error:" in line and not any(n in line for n in FIRST_START_NOISE)
+        ]
+
+    # -- life -----------------------------------------------------------------------
+    def start(self, timeout: float = 30.0) -> None:
+        try:
+            self._mount()
+            self._configure()
+            self._start_daemons(timeout)
+            time.sleep(1.0)  # what slurmctld says right after it answers (dbd registration)
+            self.start_errors = self.errors()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _mount(self) -> None:
+        upper, ovl = self.work / "upper", self.work / "ovl"
+        for d in (upper, ovl, self.root):
+            d.mkdir(parents=True, exist_ok=True)
+        opts = f"lowerdir={self.image},upperdir={upper},workdir={ovl}"
+        run(["mount", "-t", "overlay", "overlay", "-o", opts, str(self.root)])
+        self.mounts.append(self.root)
+        # the host's MariaDB for slurmdbd, where each release's client looks for it
+        binds = (("/proc", "proc"), ("/dev", "dev"), ("/run/mysqld", "run/mysqld"),
+                 ("/run/mysqld", "run/mariadbd"))  # fmt: skip
+        for src, inside in binds:
+            target = self.root / inside
+            target.mkdir(parents=True, exist_ok=True)
+            run(["mount", "--bind", src, str(target)])
+            self.mounts.append(target)
+
+    def _configure(self) -> None:
+        lab = self.cfg.lab
+        assert lab is not None
+        etc = self.root / "etc" / "slurm"
+        etc.mkdir(parents=True, exist_ok=True)
+        files = render(self.cfg, self.release)
+        for name, text in files.items():
+            (etc / name).write_text(text)
+        (etc / "slurm.conf").write_text(
+            BASE.format(
+                cluster=self.cfg.cluster.name,
+                host=socket.gethostname().split(".")[0],
+                port=self.port,
+                slurmd_port=self.port + 1,
+                dbd_port=self.port + 2,
+                onprem=onprem_names(lab)[0],
+                onprem_partition=lab.onprem_partition,
+            )
+        )
+        # the programs slurm.conf names must exist where slurmctld looks (this check runs
+        # none of them: nodes stay powered down)
+        install_hooks(str(self.root / self.cfg.slurm.hook_dir.lstrip("/")), "/nonexistent.toml")
+        # Debian's own plugstack.conf globs a directory, which Slurm reports as an error
+        (etc / "plugstack.conf").unlink(missing_ok=True)
+        dbd = etc / "slurmdbd.conf"
+        dbd.write_text(DBD.format(dbd_port=self.port + 2, db=self.database))
+        dbd.chmod(0o600)
+        for d in ("var/lib/slurm/slurmctld", "var/log/slurm", "run/munge"):
+            (self.root / d).mkdir(parents=True, exist_ok=True)
+        self.run(["chown", "munge:munge", "/run/munge", "/etc/munge"])
+        key = self.root / "etc" / "munge" / "munge.key"
+        if not key.exists():
+            fd = os.open(key, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o400)
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(os.urandom(1024))
+            self.run(["chown", "munge:munge", "/etc/munge/munge.key"])
+
+    def _start_daemons(self, timeout: float) -> None:
+        logs = self.work / "logs"
+        logs.mkdir(exist_ok=True)
+        chroot = ["chroot", "--userspec=munge:munge", str(self.root)]
+        self.procs.append(spawn([*chroot, "/usr/sbin/munged", "--foreground"], logs / "munged.out"))
+        self._wait(lambda: (self.root / "run/munge/munge.socket.2").exists(), timeout, "munged")
+        dbd = ["chroot", str(self.root), "/usr/sbin/slurmdbd", "-D"]
+        self.procs.append(spawn(dbd, logs / "slurmdbd.out"))
+        self._wait(self._dbd_answers, timeout, "slurmdbd answering")
+        argv = ["chroot", str(self.root), "/usr/sbin/slurmctld", "-D", "-i"]
+        self.procs.append(
+            spawn(argv, logs / "slurmctld.out", env={"SLURM_CONF": "/etc/slurm/slurm.conf"})
+        )
+        self._wait(self._pings, timeout, "slurmctld answering")
+
+    def _dbd_answers(self) -> bool:
+        try:
+            self.run(["sacctmgr", "--noheader", "show", "cluster"], timeout=5)
+            return True
+        except CommandError:
+            return False
+
+    def _pings(self) -> bool:
+        try:
+            return " is UP" in self.run(["scontrol", "ping"], timeout=5).stdout
+        except CommandError:
+            return False
+
+    def _wait(self, cond: Any, timeout: float, what: str) -> None:
+        deadline = time.monotonic() + timeout
+        while not cond():
+            if time.monotonic() > deadline or (self.procs and not self.procs[-1].alive):
+                out = (self.work / "logs").glob("*.out")
+                said = "; ".join(p.read_text(errors="replace")[-500:] for p in out)
+                raise RuntimeError(f"{what}: not ready after {timeout:g} s ({said})")
+            time.sleep(0.2)
+
+    def stop(self) -> None:
+        for proc in reversed(self.procs):
+            stop(proc)
+        self.procs.clear()
+        with contextlib.suppress(CommandError):
+            run(["mariadb", "-u", "root", "-e", f"DROP DATABASE IF EXISTS {self.database}"])
+        for target in reversed(self.mounts):
+            with contextlib.suppress(CommandError):
+                run(["umount", "--lazy", str(target)])
+        self.mounts.clear()
+        still = mounted_under(self.work)
+        if still:  # never walk into a bound /dev or /proc: leave the directory
+            raise RuntimeError(f"still mounted, {self.work} left in place: {', '.join(still)}")
+        shutil.rmtree(self.work, ignore_errors=True)
+
+
+def mounted_under(path: Path) -> list[str]:
+    """Mount points at or below ``path`` (from /proc/self/mountinfo)."""
+    base = str(path.resolve())
+    points = []
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        fields = line.split()
+        if len(fields) > 4:
+            point = fields[4].encode().decode("unicode_escape")
+            if point == base or point.startswith(base + "/"):
+                points.append(point)
+    return points

@@ -1,0 +1,85 @@
+"""Slurm 24.11 (trixie) and 26.05 (sid), each from its image (built once from Debian's
+packages, then cached): that release's slurmctld starts on what ``conf render`` emits for
+it without one ``error:`` line, and the Scheduler port works against its commands (the
+contract the lab's 22.05 passes, plus job and registration reads)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from slurm_burst.adapters.slurm.cli import SlurmCli
+from slurm_burst.config import Config
+from slurm_burst.core.slurm import release_of
+from slurm_burst.lab import images
+from slurm_burst.lab.versioned import VersionedController
+from slurm_burst.services.slurmconf import render
+from tests.contracts.slurm import SchedulerContract
+
+RELEASES = [r for r in images.SUPPORTED if r != images.HOST_RELEASE]
+
+
+@pytest.fixture(scope="module", params=RELEASES)
+def controller(
+    request: pytest.FixtureRequest, lab_config: Config, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[VersionedController]:
+    release = request.param
+    t = time.monotonic()
+    image = images.ensure(release)
+    built = time.monotonic() - t
+    ctl = VersionedController(image, release, tmp_path_factory.mktemp(f"slurm-{release}"),
+                              lab_config)  # fmt: skip
+    t = time.monotonic()
+    ctl.start()
+    print(f"\nSlurm {release}: image {built:.1f} s (cached when ~0), controller up in "
+          f"{time.monotonic() - t:.1f} s")  # fmt: skip
+    yield ctl
+    ctl.stop()
+
+
+@pytest.fixture()
+def scheduler(controller: VersionedController) -> SlurmCli:
+    def in_image(argv: list[str], **kw: Any) -> Any:
+        return controller.run(argv, **kw)
+
+    return SlurmCli(timeout=20, runner=in_image)
+
+
+@pytest.fixture()
+def names() -> list[str]:
+    return ["burst-gpu-1", "burst-gpu-2"]
+
+
+class TestSchedulerOnEachRelease(SchedulerContract):
+    pass
+
+
+def test_the_release_accepts_the_rendered_fragment(controller: VersionedController) -> None:
+    fragment = render(controller.cfg, controller.release)["slurm-burst.conf"]
+    assert f"For Slurm {controller.release}." in fragment
+    assert "cloud_reg_addrs" not in fragment.split("SlurmctldParameters=")[1].split("\n")[0]
+    version = controller.run(["slurmctld", "-V"]).stdout
+    assert release_of(version) == controller.release  # "slurm-wlm 24.11.5" on Debian
+    assert controller.start_errors == []
+
+
+def test_jobs_and_registrations_read_on_each_release(
+    controller: VersionedController, scheduler: SlurmCli
+) -> None:
+    out = controller.run(
+        ["sbatch", "--parsable", "--hold", "-p", "burst-cpu", "-N2", "-t", "5", "--wrap", "true"]
+    ).stdout
+    job = int(out.strip().split(";")[0])
+    try:
+        jobs = {j.job_id: j for j in scheduler.jobs(["burst-cpu"])}
+        assert jobs[job].state == "PENDING" and jobs[job].partition == "burst-cpu"
+        assert scheduler.job_counts(["burst-cpu"]) == {("burst-cpu", "PENDING"): 1}
+    finally:
+        controller.run(["scancel", str(job)])
+    nodes = {n.name: n for n in scheduler.nodes()}
+    assert nodes["burst-cpu-1"].powered_down and nodes["burst-cpu-1"].is_cloud
+    # powered down, and the on-prem node has no slurmd here: nobody registered
+    assert scheduler.registered(["burst-cpu-1", "burst-cpu-2", "onprem-1"]) == set()
