@@ -8,6 +8,7 @@ libcloud, paramiko or SQLAlchemy.
 
 from __future__ import annotations
 
+import logging
 import socket
 import threading
 from collections.abc import Mapping
@@ -302,6 +303,7 @@ class DaemonParts:
     sql_ledger: AccountingLedger | None = None  # reconcile's open rows and chargeback
     metrics: Metrics | None = None
     chargeback: Chargeback | None = None
+    slurm_release: str | None = None  # slurmctld's: a node's slurmd is checked against it
 
 
 def assemble(cfg: Config, parts: DaemonParts) -> Daemon:
@@ -331,6 +333,7 @@ def assemble(cfg: Config, parts: DaemonParts) -> Daemon:
         stop,
         parts.metrics,
         joined=registrations.watch,
+        slurm_release=parts.slurm_release,
     )
     workers = Workers(prov, parts.store, cfg.daemon.workers)
     reconciler = Reconciler(
@@ -392,5 +395,15 @@ def daemon(cfg: Config) -> Daemon:
         sql_ledger=sql,
         metrics=prom,
         chargeback=chargeback(cfg, sql),
+        slurm_release=_release_or_none(cfg),
     )
     return assemble(cfg, parts)
+
+
+def _release_or_none(cfg: Config) -> str | None:
+    """slurmctld's release for the nodes' version check; None (no check, said) if unknown."""
+    try:
+        return slurm_release(cfg)
+    except ValueError as exc:
+        logging.getLogger(__name__).warning("daemon.slurm_release_unknown %s", exc)
+        return None

@@ -156,3 +156,26 @@ def release_of(version: str) -> str:
 def release_key(release: str) -> tuple[int, int]:
     major, minor = release.split(".")
     return int(major), int(minor)
+
+
+# Major releases in order: Slurm's mixed-version window counts them, not years.
+MAJOR_RELEASES = ("20.02", "20.11", "21.08", "22.05", "23.02", "23.11", "24.05", "24.11",
+                  "25.05", "25.11", "26.05")  # fmt: skip
+
+
+def mixed_version_problem(slurmctld: str, slurmd: str) -> str | None:
+    """Why a node's slurmd of release ``slurmd`` cannot join a slurmctld of ``slurmctld``,
+    or None. slurmd may not be newer than slurmctld, nor older than Slurm supports:
+    two major releases before 24.11, three from 24.11 on (Slurm's upgrade guide)."""
+    if release_key(slurmd) > release_key(slurmctld):
+        return f"slurmd {slurmd} is newer than slurmctld {slurmctld}"
+    if slurmctld not in MAJOR_RELEASES or slurmd not in MAJOR_RELEASES:
+        return None  # a release this table does not know: only the order can be told
+    window = 3 if release_key(slurmctld) >= (24, 11) else 2
+    behind = MAJOR_RELEASES.index(slurmctld) - MAJOR_RELEASES.index(slurmd)
+    if behind > window:
+        return (
+            f"slurmd {slurmd} is {behind} major releases behind slurmctld {slurmctld}; "
+            f"Slurm {slurmctld} accepts {window}"
+        )
+    return None

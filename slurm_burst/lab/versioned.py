@@ -23,7 +23,7 @@ from typing import Any
 from slurm_burst.adapters.proc import CommandError, Result, run
 from slurm_burst.config import Config
 from slurm_burst.lab.components import Proc, onprem_names, spawn, stop
-from slurm_burst.services.slurmconf import install_hooks, render
+from slurm_burst.services.slurmconf import HOOKS, render, write_files
 
 PORT = 7817
 
@@ -55,6 +55,8 @@ Include slurm-burst.conf
 NodeName={onprem} NodeAddr=127.0.0.2 CPUs=2 RealMemory=1000 State=UNKNOWN
 PartitionName={onprem_partition} Nodes={onprem} Default=YES MaxTime=INFINITE State=UP
 """
+STUB = "#!/bin/sh\n# stands in for a slurm-burst program in a versioned check\nexit 0\n"
+
 FIRST_START_NOISE = (
     "Could not open ",  # job, node, reservation, trigger state files: none yet
     "Trying backup state save file",
@@ -165,9 +167,11 @@ class VersionedController:
                 onprem_partition=lab.onprem_partition,
             )
         )
-        # the programs slurm.conf names must exist where slurmctld looks (this check runs
-        # none of them: nodes stay powered down)
-        install_hooks(str(self.root / self.cfg.slurm.hook_dir.lstrip("/")), "/nonexistent.toml")
+        # the programs slurm.conf names must exist where slurmctld looks; ours run with
+        # the controller host's Python, which the image does not hold: stubs that succeed
+        # (cloud nodes stay powered down here; the on-prem node's jobs pass the prolog)
+        hooks = self.root / self.cfg.slurm.hook_dir.lstrip("/")
+        write_files(hooks, {name: STUB for name in HOOKS.values()}, 0o755)
         # Debian's own plugstack.conf globs a directory, which Slurm reports as an error
         (etc / "plugstack.conf").unlink(missing_ok=True)
         dbd = etc / "slurmdbd.conf"
@@ -197,6 +201,29 @@ class VersionedController:
             spawn(argv, logs / "slurmctld.out", env={"SLURM_CONF": "/etc/slurm/slurm.conf"})
         )
         self._wait(self._pings, timeout, "slurmctld answering")
+
+    def start_onprem_node(self, timeout: float = 30.0) -> str:
+        """Start slurmd for the on-prem node in the image (host network, no cgroups), so
+        that jobs run and accounting records them; returns the node's name."""
+        assert self.cfg.lab is not None
+        node = onprem_names(self.cfg.lab)[0]
+        target = self.root / "sys"
+        run(["mount", "--bind", "/sys", str(target)])  # hwloc reads the topology
+        self.mounts.append(target)
+        (self.root / "var/spool/slurmd").mkdir(parents=True, exist_ok=True)
+        (self.root / "etc/slurm/cgroup.conf").write_text("CgroupPlugin=disabled\n")
+        argv = ["chroot", str(self.root), "/usr/sbin/slurmd", "-D", "-N", node]
+        self.procs.append(spawn(argv, self.work / "logs" / "slurmd.out"))
+
+        def idle() -> bool:
+            try:
+                out = self.run(["sinfo", "-h", "-n", node, "-o", "%T"], timeout=5).stdout
+            except CommandError:
+                return False
+            return out.strip() == "idle"
+
+        self._wait(idle, timeout, f"{node} idle")
+        return node
 
     def _dbd_answers(self) -> bool:
         try:

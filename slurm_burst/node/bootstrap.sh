@@ -60,6 +60,10 @@ munge-start)
         ln -sfn "$sock" /run/munge/munge.socket.2
     fi
     ;;
+slurmd-version)
+    # slurmd-version: the node's slurmd release (checked against slurmctld's first)
+    slurmd -V
+    ;;
 slurmd-start)
     # slurmd-start NODE CONF_SERVER: start slurmd (once) in configless mode as NODE.
     node=$1; server=$2

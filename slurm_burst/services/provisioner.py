@@ -41,7 +41,7 @@ from slurm_burst.core.nodestate import LIVE, NodeState, Want, reason
 from slurm_burst.core.pricing import dollars
 from slurm_burst.core.records import NodeRecord, PoolExhausted, StoreError
 from slurm_burst.core.remote import RemoteError
-from slurm_burst.core.slurm import SchedulerError
+from slurm_burst.core.slurm import SchedulerError, mixed_version_problem, release_of
 from slurm_burst.core.usage import InstanceEvent
 from slurm_burst.ports import (
     Clock,
@@ -109,7 +109,9 @@ class Provisioner:
         stopping: threading.Event,
         metrics: Metrics | None = None,
         joined: Callable[[str], None] | None = None,
+        slurm_release: str | None = None,
     ) -> None:
+        self.slurm_release = slurm_release  # slurmctld's; None: slurmd's is not checked
         self.cfg = cfg
         self.joined = joined or (lambda name: None)  # slurmd started: watch it register
         self.store = store
@@ -293,6 +295,8 @@ class Provisioner:
         try:
             with timed(self.clock, rec.name, "script"):
                 sh.put(self.script, REMOTE_SCRIPT, 0o700)
+            if self.slurm_release:
+                self._check_slurmd_version(sh)
             with timed(self.clock, rec.name, "wg-key"):
                 pub = self._step(sh, "wg-key", iface).strip()
             if len(pub) != 44 or not pub.endswith("="):
@@ -334,6 +338,21 @@ class Provisioner:
             addr,
             self.clock.now() - rec.requested_at,
         )
+
+    def _check_slurmd_version(self, sh: RemoteShell) -> None:
+        """Refuse an image whose slurmd cannot join this slurmctld (newer, or older than
+        Slurm's mixed-version window) before anything else is set up on it."""
+        assert self.slurm_release is not None
+        said = self._step(sh, "slurmd-version").strip()
+        try:
+            found = release_of(said)
+        except ValueError as exc:
+            raise StepError("SlurmdVersion", f"slurmd -V said {said[:80]!r}") from exc
+        problem = mixed_version_problem(self.slurm_release, found)
+        if problem:
+            raise StepError(
+                "SlurmdVersion", f"{problem}: use an image of Slurm {self.slurm_release}"
+            )
 
     def _step(self, sh: RemoteShell, step: str, *args: str) -> str:
         """Run one step of the node's bootstrap script: a failed command is

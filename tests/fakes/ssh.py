@@ -33,6 +33,7 @@ class FakeNode:
     wg_pub: str = ""
     munged: bool = False
     slurmd: str = ""  # the node name slurmd was started as
+    slurmd_version: str = "22.05.8"  # what slurmd -V says
     bad_key: bool = False  # wg-key prints garbage
 
     def run(self, argv: Sequence[str]) -> str:
@@ -73,6 +74,8 @@ class FakeNode:
                 raise RemoteError(f"{self.host}: munged: no key", "RemoteCommand")
             self.munged = True
             return ""
+        if step == "slurmd-version":
+            return f"slurm {self.slurmd_version}\n"
         if step == "slurmd-start":
             if not self.munged:
                 raise RemoteError(f"{self.host}: slurmd: munge not running", "RemoteCommand")
@@ -125,6 +128,7 @@ class FakeConnector:
         self.fail_put: set[str] = set()  # paths whose upload fails
         self.fail_steps: dict[str, str] = {}  # every new node fails these steps
         self.bad_wg_key = False  # every new node prints garbage for its WireGuard key
+        self.slurmd_version = "22.05.8"  # every new node's slurmd -V
         self.sessions: list[FakeShell] = []
         self._lock = threading.Lock()
 
@@ -132,7 +136,12 @@ class FakeConnector:
         with self._lock:
             if host not in self.nodes:
                 self.nodes[host] = FakeNode(
-                    host, host_keys, self.mesh, fail=dict(self.fail_steps), bad_key=self.bad_wg_key
+                    host,
+                    host_keys,
+                    self.mesh,
+                    fail=dict(self.fail_steps),
+                    bad_key=self.bad_wg_key,
+                    slurmd_version=self.slurmd_version,
                 )
             return self.nodes[host]
 

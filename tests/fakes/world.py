@@ -103,5 +103,6 @@ def make_world(
         leader=SoleLeader("test"),
         clock=clock,
         sql_ledger=None,
+        slurm_release="22.05",  # the fake nodes' slurmd says 22.05.8
     )
     return World(cfg, clock, store, cloud, mesh, connector, slurm, ledger, assemble(cfg, parts))

@@ -17,6 +17,7 @@ from slurm_burst.core.slurm import release_of
 from slurm_burst.lab import images
 from slurm_burst.lab.versioned import VersionedController
 from slurm_burst.services.slurmconf import render
+from tests.conftest import wait
 from tests.contracts.slurm import SchedulerContract
 
 RELEASES = [r for r in images.SUPPORTED if r != images.HOST_RELEASE]
@@ -83,3 +84,30 @@ def test_jobs_and_registrations_read_on_each_release(
     assert nodes["burst-cpu-1"].powered_down and nodes["burst-cpu-1"].is_cloud
     # powered down, and the on-prem node has no slurmd here: nobody registered
     assert scheduler.registered(["burst-cpu-1", "burst-cpu-2", "onprem-1"]) == set()
+
+
+def test_a_job_runs_and_the_ledgers_sacct_read_finds_it(controller: VersionedController) -> None:
+    """The on-prem node's slurmd of the same release runs a job through the (stub)
+    prolog; the ledger's ingest read (``sacct --json`` of that release) returns it."""
+    from datetime import UTC, datetime, timedelta
+
+    from slurm_burst.adapters.slurm.accounting import SlurmAccounting
+
+    node = controller.start_onprem_node()
+    before = datetime.now(UTC) - timedelta(minutes=1)
+    out = controller.run(["sbatch", "--parsable", "-p", "onprem", "-t", "1", "-o", "/dev/null",
+                          "--wrap", "true"]).stdout  # fmt: skip
+    job = int(out.strip().split(";")[0])
+
+    def in_image(argv: list[str], **kw: Any) -> Any:
+        return controller.run(argv, **kw)
+
+    acct = SlurmAccounting("/usr/bin", None, controller.cfg.cluster.name, runner=in_image)
+
+    def finished() -> Any:
+        found = [j for j in acct.finished_jobs(before, datetime.now(UTC), ["onprem"])
+                 if j.job_id == job]  # fmt: skip
+        return found[0] if found else None
+
+    done = wait(finished, 60, f"job {job} in sacct")
+    assert (done.state, done.nodes, done.cpus) == ("COMPLETED", node, 1)

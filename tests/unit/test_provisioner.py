@@ -70,7 +70,8 @@ def test_a_node_launches_boots_bootstraps_and_joins(w: World) -> None:
     assert conf[1] == 0o600 and b"PrivateKey" not in conf[0]
     assert node.slurmd == N and node.munged
     steps = [a[2] for a in node.ran if a[:2] == ["sh", REMOTE_SCRIPT]]
-    assert steps == ["wg-key", "wg-up", "munge-dirs", "munge-start", "slurmd-start"]
+    assert steps == ["slurmd-version", "wg-key", "wg-up", "munge-dirs", "munge-start",
+                     "slurmd-start"]  # fmt: skip
     slurmd = next(a for a in node.ran if a[2:3] == ["slurmd-start"])
     assert slurmd[3:] == [N, "10.77.0.1"]  # configless: the hub's mesh address
     assert w.ledger.of(N) == ["requested", "running", "joined"]
@@ -313,6 +314,11 @@ def _nodeaddr_refused(w: World) -> None:
     w.slurm.refuse = refuse
 
 
+def _slurmd_says(w: World, version: str) -> None:
+    """Every node the connector makes has an image of another Slurm release."""
+    w.connector.slurmd_version = version
+
+
 BOOTSTRAP_FAULTS = [
     ("ssh-unreachable", _unreachable, "SshUnreachable"),
     ("host-key-mismatch", _wrong_host_key, "HostKeyMismatch"),
@@ -329,6 +335,8 @@ BOOTSTRAP_FAULTS = [
     ("munge-start", _step_fails("munge-start"), "Bootstrap.munge-start"),
     ("nodeaddr", _nodeaddr_refused, "NodeAddr"),
     ("slurmd-start", _step_fails("slurmd-start"), "Bootstrap.slurmd-start"),
+    ("slurmd-too-new", lambda w: _slurmd_says(w, "24.11.5"), "SlurmdVersion"),
+    ("slurmd-too-old", lambda w: _slurmd_says(w, "20.02.7"), "SlurmdVersion"),
 ]
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -130,3 +131,23 @@ def test_the_cli_reads_24_11_nodes_from_scontrol_after_one_look_at_sinfo() -> No
         ("scontrol", "show", "nodes", "--json"),
         ("scontrol", "show", "nodes", "--json"),
     ]
+
+
+@pytest.mark.parametrize("data", [DATA_2411, DATA_2605], ids=["24.11", "26.05"])
+def test_sacct_of_24_11_and_26_05_gives_the_finished_job(data: Path) -> None:
+    """Recorded from a job that ran on the on-prem node of each release's check cluster;
+    their state is a list (22.05: a string), which once made every job look unfinished."""
+    from slurm_burst.adapters.slurm.accounting import parse_job
+
+    jobs: list[dict[str, Any]] = load("sacct.json", data)["jobs"]  # type: ignore[assignment]
+    assert len(jobs) == 1
+    job = parse_job(jobs[0], "burstlab")
+    assert job is not None
+    assert (job.job_id, job.state, job.partition, job.nodes) == (
+        1,
+        "COMPLETED",
+        "onprem",
+        "onprem-1",
+    )
+    assert (job.cpus, job.node_count, job.account) == (1, 1, "root")
+    assert job.end >= job.start

@@ -68,3 +68,25 @@ def test_an_unsupported_release_is_refused(tmp_path: Path) -> None:
     out = invoke(["--config", str(write(tmp_path, GOOD)), "conf", "render", "--slurm-release",
                   "21.08"], expect=2)  # fmt: skip
     assert "21.08" in out.stderr
+
+
+@pytest.mark.parametrize(
+    ("ctld", "slurmd", "problem"),
+    [
+        ("22.05", "22.05", None),
+        ("22.05", "21.08", None),
+        ("22.05", "20.11", None),  # two behind: 22.05's window
+        ("22.05", "20.02", "3 major releases behind slurmctld 22.05; Slurm 22.05 accepts 2"),
+        ("22.05", "24.11", "newer than slurmctld 22.05"),
+        ("24.11", "23.11", None),
+        ("24.11", "23.02", None),  # three behind: 24.11's window
+        ("26.05", "24.11", None),
+        ("26.05", "22.05", "7 major releases behind"),
+        ("26.05", "26.11", "newer than slurmctld 26.05"),  # a release the table lacks
+    ],
+)
+def test_mixed_version_window(ctld: str, slurmd: str, problem: str | None) -> None:
+    from slurm_burst.core.slurm import mixed_version_problem
+
+    said = mixed_version_problem(ctld, slurmd)
+    assert (said is None) if problem is None else (said is not None and problem in said)

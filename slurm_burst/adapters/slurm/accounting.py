@@ -142,11 +142,14 @@ def _tres_used(text: str) -> dict[str, tuple[str, str]]:
 
 
 def parse_job(raw: dict[str, Any], cluster: str) -> JobUsage | None:
-    """A finished job from one element of ``sacct --json``'s ``jobs`` (v0.0.38); None if running."""
+    """A finished job from one element of ``sacct --json``'s ``jobs`` (v0.0.38 of 22.05,
+    v0.0.42 of 24.11, v0.0.45 of 26.05: the fields read here differ only in ``state``);
+    None if it has not ended."""
     t = raw.get("time") or {}
-    state = (
-        str((raw.get("state") or {}).get("current") or "").split()[0] if raw.get("state") else ""
-    )
+    current = (raw.get("state") or {}).get("current") or ""
+    if isinstance(current, list):  # v0.0.40 on (24.11, 26.05): ["COMPLETED"], flags after
+        current = current[0] if current else ""
+    state = str(current).split()[0] if str(current).split() else ""
     start, end = int(t.get("start") or 0), int(t.get("end") or 0)
     if state not in FINISHED or not start or not end or end < start:
         return None
