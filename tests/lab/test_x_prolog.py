@@ -94,12 +94,13 @@ def test_a_node_failing_in_bootstrap_requeues_its_job_which_then_runs(
 def test_fifty_jobs_waiting_in_the_prolog_leave_slurmctld_free(
     lab: Lab, env: dict[str, str], store: Store, faults: Any
 ) -> None:
-    """50 batch jobs wait for 25 nodes whose launch takes 25 s; meanwhile ``scontrol
-    reconfigure`` returns, and an on-prem job runs at once. Then all 50 run."""
+    """50 batch jobs wait for 25 nodes whose launch takes 15 s; meanwhile ``scontrol
+    reconfigure`` returns, and an on-prem job runs at once. The jobs are then cancelled;
+    their nodes join, idle and are released as any would (no failure, no protection)."""
     nodes = [f"burst-cpu-{i}" for i in range(4, 29)]
     hostlist = "burst-cpu-[4-28]"
     wait(lambda: cold(env, hostlist), 180, f"{hostlist} powered down")
-    faults([{"call": "create_node", "node": n, "delay_after": 25} for n in nodes])
+    faults([{"call": "create_node", "node": n, "delay_after": 15} for n in nodes])
     t0 = time.monotonic()
     jobs = [submit(env, "-p", "burst-cpu", "-n1", "-w", n, "--wrap", "true")
             for n in nodes for _ in range(2)]  # fmt: skip
@@ -120,11 +121,9 @@ def test_fifty_jobs_waiting_in_the_prolog_leave_slurmctld_free(
         print(f"\n50 jobs waiting {waiting:.1f} s after the first sbatch; reconfigure "
               f"{reconfigure:.2f} s, on-prem srun {onprem:.2f} s meanwhile")  # fmt: skip
         assert states.count("CONFIGURING") == 50, states
-        wait(lambda: all(state(env, j) in ("COMPLETED", "GONE") for j in jobs), 240,
-             "all 50 jobs run once their nodes join")  # fmt: skip
     finally:
         sh(env, "scancel", *map(str, jobs), check=False)
-    wait(lambda: cold(env, hostlist) and not_live(store, nodes), 240, "the 25 nodes released")
+    wait(lambda: cold(env, hostlist) and not_live(store, nodes), 300, "the 25 nodes released")
 
 
 def prologs_waiting(jobs: list[int]) -> set[int]:

@@ -20,6 +20,7 @@ at the end of the run and written to ``soak.json`` in the lab's log directory.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -42,7 +43,7 @@ PAIRS = [(f"burst-cpu-{i}", f"burst-cpu-{i + 1}") for i in (1, 3, 5, 7)]
 RSS_PER_CYCLE = 50 * 1024  # bytes
 
 
-def sample(pid: int) -> dict[str, int]:
+def sample(pid: int) -> dict[str, Any]:
     """The daemon's open descriptors, threads and resident memory (bytes)."""
     status = dict(
         line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines()
@@ -56,14 +57,30 @@ def sample(pid: int) -> dict[str, int]:
 
 def quiet_sample(
     pid: int, env: dict[str, str], store: Store, nodes: tuple[str, ...]
-) -> dict[str, int]:
+) -> dict[str, Any]:
     """:func:`sample`, once nothing is in flight: every node powered down and torn down,
     the daemon's workers idle (a sample mid-teardown counts its SSH sessions)."""
     wait(lambda: powered_down(env, nodes), 180, "every node powered down")
     wait(lambda: all(str(r.state) == "terminated" for r in store.nodes()), 60, "nodes gone")
     wait(lambda: (store.heartbeat() or {}).get("in_flight") == 0, 60, "the workers idle")
     time.sleep(2)  # the last sessions' threads end
-    return sample(pid)
+    # the fewest descriptors over 5 s: a leak stays, a connection the daemon holds for a
+    # moment (an HTTP keep-alive to the EC2 emulator, a metrics scrape) does not
+    samples = []
+    for _ in range(5):
+        samples.append(sample(pid))
+        time.sleep(1)
+    best = min(samples, key=lambda x: x["fds"])
+    best["fd_targets"] = fd_targets(pid)  # said when the counts differ
+    return best
+
+
+def fd_targets(pid: int) -> list[str]:
+    out = []
+    for fd in sorted(os.listdir(f"/proc/{pid}/fd"), key=int):
+        with contextlib.suppress(OSError):  # closed meanwhile
+            out.append(os.readlink(f"/proc/{pid}/fd/{fd}"))
+    return out
 
 
 def powered_down(env: dict[str, str], nodes: tuple[str, ...]) -> bool:
