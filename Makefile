@@ -8,11 +8,12 @@ SB := $(VENV)/bin/slurm-burst
 LAB_CONFIG := slurm-conf/lab/slurm-burst.toml
 LAB_SLURM_CONF := /var/lib/slurm-burst-lab/etc/slurm/slurm.conf
 
-.PHONY: help setup system venv demo test test-fast bench soak lab-up lab-down lint docs clean
+.PHONY: help setup system venv demo test test-release test-fast bench soak lab-up lab-down lint docs clean
 
 help:
 	@echo "make demo      set up, bring the lab up, run a 2-node job on burst cloud nodes"
 	@echo "make test      set up and run the whole test suite (root: the lab tests need it)"
+	@echo "make test-release RELEASE=24.11  the lab tests on another Slurm release"
 	@echo "make test-fast the unit tests alone (seconds, any user)"
 	@echo "make bench     set up and print the benchmark figures"
 	@echo "make soak      200 burst cycles in the lab, then nothing left and nothing grown"
@@ -43,10 +44,32 @@ lab-up: setup
 lab-down: venv
 	$(SB) --config $(LAB_CONFIG) lab down --yes
 
+# On each other Slurm release the lab runs (from its image; docs/slurm-versions.md): the
+# burst end to end, the ledger and budget, a requeue through the prolog, and the faults
+# that touch Slurm's states. The whole suite runs on the host's release first.
+LAB_RELEASES := 24.11 26.05
+VERSION_TESTS := tests/lab/test_lab.py tests/lab/test_x_burst.py \
+	tests/lab/test_x_prolog.py::test_a_node_failing_in_bootstrap_requeues_its_job_which_then_runs \
+	tests/lab/test_y_ledger.py \
+	tests/lab/test_y_faults.py::test_a_node_whose_slurmd_release_slurmctld_cannot_take_is_refused \
+	tests/lab/test_y_faults.py::test_suspend_during_bootstrap \
+	tests/lab/test_y_faults.py::test_slurmctld_restarted_mid_resume \
+	'tests/lab/test_y_faults.py::test_node_failure_is_named_and_the_job_requeued[slurmd-never-registers]' \
+	tests/lab/test_zz_lab_down.py
+
 # pytest exits 5 when it collected nothing (e.g. a -m selection with no tests): say so.
+# The other releases' lab runs need root (as the lab does); any failure fails the target.
 test: setup
 	@set +e; $(PY) -m pytest $(PYTEST_ARGS); rc=$$?; \
-	if [ $$rc -eq 5 ]; then echo "pytest: no tests were collected"; exit 1; fi; exit $$rc
+	if [ $$rc -eq 5 ]; then echo "pytest: no tests were collected"; exit 1; fi; \
+	if [ "$$(id -u)" = 0 ]; then for r in $(LAB_RELEASES); do \
+		echo "== the lab on Slurm $$r: $(words $(VERSION_TESTS)) test selections"; \
+		SLURM_BURST_LAB_SLURM=$$r $(PY) -m pytest $(VERSION_TESTS) $(PYTEST_ARGS); \
+		v=$$?; [ $$rc -ne 0 ] || rc=$$v; done; fi; exit $$rc
+
+# The lab tests on one other release: make test-release RELEASE=24.11
+test-release: setup
+	SLURM_BURST_LAB_SLURM=$(RELEASE) $(PY) -m pytest $(VERSION_TESTS) $(PYTEST_ARGS)
 
 # The unit tier alone: pure, in-memory, seconds, no root.
 test-fast: venv

@@ -8,6 +8,7 @@ from typing import Any
 import click
 
 from slurm_burst.cli.common import EXIT_FAILED, EXIT_PRECONDITION, app, emit, fail, json_option
+from slurm_burst.lab import images
 from slurm_burst.lab.service import Lab, LabError
 
 
@@ -18,17 +19,19 @@ def group() -> None:
     \b
     Uses the config's [lab] section; the shipped one is slurm-conf/lab/slurm-burst.toml:
       sudo slurm-burst --config slurm-conf/lab/slurm-burst.toml lab up
-      export SLURM_CONF=/var/lib/slurm-burst-lab/etc/slurm/slurm.conf; sinfo
+      sudo slurm-burst --config slurm-conf/lab/slurm-burst.toml lab up --slurm 24.11
+      export SLURM_CONF=/var/lib/slurm-burst-lab/etc/slurm/slurm.conf
+      export PATH=/var/lib/slurm-burst-lab/slurm/bin:$PATH; sinfo
     """
 
 
-def _lab(ctx: click.Context, quiet: bool = False) -> Lab:
+def _lab(ctx: click.Context, quiet: bool = False, release: str | None = None) -> Lab:
     def progress(msg: str) -> None:
         if not quiet:
             click.echo(f"lab: {msg}", err=True)
 
     try:
-        lab = Lab(app(ctx).config, progress=progress)
+        lab = Lab(app(ctx).config, progress=progress, release=release)
         lab.preflight()
     except LabError as exc:
         fail(str(exc), EXIT_PRECONDITION)
@@ -37,11 +40,21 @@ def _lab(ctx: click.Context, quiet: bool = False) -> Lab:
 
 @group.command("up")
 @click.option("--timeout", default=60.0, show_default=True, help="Seconds to wait for Slurm.")
+@click.option(
+    "--slurm",
+    "release",
+    type=click.Choice(images.SUPPORTED),
+    default=images.HOST_RELEASE,
+    show_default=True,
+    help="Slurm release to run: the host's own, or another from its image (built from "
+    "Debian's packages on first use, ~30 s, then cached in " + str(images.CACHE) + ").",
+)
 @json_option
 @click.pass_context
-def up(ctx: click.Context, timeout: float, as_json: bool) -> None:
-    """Start the lab (idempotent: an up lab is left as it is)."""
-    lab = _lab(ctx)
+def up(ctx: click.Context, timeout: float, release: str, as_json: bool) -> None:
+    """Start the lab (idempotent: an up lab of the same release is left as it is; one of
+    another release is taken down first)."""
+    lab = _lab(ctx, release=release)
     try:
         status = lab.up(timeout=timeout)
     except (LabError, RuntimeError, TimeoutError, OSError) as exc:
@@ -51,7 +64,10 @@ def up(ctx: click.Context, timeout: float, as_json: bool) -> None:
         )
     _print_status(status, as_json)
     if not as_json:
-        click.echo(f"\nexport SLURM_CONF={status['slurm_conf']}   # then: sinfo, sbatch, squeue")
+        click.echo(
+            f"\nexport SLURM_CONF={status['slurm_conf']} PATH={status['slurm_bin']}:$PATH"
+            f"   # Slurm {status['slurm_release']}'s commands; then: sinfo, sbatch, squeue"
+        )
 
 
 @group.command("down")
@@ -81,7 +97,10 @@ def _print_status(st: dict[str, Any], as_json: bool) -> None:
     if as_json:
         emit(st, True)
         return
-    click.echo(f"lab: {'UP' if st['up'] else 'DOWN'}  state: {st['state_dir']}")
+    click.echo(
+        f"lab: {'UP' if st['up'] else 'DOWN'}  state: {st['state_dir']}"
+        + (f"  Slurm {st['slurm_release']}" if "slurm_release" in st else "")
+    )
     if "processes" not in st:
         return
     rows = [

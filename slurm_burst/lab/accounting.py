@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import shutil
+from collections.abc import Sequence
 from pathlib import Path
 
 from slurm_burst.adapters.proc import CommandError, run
@@ -38,21 +39,24 @@ def check_mariadb() -> None:
         ) from exc
 
 
-def start_slurmdbd(cfg: Config, paths: Paths, slurm_conf: Path) -> Proc:
+def start_slurmdbd(cfg: Config, paths: Paths, slurm_conf: Path, prefix: Sequence[str] = ()) -> Proc:
+    """slurmdbd (``prefix``: of another release, ``SlurmRoot.prefix``), answering."""
     env = {"SLURM_CONF": str(slurm_conf)}
-    proc = spawn(["/usr/sbin/slurmdbd", "-D"], paths.log / "slurmdbd.out", env=env)
-    wait_for(lambda: _sacctmgr_ok(slurm_conf), 60, "slurmdbd answering sacctmgr", proc)
+    argv = [*prefix, "/usr/sbin/slurmdbd", "-D"]
+    proc = spawn(argv, paths.log / "slurmdbd.out", env=env)
+    wait_for(lambda: _sacctmgr_ok(cfg, slurm_conf), 60, "slurmdbd answering sacctmgr", proc)
     return proc
 
 
-def _sacctmgr(slurm_conf: Path, *args: str, timeout: float = 20) -> str:
-    argv = ["sacctmgr", "--immediate", "--noheader", "--parsable2", *args]
+def _sacctmgr(cfg: Config, slurm_conf: Path, *args: str, timeout: float = 20) -> str:
+    sacctmgr = str(Path(cfg.slurm.bin_dir) / "sacctmgr")  # the release the lab runs
+    argv = [sacctmgr, "--immediate", "--noheader", "--parsable2", *args]
     return run(argv, timeout=timeout, env={"SLURM_CONF": str(slurm_conf)}).stdout
 
 
-def _sacctmgr_ok(slurm_conf: Path) -> bool:
+def _sacctmgr_ok(cfg: Config, slurm_conf: Path) -> bool:
     try:
-        _sacctmgr(slurm_conf, "show", "cluster", timeout=5)
+        _sacctmgr(cfg, slurm_conf, "show", "cluster", timeout=5)
         return True
     except CommandError:
         return False
@@ -63,13 +67,14 @@ def ensure_associations(cfg: Config, slurm_conf: Path) -> None:
     assert cfg.lab is not None
     cluster = cfg.cluster.name
     accounts = [*cfg.lab.accounts, cfg.ledger.site_account]
-    have_clusters = _sacctmgr(slurm_conf, "show", "cluster", "format=cluster").split()
+    have_clusters = _sacctmgr(cfg, slurm_conf, "show", "cluster", "format=cluster").split()
     if cluster not in have_clusters:
-        _sacctmgr(slurm_conf, "add", "cluster", cluster)
-    have = set(_sacctmgr(slurm_conf, "show", "account", "format=account").split())
+        _sacctmgr(cfg, slurm_conf, "add", "cluster", cluster)
+    have = set(_sacctmgr(cfg, slurm_conf, "show", "account", "format=account").split())
     for acct in accounts:
         if acct not in have:
             _sacctmgr(
+                cfg,
                 slurm_conf,
                 "add",
                 "account",
@@ -79,15 +84,22 @@ def ensure_associations(cfg: Config, slurm_conf: Path) -> None:
                 "organization=lab",
             )
     assoc = _sacctmgr(
-        slurm_conf, "show", "assoc", f"cluster={cluster}", "user=root", "format=account"
+        cfg, slurm_conf, "show", "assoc", f"cluster={cluster}", "user=root", "format=account"
     ).split()
     missing = [a for a in accounts if a not in assoc]
     if missing:
         _sacctmgr(
-            slurm_conf, "add", "user", "root", f"account={','.join(missing)}", f"cluster={cluster}"
+            cfg,
+            slurm_conf,
+            "add",
+            "user",
+            "root",
+            f"account={','.join(missing)}",
+            f"cluster={cluster}",
         )
     if cfg.lab.accounts:
         _sacctmgr(
+            cfg,
             slurm_conf,
             "modify",
             "user",

@@ -14,7 +14,7 @@ import secrets
 import signal
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from string import Template
@@ -22,6 +22,7 @@ from string import Template
 from slurm_burst.adapters.proc import alive, spawn_detached
 from slurm_burst.config import Config, LabConfig
 from slurm_burst.core.hostlist import compress
+from slurm_burst.lab.images import HOST_RELEASE
 from slurm_burst.lab.nscloud import net, vm
 from slurm_burst.services.slurmconf import render
 from slurm_burst.wiring import slurm_release
@@ -133,7 +134,14 @@ def write_slurm_conf(cfg: Config, paths: Paths) -> Path:
         onprem_hostlist=compress(names),
         dbd_port=cfg.lab.dbd_port,
     )
-    files = {"slurm.conf": text, **render(cfg, slurm_release(cfg))}
+    release = slurm_release(cfg)
+    files = {"slurm.conf": text, **render(cfg, release)}
+    if release != HOST_RELEASE:
+        # slurmd from 23.02 on loads a cgroup plugin whatever ProctrackType says; a
+        # namespace VM has no cgroup of its own to give it (configless nodes get this too)
+        files["cgroup.conf"] = "# written by slurm-burst lab up\nCgroupPlugin=disabled\n"
+    else:
+        (conf_dir / "cgroup.conf").unlink(missing_ok=True)
     for name, body in files.items():
         (conf_dir / name).write_text(body)
     dbd = Template((CONF_TEMPLATES / "slurmdbd.conf.in").read_text()).substitute(
@@ -178,7 +186,11 @@ def start_munged(paths: Paths) -> Proc:
     return proc
 
 
-def start_slurmctld(cfg: Config, paths: Paths, slurm_conf: Path) -> Proc:
+def start_slurmctld(
+    cfg: Config, paths: Paths, slurm_conf: Path, prefix: Sequence[str] = ()
+) -> Proc:
+    """slurmctld as ``controller_host`` (own UTS namespace); ``prefix`` runs another
+    release's (``SlurmRoot.prefix``)."""
     (paths.state / "slurmctld").mkdir(parents=True, exist_ok=True)
     argv = [
         "unshare",
@@ -189,6 +201,7 @@ def start_slurmctld(cfg: Config, paths: Paths, slurm_conf: Path) -> Proc:
         "slurm_burst.lab.sethostname",
         cfg.cluster.controller_host,
         "--",
+        *prefix,
         "/usr/sbin/slurmctld",
         "-D",
         "-i",
@@ -282,8 +295,12 @@ def start_daemon(cfg: Config, paths: Paths) -> Proc:
     return proc
 
 
-def boot_onprem(cfg: Config, paths: Paths) -> dict[str, dict[str, object]]:
-    """Boot each static on-prem node as a namespace VM on the lab LAN."""
+def boot_onprem(
+    cfg: Config, paths: Paths, image: Path | None = None
+) -> dict[str, dict[str, object]]:
+    """Boot each static on-prem node as a namespace VM on the lab LAN (from ``image``, a
+    Slurm release's root filesystem, with the site's munge key, slurm.conf and shared
+    directory bound in as NFS would give them; else from the host's filesystem)."""
     assert cfg.lab is not None
     ctl, addrs = lan_addresses(cfg.lab)
     prefix = ipaddress.ip_network(cfg.lab.lan_subnet).prefixlen
@@ -308,6 +325,8 @@ def boot_onprem(cfg: Config, paths: Paths) -> dict[str, dict[str, object]]:
                 cfg.daemon.state_dir,  # the daemon's SSH key and the hub's WireGuard key
                 cfg.mesh.state_dir,
             ),
+            root=str(image or ""),
+            binds=(str(paths.munge_dir), cfg.slurm.conf_dir, cfg.lab.shared_dir) if image else (),
         )
         userdata = template.substitute(
             state=paths.state,

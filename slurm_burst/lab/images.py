@@ -42,7 +42,9 @@ PACKAGES = (
     "munge",
     "openssh-server",
     "wireguard-tools",
+    "wireguard-go",  # VMs: no WireGuard kernel module in the lab's namespaces
     "iproute2",
+    "procps",  # the bootstrap's pgrep
     "python3",
 )
 KEYRING = "/usr/share/keyrings/debian-archive-keyring.gpg"

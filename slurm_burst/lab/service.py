@@ -25,9 +25,10 @@ from typing import Any
 from slurm_burst.adapters.proc import alive, pid_start_time
 from slurm_burst.config import Config
 from slurm_burst.core.slurm import SchedulerError
-from slurm_burst.lab import accounting
+from slurm_burst.lab import accounting, images
 from slurm_burst.lab import components as c
 from slurm_burst.lab.nscloud import net, vm
+from slurm_burst.lab.slurmroot import RootError, SlurmRoot, remove_tree
 from slurm_burst.services.slurmconf import install_hooks
 from slurm_burst.wiring import cloud_driver, mesh_hub, scheduler
 
@@ -62,6 +63,7 @@ class LabError(RuntimeError):
 class Lab:
     cfg: Config
     progress: Progress = lambda msg: None
+    release: str | None = None  # Slurm to run (images.SUPPORTED); None: what runs, or the host's
 
     def __post_init__(self) -> None:
         if self.cfg.lab is None:
@@ -70,6 +72,32 @@ class Lab:
         self.paths = c.Paths(Path(self.lab.state_dir))
         self.slurm_conf = Path(self.cfg.slurm.conf_dir) / "slurm.conf"
         self.slurm = scheduler(self.cfg, timeout=10)
+        if self.release is not None and self.release not in images.SUPPORTED:
+            raise LabError(
+                f"the lab runs Slurm {', '.join(images.SUPPORTED)}, not {self.release!r} "
+                f"({images.HOST_RELEASE} is the host's own; the others come from images)"
+            )
+        bin_dir = Path(self.cfg.slurm.bin_dir)
+        if bin_dir != SlurmRoot(images.HOST_RELEASE, self.paths.state).bin:
+            raise LabError(
+                f"{self.cfg.source}: slurm.bin_dir must be {self.paths.state}/slurm/bin in a "
+                f"lab config (where the lab puts the commands of the Slurm it runs), not {bin_dir}"
+            )
+
+    def running_release(self) -> str | None:
+        """The Slurm release of the lab as recorded (None: no lab)."""
+        record = self._read_record()
+        return None if record is None else str(record.get("slurm", images.HOST_RELEASE))
+
+    def env(self) -> dict[str, str]:
+        """What Slurm's commands need to reach the lab: its slurm.conf, and the commands of
+        the release it runs first on PATH."""
+        path = f"{self.slurm_root().bin}:/usr/sbin:/usr/bin:/sbin:/bin"
+        return {"SLURM_CONF": str(self.slurm_conf), "PATH": path}
+
+    def slurm_root(self, release: str | None = None) -> SlurmRoot:
+        rel = release or self.release or self.running_release() or images.HOST_RELEASE
+        return SlurmRoot(rel, self.paths.state)
 
     # -- preconditions --------------------------------------------------------
     @staticmethod
@@ -94,10 +122,15 @@ class Lab:
     def up(self, timeout: float = 60.0) -> dict[str, Any]:
         self.preflight()
         record = self._read_record()
-        if record and self._all_alive(record):
-            self.progress("lab is already up")
+        want = self.release or images.HOST_RELEASE
+        running = self.running_release()
+        if record and self._all_alive(record) and running == want:
+            self.progress(f"lab is already up (Slurm {running})")
             return self.status()
-        if record or self.paths.state.exists():
+        if record and running != want:
+            self.progress(f"the lab runs Slurm {running}: taking it down for {want}")
+            self.down()
+        elif record or self.paths.state.exists():
             self.progress("cleaning up an incomplete lab first")
             self.down()
         try:
@@ -115,9 +148,11 @@ class Lab:
         started = time.monotonic()
         for d in (self.paths.state, self.paths.run, self.paths.log):
             d.mkdir(parents=True, exist_ok=True)
+        root = self.slurm_root(self.release or images.HOST_RELEASE)
         record: dict[str, Any] = {
             "started_at": time.time(),
             "config": self.cfg.source,
+            "slurm": root.release,
             "processes": {},
             "onprem": {},
             "bridges": [c.LAN_BRIDGE],
@@ -129,24 +164,31 @@ class Lab:
         c.ensure_munge_key(self.paths)
         record["processes"]["munged"] = vars(c.start_munged(self.paths))
         self._write_record(record)
-        self.progress("slurm: configuration and power-saving hooks")
-        c.write_slurm_conf(self.cfg, self.paths)
         install_hooks(self.cfg.slurm.hook_dir, str(Path(self.cfg.source).resolve()))
         Path(self.lab.shared_dir).mkdir(parents=True, exist_ok=True)
+        if root.host:
+            self.progress(f"slurm {root.release}: the host's own")
+        else:
+            self.progress(f"slurm {root.release}: its image, the controller root at {root.root}")
+        root.setup(self.cfg.slurm.hook_dir, [self.lab.shared_dir], self.progress)
+        self.progress("slurm: configuration and power-saving hooks")
+        c.write_slurm_conf(self.cfg, self.paths)
         self.progress("slurm: slurmdbd (accounting in MariaDB), cluster and accounts")
         accounting.check_mariadb()
-        dbd = accounting.start_slurmdbd(self.cfg, self.paths, self.slurm_conf)
+        dbd = accounting.start_slurmdbd(self.cfg, self.paths, self.slurm_conf, root.prefix())
         record["processes"]["slurmdbd"] = vars(dbd)
         self._write_record(record)
         accounting.ensure_associations(self.cfg, self.slurm_conf)
         self.progress("slurm: slurmctld")
-        ctld = c.start_slurmctld(self.cfg, self.paths, self.slurm_conf)
+        ctld = c.start_slurmctld(self.cfg, self.paths, self.slurm_conf, root.prefix())
         record["processes"]["slurmctld"] = vars(ctld)
         self._write_record(record)
         c.wait_for(self.slurm.ping, 30, "slurmctld answering ping", ctld)
         self.progress("cloud: 'internet' bridge of the namespace cloud")
         cloud = self.cloud()
         cloud.ex_ensure_network()
+        image = root.image()
+        cloud.ex_set_host_image(str(image) if image else None, (self.lab.shared_dir,))
         record["bridges"].append(cloud.bridge)
         if self.lab.ec2_provider:
             self.progress("cloud: EC2 emulator (its instances boot as VMs on that bridge)")
@@ -157,7 +199,7 @@ class Lab:
             record["processes"]["daemon"] = vars(c.start_daemon(self.cfg, self.paths))
             self._write_record(record)
         self.progress("on-prem: booting static nodes")
-        record["onprem"] = c.boot_onprem(self.cfg, self.paths)
+        record["onprem"] = c.boot_onprem(self.cfg, self.paths, root.image())
         self._write_record(record)
         self.progress("slurm: waiting for on-prem nodes idle and burst nodes idle~")
         remaining = max(5.0, timeout - (time.monotonic() - started))
@@ -202,7 +244,8 @@ class Lab:
         if name == "daemon":
             started = c.start_daemon(self.cfg, self.paths)
         else:
-            started = c.start_slurmctld(self.cfg, self.paths, self.slurm_conf)
+            prefix = self.slurm_root().prefix()
+            started = c.start_slurmctld(self.cfg, self.paths, self.slurm_conf, prefix)
         record["processes"][name] = vars(started)
         self._write_record(record)
         if name == "slurmctld":
@@ -246,6 +289,13 @@ class Lab:
             if info:
                 c.stop(c.Proc(info["pid"], info["start"]))
                 removed.append(name)
+        root = self.slurm_root(str(record.get("slurm", images.HOST_RELEASE)))
+        if root.base.exists():  # another release's controller root (mounts and all)
+            try:
+                root.remove()
+            except RootError as exc:
+                raise LabError(f"{exc}; unmount it and run 'lab down' again") from exc
+            removed.append(f"Slurm {root.release} controller root {root.base}")
         if accounting.drop_database(self.cfg):
             removed.append(f"accounting database {self.lab.accounting_db}")
         removed += self._sweep()
@@ -261,7 +311,10 @@ class Lab:
                 net.delete_link(bridge)
                 removed.append(f"bridge {bridge}")
         if self.paths.state.exists():
-            shutil.rmtree(self.paths.state)
+            try:
+                remove_tree(self.paths.state)
+            except RootError as exc:
+                raise LabError(f"{exc}; unmount it and run 'lab down' again") from exc
             removed.append(str(self.paths.state))
         return removed
 
@@ -337,6 +390,8 @@ class Lab:
             ]
         return {
             "up": self._all_alive(record),
+            "slurm_release": record.get("slurm", images.HOST_RELEASE),
+            "slurm_bin": str(self.slurm_root().bin),
             "state_dir": str(self.paths.state),
             "slurm_conf": str(self.slurm_conf),
             "up_seconds": record.get("up_seconds"),

@@ -23,6 +23,7 @@ from typing import Any
 from slurm_burst.adapters.proc import CommandError, Result, run
 from slurm_burst.config import Config
 from slurm_burst.lab.components import Proc, onprem_names, spawn, stop
+from slurm_burst.lab.slurmroot import mounted_under
 from slurm_burst.services.slurmconf import HOOKS, render, write_files
 
 PORT = 7817
@@ -261,16 +262,3 @@ class VersionedController:
         if still:  # never walk into a bound /dev or /proc: leave the directory
             raise RuntimeError(f"still mounted, {self.work} left in place: {', '.join(still)}")
         shutil.rmtree(self.work, ignore_errors=True)
-
-
-def mounted_under(path: Path) -> list[str]:
-    """Mount points at or below ``path`` (from /proc/self/mountinfo)."""
-    base = str(path.resolve())
-    points = []
-    for line in Path("/proc/self/mountinfo").read_text().splitlines():
-        fields = line.split()
-        if len(fields) > 4:
-            point = fields[4].encode().decode("unicode_escape")
-            if point == base or point.startswith(base + "/"):
-                points.append(point)
-    return points

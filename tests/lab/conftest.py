@@ -15,6 +15,7 @@ import pytest
 from slurm_burst.adapters.cloud.registry import driver_class
 from slurm_burst.adapters.state.store import Store
 from slurm_burst.config import Config, load_config
+from slurm_burst.lab import images
 from slurm_burst.lab.service import Lab
 from slurm_burst.wiring import cloud_driver, node_store
 from tests.conftest import LAB_CONFIG, invoke
@@ -64,11 +65,16 @@ def lab_config() -> Config:
     return load_config(LAB_CONFIG)
 
 
+# The Slurm release the lab tests run on: the host's, unless SLURM_BURST_LAB_SLURM names
+# another (make test runs the burst, budget and Slurm-state fault tests on each)
+RELEASE = os.environ.get("SLURM_BURST_LAB_SLURM") or images.HOST_RELEASE
+
+
 @pytest.fixture(scope="session")
 def lab(lab_config: Config) -> Iterator[Lab]:
-    """The lab, up. Left as found: a lab that was already up stays up."""
-    the_lab = Lab(lab_config)
-    was_up = the_lab.status()["up"]
+    """The lab, up on RELEASE. Left as found: a lab that was already up on it stays up."""
+    the_lab = Lab(lab_config, release=RELEASE)
+    was_up = the_lab.status()["up"] and the_lab.running_release() == RELEASE
     the_lab.up(timeout=90)
     yield the_lab
     if not was_up:
@@ -97,7 +103,7 @@ def store(lab: Lab, lab_config: Config) -> Iterator[Store]:
 @pytest.fixture(scope="module")
 def env(lab: Lab) -> dict[str, str]:
     """The environment Slurm's commands need to reach the lab's slurmctld."""
-    return {"SLURM_CONF": str(lab.slurm_conf), "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
+    return lab.env()
 
 
 @pytest.fixture

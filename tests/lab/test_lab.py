@@ -10,7 +10,7 @@ from tests.conftest import LAB_CONFIG, invoke
 
 
 def test_sinfo_shows_onprem_idle_and_burst_idle_powered_down(lab: Lab) -> None:
-    out = run(["sinfo", "-h", "-N", "-o", "%N %t"], env={"SLURM_CONF": str(lab.slurm_conf)}).stdout
+    out = run(["sinfo", "-h", "-N", "-o", "%N %t"], env=lab.env()).stdout
     states = dict(line.split() for line in out.splitlines())
     assert states.pop("onprem-1") == "idle"
     assert states and set(states.values()) == {"idle~"}
@@ -21,7 +21,7 @@ def test_sinfo_shows_onprem_idle_and_burst_idle_powered_down(lab: Lab) -> None:
 def test_job_runs_on_onprem_node(lab: Lab) -> None:
     out = run(
         ["srun", "-p", "onprem", "-N1", "-t", "1", "hostname"],
-        env={"SLURM_CONF": str(lab.slurm_conf)},
+        env=lab.env(),
         timeout=60,
     ).stdout
     assert out.strip() == "onprem-1"

@@ -38,7 +38,7 @@ def test_partitions(slurm: SlurmCli) -> None:
 
 
 def test_jobs(slurm: SlurmCli, lab: Lab) -> None:
-    env = {"SLURM_CONF": str(lab.slurm_conf)}
+    env = lab.env()
     assert lab.cfg.lab is not None
     out = run(
         [

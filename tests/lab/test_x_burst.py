@@ -33,7 +33,7 @@ TIMING: dict[str, float] = {}
 
 @pytest.fixture(scope="module")
 def env(lab: Lab) -> dict[str, str]:
-    return {"SLURM_CONF": str(lab.slurm_conf)}
+    return lab.env()
 
 
 def sbatch(env: dict[str, str], shared: str, *args: str) -> int:
@@ -160,7 +160,9 @@ def test_gpu_job_runs_with_the_group_gres(lab: Lab, env: dict[str, str]) -> None
     # slurmd granted one of the node's GPUs to the job (the simulated device files are not
     # character devices, so the gpu plugin sets no CUDA_VISIBLE_DEVICES)
     assert out == ["gpus=1", node]
-    assert info["TresPerNode"] == "gres:gpu:1"
+    # 22.05 prints the request as gres:gpu:1, 24.11 on as gres/gpu:1
+    sep = ":" if lab.running_release() == "22.05" else "/"
+    assert info["TresPerNode"] == f"gres{sep}gpu:1"
     rec = node_records(env)[node]
     assert rec["Gres"] == "gpu:simgpu:2"  # from the node group (gpus = 2, gpu_type)
 

@@ -30,6 +30,7 @@ import pytest
 from slurm_burst.adapters.state.store import Store
 from slurm_burst.config import Config
 from slurm_burst.core.nodestate import LIVE
+from slurm_burst.lab import images
 from slurm_burst.lab.service import Lab
 from slurm_burst.wiring import ledger, mesh_hub
 from tests.conftest import LAB_CONFIG, invoke
@@ -271,6 +272,49 @@ def test_node_failure_is_named_and_the_job_requeued(
          f"{node} to fail with {code}, named in its Slurm reason")  # fmt: skip
     settle(fault, f"node DOWN (Code:{code}); job requeued", store, cloud, lab_config, env,
            [job], requeued(env, store, job, node))  # fmt: skip
+
+
+def test_a_node_whose_slurmd_release_slurmctld_cannot_take_is_refused(
+    lab: Lab,
+    lab_config: Config,
+    env: dict[str, str],
+    store: Store,
+    cloud: Any,
+    faults: Any,
+    cancel: list[int],
+) -> None:
+    """A real slurmd of the wrong release: on the host's 22.05, VMs that boot the newest
+    release's image (slurmd newer than slurmctld); on another release, VMs that boot the
+    host's filesystem (22.05's slurmd, too old for 24.11 and 26.05). The daemon asks
+    first, refuses the node (SlurmdVersion) before it joins, and the job is requeued."""
+    running = lab.running_release()
+    node = "burst-cpu-14"
+    if running == images.HOST_RELEASE:
+        image: str | None = str(images.ensure(images.NEWEST))
+        slurmd, why = images.NEWEST, "newer than slurmctld"
+    else:
+        image, slurmd, why = None, images.HOST_RELEASE, "too old"
+    since = last_event_id(store)
+    reasons: list[str] = []  # Slurm's reason, read while waiting: cleared on power-down
+
+    def refused() -> bool:
+        reasons.append(sh(env, "sinfo", "-h", "-N", "-n", node, "-o", "%E").strip())
+        return node_failed_with(store, node, since, "SlurmdVersion")
+
+    cloud.ex_set_host_image(image, (lab.lab.shared_dir,))
+    try:
+        job = sbatch(env, node)
+        cancel.append(job)
+        what = f"{node} (slurmd {slurmd}) refused for slurmctld {running}, named in its reason"
+        wait(lambda: refused() and any("(Code:SlurmdVersion)" in r for r in reasons), 90, what)
+    finally:  # the lab's own image again for what follows
+        root = lab.slurm_root().image()
+        cloud.ex_set_host_image(str(root) if root else None, (lab.lab.shared_dir,))
+    joined = [e for e in events(store, node, since) if e["event"] == "node.joined"]
+    assert joined == [], "a refused node never joins"
+    settle(f"slurmd {why} ({slurmd} on {running})", "node refused (Code:SlurmdVersion); "
+           "job requeued", store, cloud, lab_config, env, [job],
+           requeued(env, store, job, node))  # fmt: skip
 
 
 def test_a_two_node_job_whose_node_never_boots_releases_the_other_at_once(

@@ -30,7 +30,7 @@ SB = ["--config", str(LAB_CONFIG)]
 
 @pytest.fixture(scope="module")
 def env(lab: Lab) -> dict[str, str]:
-    return {"SLURM_CONF": str(lab.slurm_conf), "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
+    return lab.env()
 
 
 def _report(by: str) -> dict[str, Any]:

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from slurm_burst.lab.service import Lab
+from slurm_burst.lab.slurmroot import mounted_under
 from tests.conftest import LAB_CONFIG, invoke
 
 
@@ -32,6 +33,8 @@ def test_down_removes_everything(lab: Lab) -> None:
     assert [n for n in netns if n.startswith("sbl-")] == []
     assert _lab_processes(state) == []
     assert not Path(state).exists()
+    root = lab.slurm_root().base  # another release's controller root, with /host bound in
+    assert mounted_under(root) == [] and not root.exists()
     assert (
         not Path("/sys/class/net/sbl-lan").exists() and not Path("/sys/class/net/sbl-inet").exists()
     )

@@ -2,7 +2,8 @@
 
 It behaves like a small public cloud: a catalogue of sizes (with GPU count and
 list price in ``extra``), one image ("host": the host's own filesystem seen
-through the VM's namespaces), an asynchronous ``create_node`` (pending ->
+through the VM's namespaces, or the root filesystem the lab points it at with
+``ex_set_host_image``: another Slurm release's image), an asynchronous ``create_node`` (pending ->
 running after the boot delay), user-data run at boot, an SSH host key the
 provider reports (``extra["ssh_host_key"]`` and the cloud-init block in
 ``ex_get_console_output``), idempotency tokens like EC2's ClientToken, and
@@ -102,10 +103,27 @@ class NamespaceNodeDriver(NodeDriver):
     def list_images(
         self, location: NodeLocation | None = None, ex_only_active: bool = True
     ) -> list[NodeImage]:
+        extra = {"root": self._host_image().get("root", "/")}
         return [
-            NodeImage(id=i, name=i, driver=self, extra={"description": d})
+            NodeImage(id=i, name=i, driver=self, extra={"description": d, **extra})
             for i, d in IMAGES.items()
         ]
+
+    def ex_set_host_image(self, root: str | None, binds: tuple[str, ...] = ()) -> None:
+        """Boot the "host" image's VMs from ``root`` (a root filesystem) with ``binds``
+        (host directories, same paths inside); None: from the host's own filesystem."""
+        path = self.state_dir / "image.json"
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        if root is None:
+            path.unlink(missing_ok=True)
+        else:
+            vm.write_json_atomic(path, {"root": root, "binds": list(binds)})
+
+    def _host_image(self) -> dict[str, Any]:
+        try:
+            return dict(json.loads((self.state_dir / "image.json").read_text()))
+        except (OSError, ValueError):
+            return {}
 
     def list_locations(self) -> list[NodeLocation]:
         return [NodeLocation(id=self.region, name=self.region, country="lab", driver=self)]
@@ -136,6 +154,7 @@ class NamespaceNodeDriver(NodeDriver):
                     if meta.get("token") == ex_token:
                         return self._to_node(meta)
             vm_id = "ns-" + secrets.token_hex(6)
+            image_root = self._host_image()
             address = self._free_address()
             spec = vm.VmSpec(
                 id=vm_id,
@@ -150,6 +169,8 @@ class NamespaceNodeDriver(NodeDriver):
                 authorized_keys=(auth.pubkey.strip(),) if auth is not None else (),
                 # a GPU size's VM has its (simulated) GPU device files, as gres.conf expects
                 extra_files={f"{self.gpu_dir}/nvidia{i}": "" for i in range(SIZES[size.id][2])},
+                root=str(image_root.get("root", "")),
+                binds=tuple(image_root.get("binds", ())),
             )
             self.ex_ensure_network()
             meta = {

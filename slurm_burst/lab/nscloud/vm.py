@@ -51,6 +51,10 @@ class VmSpec:
     authorized_keys: tuple[str, ...] = ()
     fresh_host_keys: bool = True
     extra_files: dict[str, str] = field(default_factory=dict)  # path -> public content
+    # boot from this root filesystem (an image, seen through a private overlay) instead
+    # of the host's own, with these host directories bound in at the same paths
+    root: str = ""
+    binds: tuple[str, ...] = ()
 
     @property
     def ip(self) -> str:
@@ -95,6 +99,7 @@ def read_spec(vmdir: Path) -> VmSpec:
     data = json.loads((vmdir / "spec.json").read_text())
     data["hide"] = tuple(data["hide"])
     data["authorized_keys"] = tuple(data["authorized_keys"])
+    data["binds"] = tuple(data.get("binds", ()))
     return VmSpec(**data)
 
 
@@ -144,4 +149,5 @@ def enter_argv(launcher_pid: int) -> list[str]:
     pid1 = init_pid(launcher_pid)
     if pid1 is None:
         raise RuntimeError("the VM is not running")
-    return ["nsenter", "-t", str(pid1), "-m", "-u", "-n", "-p", "-T", "--"]
+    # -r -w: the VM's own root (an image's, when it booted from one) and directory
+    return ["nsenter", "-t", str(pid1), "-m", "-u", "-n", "-p", "-T", "-r", "-w", "--"]

@@ -5,7 +5,9 @@ Inside fresh mount/UTS/PID/time namespaces (see launcher.py) it:
 1. sets the hostname;
 2. mounts tmpfs on /run and /tmp and an overlay (upper layer in the VM's own
    tmpfs) on /etc, /var/lib, /var/log, /root and /home, so the VM sees the host's
-   files as its image but every write stays private;
+   files as its image but every write stays private; or, for a VM booted from an
+   image (``VmSpec.root``), an overlay of that image becomes its root (vminit
+   itself moves in) with /proc, /dev, /sys and the shared directories bound in;
 3. hides what a VM must never see (munge key, WireGuard and SSH keys, the lab's
    and the cloud's state) under empty tmpfs, and deletes the host's SSH host keys
    from its /etc overlay;
@@ -71,8 +73,11 @@ class VmInit:
         socket.sethostname(self.spec.hostname)
         userdata = self.read_private("user-data")
         mount(["-t", "tmpfs", "-o", "mode=0755,nosuid,nodev", "tmpfs", "/run"])
+        if self.spec.root:
+            self.enter_image()
+            mount(["-t", "tmpfs", "-o", "mode=0755,nosuid,nodev", "tmpfs", "/run"])
         mount(["-t", "tmpfs", "-o", "mode=1777,nosuid,nodev", "tmpfs", "/tmp"])
-        for top in OVERLAID:
+        for top in () if self.spec.root else OVERLAID:  # an image's root is private already
             if not os.path.isdir(top):
                 continue
             layer = f"{DISK}{top.replace('/', '_')}"
@@ -117,6 +122,24 @@ class VmInit:
         if userdata:
             self.run_userdata(userdata)
 
+    def enter_image(self) -> None:
+        """Make a private overlay of the image this VM's root, with /proc (this VM's),
+        /dev, /sys and the spec's shared directories bound in, and move in: every
+        process the VM starts from here on sees the image's files, not the host's."""
+        top = f"{DISK}_image"
+        root = f"{top}/root"
+        for d, mode in (("upper", 0o755), ("work", 0o700), ("root", 0o755)):
+            os.makedirs(f"{top}/{d}", mode=mode)
+        opts = f"lowerdir={self.spec.root},upperdir={top}/upper,workdir={top}/work"
+        mount(["-t", "overlay", "overlay", "-o", opts, root])
+        for src, how in (("/proc", "--bind"), ("/dev", "--rbind"), ("/sys", "--rbind")):
+            mount([how, src, root + src])
+        for path in self.spec.binds:
+            os.makedirs(root + path, exist_ok=True)
+            mount(["--bind", path, root + path])
+        os.chroot(root)
+        os.chdir("/")
+
     def write_hosts(self) -> None:
         """Name -> address in /etc/hosts, as cloud-init's manage_etc_hosts does: daemons
         such as munged resolve their own hostname and must not wait on unreachable DNS."""
@@ -132,10 +155,17 @@ class VmInit:
         )
         lines.append(f"{self.spec.ip}\t{self.spec.hostname}")
         hosts.write_text("\n".join(lines) + "\n")
+        # no DNS server answers inside the lab's networks: without one named, a lookup
+        # that /etc/hosts cannot answer fails at once instead of timing out (slurmd 24.11
+        # spent 10 s starting and 20 s launching each job on the host's unreachable one)
+        Path("/etc/resolv.conf").unlink(missing_ok=True)
+        Path("/etc/resolv.conf").write_text(
+            "# the lab's VMs have no DNS: names come from /etc/hosts\n"
+        )
 
     def new_host_key(self) -> None:
         # Only ever inside our own /etc overlay: checked above, deleted in the upper layer.
-        if mount_type("/etc") != "overlay":
+        if mount_type("/" if self.spec.root else "/etc") != "overlay":
             raise RuntimeError("refusing to touch /etc/ssh: /etc is not the VM's overlay")
         for name in os.listdir("/etc/ssh"):
             if name.startswith("ssh_host_"):
