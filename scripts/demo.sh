@@ -8,13 +8,16 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 SB=(.venv/bin/slurm-burst --config slurm-conf/lab/slurm-burst.toml)
 PY=.venv/bin/python
+# the Slurm release to run: the host's (22.05) unless LAB_SLURM names 24.11 or 26.05
+LAB_SLURM=${LAB_SLURM:-22.05}
 export SLURM_CONF=/var/lib/slurm-burst-lab/etc/slurm/slurm.conf
+export PATH=/var/lib/slurm-burst-lab/slurm/bin:$PATH   # the commands of that release
 SHARED=/srv/slurm-burst-lab
 
 say() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
 
-say "bringing the lab up"
-"${SB[@]}" lab up >/dev/null
+say "bringing the lab up (Slurm $LAB_SLURM)"
+"${SB[@]}" lab up --slurm "$LAB_SLURM" >/dev/null
 sinfo
 
 say "sbatch -p burst-cpu -N2 --wrap 'srun hostname'"
@@ -69,8 +72,9 @@ The daemon destroyed the VMs, removed the hub peers, released the mesh addresses
 job from slurmdbd (sacct) and split each instance's cost among its jobs. Watch a release:
     ${SB[*]} events --follow
 Budgets (Slurm enforces them):  ${SB[*]} budget set physics 0; ${SB[*]} budget show
-Try more:   export SLURM_CONF=$SLURM_CONF
+Try more:   export SLURM_CONF=$SLURM_CONF PATH=/var/lib/slurm-burst-lab/slurm/bin:\$PATH
             sbatch -p burst-gpu --gres=gpu:1 --wrap 'hostname; echo \$SLURM_GPUS_ON_NODE'
             srun -p burst-ec2 -N2 hostname   # EC2: our EC2 profile on the lab's EC2 emulator
+Another Slurm release:   LAB_SLURM=24.11 make demo   (or 26.05; its image is built once)
 Tear the whole lab down (VMs, daemon, hub, slurmctld, files):   make lab-down
 TXT

@@ -46,7 +46,15 @@ PACKAGES = (
     "iproute2",
     "procps",  # the bootstrap's pgrep
     "python3",
+    "mount",  # VMs mount their /run and /tmp (sid no longer installs it by default)
 )
+# what the lab runs inside an image: a build without one of them is refused
+PROGRAMS = (
+    "usr/bin/mount", "usr/bin/python3", "usr/sbin/chroot", "usr/sbin/runuser",
+    "usr/sbin/sshd", "usr/bin/ssh-keygen", "usr/bin/pgrep", "usr/bin/wg",
+    "usr/bin/wireguard-go", "usr/sbin/munged", "usr/sbin/slurmd", "usr/sbin/slurmctld",
+    "usr/sbin/slurmdbd", "usr/bin/sbatch", "usr/sbin/ip",
+)  # fmt: skip
 KEYRING = "/usr/share/keyrings/debian-archive-keyring.gpg"
 
 
@@ -144,6 +152,11 @@ def ensure(name: str, cache: Path = CACHE, progress: Callable[[str], None] = log
     except CommandError as exc:
         shutil.rmtree(tmp, ignore_errors=True)
         raise ImageError(f"building the Slurm {rel.slurm} image failed: {exc}") from exc
+    missing = [p for p in PROGRAMS if not (tmp / p).exists()]
+    if missing:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise ImageError(f"the Slurm {rel.slurm} image lacks {', '.join(missing)}: add their "
+                         "packages to PACKAGES")  # fmt: skip
     got = version[1] if len(version) > 1 else "?"
     if not got.startswith(rel.slurm + "."):
         shutil.rmtree(tmp, ignore_errors=True)

@@ -39,8 +39,8 @@ def site() -> Iterator[Config]:
     base = Path(tempfile.mkdtemp(prefix="sb-perm-", dir="/var/tmp"))
     try:
         base.chmod(0o755)
-        bin_dir = base / "bin"
-        bin_dir.mkdir()
+        bin_dir = base / "slurm" / "bin"  # the lab config's bin_dir, under the new base
+        bin_dir.mkdir(parents=True)
         for tool in ("scontrol", "sinfo", "squeue"):
             (bin_dir / tool).write_text("#!/bin/sh\nexit 0\n")
             (bin_dir / tool).chmod(0o755)
@@ -48,7 +48,6 @@ def site() -> Iterator[Config]:
             LAB_CONFIG.read_text()
             .replace("/var/lib/slurm-burst-lab", str(base))
             .replace('group = "root"', 'group = "nogroup"')
-            .replace("[slurm]\n", f'[slurm]\nbin_dir = "{bin_dir}"\n', 1)
         )
         path = base / "slurm-burst.toml"
         path.write_text(text)

@@ -129,6 +129,8 @@ def test_two_node_job_runs_on_cloud_nodes_joined_over_wireguard(
     for n in nodes:
         rec = store.node(n)
         assert rec is not None and rec.state == "joined"
+        # the job behind the resume, read from this release's SLURM_RESUME_FILE
+        assert job_id in [j.get("job_id") for j in rec.job_list()], rec.jobs
         peer = peers[rec.wg_pubkey]
         assert peer.allowed_ips == (f"{rec.mesh_addr}/32",)
         assert time.time() - peer.latest_handshake < 180

@@ -184,6 +184,21 @@ def node_failed_with(store: Store, node: str, since: int, code: str) -> bool:
     )
 
 
+def failed_and_named(
+    env: dict[str, str], store: Store, node: str, since: int, code: str
+) -> Callable[[], bool]:
+    """For wait(): ``node`` failed with ``code`` and Slurm's reason named it (read at each
+    call: the reason is cleared when the node powers down)."""
+    reasons: list[str] = []
+
+    def check() -> bool:
+        reasons.append(sh(env, "sinfo", "-h", "-N", "-n", node, "-o", "%E").strip())
+        named = any(f"(Code:{code})" in r for r in reasons)
+        return named and node_failed_with(store, node, since, code)
+
+    return check
+
+
 # -- cloud API faults ------------------------------------------------------------------
 
 
@@ -262,13 +277,7 @@ def test_node_failure_is_named_and_the_job_requeued(
     since = last_event_id(store)
     job = sbatch(env, node)
     cancel.append(job)
-    reasons: list[str] = []  # Slurm's reason, read while waiting: it is cleared on power-down
-
-    def read_reason() -> bool:
-        reasons.append(sh(env, "sinfo", "-h", "-N", "-n", node, "-o", "%E").strip())
-        return any(f"(Code:{code})" in r for r in reasons)
-
-    wait(lambda: read_reason() and node_failed_with(store, node, since, code), within,
+    wait(failed_and_named(env, store, node, since, code), within,
          f"{node} to fail with {code}, named in its Slurm reason")  # fmt: skip
     settle(fault, f"node DOWN (Code:{code}); job requeued", store, cloud, lab_config, env,
            [job], requeued(env, store, job, node))  # fmt: skip
@@ -295,18 +304,12 @@ def test_a_node_whose_slurmd_release_slurmctld_cannot_take_is_refused(
     else:
         image, slurmd, why = None, images.HOST_RELEASE, "too old"
     since = last_event_id(store)
-    reasons: list[str] = []  # Slurm's reason, read while waiting: cleared on power-down
-
-    def refused() -> bool:
-        reasons.append(sh(env, "sinfo", "-h", "-N", "-n", node, "-o", "%E").strip())
-        return node_failed_with(store, node, since, "SlurmdVersion")
-
     cloud.ex_set_host_image(image, (lab.lab.shared_dir,))
     try:
         job = sbatch(env, node)
         cancel.append(job)
         what = f"{node} (slurmd {slurmd}) refused for slurmctld {running}, named in its reason"
-        wait(lambda: refused() and any("(Code:SlurmdVersion)" in r for r in reasons), 90, what)
+        wait(failed_and_named(env, store, node, since, "SlurmdVersion"), 90, what)
     finally:  # the lab's own image again for what follows
         root = lab.slurm_root().image()
         cloud.ex_set_host_image(str(root) if root else None, (lab.lab.shared_dir,))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -42,6 +43,26 @@ def test_resume_file_23_02_shape_keeps_the_extra_fields() -> None:
     (j,) = info.jobs
     assert (j.job_id, j.nodes, j.partition, j.features) == (7, "gpu-[1-3]", "burst-gpu", "a100")
     assert j.extra["nodes_alloc"] == "gpu-[1-4]" and j.extra["extra"] == "sensitive=no"
+
+
+@pytest.mark.parametrize(
+    ("release", "job", "nodes", "extra"),
+    [
+        ("24.11", 3, "c-3", {"nodes_alloc": "c-3", "oversubscribe": "OK"}),
+        # 26.05 adds "exclusive" and "priority"
+        ("26.05", 1, "burst-cpu-[1-2]", {"exclusive": "NO", "priority": 1}),
+    ],
+)
+def test_resume_files_recorded_from_live_releases(
+    release: str, job: int, nodes: str, extra: dict[str, object]
+) -> None:
+    """The files each release's slurmctld handed our ResumeProgram (tests/data)."""
+    data = Path(__file__).parents[2] / "data" / f"slurm-{release}"
+    info = parse_resume_file((data / "resume-file.json").read_text())
+    assert info.shape == "23.02+" and info.all_nodes == nodes
+    (j,) = info.jobs
+    assert (j.job_id, j.nodes) == (job, nodes)
+    assert extra.items() <= j.extra.items()
 
 
 @pytest.mark.parametrize(
