@@ -8,7 +8,7 @@ SB := $(VENV)/bin/slurm-burst
 LAB_CONFIG := slurm-conf/lab/slurm-burst.toml
 LAB_SLURM_CONF := /var/lib/slurm-burst-lab/etc/slurm/slurm.conf
 
-.PHONY: help setup system venv demo test test-release test-fast bench soak lab-up lab-down lint docs clean
+.PHONY: help setup system venv demo test test-release test-fast bench soak lab-up lab-down lint lint-ansible docs clean
 
 help:
 	@echo "make demo      set up, bring the lab up, run a 2-node job on burst cloud nodes"
@@ -18,7 +18,7 @@ help:
 	@echo "make bench     set up and print the benchmark figures"
 	@echo "make soak      200 burst cycles in the lab, then nothing left and nothing grown"
 	@echo "make lab-down  remove the lab: processes, namespaces, links, files"
-	@echo "make lint      ruff and mypy (strict: package, tests, benchmarks)"
+	@echo "make lint      ruff, mypy (strict: package, tests, benchmarks), ansible-lint"
 	@echo "make docs      regenerate the generated sections of docs/"
 
 setup: system venv
@@ -84,9 +84,16 @@ soak: setup
 	SOAK_CYCLES=$(SOAK_CYCLES) $(PY) -m pytest tests/lab/test_z_soak.py -p no:cacheprovider \
 		-o timeout=5400 -rs $(PYTEST_ARGS)
 
-lint: venv
-	$(VENV)/bin/ruff check slurm_burst tests benchmarks scripts
+lint: venv lint-ansible
+	$(VENV)/bin/ruff check slurm_burst tests benchmarks scripts ansible/plugins
 	$(VENV)/bin/mypy slurm_burst tests benchmarks scripts/docs.py
+
+# ansible-lint (production profile, offline) with this checkout's collection installed
+lint-ansible: venv
+	@d=$$(mktemp -d); mkdir -p $$d/ansible_collections/slurm_burst; \
+	ln -s "$$PWD/ansible" $$d/ansible_collections/slurm_burst/deploy; \
+	cd ansible && ANSIBLE_COLLECTIONS_PATH=$$d PATH="$$PWD/../$(VENV)/bin:$$PATH" \
+		../$(VENV)/bin/ansible-lint; rc=$$?; rm -rf $$d; exit $$rc
 
 docs: venv
 	$(PY) scripts/docs.py
