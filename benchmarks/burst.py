@@ -158,9 +158,20 @@ def bench_lab_burst(releases: tuple[str, ...] = ("22.05", "24.11", "26.05")) -> 
         return
     for release in releases:
         _bench_lab_burst(release, wide=release == releases[0])
+    # the same on the host's release with two CPU burners beside it (BENCH_BURNERS=0: no)
+    burners = int(os.environ.get("BENCH_BURNERS", "2"))
+    if burners:
+        procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
+                 for _ in range(burners)]  # fmt: skip
+        try:
+            _bench_lab_burst(releases[0], wide=False, label=f"{burners} CPU burners")
+        finally:
+            for p in procs:
+                p.kill()
+                p.wait()
 
 
-def _bench_lab_burst(release: str, wide: bool) -> None:
+def _bench_lab_burst(release: str, wide: bool, label: str = "") -> None:
     """Cold nodes each run (a fresh -w list), so no run waits for SuspendTime; the
     32-node resume comes last, once every node is powered down again."""
     import statistics
@@ -185,8 +196,10 @@ def _bench_lab_burst(release: str, wide: bool) -> None:
             _quiet()
             firsts.append(_srun_first_output(f"burst-cpu-{i}"))
         med = statistics.median(firsts) - delay
+        tag = release + (f", {label}" if label else "")
+        what = f"srun, 1 cold node -> first output ({tag})"
         print(
-            f"{f'srun, 1 cold node -> first output ({release})':<46} median {med + delay:6.2f} s "
+            f"{what:<46} median {med + delay:6.2f} s "
             f"- boot delay {delay:g} s = {med:5.2f} s  (runs "
             f"{', '.join(f'{x:.2f}' for x in firsts)})"
         )
@@ -196,7 +209,7 @@ def _bench_lab_burst(release: str, wide: bool) -> None:
                 _quiet()
                 samples.append(_sbatch_to_running(nodes, n, shared)[1])
             med = statistics.median(samples) - delay
-            what = f"sbatch -> RUNNING, {n} cold node(s) ({release})"
+            what = f"sbatch -> RUNNING, {n} cold node(s) ({tag})"
             print(
                 f"{what:<46} median {med + delay:6.2f} s "
                 f"- boot delay {delay:g} s = {med:5.2f} s  (goal <= 5 s; {version}; "
