@@ -123,17 +123,15 @@ def test_host_numbers_past_the_int_limit_are_hostlist_errors() -> None:
 def test_a_budget_for_an_account_slurm_does_not_know_is_refused(tmp_path: Path) -> None:
     """A typo would budget nobody: Slurm (its accounting database, here a stand-in
     sacctmgr that knows physics) is asked first; --force records it anyway."""
-    bin_dir = tmp_path / "slurm-bin"
-    bin_dir.mkdir()
+    cfg = lab_config_in(tmp_path)
+    bin_dir = Path(cfg.slurm.bin_dir)  # the lab config's, under tmp_path
+    bin_dir.mkdir(parents=True)
     sacctmgr = bin_dir / "sacctmgr"
     sacctmgr.write_text(
         '#!/bin/sh\ncase "$*" in *"show association"*"account=physics "*) echo physics;; '
         '*"show association"*) ;; *) exit 0;; esac\n'
     )
     sacctmgr.chmod(0o755)
-    cfg = lab_config_in(tmp_path)
-    text = Path(cfg.source).read_text().replace("[slurm]\n", f'[slurm]\nbin_dir = "{bin_dir}"\n')
-    Path(cfg.source).write_text(text)
     invoke(["--config", cfg.source, "db", "upgrade"])
     out = _sb(cfg, "budget", "set", "--no-sync", "phyiscs", "100", expect=2)
     assert "Slurm has no account 'phyiscs' on cluster burstlab" in out and "--force" in out

@@ -59,11 +59,9 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Config, Pa
     """The lab's config under a temporary directory, Slurm faked, the ledger created,
     the daemon's heartbeat fresh; and a directory of hostile files."""
     tmp = tmp_path_factory.mktemp("cli-property")
-    bin_dir = tmp / "slurm-bin"
-    _fake_slurm(bin_dir)
     cfg = lab_config_in(tmp)
-    text = Path(cfg.source).read_text().replace("[slurm]\n", f'[slurm]\nbin_dir = "{bin_dir}"\n', 1)
-    Path(cfg.source).write_text(text)
+    bin_dir = Path(cfg.slurm.bin_dir)  # the lab config's, under tmp
+    _fake_slurm(bin_dir)
     files = tmp / "files"
     files.mkdir()
     (files / "empty").write_bytes(b"")
