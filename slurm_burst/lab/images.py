@@ -125,46 +125,80 @@ def ensure(name: str, cache: Path = CACHE, progress: Callable[[str], None] = log
         and have.get("packages") == list(PACKAGES)
     ):
         return root
+
+    def check(tmp: Path) -> dict[str, Any]:
+        version = run(["chroot", str(tmp), "slurmctld", "-V"]).stdout.split()
+        got = version[1] if len(version) > 1 else "?"
+        if not got.startswith(rel.slurm + "."):
+            raise ImageError(f"{rel.suite} carries Slurm {got}, not {rel.slurm}: update RELEASES")
+        return {"slurm": got}
+
+    return _build(f"Slurm {rel.slurm}", rel.suite, PACKAGES, PROGRAMS, root, check, progress)
+
+
+# A blank host (the Ansible deployment's target): Debian as a cloud image would boot it,
+# systemd as PID 1, sshd and python3, nothing of Slurm or of ours.
+BLANK_SUITE = "bookworm"
+BLANK_PACKAGES = ("systemd-sysv", "dbus", "openssh-server", "python3", "iproute2")
+BLANK_PROGRAMS = ("usr/lib/systemd/systemd", "usr/sbin/sshd", "usr/bin/python3")
+
+
+def ensure_blank(cache: Path = CACHE, progress: Callable[[str], None] = log.info) -> Path:
+    """The blank host's root filesystem, built if the cache has none; returns it."""
+    root = cache / f"blank-{BLANK_SUITE}"
+    have = stamp(root)
+    if have is not None and have.get("packages") == list(BLANK_PACKAGES):
+        return root
+    return _build("a blank host", BLANK_SUITE, BLANK_PACKAGES, BLANK_PROGRAMS, root,
+                  lambda tmp: {}, progress)  # fmt: skip
+
+
+def _build(
+    what: str,
+    suite: str,
+    packages: tuple[str, ...],
+    programs: tuple[str, ...],
+    root: Path,
+    check: Callable[[Path], dict[str, Any]],
+    progress: Callable[[str], None],
+) -> Path:
+    """mmdebstrap ``suite`` with ``packages`` into ``root`` (built aside, then moved in
+    whole: a half-built image is never used); ``check`` says what the stamp records, or
+    raises ImageError."""
     if shutil.which("mmdebstrap") is None:
         raise ImageError("mmdebstrap is missing: run scripts/setup-system.sh (make setup)")
-    cache.mkdir(parents=True, exist_ok=True)
-    tmp = cache / f".{rel.slurm}.building.{os.getpid()}"
+    root.parent.mkdir(parents=True, exist_ok=True)
+    tmp = root.parent / f".{root.name}.building.{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     mirror = host_mirror()
-    progress(f"image: building Slurm {rel.slurm} ({rel.suite}) from {mirror}")
+    progress(f"image: building {what} ({suite}) from {mirror}")
     t = time.monotonic()
     argv = [
         "mmdebstrap",
         "--variant=apt",
         "--quiet",
-        "--include=" + ",".join(PACKAGES),
+        "--include=" + ",".join(packages),
         # the mirror may be a fixed snapshot whose Release files have expired (sid's do)
         '--aptopt=Acquire::Check-Valid-Until "false"',
-        # the packages' services are not started inside the image
+        # each machine booted from the image makes its own
         '--customize-hook=rm -f "$1"/etc/machine-id',
-        rel.suite,
+        suite,
         str(tmp),
-        f"deb [signed-by={KEYRING}] {mirror} {rel.suite} main",
+        f"deb [signed-by={KEYRING}] {mirror} {suite} main",
     ]
     try:
         run(argv, timeout=900)
-        version = run(["chroot", str(tmp), "slurmctld", "-V"]).stdout.split()
-    except CommandError as exc:
+        missing = [p for p in programs if not (tmp / p).exists()]
+        if missing:
+            raise ImageError(f"the image of {what} lacks {', '.join(missing)}: add their "
+                             "packages")  # fmt: skip
+        info = {**check(tmp), "suite": suite, "mirror": mirror, "packages": list(packages),
+                "built_at": time.time()}  # fmt: skip
+    except (CommandError, ImageError) as exc:
         shutil.rmtree(tmp, ignore_errors=True)
-        raise ImageError(f"building the Slurm {rel.slurm} image failed: {exc}") from exc
-    missing = [p for p in PROGRAMS if not (tmp / p).exists()]
-    if missing:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise ImageError(f"the Slurm {rel.slurm} image lacks {', '.join(missing)}: add their "
-                         "packages to PACKAGES")  # fmt: skip
-    got = version[1] if len(version) > 1 else "?"
-    if not got.startswith(rel.slurm + "."):
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise ImageError(f"{rel.suite} carries Slurm {got}, not {rel.slurm}: update RELEASES")
-    info = {"slurm": got, "suite": rel.suite, "mirror": mirror, "packages": list(PACKAGES),
-            "built_at": time.time()}  # fmt: skip
+        raise ImageError(f"building the image of {what} failed: {exc}") from exc
     (tmp / "etc" / "slurm-burst-image.json").write_text(json.dumps(info) + "\n")
     shutil.rmtree(root, ignore_errors=True)
     os.replace(tmp, root)
-    progress(f"image: Slurm {got} ready in {time.monotonic() - t:.0f} s at {root}")
+    progress(f"image: {what} ready in {time.monotonic() - t:.0f} s at {root}")
     return root

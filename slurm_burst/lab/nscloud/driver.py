@@ -109,15 +109,18 @@ class NamespaceNodeDriver(NodeDriver):
             for i, d in IMAGES.items()
         ]
 
-    def ex_set_host_image(self, root: str | None, binds: tuple[str, ...] = ()) -> None:
+    def ex_set_host_image(
+        self, root: str | None, binds: tuple[str, ...] = (), init: str = "vminit"
+    ) -> None:
         """Boot the "host" image's VMs from ``root`` (a root filesystem) with ``binds``
-        (host directories, same paths inside); None: from the host's own filesystem."""
+        (host directories, same paths inside) and ``init`` ("systemd": the image's own
+        systemd as PID 1); None: from the host's own filesystem."""
         path = self.state_dir / "image.json"
         self.state_dir.mkdir(parents=True, exist_ok=True)
         if root is None:
             path.unlink(missing_ok=True)
         else:
-            vm.write_json_atomic(path, {"root": root, "binds": list(binds)})
+            vm.write_json_atomic(path, {"root": root, "binds": list(binds), "init": init})
 
     def _host_image(self) -> dict[str, Any]:
         try:
@@ -171,6 +174,7 @@ class NamespaceNodeDriver(NodeDriver):
                 extra_files={f"{self.gpu_dir}/nvidia{i}": "" for i in range(SIZES[size.id][2])},
                 root=str(image_root.get("root", "")),
                 binds=tuple(image_root.get("binds", ())),
+                init=str(image_root.get("init", "vminit")),
             )
             self.ex_ensure_network()
             meta = {

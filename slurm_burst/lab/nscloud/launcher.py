@@ -24,6 +24,10 @@ def main(vmdir: Path) -> None:
     time.sleep(spec.boot_delay)
     with open("/proc/uptime", encoding="ascii") as fh:
         uptime = int(float(fh.read().split()[0]))
+    for cgroup in spec.cgroups:  # systemd's own: it manages what is below, as on a host
+        os.makedirs(cgroup, exist_ok=True)
+        with open(f"{cgroup}/cgroup.procs", "w", encoding="ascii") as fh:
+            fh.write(str(os.getpid()))
     argv = [
         "nsenter",
         f"--net={net.NETNS_DIR / spec.netns}",
@@ -34,6 +38,7 @@ def main(vmdir: Path) -> None:
         "--pid",
         "--fork",
         "--time",
+        *(["--cgroup"] if spec.cgroups else []),
         f"--boottime=-{uptime}",
         "--mount-proc",
         "--propagation",

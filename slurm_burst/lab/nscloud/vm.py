@@ -55,6 +55,16 @@ class VmSpec:
     # of the host's own, with these host directories bound in at the same paths
     root: str = ""
     binds: tuple[str, ...] = ()
+    # "vminit": vminit stays PID 1 and starts sshd; "systemd": the image's systemd becomes
+    # PID 1 (a root image only), in a cgroup and cgroup namespace of the VM's own
+    init: str = "vminit"
+
+    @property
+    def cgroups(self) -> tuple[str, ...]:
+        """The VM's own cgroups (systemd init): the named systemd and unified hierarchies."""
+        if self.init != "systemd":
+            return ()
+        return tuple(f"/sys/fs/cgroup/{h}/{self.netns}" for h in ("systemd", "unified"))
 
     @property
     def ip(self) -> str:
@@ -116,10 +126,19 @@ def halt(
     vmdir: Path, launcher_pid: int | None, launcher_start: int | None, grace: float = 3.0
 ) -> None:
     """Stop every process of the VM and remove its network (idempotent)."""
+    try:
+        spec: VmSpec | None = read_spec(vmdir)
+    except (OSError, ValueError, TypeError):
+        spec = None
+    systemd = spec is not None and spec.init == "systemd"
+    if systemd:
+        grace = max(grace, 10.0)  # systemd stops its units first
     if launcher_pid and alive(launcher_pid, launcher_start):
         pid1 = init_pid(launcher_pid)
         if pid1:
-            _signal(pid1, signal.SIGTERM)  # vminit stops its services, then exits
+            # vminit stops its services, then exits; systemd powers off on SIGRTMIN+4
+            # (SIGTERM would make it re-execute itself)
+            _signal(pid1, signal.SIGRTMIN + 4 if systemd else signal.SIGTERM)
         else:
             _signal(launcher_pid, signal.SIGKILL)  # still in its boot delay
         deadline = time.monotonic() + grace
@@ -132,11 +151,22 @@ def halt(
             _signal(launcher_pid, signal.SIGKILL)
             while alive(launcher_pid, launcher_start) and time.monotonic() < deadline + grace:
                 time.sleep(0.05)
-    try:
-        spec = read_spec(vmdir)
-    except (OSError, ValueError):
+    if spec is None:
         return
+    for cgroup in spec.cgroups:  # depth first: systemd leaves its slices and scopes
+        remove_cgroup(Path(cgroup))
     net.delete_guest_network(spec.netns, spec.host_if)
+
+
+def remove_cgroup(path: Path) -> None:
+    """Remove a cgroup directory and those below it (empty ones; idempotent)."""
+    if not path.is_dir():
+        return
+    for sub in sorted((p for p in path.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
+        with contextlib.suppress(OSError):
+            sub.rmdir()
+    with contextlib.suppress(OSError):
+        path.rmdir()
 
 
 def _signal(pid: int, sig: int) -> None:

@@ -71,6 +71,8 @@ class VmInit:
     # -- boot ---------------------------------------------------------------
     def boot(self) -> None:
         socket.sethostname(self.spec.hostname)
+        if self.spec.init == "systemd":
+            self.boot_systemd()  # does not return: systemd becomes PID 1
         userdata = self.read_private("user-data")
         mount(["-t", "tmpfs", "-o", "mode=0755,nosuid,nodev", "tmpfs", "/run"])
         if self.spec.root:
@@ -139,6 +141,69 @@ class VmInit:
             mount(["--bind", path, root + path])
         os.chroot(root)
         os.chdir("/")
+
+    def boot_systemd(self) -> None:
+        """Boot the image's systemd as this VM's PID 1, as a container manager would: a
+        private overlay of the image as root, its own /proc, a read-only /sys, the VM's
+        cgroup (the launcher made it; this is a cgroup namespace) mounted where systemd
+        looks, a private /dev with the few devices a host needs, /dev/net/tun for
+        WireGuard. The hostname, /etc/hosts, a fresh SSH host key (printed as cloud-init
+        would) and root's authorized keys are written first; then vminit execs systemd,
+        which starts sshd like on any Debian host."""
+        top = f"{DISK}_systemd"
+        mount(["-t", "tmpfs", "-o", "mode=0700", "tmpfs", "/run"])
+        root = f"{top}/root"
+        for d, mode in (("upper", 0o755), ("work", 0o700), ("root", 0o755)):
+            os.makedirs(f"{top}/{d}", mode=mode)
+        opts = f"lowerdir={self.spec.root},upperdir={top}/upper,workdir={top}/work"
+        mount(["-t", "overlay", "overlay", "-o", opts, root])
+        mount(["-t", "proc", "proc", f"{root}/proc"])
+        mount(["-t", "sysfs", "-o", "ro,nosuid,nodev,noexec", "sysfs", f"{root}/sys"])
+        cg = f"{root}/sys/fs/cgroup"
+        mount(["-t", "tmpfs", "-o", "mode=0755,nosuid,nodev,noexec", "tmpfs", cg])
+        os.makedirs(f"{cg}/systemd")
+        os.makedirs(f"{cg}/unified")
+        mount(["-t", "cgroup", "-o", "none,name=systemd,nosuid,nodev,noexec", "cgroup",
+               f"{cg}/systemd"])  # fmt: skip
+        mount(["-t", "cgroup2", "-o", "nosuid,nodev,noexec", "cgroup2", f"{cg}/unified"])
+        dev = f"{root}/dev"
+        mount(["-t", "tmpfs", "-o", "mode=0755,nosuid", "tmpfs", dev])
+        for name in ("null", "zero", "full", "random", "urandom", "tty", "net/tun"):
+            os.makedirs(os.path.dirname(f"{dev}/{name}"), exist_ok=True)
+            Path(f"{dev}/{name}").touch()
+            mount(["--bind", f"/dev/{name}", f"{dev}/{name}"])
+        for d in ("pts", "shm"):
+            os.makedirs(f"{dev}/{d}")
+        mount(["-t", "devpts", "-o", "newinstance,ptmxmode=0666,mode=0620", "devpts",
+               f"{dev}/pts"])  # fmt: skip
+        os.symlink("pts/ptmx", f"{dev}/ptmx")
+        mount(["-t", "tmpfs", "-o", "mode=1777,nosuid,nodev", "tmpfs", f"{dev}/shm"])
+        for path in self.spec.binds:
+            os.makedirs(root + path, exist_ok=True)
+            mount(["--bind", path, root + path])
+        os.chroot(root)
+        os.chdir("/")
+        Path("/etc/hostname").write_text(self.spec.hostname + "\n")
+        # this machine's own id (the image has none), as a cloud image's first boot makes
+        # it: without one systemd would run its first-boot wizard and fail it
+        Path("/etc/machine-id").write_text(os.urandom(16).hex() + "\n")
+        self.write_hosts()
+        self.new_host_key()
+        if self.spec.authorized_keys:
+            os.makedirs("/root/.ssh", mode=0o700, exist_ok=True)
+            write_private(
+                "/root/.ssh/authorized_keys", "\n".join(self.spec.authorized_keys) + "\n", 0o600
+            )
+        self.write_status(
+            state="running",
+            booted_at=time.time(),
+            ip=self.spec.ip,
+            ssh_host_key=self.status.get("ssh_host_key"),
+            init="systemd",
+        )
+        os.close(self.dirfd)
+        env = {"container": "slurm-burst-lab", "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
+        os.execve("/lib/systemd/systemd", ["/lib/systemd/systemd"], env)
 
     def write_hosts(self) -> None:
         """Name -> address in /etc/hosts, as cloud-init's manage_etc_hosts does: daemons
