@@ -14,6 +14,7 @@ from libcloud.compute.base import Node, NodeAuthSSHKey
 from libcloud.compute.types import NodeState
 
 from slurm_burst.lab import images
+from slurm_burst.lab.mirror import MirrorRelay
 from tests.lab.test_nscloud_contract import client_key, size, ssh, wait_state
 
 __all__ = ["client_key"]  # the fixture, shared with the namespace cloud's contract
@@ -42,6 +43,19 @@ def test_the_blank_host_runs_systemd_and_answers_ssh(
     absent = "for p in slurmctld slurmd munged wg slurm-burst; do command -v $p; done; true"
     assert ssh(blank, client_key, absent).strip() == ""
     assert ssh(blank, client_key, "hostname").strip() == "blank-1"
+
+
+def test_the_blank_host_gets_apt_through_the_mirror_relay(
+    nscloud: Any, blank: Node, client_key: paramiko.Ed25519Key
+) -> None:
+    """No NAT here: the relay on the bridge's address carries apt to the host's mirror."""
+    with MirrorRelay(str(nscloud.gateway)) as relay:
+        ssh(blank, client_key, f"echo '{relay.hosts_line()}' >> /etc/hosts")
+        out = ssh(blank, client_key, "apt-get update -q -o Acquire::Languages=none 2>&1",
+                  timeout=120)  # fmt: skip
+        assert f"http://{relay.host}" in out or f"https://{relay.host}" in out, out
+        policy = ssh(blank, client_key, "apt-cache policy wireguard-tools")
+        assert "Candidate:" in policy and "(none)" not in policy.split("Candidate:")[1], policy
 
 
 def test_halting_the_blank_host_leaves_no_cgroup(

@@ -40,7 +40,7 @@ def wait_state(driver: Any, node: Node, state: str, timeout: float = 10) -> Node
     )
 
 
-def ssh(node: Node, key: paramiko.Ed25519Key, command: str) -> str:
+def ssh(node: Node, key: paramiko.Ed25519Key, command: str, timeout: float = 10) -> str:
     """Run ``command`` over SSH, trusting only the host key the provider reported."""
     client = paramiko.SSHClient()
     client.set_missing_host_key_policy(paramiko.RejectPolicy())
@@ -64,7 +64,7 @@ def ssh(node: Node, key: paramiko.Ed25519Key, command: str) -> str:
                 raise
             time.sleep(0.1)
     try:
-        _, out, err = client.exec_command(command, timeout=10)
+        _, out, err = client.exec_command(command, timeout=timeout)
         text = out.read().decode()
         assert out.channel.recv_exit_status() == 0, err.read().decode()
         return text
