@@ -109,11 +109,7 @@ class VmInit:
         for path, content in self.spec.extra_files.items():
             os.makedirs(os.path.dirname(path), exist_ok=True)
             Path(path).write_text(content)
-        if self.spec.authorized_keys:
-            os.makedirs("/root/.ssh", mode=0o700, exist_ok=True)
-            write_private(
-                "/root/.ssh/authorized_keys", "\n".join(self.spec.authorized_keys) + "\n", 0o600
-            )
+        self.write_authorized_keys()
         self.start_sshd()
         self.write_status(
             state="running",
@@ -128,19 +124,36 @@ class VmInit:
         """Make a private overlay of the image this VM's root, with /proc (this VM's),
         /dev, /sys and the spec's shared directories bound in, and move in: every
         process the VM starts from here on sees the image's files, not the host's."""
-        top = f"{DISK}_image"
+        root = self.image_overlay(f"{DISK}_image")
+        for src, how in (("/proc", "--bind"), ("/dev", "--rbind"), ("/sys", "--rbind")):
+            mount([how, src, root + src])
+        self.move_in(root)
+
+    def image_overlay(self, top: str) -> str:
+        """A private overlay of the spec's image (upper layer under ``top``, in this VM's
+        tmpfs); returns where it is mounted."""
         root = f"{top}/root"
         for d, mode in (("upper", 0o755), ("work", 0o700), ("root", 0o755)):
             os.makedirs(f"{top}/{d}", mode=mode)
         opts = f"lowerdir={self.spec.root},upperdir={top}/upper,workdir={top}/work"
         mount(["-t", "overlay", "overlay", "-o", opts, root])
-        for src, how in (("/proc", "--bind"), ("/dev", "--rbind"), ("/sys", "--rbind")):
-            mount([how, src, root + src])
+        return root
+
+    def move_in(self, root: str) -> None:
+        """Bind the spec's shared directories into ``root`` (same paths), then make it
+        this process's root."""
         for path in self.spec.binds:
             os.makedirs(root + path, exist_ok=True)
             mount(["--bind", path, root + path])
         os.chroot(root)
         os.chdir("/")
+
+    def write_authorized_keys(self) -> None:
+        if self.spec.authorized_keys:
+            os.makedirs("/root/.ssh", mode=0o700, exist_ok=True)
+            write_private(
+                "/root/.ssh/authorized_keys", "\n".join(self.spec.authorized_keys) + "\n", 0o600
+            )
 
     def boot_systemd(self) -> None:
         """Boot the image's systemd as this VM's PID 1, as a container manager would: a
@@ -150,13 +163,8 @@ class VmInit:
         WireGuard. The hostname, /etc/hosts, a fresh SSH host key (printed as cloud-init
         would) and root's authorized keys are written first; then vminit execs systemd,
         which starts sshd like on any Debian host."""
-        top = f"{DISK}_systemd"
         mount(["-t", "tmpfs", "-o", "mode=0700", "tmpfs", "/run"])
-        root = f"{top}/root"
-        for d, mode in (("upper", 0o755), ("work", 0o700), ("root", 0o755)):
-            os.makedirs(f"{top}/{d}", mode=mode)
-        opts = f"lowerdir={self.spec.root},upperdir={top}/upper,workdir={top}/work"
-        mount(["-t", "overlay", "overlay", "-o", opts, root])
+        root = self.image_overlay(f"{DISK}_systemd")
         mount(["-t", "proc", "proc", f"{root}/proc"])
         mount(["-t", "sysfs", "-o", "ro,nosuid,nodev,noexec", "sysfs", f"{root}/sys"])
         cg = f"{root}/sys/fs/cgroup"
@@ -178,22 +186,14 @@ class VmInit:
                f"{dev}/pts"])  # fmt: skip
         os.symlink("pts/ptmx", f"{dev}/ptmx")
         mount(["-t", "tmpfs", "-o", "mode=1777,nosuid,nodev", "tmpfs", f"{dev}/shm"])
-        for path in self.spec.binds:
-            os.makedirs(root + path, exist_ok=True)
-            mount(["--bind", path, root + path])
-        os.chroot(root)
-        os.chdir("/")
+        self.move_in(root)
         Path("/etc/hostname").write_text(self.spec.hostname + "\n")
         # this machine's own id (the image has none), as a cloud image's first boot makes
         # it: without one systemd would run its first-boot wizard and fail it
         Path("/etc/machine-id").write_text(os.urandom(16).hex() + "\n")
         self.write_hosts()
         self.new_host_key()
-        if self.spec.authorized_keys:
-            os.makedirs("/root/.ssh", mode=0o700, exist_ok=True)
-            write_private(
-                "/root/.ssh/authorized_keys", "\n".join(self.spec.authorized_keys) + "\n", 0o600
-            )
+        self.write_authorized_keys()
         self.write_status(
             state="running",
             booted_at=time.time(),
