@@ -143,12 +143,8 @@ class SlurmRoot:
         if mounted_under(self.base):
             self.unmount()
         shutil.rmtree(self.base, ignore_errors=True)
-        upper, work = self.base / "upper", self.base / "work"
-        for d in (upper, work, self.root):
-            d.mkdir(parents=True)
         try:
-            opts = f"lowerdir={image},upperdir={upper},workdir={work}"
-            _mount("-t", "overlay", "overlay", "-o", opts, str(self.root))
+            overlay(image, self.base)
             binds = [("/proc", "--bind"), ("/dev", "--rbind"), ("/tmp", "--bind"),
                      (str(self.state), "--bind"), *((p, "--bind") for p in shared)]  # fmt: skip
             if Path("/run/mysqld").is_dir():  # slurmdbd reaches the host's MariaDB there
@@ -181,6 +177,17 @@ class SlurmRoot:
     def remove(self) -> None:
         self.unmount()
         remove_tree(self.base)
+
+
+def overlay(image: Path, base: Path) -> Path:
+    """Mount a private overlay of ``image`` at ``base/root`` (its writes in
+    ``base/upper``); returns ``base/root``."""
+    upper, work, root = base / "upper", base / "work", base / "root"
+    for d in (upper, work, root):
+        d.mkdir(parents=True, exist_ok=True)
+    _mount("-t", "overlay", "overlay", "-o", f"lowerdir={image},upperdir={upper},workdir={work}",
+           str(root))  # fmt: skip
+    return root
 
 
 def _write_program(path: Path, text: str) -> None:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import socket
 import time
 from collections.abc import Sequence
@@ -23,7 +22,7 @@ from typing import Any
 from slurm_burst.adapters.proc import CommandError, Result, run
 from slurm_burst.config import Config
 from slurm_burst.lab.components import Proc, onprem_names, spawn, stop
-from slurm_burst.lab.slurmroot import mounted_under
+from slurm_burst.lab.slurmroot import overlay, remove_tree, unmount_all
 from slurm_burst.services.slurmconf import HOOKS, render, write_files
 
 PORT = 7817
@@ -93,7 +92,6 @@ class VersionedController:
         self.procs: list[Proc] = []
         self.start_errors: list[str] = []  # slurmctld's error: lines of its start
         self.database = f"slurm_burst_check_{release.replace('.', '')}"
-        self.mounts: list[Path] = []
 
     # -- in the image -------------------------------------------------------------
     def run(self, argv: Sequence[str], **kw: Any) -> Result:
@@ -134,12 +132,7 @@ class VersionedController:
             raise
 
     def _mount(self) -> None:
-        upper, ovl = self.work / "upper", self.work / "ovl"
-        for d in (upper, ovl, self.root):
-            d.mkdir(parents=True, exist_ok=True)
-        opts = f"lowerdir={self.image},upperdir={upper},workdir={ovl}"
-        run(["mount", "-t", "overlay", "overlay", "-o", opts, str(self.root)])
-        self.mounts.append(self.root)
+        overlay(self.image, self.work)  # at self.root
         # the host's MariaDB for slurmdbd, where each release's client looks for it
         binds = (("/proc", "proc"), ("/dev", "dev"), ("/run/mysqld", "run/mysqld"),
                  ("/run/mysqld", "run/mariadbd"))  # fmt: skip
@@ -147,7 +140,6 @@ class VersionedController:
             target = self.root / inside
             target.mkdir(parents=True, exist_ok=True)
             run(["mount", "--bind", src, str(target)])
-            self.mounts.append(target)
 
     def _configure(self) -> None:
         lab = self.cfg.lab
@@ -210,7 +202,6 @@ class VersionedController:
         node = onprem_names(self.cfg.lab)[0]
         target = self.root / "sys"
         run(["mount", "--bind", "/sys", str(target)])  # hwloc reads the topology
-        self.mounts.append(target)
         (self.root / "var/spool/slurmd").mkdir(parents=True, exist_ok=True)
         (self.root / "etc/slurm/cgroup.conf").write_text("CgroupPlugin=disabled\n")
         argv = ["chroot", str(self.root), "/usr/sbin/slurmd", "-D", "-N", node]
@@ -254,11 +245,7 @@ class VersionedController:
         self.procs.clear()
         with contextlib.suppress(CommandError):
             run(["mariadb", "-u", "root", "-e", f"DROP DATABASE IF EXISTS {self.database}"])
-        for target in reversed(self.mounts):
-            with contextlib.suppress(CommandError):
-                run(["umount", "--lazy", str(target)])
-        self.mounts.clear()
-        still = mounted_under(self.work)
-        if still:  # never walk into a bound /dev or /proc: leave the directory
-            raise RuntimeError(f"still mounted, {self.work} left in place: {', '.join(still)}")
-        shutil.rmtree(self.work, ignore_errors=True)
+        # what is still mounted is read from the kernel; a tree with a mount left below
+        # it (a bound /dev or /proc) is never walked into, it stays in place (RootError)
+        unmount_all(self.work)
+        remove_tree(self.work)
