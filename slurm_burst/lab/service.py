@@ -86,8 +86,7 @@ class Lab:
 
     def running_release(self) -> str | None:
         """The Slurm release of the lab as recorded (None: no lab)."""
-        record = self._read_record()
-        return None if record is None else str(record.get("slurm", images.HOST_RELEASE))
+        return _release_of(self._read_record())
 
     def env(self) -> dict[str, str]:
         """What Slurm's commands need to reach the lab: its slurm.conf, and the commands of
@@ -123,7 +122,7 @@ class Lab:
         self.preflight()
         record = self._read_record()
         want = self.release or images.HOST_RELEASE
-        running = self.running_release()
+        running = _release_of(record)
         if record and self._all_alive(record) and running == want:
             self.progress(f"lab is already up (Slurm {running})")
             return self.status()
@@ -289,7 +288,7 @@ class Lab:
             if info:
                 c.stop(c.Proc(info["pid"], info["start"]))
                 removed.append(name)
-        root = self.slurm_root(str(record.get("slurm", images.HOST_RELEASE)))
+        root = self.slurm_root(_release_of(record))
         if root.base.exists():  # another release's controller root (mounts and all)
             try:
                 root.remove()
@@ -390,7 +389,7 @@ class Lab:
             ]
         return {
             "up": self._all_alive(record),
-            "slurm_release": record.get("slurm", images.HOST_RELEASE),
+            "slurm_release": _release_of(record),
             "slurm_bin": str(self.slurm_root().bin),
             "state_dir": str(self.paths.state),
             "slurm_conf": str(self.slurm_conf),
@@ -432,6 +431,11 @@ LAB_MODULES = ("slurm_burst.lab.",)
 def _is_lab_program(argv: list[bytes], cmdline: str) -> bool:
     name = os.path.basename(argv[0].decode(errors="replace")) if argv and argv[0] else ""
     return name in LAB_PROGRAMS or any(m in cmdline for m in LAB_MODULES)
+
+
+def _release_of(record: dict[str, Any] | None) -> str | None:
+    """The Slurm release a lab record says the lab runs (None: no record)."""
+    return None if record is None else str(record.get("slurm", images.HOST_RELEASE))
 
 
 def _pids() -> list[int]:
