@@ -45,17 +45,18 @@ lab-down: venv
 	$(SB) --config $(LAB_CONFIG) lab down --yes
 
 # On each other Slurm release the lab runs (from its image; docs/slurm-versions.md): the
-# burst end to end, the ledger and budget, a requeue through the prolog, and the faults
-# that touch Slurm's states. The whole suite runs on the host's release first.
+# burst end to end, the burst policy's read and update of the queue, the ledger and
+# budget, a requeue through the prolog, and the faults that touch Slurm's states. The whole suite runs on the host's release first.
 LAB_RELEASES := 24.11 26.05
 VERSION_TESTS := tests/lab/test_lab.py tests/lab/test_x_burst.py \
+	tests/lab/test_x_policy.py::test_a_long_wait_bursts_and_a_short_one_stays_on_prem \
 	tests/lab/test_x_prolog.py::test_a_node_failing_in_bootstrap_requeues_its_job_which_then_runs \
 	tests/lab/test_y_ledger.py \
 	tests/lab/test_y_faults.py::test_a_node_whose_slurmd_release_slurmctld_cannot_take_is_refused \
 	tests/lab/test_y_faults.py::test_suspend_during_bootstrap \
 	tests/lab/test_y_faults.py::test_slurmctld_restarted_mid_resume \
 	'tests/lab/test_y_faults.py::test_node_failure_is_named_and_the_job_requeued[slurmd-never-registers]' \
-	tests/lab/test_zz_lab_down.py
+	tests/lab/test_zz_lab_down.py::test_down_removes_everything
 
 # pytest exits 5 when it collected nothing (e.g. a -m selection with no tests): say so.
 # The other releases' lab runs need root (as the lab does); any failure fails the target.
@@ -78,7 +79,7 @@ test-fast: venv
 bench: setup
 	$(PY) benchmarks/run.py
 
-# The soak (tests/lab/test_z_soak.py); CI runs it with 20 cycles inside `make test`.
+# The soak (tests/lab/test_z_soak.py); CI runs it with 12 cycles inside `make test`.
 SOAK_CYCLES ?= 200
 soak: setup
 	SOAK_CYCLES=$(SOAK_CYCLES) $(PY) -m pytest tests/lab/test_z_soak.py -p no:cacheprovider \

@@ -124,6 +124,10 @@ if __name__ == "__main__":
     subprocess.run([sys.executable, str(ROOT / "benchmarks" / "reconcile.py")], check=False)
     # resume of 1,000 nodes against the EC2 emulator: batched launch vs one call per node
     subprocess.run([sys.executable, str(ROOT / "benchmarks" / "launch.py")], check=False)
+    # the burst policy: one pass over 100,000 pending jobs; the simulator on both traces
+    subprocess.run([sys.executable, str(ROOT / "benchmarks" / "policy.py")], check=False)
+    # the GPU check (8 GPUs, simulated NVML) and one telemetry pass over 1,000 GPU nodes
+    subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu.py")], check=False)
     import burst
 
     burst.bench_hooks()

@@ -74,6 +74,8 @@ job from slurmdbd (sacct) and split each instance's cost among its jobs. Watch a
 Budgets (Slurm enforces them):  ${SB[*]} budget set physics 0; ${SB[*]} budget show
 Try more:   export SLURM_CONF=$SLURM_CONF PATH=/var/lib/slurm-burst-lab/slurm/bin:\$PATH
             sbatch -p burst-gpu --gres=gpu:1 --wrap 'hostname; echo \$SLURM_GPUS_ON_NODE'
+                # its node passes the GPU check (NVML, simulated here) before it joins; then
+            curl -s 127.0.0.1:9466/metrics | grep '^slurm_burst_gpu'   # its GPUs' use
             srun -p burst-ec2 -N2 hostname   # EC2: our EC2 profile on the lab's EC2 emulator
 Another Slurm release:   LAB_SLURM=24.11 make demo   (or 26.05; its image is built once)
 Tear the whole lab down (VMs, daemon, hub, slurmctld, files):   make lab-down

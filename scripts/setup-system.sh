@@ -10,6 +10,7 @@ PACKAGES=(
   iproute2 util-linux procps                  # ip, nsenter/unshare/mount, pgrep
   mariadb-server mariadb-client               # the lab's slurmdbd keeps accounting here
   mmdebstrap                                  # root filesystems of other Slurm releases (trixie, sid)
+  gcc libc6-dev                               # the lab's simulated NVML (libnvidia-ml.so.1)
 )
 
 if [ "$(id -u)" -ne 0 ]; then

@@ -16,10 +16,11 @@ from typing import Any, Protocol
 
 from slurm_burst.core.allocation import Allocation
 from slurm_burst.core.cloud import Instance, LaunchSpec
+from slurm_burst.core.gpu import GpuSample, GpuUsage, GroupGpus
 from slurm_burst.core.mesh import Peer
 from slurm_burst.core.nodestate import NodeState
 from slurm_burst.core.records import GroupHealth, NodeRecord, Request
-from slurm_burst.core.slurm import SlurmJob, SlurmNode, SlurmPartition
+from slurm_burst.core.slurm import QueuedJob, SlurmJob, SlurmNode, SlurmPartition
 from slurm_burst.core.usage import AssocUsage, ClosedInstance, InstanceEvent, JobUsage
 
 
@@ -31,6 +32,17 @@ class Clock(Protocol):
     def monotonic(self) -> float: ...
 
     def sleep(self, seconds: float) -> None: ...
+
+
+class JobSteering(Protocol):
+    """Slurm's pending queue, read and steered by the burst policy (the CLI backend)."""
+
+    def pending_jobs(self) -> list[QueuedJob]: ...  # one call
+
+    # the jobs' partition list and AdminComment; returns Slurm's complaints
+    def steer_jobs(
+        self, job_ids: Sequence[str], partitions: Sequence[str], comment: str
+    ) -> list[str]: ...
 
 
 class Scheduler(Protocol):
@@ -45,6 +57,9 @@ class Scheduler(Protocol):
     def job_counts(self, partitions: Sequence[str] | None = None) -> dict[tuple[str, str], int]: ...
 
     def partitions(self) -> list[SlurmPartition]: ...
+
+    # job id -> node -> the GPU indices it holds there (gone jobs left out)
+    def job_gpus(self, job_ids: Sequence[int]) -> dict[int, dict[str, tuple[int, ...]]]: ...
 
     def ping(self) -> bool: ...
 
@@ -230,6 +245,12 @@ class Metrics(Protocol):
 
     def group_status(self, group: str, spend_per_hour: float, protected: bool) -> None: ...
 
+    def gpus(
+        self,
+        by_group: Mapping[str, GroupGpus],
+        per_gpu: Mapping[str, Sequence[GpuSample]] | None,
+    ) -> None: ...
+
     def serve(self, listen: str) -> None: ...
 
 
@@ -262,6 +283,8 @@ class AccountingLedger(Ledger, Protocol):
     def closed_unallocated(self, before: datetime) -> list[ClosedInstance]: ...
 
     def jobs_between(self, start: datetime, end: datetime) -> list[JobUsage]: ...
+
+    def gpu_usage(self, rows: Sequence[GpuUsage]) -> int: ...
 
     def write_allocations(self, allocations: Sequence[Allocation]) -> int: ...
 

@@ -37,6 +37,7 @@ if TYPE_CHECKING:
         Clock,
         Cloud,
         Connector,
+        JobSteering,
         LeaderElection,
         Mesh,
         Metrics,
@@ -49,6 +50,7 @@ if TYPE_CHECKING:
     from slurm_burst.services.daemon import Daemon
     from slurm_burst.services.groups import GroupControl
     from slurm_burst.services.provisioner import Secrets
+    from slurm_burst.services.simulation import Comparison
 
 
 # -- the state store -----------------------------------------------------------------
@@ -252,6 +254,13 @@ def metrics() -> PromMetrics:
 
 
 # -- the ledger ------------------------------------------------------------------------
+def plot_simulation(rows: list[Comparison], title: str, directory: str) -> list[str]:
+    """The simulator's plots (matplotlib, imported here: only ``simulate --plot`` needs it)."""
+    from slurm_burst.adapters.plots import plot
+
+    return plot(rows, title, directory)
+
+
 def ledger(cfg: Config, check_schema: bool = True) -> SqlLedger:
     """The SQL ledger; readers check that the schema is current (else: run db upgrade)."""
     from slurm_burst.adapters.ledger.sql import SqlLedger
@@ -304,15 +313,20 @@ class DaemonParts:
     metrics: Metrics | None = None
     chargeback: Chargeback | None = None
     slurm_release: str | None = None  # slurmctld's: a node's slurmd is checked against it
+    steering: JobSteering | None = None  # the burst policy's view of the queue
 
 
 def assemble(cfg: Config, parts: DaemonParts) -> Daemon:
     """The daemon and its services from ``parts``: constructor injection, no set-up after."""
+    from slurm_burst.services.burstpolicy import BurstPolicy
     from slurm_burst.services.chargeback import ChargebackLoop
     from slurm_burst.services.daemon import Daemon
+    from slurm_burst.services.gputelemetry import GpuTelemetry
     from slurm_burst.services.provisioner import Provisioner
     from slurm_burst.services.reconciler import Reconciler
     from slurm_burst.services.registration import Registrations
+    from slurm_burst.services.simulation import cloud_groups
+    from slurm_burst.services.warmpool import WarmKeeper
     from slurm_burst.services.workers import Workers
 
     stop = threading.Event()
@@ -367,6 +381,30 @@ def assemble(cfg: Config, parts: DaemonParts) -> Daemon:
         slurm_group(cfg),
         release_free_memory,
         registrations,
+        GpuTelemetry(
+            cfg,
+            parts.store,
+            parts.connector,
+            parts.scheduler,
+            parts.clock,
+            stop,
+            parts.sql_ledger.gpu_usage if parts.sql_ledger is not None else None,
+            parts.metrics,
+        ),
+        BurstPolicy(
+            cfg,
+            parts.steering,
+            parts.store,
+            parts.clock,
+            cloud_groups(cfg),
+            parts.chargeback.money_left if parts.chargeback is not None else None,
+            stop,
+        )
+        if parts.steering is not None and cfg.policy.enabled
+        else None,
+        WarmKeeper(cfg, parts.scheduler, parts.store, parts.clock)
+        if any(g.warm for g in cfg.node_groups.values())
+        else None,
     )
 
 
@@ -382,12 +420,13 @@ def daemon(cfg: Config) -> Daemon:
     hub.ensure_hub()
     sql = ledger(cfg, check_schema=False)
     prom = metrics()
+    slurm = scheduler(cfg)
     parts = DaemonParts(
         store=node_store(cfg, upgrade=True),
         clouds=managed_clouds(cfg, prom),
         mesh=hub,
         connector=SshConnector(cfg.daemon.ssh_user, key_path),
-        scheduler=scheduler(cfg),
+        scheduler=slurm,
         ledger=daemon_ledger(cfg, sql),
         secrets=Secrets(ssh_public, munge_key),
         leader=leader(cfg),
@@ -396,6 +435,7 @@ def daemon(cfg: Config) -> Daemon:
         metrics=prom,
         chargeback=chargeback(cfg, sql),
         slurm_release=_release_or_none(cfg),
+        steering=slurm,
     )
     return assemble(cfg, parts)
 

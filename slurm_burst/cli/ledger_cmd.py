@@ -132,7 +132,9 @@ def instances(ctx: click.Context, as_json: bool) -> None:
 def report(
     ctx: click.Context, by: str, start: str | None, end: str | None, fmt: str, as_json: bool
 ) -> None:
-    """Chargeback: instance-hours, GPU-hours, allocated, overhead, total, idle share.
+    """Chargeback: instance-hours, GPU-hours, allocated, overhead, total, idle share,
+    and the idle GPU cost (allocated cost of GPU jobs times the share of their GPU time
+    their GPUs were idle, from NVML samples); --by job adds each job's GPU utilization.
 
     \b
     Examples:
@@ -156,6 +158,7 @@ def report(
         fail(str(exc), EXIT_FAILED)
     head = ["job", "account", "user", "partition", "state"] if keys == ["job"] else keys
     nums = ["instance_hours", "gpu_hours", "allocated", "overhead", "total", "idle_share"]
+    nums += [*(["gpu_util"] if keys == ["job"] else []), "idle_gpu"]
     if as_json or fmt == "json":
         click.echo(
             json.dumps(
@@ -190,6 +193,8 @@ def report(
                 f"{r['overhead']:.6f}",
                 f"{r['total']:.6f}",
                 f"{r['idle_share']:.1%}",
+                *([_percent(r["gpu_util"])] if keys == ["job"] else []),
+                f"{r['idle_gpu']:.6f}",
             ]
             for r in rs
         ]
@@ -203,6 +208,8 @@ def report(
                 f"{t['overhead']:.6f}",
                 f"{t['total']:.6f}",
                 "",
+                *([""] if keys == ["job"] else []),
+                f"{t['idle_gpu']:.6f}",
             ]
         )
         return out
@@ -218,10 +225,16 @@ def report(
             "OVERHEAD $",
             "TOTAL $",
             "IDLE",
+            *(["GPU UTIL"] if keys == ["job"] else []),
+            "IDLE GPU $",
         ],
         rows=table,
         title=f"slurm-burst chargeback {first} .. {after - timedelta(days=1)}",
     )
+
+
+def _percent(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0%}"
 
 
 @group.command("export")

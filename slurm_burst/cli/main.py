@@ -37,6 +37,8 @@ COMMANDS = {
     "db": "slurm_burst.cli.db_cmd:group",
     "status": "slurm_burst.cli.status_cmd:status",
     "group": "slurm_burst.cli.group_cmd:group",
+    "simulate": "slurm_burst.cli.simulate_cmd:simulate",
+    "jobs": "slurm_burst.cli.jobs_cmd:jobs",
 }
 
 

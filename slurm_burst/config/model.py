@@ -14,8 +14,10 @@ from functools import cached_property
 from types import MappingProxyType
 from typing import Any
 
-from slurm_burst.core.hostlist import compress
+from slurm_burst.core.hostlist import compress, expand
+from slurm_burst.core.policy import Rule
 from slurm_burst.core.pricing import PricingError, Rate, RateTable, parse_instant, to_micros
+from slurm_burst.core.warm import Window, window
 
 
 def _empty() -> Mapping[str, Any]:
@@ -167,6 +169,19 @@ _PATTERN = re.compile(
 
 
 @dataclass(frozen=True)
+class WarmConfig:
+    name: str = doc("The window's name (the table key).")
+    nodes: int = doc("Nodes kept joined in the window.")
+    start: str = doc("HH:MM, the controller's local time.")
+    end: str = doc("HH:MM; at or before start: the next day's.")
+    days: str = doc("Days of the week: 'mon-fri', 'sat,sun', 'daily'.", default="mon-fri")
+
+    def window(self) -> Window:
+        """The window (ValueError when a field is not understood: config check says)."""
+        return window(self.nodes, self.days, self.start, self.end)
+
+
+@dataclass(frozen=True)
 class NodeGroup:
     name: str = doc("Group name (the table key).")
     pattern: str = doc("Node name pattern: '{n}' is the index, '{n:03d}' zero-pads it.")
@@ -183,8 +198,36 @@ class NodeGroup:
     gpus: int = doc("GPUs per node.", default=0)
     gpu_type: str = doc("GPU type for Gres (e.g. a100).", default="")
     gpu_files: str = doc("gres.conf File= for the GPUs; default /dev/nvidia[0-N].", default="")
+    gpu_model: str = doc(
+        "The GPU model as NVML names it (e.g. 'NVIDIA A100-SXM4-80GB'); the node's GPU "
+        "check refuses others. '': any model.",
+        default="",
+    )
+    gpu_driver: str = doc(
+        "The NVIDIA driver version the group pins (e.g. '550.54.15'), as on-prem; the "
+        "GPU check refuses others. '': any.",
+        default="",
+    )
+    gpu_cuda: str = doc(
+        "The CUDA runtime the group's jobs use (e.g. '12.4'): the node's driver must "
+        "support at least it (NVML's CUDA version is the highest the driver supports). "
+        "'': not checked.",
+        default="",
+    )
+    gpu_check: bool = doc(
+        "Run the GPU check (NVML) on each node before slurmd starts: a node that fails it "
+        "never joins (GpuUnhealthy). Only for groups with GPUs.",
+        default=True,
+    )
     price_per_hour: Mapping[str, float] = doc(
         "Price per instance-hour, by size.", default_factory=_empty
+    )
+    warm: Mapping[str, WarmConfig] = doc(
+        "Warm capacity: windows of the week in which this many of the group's nodes are "
+        "kept joined, idle or not (e.g. [node_groups.gpu.warm.weekdays] nodes = 2, "
+        "days = 'mon-fri', start = '08:00', end = '20:00'). The group's last nodes are "
+        "its warm pool (SuspendExcNodes); their idle cost in a window is the site's.",
+        default_factory=_empty,
     )
     max_nodes: int | None = doc("Most nodes running at once; default count.", default=None)
     features: tuple[str, ...] = doc("Slurm node features.", default=())
@@ -217,6 +260,20 @@ class NodeGroup:
             raise ValueError(f"invalid node name pattern {self.pattern!r}")
         return m.group("pre"), int(m.group("w") or 0), m.group("post")
 
+    @property
+    def gres_files(self) -> str:
+        """gres.conf's File= for the group's GPUs: ``gpu_files``, else /dev/nvidia[0-N]."""
+        return self.gpu_files or (
+            f"/dev/nvidia[0-{self.gpus - 1}]" if self.gpus > 1 else "/dev/nvidia0"
+        )
+
+    def gpu_device_files(self) -> list[str]:
+        """The gres.conf File= of the group's GPUs, one path per GPU."""
+        if not self.gpus:
+            return []
+        head, _, tail = self.gres_files.rpartition("/")  # hostlist brackets in the name
+        return [f"{head}/{name}" for name in expand(tail)]
+
     def node_name(self, index: int) -> str:
         pre, width, post = self._name_parts
         return f"{pre}{index:0{width}d}{post}"
@@ -248,6 +305,24 @@ class NodeGroup:
     def limit(self) -> int:
         return self.count if self.max_nodes is None else self.max_nodes
 
+    def warm_pool(self) -> list[str]:
+        """The nodes a warm window may keep up: the group's last ones, as many as its
+        largest window (in SuspendExcNodes: Slurm never powers them down itself). Slurm
+        gives a job nodes that are up before it powers others up, so which ones does
+        not matter to users; the last ones stay clear of hand-picked low numbers."""
+        size = min(max((w.nodes for w in self.warm_windows()), default=0), self.count)
+        return self.node_names()[self.count - size :] if size else []
+
+    def warm_windows(self) -> tuple[Window, ...]:
+        """The warm windows that parse (config check names the others)."""
+        out = []
+        for w in self.warm.values():
+            try:
+                out.append(w.window())
+            except ValueError:
+                continue
+        return tuple(out)
+
 
 @dataclass(frozen=True)
 class MeshConfig:
@@ -259,7 +334,8 @@ class MeshConfig:
     port: int = doc("Hub UDP port.", default=51820)
     keepalive: int = doc("PersistentKeepalive seconds from nodes to the hub (NAT).", default=15)
     state_dir: str = doc(
-        "Hub key and persistent WireGuard config (mode 0700).", default="/etc/slurm-burst/wireguard"
+        "Hub key and persistent WireGuard config (mode 0700).",
+        default="/var/lib/slurm-burst/wireguard",
     )
 
 
@@ -364,6 +440,11 @@ class DaemonConfig:
         "Seconds a cloud instance no live node owns is left alone before it is terminated.",
         default=120.0,
     )
+    lost_resume_grace: float = doc(
+        "Seconds a node Slurm is powering up may go without a resume reaching the daemon "
+        "before it fails with ResumeLost (at least twice poll_period is used).",
+        default=60.0,
+    )
     capacity_cooldown: float = doc(
         "Seconds a size is skipped after a capacity error (the group falls back to the next).",
         default=600.0,
@@ -435,6 +516,129 @@ class LabConfig:
 
 
 @dataclass(frozen=True)
+class GpuConfig:
+    node_python: str = doc(
+        "Python on the GPU nodes that has nvidia-ml-py (the node_image role installs it "
+        "there); it runs the GPU check and the telemetry sampler.",
+        default="/opt/slurm-burst/node/bin/python3",
+    )
+    health_check_program: str = doc(
+        "Where burst nodes get the GPU check as Slurm's HealthCheckProgram (conf render "
+        "then sets it in slurm.conf; every node needs a program there, see the docs). "
+        "'': HealthCheckProgram is left to the site.",
+        default="",
+    )
+    health_check_chain: str = doc(
+        "The site's own HealthCheckProgram (e.g. /usr/sbin/nhc), run first on burst nodes.",
+        default="",
+    )
+    health_check_interval: int = doc("HealthCheckInterval (seconds).", default=300)
+    critical_xids: tuple[int, ...] = doc(
+        "XIDs that keep a GPU node out (kernel log since boot, NVML events).",
+        default=(48, 61, 62, 64, 74, 79, 92, 95, 119, 120, 140),
+    )
+    kernel_log: str = doc(
+        "Where the GPU check reads the node's kernel log for NVRM Xid lines: /dev/kmsg, or "
+        "a file (e.g. /var/log/kern.log where /dev/kmsg cannot be read).",
+        default="/dev/kmsg",
+    )
+    telemetry_interval: float = doc(
+        "Seconds between GPU samples (utilization, memory, power) of joined GPU nodes, "
+        "over SSH; 0: no telemetry.",
+        default=30.0,
+    )
+    per_gpu_metrics: bool = doc(
+        "Export one series per node and GPU (cardinality grows with the fleet); by default "
+        "metrics are aggregated per node group.",
+        default=False,
+    )
+
+
+@dataclass(frozen=True)
+class PolicyOverride:
+    name: str = doc("Account, QOS or partition (the table key).")
+    min_wait: float | None = doc("Overrides policy.min_wait.", default=None)
+    wait_per_dollar: float | None = doc("Overrides policy.wait_per_dollar.", default=None)
+    wait_factor: float | None = doc("Overrides policy.wait_factor.", default=None)
+    max_job_cost: float | None = doc("Overrides policy.max_job_cost.", default=None)
+    onprem_only: bool | None = doc(
+        "Never burst (sensitive data); Slurm is told too (conf render).", default=None
+    )
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    enabled: bool = doc(
+        "The daemon decides for pending jobs of slurm.onprem_partitions, and adds a burst "
+        "partition to those that should burst. Off: only jobs submitted to a burst "
+        "partition burst (Slurm's own rule).",
+        default=False,
+    )
+    interval: float = doc("Seconds between the daemon's policy passes.", default=30.0)
+    groups: tuple[str, ...] = doc(
+        "The node groups the policy may send jobs to (the cheapest that fits wins); "
+        "empty: every group.",
+        default=(),
+    )
+    spend_cap: float = doc(
+        "Dollars a calendar month, all accounts together: no job bursts past it "
+        "(the ledger's spend and running jobs' commitments count); 0: no cap.",
+        default=0.0,
+    )
+    min_wait: float = doc(
+        "Seconds: a job never bursts for a shorter expected on-prem wait.", default=600.0
+    )
+    wait_per_dollar: float = doc(
+        "Seconds of expected on-prem wait each dollar of the job's cloud cost (its nodes "
+        "for its time limit and the boot) must save: a job bursts when its wait is "
+        "longer than this times its cost (3600: an hour a dollar).",
+        default=3600.0,
+    )
+    wait_factor: float = doc(
+        "And only when its expected wait is longer than this times its time limit "
+        "(0: no such condition).",
+        default=0.0,
+    )
+    max_job_cost: float = doc(
+        "Dollars: a job whose cloud cost (at its time limit) is higher never bursts; 0: no cap.",
+        default=0.0,
+    )
+    recheck: float = doc("Seconds between looks at a job that waits.", default=300.0)
+    boot_estimate: float = doc(
+        "Seconds from launch to a job running on its cloud nodes (costs, the simulator).",
+        default=180.0,
+    )
+    accounts: Mapping[str, PolicyOverride] = doc(
+        "Per-account settings (the most specific wins: account, then QOS, then partition).",
+        default_factory=_empty,
+    )
+    qos: Mapping[str, PolicyOverride] = doc("Per-QOS settings.", default_factory=_empty)
+    partitions: Mapping[str, PolicyOverride] = doc(
+        "Per-partition settings.", default_factory=_empty
+    )
+
+    def rule(self, account: str = "", qos: str = "", partition: str = "") -> Rule:
+        """The policy a job of ``account``, ``qos`` and ``partition`` is decided by."""
+        values: dict[str, Any] = {
+            "min_wait": self.min_wait,
+            "wait_per_dollar": self.wait_per_dollar,
+            "wait_factor": self.wait_factor,
+            "max_job_cost": self.max_job_cost or None,
+            "onprem_only": False,
+        }
+        for table, key in ((self.partitions, partition), (self.qos, qos), (self.accounts, account)):
+            o = table.get(key) if key else None
+            if o is None:
+                continue
+            for name in ("min_wait", "wait_per_dollar", "wait_factor", "max_job_cost",
+                         "onprem_only"):  # fmt: skip
+                value = getattr(o, name)
+                if value is not None:  # a max_job_cost of 0 lifts the cap
+                    values[name] = (value or None) if name == "max_job_cost" else value
+        return Rule(recheck=self.recheck, **values)
+
+
+@dataclass(frozen=True)
 class Config:
     cluster: ClusterConfig = doc("The Slurm cluster.")
     slurm: SlurmConfig = doc("Talking to Slurm.", default=SlurmConfig())
@@ -453,6 +657,11 @@ class Config:
         default_factory=_empty,
     )
     daemon: DaemonConfig = doc("The daemon.", default=DaemonConfig())
+    gpu: GpuConfig = doc("GPU checks (NVML) and telemetry.", default=GpuConfig())
+    policy: PolicyConfig = doc(
+        "The burst policy: which pending jobs go to the cloud (the simulator uses it).",
+        default=PolicyConfig(),
+    )
     lab: LabConfig | None = doc("The local lab (only for 'slurm-burst lab').", default=None)
     source: str = field(default="<string>", metadata={"internal": True})
 
@@ -467,16 +676,20 @@ class Config:
         """Every price as a core Rate: node groups' price_per_hour, then [rates.*].
 
         A group's ``price_per_hour`` is a rate valid since 1970; a [rates] entry for
-        the same size starts later and so wins from its ``valid_from`` on. Entries
+        the same size starts later and so wins from its ``valid_from`` on. Prices are
+        per size: groups that share a size give it once, or again at the same price. Entries
         whose dates or prices do not parse are left out (validation reports them).
         """
         out = []
+        listed: dict[str, int] = {}  # size -> price: groups sharing a size may repeat it
         for g in self.node_groups.values():
             for size, price in g.price_per_hour.items():
                 with contextlib.suppress(PricingError):
-                    out.append(
-                        Rate(f"node_groups.{g.name}.price_per_hour.{size}", size, to_micros(price))
-                    )
+                    micros = to_micros(price)
+                    if listed.get(size) == micros:
+                        continue  # the same price again: one rate (a different one is ambiguous)
+                    listed.setdefault(size, micros)
+                    out.append(Rate(f"node_groups.{g.name}.price_per_hour.{size}", size, micros))
         for r in self.rates.values():
             try:
                 start = parse_instant(r.valid_from, f"rates.{r.name}.valid_from")

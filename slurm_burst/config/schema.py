@@ -92,10 +92,22 @@ def _convert(tp: Any, value: Any, path: str, problems: list[Problem]) -> tuple[A
         built = build(tp, value, path, problems)  # type: ignore[arg-type]
         return built, built is not None
     if origin is tuple:
-        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-            problems.append(Problem(path, "must be a list of strings"))
+        elem = args[0] if args else str
+        if elem is str:
+            if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+                problems.append(Problem(path, "must be a list of strings"))
+                return None, False
+            return tuple(value), True
+        if not isinstance(value, list):
+            problems.append(Problem(path, f"must be a list of {elem.__name__}s"))
             return None, False
-        return tuple(value), True
+        items = []
+        for i, v in enumerate(value):
+            conv, good = _scalar(elem, v, f"{path}[{i}]", problems)
+            if not good:
+                return None, False
+            items.append(conv)
+        return tuple(items), True
     if origin is Mapping or origin is typing.Mapping:
         if not isinstance(value, dict):
             problems.append(Problem(path, "must be a table"))

@@ -53,6 +53,8 @@ def validate(
                 )
             )
     _mesh(cfg, out)
+    _gpu(cfg, out)
+    _policy(cfg, out)
     _ledger(cfg, out)
     _rates(cfg, out)
     if cfg.daemon.poll_period <= 0:
@@ -68,7 +70,7 @@ def validate(
     ):
         if getattr(cfg.daemon, key) <= 0:
             out.append(Problem(f"daemon.{key}", "must be positive"))
-    for key in ("orphan_grace", "capacity_cooldown", "protect_cooldown"):
+    for key in ("orphan_grace", "lost_resume_grace", "capacity_cooldown", "protect_cooldown"):
         if getattr(cfg.daemon, key) < 0:
             out.append(Problem(f"daemon.{key}", "must not be negative"))
     for key in ("protect_after", "api_attempts"):
@@ -245,6 +247,16 @@ def _groups(cfg: Config, out: list[Problem], declared: set[str]) -> None:
         if g.all_or_nothing not in ("job", "node"):
             out.append(Problem(f"{base}.all_or_nothing", "must be 'job' or 'node'"))
         _group(cfg, g, base, out, declared)
+        for wname, w in g.warm.items():
+            try:
+                win = w.window()
+            except ValueError as exc:
+                out.append(Problem(f"{base}.warm.{wname}", str(exc)))
+                continue
+            if win.nodes > g.limit:
+                out.append(
+                    Problem(f"{base}.warm.{wname}.nodes", f"more than the group's {g.limit}")
+                )
         if _PATTERN.match(g.pattern) and 1 <= g.count <= MAX_GROUP_NODES:
             for node in g.node_names():
                 if node in seen:
@@ -417,11 +429,74 @@ def _group(cfg: Config, g: NodeGroup, base: str, out: list[Problem], declared: s
                 out.append(
                     Problem(f"{base}.gpu_files", f"names {count} device(s), gpus is {g.gpus}")
                 )
+    for key in ("gpu_model", "gpu_driver", "gpu_cuda"):
+        if getattr(g, key) and not g.gpus:
+            out.append(Problem(f"{base}.{key}", "set, but gpus is 0"))
+    if len(g.gpu_model) > 96 or any(not c.isprintable() for c in g.gpu_model):
+        out.append(Problem(f"{base}.gpu_model", "must be NVML's name of the model"))
+    if g.gpu_driver and not _DRIVER.match(g.gpu_driver):
+        out.append(Problem(f"{base}.gpu_driver", "must be a driver version such as 550.54.15"))
+    if g.gpu_cuda and not _CUDA.match(g.gpu_cuda):
+        out.append(Problem(f"{base}.gpu_cuda", "must be a CUDA version such as 12.4"))
     for feat in g.features:
         if not _FEATURE.match(feat):
             out.append(
                 Problem(f"{base}.features", f"feature {feat!r} has characters Slurm rejects")
             )
+
+
+_DRIVER = re.compile(r"^\d{1,4}(\.\d{1,4}){1,3}$")
+_CUDA = re.compile(r"^\d{1,3}\.\d{1,2}$")
+
+
+def _gpu(cfg: Config, out: list[Problem]) -> None:
+    gpu = cfg.gpu
+    for key in ("node_python", "health_check_program", "health_check_chain", "kernel_log"):
+        path = getattr(gpu, key)
+        if path and (not path.startswith("/") or any(c.isspace() or c in "\"'$`\\" for c in path)):
+            out.append(Problem(f"gpu.{key}", "must be an absolute path without spaces or quotes"))
+    if gpu.health_check_chain and not gpu.health_check_program:
+        out.append(
+            Problem(
+                "gpu.health_check_chain",
+                "set, but health_check_program is not",
+                severity="warning",
+            )
+        )
+    if not 0 <= gpu.health_check_interval <= 86400:
+        out.append(Problem("gpu.health_check_interval", "must be between 0 and 86400 seconds"))
+    if not 0 <= gpu.telemetry_interval <= 86400:  # NaN fails both comparisons
+        out.append(Problem("gpu.telemetry_interval", "must be between 0 and 86400 seconds"))
+    if not all(1 <= x <= 9999 for x in gpu.critical_xids):
+        out.append(Problem("gpu.critical_xids", "must be XID numbers (1-9999)"))
+
+
+def _policy(cfg: Config, out: list[Problem]) -> None:
+    p = cfg.policy
+    checks = [("min_wait", p.min_wait, 0, 30 * 86400), ("wait_factor", p.wait_factor, 0, 1000),
+              ("wait_per_dollar", p.wait_per_dollar, 0, 1e9),
+              ("max_job_cost", p.max_job_cost, 0, 1e9), ("recheck", p.recheck, 1, 86400),
+              ("boot_estimate", p.boot_estimate, 0, 86400), ("interval", p.interval, 1, 3600),
+              ("spend_cap", p.spend_cap, 0, 1e12)]  # fmt: skip
+    for name in p.groups:
+        if name not in cfg.node_groups:
+            out.append(Problem("policy.groups", f"no node group {name!r}"))
+    if p.enabled and cfg.slurm.backend != "cli":
+        out.append(Problem("policy.enabled", 'the burst policy needs slurm.backend = "cli"'))
+    if p.enabled and not cfg.slurm.onprem_partitions:
+        out.append(Problem("policy.enabled", "needs slurm.onprem_partitions: the jobs it steers"))
+    for kind in ("accounts", "qos", "partitions"):
+        for name, o in getattr(p, kind).items():
+            if not _SLURM_NAME.match(name):
+                out.append(Problem(f"policy.{kind}.{name}", "must be a Slurm name"))
+            for key in ("min_wait", "wait_per_dollar", "wait_factor", "max_job_cost"):
+                value = getattr(o, key)
+                if value is not None:
+                    low, high = next((lo, hi) for k, _, lo, hi in checks if k == key)
+                    checks.append((f"{kind}.{name}.{key}", value, low, high))
+    for key, value, low, high in checks:
+        if not low <= value <= high:  # NaN fails both
+            out.append(Problem(f"policy.{key}", f"must be between {low:g} and {high:g}"))
 
 
 def _mesh(cfg: Config, out: list[Problem]) -> None:

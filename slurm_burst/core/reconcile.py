@@ -21,6 +21,9 @@ gone"). The rules, each logged as an event with the node and a code:
                       shows powering up ``register_timeout`` seconds later: slurmd
                       cannot reach slurmctld. Failed like ResumeTimeout, but sooner
                       and with the cause named.
+``GpuUnhealthy``      a node joined that its HealthCheckProgram (the GPU check) drained,
+                      once its jobs are done (drained and idle): torn down and powered
+                      down, so the node's next resume gets another instance.
 ``SlurmPoweredDown``  a node we hold up while Slurm shows it powered down and not
                       powering up (a lost suspend, a slurmctld restart): torn down.
 ``StalePeer``         a hub peer whose key no live node holds, on two passes running.
@@ -50,6 +53,7 @@ from slurm_burst.core.records import GroupHealth
 from slurm_burst.core.slurm import SlurmNode
 
 DEAD_INSTANCE = frozenset({"terminated", "stopped", "error"})
+GPU_DRAIN = "(Code:GpuUnhealthy)"  # the reason the node's HealthCheckProgram drains with
 
 
 class Tracked(Protocol):
@@ -225,6 +229,15 @@ def _stuck_nodes(snap: Snapshot, policy: Policy, suspect: _Suspect) -> Iterable[
                 rec.provider,
                 f"slurmd started {snap.now - rec.state_since:.0f} s ago and has not "
                 f"registered with slurmctld (register_timeout {policy.register_timeout:g} s)",
+            )
+        elif GPU_DRAIN in node.reason and "DRAIN" in node.flags and node.state == "idle":
+            yield Action(
+                "fail_node",
+                "GpuUnhealthy",
+                rec.name,
+                rec.instance_id,
+                rec.provider,
+                f"drained by its GPU health check, now idle: {node.reason}",
             )
         elif node.powered_down and not node.powering_up:
             yield Action(

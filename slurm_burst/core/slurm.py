@@ -3,6 +3,7 @@ nothing above the adapters sees Slurm's JSON."""
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -10,6 +11,7 @@ from datetime import datetime
 from typing import NamedTuple
 
 from slurm_burst.core.errors import BurstError
+from slurm_burst.core.hostlist import expand
 
 
 class SchedulerError(BurstError):
@@ -179,3 +181,142 @@ def mixed_version_problem(slurmctld: str, slurmd: str) -> str | None:
             f"Slurm {slurmctld} accepts {window}"
         )
     return None
+
+
+_JOB_NODE_GRES = re.compile(r"(?:^|\s)Nodes=(\S+) CPU_IDs=\S* Mem=\S* GRES=(\S*)")
+_GPU_IDX = re.compile(r"gpu[^(,]*\(IDX:([0-9,\-]*)\)")
+
+
+def parse_job_gpus(text: str) -> dict[str, tuple[int, ...]]:
+    """The GPU indices a job holds on each node, from ``scontrol -d -o show job ID``
+    (its detail part: ``Nodes=gpu-[1-2] CPU_IDs=0-7 Mem=0 GRES=gpu:a100:2(IDX:0-1)``)."""
+    out: dict[str, tuple[int, ...]] = {}
+    for nodes, gres in _JOB_NODE_GRES.findall(text):
+        indices: list[int] = []
+        for idx in _GPU_IDX.findall(gres):
+            for part in filter(None, idx.split(",")):
+                lo, _, hi = part.partition("-")
+                if not lo.isdigit() or (hi and not hi.isdigit()):
+                    raise ValueError(f"GPU index list not understood: {idx[:80]!r}")
+                first, last = int(lo), int(hi or lo)
+                if last - first > 1024:
+                    raise ValueError(f"GPU index range too large: {part!r}")
+                indices.extend(range(first, last + 1))
+        for node in expand(nodes):
+            out[node] = tuple(sorted(set(indices)))
+    return out
+
+
+# -- the pending queue, as the burst policy reads it ---------------------------------------
+# ``squeue --Format`` (one line per pending job; an array's pending tasks as one line,
+# under the array's id), each field ended by "|", run with SLURM_TIME_FORMAT=%s so that
+# times are unix seconds whatever the controller's locale and time zone. The same
+# fields from 22.05 to 26.05.
+QUEUE_FIELDS = (
+    "JobID", "Partition", "Account", "QOS", "NumCPUs", "NumNodes", "tres-per-job",
+    "tres-per-node", "TimeLimit", "SubmitTime", "PriorityLong", "StartTime", "Reason",
+)  # fmt: skip
+QUEUE_FORMAT = ",".join(f"{f}:|" for f in QUEUE_FIELDS)
+
+
+class QueuedJob(NamedTuple):
+    """A pending job, as the burst policy needs it (a tuple: 100,000 are read a pass)."""
+
+    id: str  # an array's pending tasks: the array's id
+    partitions: tuple[str, ...]
+    account: str
+    qos: str
+    cpus: int
+    nodes: int
+    gpus: int  # in all (per node x nodes)
+    limit: float  # seconds; math.inf: unlimited
+    submit: float
+    priority: float
+    expected_start: float | None  # Slurm's backfill estimate; None: none yet
+    reason: str
+
+
+def parse_time_limit(text: str) -> float | None:
+    """squeue's time limit (``M:SS``, ``H:MM:SS``, ``D-HH:MM:SS``, ``UNLIMITED``) in
+    seconds; None: no limit."""
+    if text in ("UNLIMITED", "INFINITE", "NOT_SET", "N/A"):
+        return None
+    days, sep, clock = text.rpartition("-")
+    parts = clock.split(":")
+    if (sep and not days.isdigit()) or len(parts) not in (2, 3):
+        raise ValueError(f"time limit not understood: {text[:40]!r}")
+    if not all(p.isdigit() and len(p) <= 9 for p in parts) or len(days) > 6:
+        raise ValueError(f"time limit not understood: {text[:40]!r}")
+    h, m, s = ([0] if len(parts) == 2 else []) + [int(p) for p in parts]
+    return float(((int(days or 0) * 24 + h) * 60 + m) * 60 + s)
+
+
+_GRES_GPU = re.compile(r"^(?:gres[:/])?gpu(?::(?!\d+$)[^:]+)?(?::(\d+))?$")
+
+
+def gpus_of(tres: str) -> int:
+    """GPUs in a job's TRES request (``gres:gpu:2``, ``gres/gpu:a100:1``, ``N/A``)."""
+    total = 0
+    for token in tres.split(","):
+        m = _GRES_GPU.match(token.strip())
+        if m:
+            total += int(m.group(1) or 1)
+    return total
+
+
+def parse_queue(text: str, known: dict[str, QueuedJob] | None = None) -> list[QueuedJob]:
+    """``squeue --noheader --states=PD --Format=QUEUE_FORMAT`` (SLURM_TIME_FORMAT=%s).
+
+    ``known``: the lines of the last read and their jobs. A line seen before is not
+    parsed again (most of a queue is the same from one pass to the next); the dict is
+    refilled with this read's lines."""
+    out = []
+    width = len(QUEUE_FIELDS)
+    seen: dict[str, QueuedJob] = {}
+    before = known or {}
+    limits: dict[str, float] = {}
+    gpus: dict[str, int] = {"N/A": 0}
+    parts: dict[str, tuple[str, ...]] = {}
+    for n, line in enumerate(text.splitlines(), 1):
+        job = before.get(line)
+        if job is None:
+            if not line.strip():
+                continue
+            f = line.split("|")
+            if len(f) != width + 1 or (f[-1] and f[-1].strip()):
+                raise ValueError(
+                    f"squeue line {n}: {len(f) - 1} fields, {width} expected: {line[:120]!r}"
+                )
+            try:
+                nodes = int(f[5]) or 1
+                if f[8] not in limits:
+                    limit = parse_time_limit(f[8])
+                    limits[f[8]] = math.inf if limit is None else limit
+                for tres in (f[6], f[7]):
+                    if tres not in gpus:
+                        gpus[tres] = gpus_of(tres)
+                if f[1] not in parts:
+                    parts[f[1]] = tuple(p for p in f[1].split(",") if p)
+                start = f[11]
+                job = QueuedJob(
+                    f[0].strip(),
+                    parts[f[1]],
+                    f[2],
+                    f[3],
+                    int(f[4]),
+                    nodes,
+                    gpus[f[6]] + gpus[f[7]] * nodes,
+                    limits[f[8]],
+                    int(f[9]),  # ints: a float's parser would take "nan" and "1e9"
+                    int(f[10]),
+                    int(start) if start.isdigit() else None,
+                    f[12].strip(),
+                )
+            except ValueError as exc:
+                raise ValueError(f"squeue line {n}: {exc}: {line[:120]!r}") from exc
+        seen[line] = job
+        out.append(job)
+    if known is not None:
+        known.clear()
+        known.update(seen)
+    return out

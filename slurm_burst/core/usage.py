@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from slurm_burst.core.gpu import job_key
 from slurm_burst.core.pricing import dollars
 
 FINISHED = frozenset(
@@ -50,7 +51,7 @@ class JobUsage:
     @property
     def key(self) -> str:
         """cluster:jobid:start-epoch: one run of a job (a requeued job runs again)."""
-        return f"{self.cluster}:{self.job_id}:{int(self.start.timestamp())}"
+        return job_key(self.cluster, self.job_id, self.start.timestamp())
 
 
 @dataclass(frozen=True)
@@ -114,7 +115,9 @@ def report_totals(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """The sum of report rows (what the table's last line and the JSON's total show)."""
     allocated = sum(int(r["allocated_micros"]) for r in rows)
     overhead = sum(int(r["overhead_micros"]) for r in rows)
+    idle_gpu = sum(int(r.get("idle_gpu_micros", 0)) for r in rows)
     return {
+        "idle_gpu": float(dollars(idle_gpu)),
         "instance_hours": round(sum(r["instance_hours"] for r in rows), 6),
         "gpu_hours": round(sum(r["gpu_hours"] for r in rows), 6),
         "allocated": float(dollars(allocated)),

@@ -11,6 +11,7 @@ import ipaddress
 import os
 import pwd
 import secrets
+import shlex
 import signal
 import sys
 import time
@@ -295,6 +296,20 @@ def start_daemon(cfg: Config, paths: Paths) -> Proc:
     return proc
 
 
+def onprem_health_check(cfg: Config) -> str:
+    """The boot script's lines giving an on-prem node the HealthCheckProgram every node
+    needs once the GPU check is Slurm's (a site keeps its own there: here, one that
+    finds nothing wrong)."""
+    program = cfg.gpu.health_check_program
+    if not program:
+        return "# no HealthCheckProgram (gpu.health_check_program is not set)"
+    return (
+        f"install -d -m 0755 {shlex.quote(os.path.dirname(program))}\n"
+        f"printf '#!/bin/sh\\nexit 0\\n' > {shlex.quote(program)}\n"
+        f"chmod 0755 {shlex.quote(program)}"
+    )
+
+
 def boot_onprem(
     cfg: Config, paths: Paths, image: Path | None = None
 ) -> dict[str, dict[str, object]]:
@@ -334,6 +349,7 @@ def boot_onprem(
             munge_socket=paths.munge_socket,
             conf_dir=cfg.slurm.conf_dir,
             node=name,
+            health_check=onprem_health_check(cfg),
         )
         vmdir = paths.onprem / name
         pid, start = vm.boot(vmdir, spec, userdata)

@@ -261,7 +261,10 @@ class Ec2Emulator:
                 self.made.setdefault(iid, (item.findtext("e:instanceType", "", ns), now))
             if self.vms is not None:
                 ip = item.findtext("e:privateIpAddress", "", ns)
-                self.vms.boot(iid, ip, args.get("UserData", ""), args.get("KeyName", ""))
+                self.vms.boot(
+                    iid, ip, args.get("UserData", ""), args.get("KeyName", ""),
+                    args.get("ImageId", ""),
+                )  # fmt: skip
 
     def _console(self, start_response: StartResponse, args: dict[str, str]) -> list[bytes]:
         from moto.ec2.models.instance_types import INSTANCE_TYPES

@@ -6,6 +6,9 @@ its address is the instance's private IP (the emulator's default subnet is a ran
 the bridge's subnet), it runs the request's user-data, root's authorized key is the
 public key of the request's key pair (as cloud-init installs it), and its console, with
 the host-key block, is what GetConsoleOutput serves. TerminateInstances halts it.
+An instance boots the host's own file system, or, for an AMI that
+``state_dir/images.json`` maps to a root file system (``{"ami-…": "/path"}``; see
+:func:`register_image`), that image through a private overlay.
 Without booting, the emulator stays API-only (the 1,000-instance benchmarks).
 """
 
@@ -57,7 +60,9 @@ class Ec2Vms:
         with self._lock:
             self._keys[name] = line
 
-    def boot(self, instance_id: str, ip: str, user_data_b64: str, key_name: str) -> None:
+    def boot(
+        self, instance_id: str, ip: str, user_data_b64: str, key_name: str, image: str = ""
+    ) -> None:
         """Boot the instance's VM at ``ip`` (detached; running after the boot delay)."""
         if ipaddress.ip_address(ip) not in self.subnet:
             log.warning("ec2vms.skip instance=%s ip=%s: not on the lab bridge", instance_id, ip)
@@ -80,6 +85,7 @@ class Ec2Vms:
             boot_delay=self.boot_delay,
             hide=self.hide,
             authorized_keys=(key,) if key else (),
+            root=images(self.state_dir).get(image, ""),
         )
         vmdir = self.state_dir / "vms" / instance_id
         self.ensure_network()
@@ -102,6 +108,26 @@ class Ec2Vms:
     def halt_all(self) -> None:
         """Every VM this emulator booted (``lab down``)."""
         halt_all(self.state_dir)
+
+
+def images(state_dir: Path) -> dict[str, str]:
+    """AMI -> root file system the instances of that AMI boot (none: the host's)."""
+    try:
+        data = json.loads((state_dir / "images.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return {str(k): str(v) for k, v in data.items()} if isinstance(data, dict) else {}
+
+
+def register_image(state_dir: str | Path, ami: str, root: str | Path | None) -> None:
+    """Instances of ``ami`` boot ``root`` from now on (None: the host's file system)."""
+    state = Path(state_dir)
+    known = images(state)
+    if root is None:
+        known.pop(ami, None)
+    else:
+        known[ami] = str(root)
+    vm.write_json_atomic(state / "images.json", known)
 
 
 def halt(vmdir: Path) -> None:

@@ -8,7 +8,8 @@ injects a fault by writing the file while the daemon runs::
       "times": 1},
      {"call": "create_node", "error": "RequestLimitExceeded", "http": 503, "times": 2},
      {"call": "create_node", "never_running": true, "node": "burst-cpu-7"},
-     {"call": "create_node", "block": ["ipproto tcp sport 22"]}]
+     {"call": "create_node", "block": ["ipproto tcp sport 22"]},
+     {"call": "create_node", "size": "ns.gpu1", "gpu": {"gpu1.xid": 79}, "times": 1}]
 
 - ``error``: the call fails the way the provider would say it (an HTTP error
   whose message starts with the code), before anything is created.
@@ -16,6 +17,8 @@ injects a fault by writing the file while the daemon runs::
   and prints no host key (an instance that never boots).
 - ``delay_after``: the instance is created, and the call returns only after that
   many seconds (a crash in this window must not make a second instance).
+- ``gpu``: the instance (a GPU size of the namespace cloud) is born with these
+  changes to its simulated GPUs (``simnvml.FAULTS``: an XID, ECC errors...).
 - ``block``: the instance is created and, once it runs, ``ip rule add SPEC
   blackhole`` is run inside it for each SPEC: real packets are dropped (SSH
   replies, WireGuard, slurmd to slurmctld).
@@ -86,6 +89,8 @@ class FaultyDriver:
         if rule is not None and "error" in rule:
             code = rule["error"]
             raise _http_error(rule, f"{code}: injected fault ({code})")
+        if rule is not None and rule.get("gpu"):
+            kwargs["ex_gpu_state"] = dict(rule["gpu"])
         node: Node = self._driver.create_node(**kwargs)
         if rule is not None and rule.get("delay_after"):  # created, not yet returned
             time.sleep(float(rule["delay_after"]))

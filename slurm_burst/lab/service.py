@@ -25,7 +25,7 @@ from typing import Any
 from slurm_burst.adapters.proc import alive, pid_start_time
 from slurm_burst.config import Config
 from slurm_burst.core.slurm import SchedulerError
-from slurm_burst.lab import accounting, images
+from slurm_burst.lab import accounting, images, simnvml
 from slurm_burst.lab import components as c
 from slurm_burst.lab.nscloud import net, vm
 from slurm_burst.lab.slurmroot import RootError, SlurmRoot, remove_tree
@@ -188,6 +188,7 @@ class Lab:
         cloud.ex_ensure_network()
         image = root.image()
         cloud.ex_set_host_image(str(image) if image else None, (self.lab.shared_dir,))
+        self._gpu_node_software()
         record["bridges"].append(cloud.bridge)
         if self.lab.ec2_provider:
             self.progress("cloud: EC2 emulator (its instances boot as VMs on that bridge)")
@@ -406,6 +407,17 @@ class Lab:
             return dict(json.loads(self.paths.record.read_text()))
         except (OSError, ValueError):
             return None
+
+    def _gpu_node_software(self) -> None:
+        """What the lab's GPU VMs need: the simulated NVML their "driver" is, and (on the
+        shared filesystem, like a site's /apps) a Python with nvidia-ml-py."""
+        opts = self.cfg.providers[self.lab.cloud_provider].options
+        library = str(opts.get("nvml_library", ""))
+        if not library or not any(g.gpus for g in self.cfg.node_groups.values()):
+            return
+        self.progress("cloud: simulated NVML for GPU VMs (gcc) and the nodes' nvidia-ml-py")
+        simnvml.build(Path(library).parent)
+        simnvml.ensure_node_python(Path(self.cfg.gpu.node_python))
 
     def _write_record(self, record: dict[str, Any]) -> None:
         vm.write_json_atomic(self.paths.record, record)

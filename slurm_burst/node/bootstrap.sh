@@ -64,6 +64,37 @@ slurmd-version)
     # slurmd-version: the node's slurmd release (checked against slurmctld's first)
     slurmd -V
     ;;
+gpu-prepare)
+    # gpu-prepare: the directory the GPU check and its expectation file live in
+    install -d -m 0755 /etc/slurm-burst
+    ;;
+gpu-check)
+    # gpu-check PYTHON: run the GPU check (gpucheck.py, copied by the daemon with its
+    # expectation file); its JSON report goes to stdout whatever it found: the daemon judges
+    python=$1
+    if [ ! -x "$python" ]; then
+        echo "{\"ok\": false, \"problems\": [\"no $python on the node (Python with nvidia-ml-py)\"]}"
+        exit 0
+    fi
+    "$python" /etc/slurm-burst/gpucheck.py check </dev/null || true
+    ;;
+health-check)
+    # health-check PROGRAM CHAIN [PYTHON]: install Slurm's HealthCheckProgram at PROGRAM:
+    # with PYTHON (a GPU node) the GPU check, which runs CHAIN (the site's, e.g. NHC)
+    # first; else CHAIN alone, or nothing to check
+    program=$1; chain=$2; python=${3:-}
+    if [ -n "$python" ]; then
+        run="exec $python /etc/slurm-burst/gpucheck.py health"
+    elif [ -n "$chain" ]; then
+        run="exec $chain"
+    else
+        run="exit 0"
+    fi
+    install -d -m 0755 "$(dirname "$program")"
+    printf '#!/bin/sh\n# slurm-burst: HealthCheckProgram of a burst node\n%s\n' "$run" > "$program.tmp"
+    chmod 0755 "$program.tmp"
+    mv -f "$program.tmp" "$program"
+    ;;
 slurmd-start)
     # slurmd-start NODE CONF_SERVER: start slurmd (once) in configless mode as NODE.
     node=$1; server=$2

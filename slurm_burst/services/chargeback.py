@@ -33,6 +33,7 @@ from slurm_burst.core.allocation import Allocation, InstanceSpan, JobSpan, alloc
 from slurm_burst.core.hostlist import expand
 from slurm_burst.core.pricing import dollars, epoch_ms
 from slurm_burst.core.usage import AssocUsage, LedgerError, LedgerUnavailable
+from slurm_burst.core.warm import warm_nodes
 from slurm_burst.ports import Accounting, AccountingLedger, Scheduler, SpooledLedger
 
 log = logging.getLogger(__name__)
@@ -91,6 +92,8 @@ class Chargeback:
         self.accounting = accounting
         self.scheduler = scheduler
         self.clock = clock
+        # what the burst policy may spend: {account: dollars left}, the cap's dollars left
+        self._money: tuple[dict[str, float], float | None] | None = None  # not yet known
 
     def now(self) -> datetime:
         return datetime.fromtimestamp(self.clock(), UTC)
@@ -156,11 +159,22 @@ class Chargeback:
                 if c.node in nodes_of(j.nodes) and j.end >= c.start and j.start < c.end
             ]
             overrides = self.cfg.rate_table.account_overrides(c.size, c.gpus, c.start)
-            lines = allocate(span, held, rule=rule, site_account=site, overrides=overrides)
-            out.append(Allocation(c.instance_id, span.cost, rule, lines))
+            this = "site" if self._warm_launch(c.node, c.start) else rule
+            lines = allocate(span, held, rule=this, site_account=site, overrides=overrides)
+            out.append(Allocation(c.instance_id, span.cost, this, lines))
         done = int(self.ledger.write_allocations(out))
         log.info("ledger.allocate instances=%d", done)
         return done
+
+    def _warm_launch(self, node: str, start: datetime) -> bool:
+        """Whether the instance is a warm pool's, launched in one of its windows (the
+        controller's local time): its idle time is then the site's overhead, not its
+        jobs'."""
+        g = self.cfg.group_of(node)
+        if g is None or not g.warm or node not in g.warm_pool():
+            return False
+        t = start.astimezone()
+        return warm_nodes(g.warm_windows(), t.weekday(), t.hour * 60 + t.minute) > 0
 
     # -- 3. budgets -----------------------------------------------------------------
     def budgets(self, sync: bool = False) -> list[BudgetStatus]:
@@ -245,9 +259,25 @@ class Chargeback:
                 log.error("ledger.%s.failed error=%s", name, exc)
         if sync_budgets:
             try:
-                self.budgets(sync=True)
+                self.refresh_money(self.budgets(sync=True))
             except LedgerError as exc:
                 log.warning("budget.sync.failed error=%s", exc)
+
+    # -- 4. what the burst policy may spend ---------------------------------------------
+    def money_left(self) -> tuple[dict[str, float], float | None] | None:
+        """Each budgeted account's dollars left and the spend cap's (None: no cap), as of
+        the last budget pass (``ledger.budget_sync_interval``); None before the first."""
+        return self._money
+
+    def refresh_money(self, statuses: list[BudgetStatus]) -> None:
+        left = {b.account: float(dollars(b.remaining_micros)) for b in statuses}
+        cap: float | None = None
+        if self.cfg.policy.spend_cap > 0:
+            first, nxt = month_bounds(self.now())
+            used = sum(self.ledger.spent(first, nxt).values())
+            used += sum(self._committed(self.now()).values())
+            cap = self.cfg.policy.spend_cap - float(dollars(used))
+        self._money = (left, cap)
 
 
 class ChargebackLoop(threading.Thread):

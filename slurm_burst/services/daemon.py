@@ -27,13 +27,18 @@ from slurm_burst.core.jobs import jobs_by_node
 from slurm_burst.core.nodestate import RESUMING, NodeState, Want
 from slurm_burst.core.records import NodeRecord, Request
 from slurm_burst.ports import Clock, LeaderElection, Metrics, NodeStore
+from slurm_burst.services.burstpolicy import BurstPolicy
 from slurm_burst.services.chargeback import ChargebackLoop
+from slurm_burst.services.gputelemetry import GpuTelemetry
 from slurm_burst.services.provisioner import Provisioner
 from slurm_burst.services.reconciler import Reconciler
 from slurm_burst.services.registration import Registrations
+from slurm_burst.services.warmpool import WarmKeeper
 from slurm_burst.services.workers import Workers
 
 log = logging.getLogger(__name__)
+
+SAMPLE_JOIN = 15.0  # seconds the GPU telemetry may take to finish its pass at shutdown
 
 
 class DaemonError(RuntimeError):
@@ -56,7 +61,13 @@ class Daemon:
         group: int | None = None,
         release_memory: Callable[[], None] | None = None,
         registrations: Registrations | None = None,
+        telemetry: GpuTelemetry | None = None,
+        policy: BurstPolicy | None = None,
+        warm: WarmKeeper | None = None,
     ) -> None:
+        self.warm = warm  # keeps warm pools up by schedule, after each reconcile pass
+        self.telemetry = telemetry  # GPU samples of joined nodes, while leading
+        self.policy = policy  # the burst policy's passes, while leading (policy.enabled)
         self.cfg = cfg
         self.registrations = registrations  # publishes slurmd registrations for the prolog
         # after each pass: freed heap back to the system (glibc keeps it, per thread arena)
@@ -157,6 +168,10 @@ class Daemon:
         self.workers.recover()
         if self.registrations is not None:
             self.registrations.start()
+        if self.telemetry is not None:
+            self.telemetry.start()
+        if self.policy is not None:
+            self.policy.start()
         self._reconcile_thread = threading.Thread(
             target=self._reconcile_loop, name="reconcile", daemon=True
         )
@@ -183,6 +198,11 @@ class Daemon:
                 self.reconciler.pass_once()
             except Exception:
                 log.exception("reconcile.pass_failed")
+            if self.warm is not None:
+                try:
+                    self.warm.pass_once()
+                except Exception:
+                    log.exception("warm.pass_failed")
             self.workers.rescan()
             self.release_memory()
             elapsed = self.clock.monotonic() - started
@@ -209,6 +229,8 @@ class Daemon:
             self.registrations.wake()  # it sees stop and ends
         if self.ledger_loop is not None:
             self.ledger_loop.stop.set()
+        if self.telemetry is not None:
+            self.telemetry.join(timeout=SAMPLE_JOIN)  # its open usage periods are recorded
         self.workers.shutdown()
         if self._sock is not None:
             self._sock.close()

@@ -13,6 +13,10 @@ token (and first looks for what it made), so it never makes a second instance.
 A node's token names the node, its resume count and the candidate's position; a
 batch's token is derived from its nodes and is recorded with them
 (``batch.TOKEN`` in the store's meta) so a restarted daemon can adopt the batch.
+Both carry the state database's own random id (``installation`` in its meta): a
+controller installed afresh (an empty database, the same cluster name) never repeats
+an earlier installation's tokens, which a provider would answer with that one's
+instances or refuse (EC2: ``IdempotentParameterMismatch``).
 
 **Batches.** New resume requests are planned per node group once
 (:meth:`Launcher.plan`): a group whose first usable candidate is on a provider
@@ -24,6 +28,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import secrets
 import shlex
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -45,6 +50,7 @@ log = logging.getLogger(__name__)
 
 TAG_THREADS = 16  # parallel tag calls after a batch launch
 BATCH_THREADS = 4  # launch calls of one node group in flight at once
+TOKEN_MAX = 63  # the longest launch token (GCE label values; EC2 ClientToken takes 64)
 
 
 @dataclass(frozen=True)
@@ -90,6 +96,19 @@ class Launcher:
         self._batch_locks: dict[str, threading.Lock] = {}
         self._unnamed: list[tuple[str, str, str]] = []  # (node, instance, provider) to tag
         self._guard = threading.Lock()
+        self._installation: str | None = None
+
+    def installation(self) -> str:
+        """The state database's random id, made on first use (one per installation,
+        shared by an HA pair, which shares the database)."""
+        if self._installation is None:
+            with self.store.atomically():
+                got = self.store.meta_get("installation")
+                if not got:
+                    got = secrets.token_hex(4)
+                    self.store.meta_set("installation", got)
+            self._installation = str(got)
+        return self._installation
 
     # -- candidates -------------------------------------------------------------------
     def candidates(
@@ -214,9 +233,20 @@ class Launcher:
         assert last is not None
         raise last
 
+    def _token_prefix(self) -> str:
+        """What every launch token starts with: the cluster, then the installation."""
+        return f"{self.cfg.cluster.name[:24]}-{self.installation()}"
+
     def token(self, rec: NodeRecord, seq: int) -> str:
-        """The idempotency token of ``rec``'s launch on candidate ``seq``."""
-        return f"{self.cfg.cluster.name}-{rec.name}-{rec.launch_seq}-{seq}"[:64]
+        """The idempotency token of ``rec``'s launch on candidate ``seq``: readable, or
+        where that would be longer than a provider takes (63: a GCE label value), with
+        the node's part hashed (never cut: two long names must not share a token)."""
+        prefix = self._token_prefix()
+        token = f"{prefix}-{rec.name}-{rec.launch_seq}-{seq}"
+        if len(token) <= TOKEN_MAX:
+            return token
+        digest = hashlib.sha256(f"{rec.name}|{rec.launch_seq}|{seq}".encode()).hexdigest()
+        return f"{prefix}-{digest[:24]}"
 
     def _booting(self, rec: NodeRecord, inst: Instance) -> None:
         if self.metrics is not None:
@@ -292,7 +322,7 @@ class Launcher:
         names = [r.name for r in recs]
         key = ",".join(f"{r.name}:{r.launch_seq}" for r in recs)
         digest = hashlib.sha256(f"{key}|{cand.seq}".encode()).hexdigest()[:16]
-        token = f"{self.cfg.cluster.name[:24]}-b{len(recs)}-{cand.seq}-{digest}"[:64]
+        token = f"{self._token_prefix()}-b{len(recs)}-{cand.seq}-{digest}"
         fix = {"token": token, "provider": cand.provider, "size": cand.size}
         with self.store.atomically():  # the token is fixed before the call: a crash repeats it
             self.store.meta_set(

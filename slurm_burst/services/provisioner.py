@@ -59,6 +59,8 @@ from slurm_burst.services.launcher import Launcher, timed
 log = logging.getLogger(__name__)
 
 REMOTE_SCRIPT = "/run/slurm-burst-bootstrap.sh"
+GPU_CHECK = "/etc/slurm-burst/gpucheck.py"  # the node's GPU check (bootstrap.sh, telemetry)
+GPU_EXPECT = "/etc/slurm-burst/gpu-check.json"  # what the node group promises
 POLL = 0.5  # seconds between looks at a booting instance
 ATTEST_POLL_MAX = 5.0  # host-key reads back off from POLL to this (a rate-limited API)
 HANDSHAKE_WAIT = 20.0  # seconds a new tunnel gets to complete its first handshake
@@ -127,7 +129,9 @@ class Provisioner:
         self.launcher = Launcher(
             cfg, store, clouds, secrets.ssh_public_key, clock, self._launched, metrics
         )
-        self.script = resources.files("slurm_burst.node").joinpath("bootstrap.sh").read_bytes()
+        node_files = resources.files("slurm_burst.node")
+        self.script = node_files.joinpath("bootstrap.sh").read_bytes()
+        self.gpucheck = node_files.joinpath("gpucheck.py").read_bytes()
         self._released: list[str] = []  # nodes let go with a failed job, for the workers
         self._released_lock = threading.Lock()
 
@@ -297,6 +301,10 @@ class Provisioner:
                 sh.put(self.script, REMOTE_SCRIPT, 0o700)
             if self.slurm_release:
                 self._check_slurmd_version(sh)
+            group = self._group(rec)
+            if group.gpus and group.gpu_check:
+                with timed(self.clock, rec.name, "gpu-check"):
+                    self._check_gpus(sh, rec, group)
             with timed(self.clock, rec.name, "wg-key"):
                 pub = self._step(sh, "wg-key", iface).strip()
             if len(pub) != 44 or not pub.endswith("="):
@@ -324,6 +332,13 @@ class Provisioner:
             with timed(self.clock, rec.name, "nodeaddr"), _as_step("NodeAddr", SchedulerError):
                 self.scheduler.update_nodes([rec.name], addrs=[addr], hostnames=[rec.name])
             self._check_want(rec.name)
+            gpu = self.cfg.gpu
+            if gpu.health_check_program:  # slurmd runs it once before it registers
+                checked = group.gpus and group.gpu_check
+                self._step(
+                    sh, "health-check", gpu.health_check_program, gpu.health_check_chain,
+                    *([gpu.node_python] if checked else []),
+                )  # fmt: skip
             with timed(self.clock, rec.name, "slurmd"):
                 self._step(sh, "slurmd-start", rec.name, hub_ip)
         finally:
@@ -353,6 +368,40 @@ class Provisioner:
             raise StepError(
                 "SlurmdVersion", f"{problem}: use an image of Slurm {self.slurm_release}"
             )
+
+    def _check_gpus(self, sh: RemoteShell, rec: NodeRecord, group: NodeGroup) -> None:
+        """The GPU check (``node/gpucheck.py``) against what the group promises: a node
+        that fails it never joins (GpuUnhealthy). It stays on the node, with its
+        expectation file, as the HealthCheckProgram's check when one is configured."""
+        gpu = self.cfg.gpu
+        expect = {
+            "count": group.gpus,
+            "files": group.gpu_device_files(),
+            "model": group.gpu_model,
+            "driver": group.gpu_driver,
+            "cuda": group.gpu_cuda,
+            "critical_xids": list(gpu.critical_xids),
+            "chain": gpu.health_check_chain,
+            "kernel_log": gpu.kernel_log,
+        }
+        self._step(sh, "gpu-prepare")
+        sh.put(self.gpucheck, GPU_CHECK, 0o644)
+        sh.put(json.dumps(expect).encode(), GPU_EXPECT, 0o644)
+        said = self._step(sh, "gpu-check", gpu.node_python)
+        try:
+            report = json.loads(said.strip().splitlines()[-1])
+            problems = [str(p) for p in report["problems"]]
+            ok = report["ok"] is True and not problems
+        except (ValueError, IndexError, KeyError, TypeError, RecursionError):
+            raise StepError("GpuUnhealthy", f"the GPU check said {said.strip()[:200]!r}") from None
+        if not ok:
+            detail = "; ".join(problems) or "unhealthy"
+            self.store.event(self.clock.now(), "node.gpu_unhealthy", rec.name, detail)
+            raise StepError("GpuUnhealthy", detail)
+        log.info(
+            "node.gpu_check_ok node=%s gpus=%d driver=%s seconds=%s",
+            rec.name, len(report.get("gpus", ())), report.get("driver"), report.get("seconds"),
+        )  # fmt: skip
 
     def _step(self, sh: RemoteShell, step: str, *args: str) -> str:
         """Run one step of the node's bootstrap script: a failed command is
@@ -434,7 +483,10 @@ class Provisioner:
         )
         if rec.instance_id:
             self._record(rec, rec.instance_id, "failed", self.clock.now(), code)
-        if code not in NOT_LAUNCH_FAILURES:
+        # a node that joined and registered was a good launch: what fails it later (a GPU
+        # that went bad, a spot reclaim) says nothing about the group's launches
+        served = rec.state == NodeState.JOINED and rec.registered_at > 0
+        if code not in NOT_LAUNCH_FAILURES and not served:
             failures = self.store.group_launch_result(rec.group, ok=False)
             log.info("group.failures group=%s in_a_row=%d", rec.group, failures)
         if self.metrics is not None:

@@ -55,7 +55,7 @@ def policy(cfg: Config) -> Policy:
         resume_timeout=float(cfg.slurm.resume_timeout),
         protect_after=d.protect_after,
         protect_cooldown=d.protect_cooldown,
-        lost_resume_grace=max(60.0, 2 * d.poll_period),
+        lost_resume_grace=max(d.lost_resume_grace, 2 * d.poll_period),
         register_timeout=d.register_timeout,
     )
 

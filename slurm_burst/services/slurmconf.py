@@ -41,9 +41,8 @@ def node_line(g: NodeGroup) -> str:
 
 
 def gres_line(g: NodeGroup) -> str:
-    files = g.gpu_files or (f"/dev/nvidia[0-{g.gpus - 1}]" if g.gpus > 1 else "/dev/nvidia0")
     type_ = f" Type={g.gpu_type}" if g.gpu_type else ""
-    return f"NodeName={g.hostlist} Name=gpu{type_} File={files}"
+    return f"NodeName={g.hostlist} Name=gpu{type_} File={g.gres_files}"
 
 
 def partition_lines(cfg: Config) -> list[str]:
@@ -65,8 +64,22 @@ def partition_lines(cfg: Config) -> list[str]:
         weights = billing_weights(cfg, part) if cfg.ledger.billing_weights else ""
         if weights:
             fields.append(f'TRESBillingWeights="{weights}"')
+        fields += onprem_only_denials(cfg)
         lines.append(" ".join(fields))
     return lines
+
+
+def onprem_only_denials(cfg: Config) -> list[str]:
+    """What keeps on-prem-only accounts and QOS off every burst partition, enforced by
+    Slurm itself (not only by the policy's judgement): a job of theirs submitted there,
+    alone or in a partition list, cannot run there."""
+    pol = cfg.policy
+    accounts = sorted(a for a, o in pol.accounts.items() if o.onprem_only)
+    qos = sorted(q for q, o in pol.qos.items() if o.onprem_only)
+    return [
+        *([f"DenyAccounts={','.join(accounts)}"] if accounts else []),
+        *([f"DenyQos={','.join(qos)}"] if qos else []),
+    ]
 
 
 def billing_weights(cfg: Config, partition: str, at: datetime | None = None) -> str:
@@ -109,6 +122,41 @@ def release_settings(release: str) -> dict[str, str]:
     }
 
 
+def enforce_lines(cfg: Config) -> str:
+    """EnforcePartLimits=ANY when accounts or QOS are on-prem only: Slurm then refuses at
+    submission a job that no partition of its list admits (``sbatch -A medgen -p
+    burst-cpu``), while one that lists an on-prem partition too is taken and runs there.
+    Without it Slurm takes the job and leaves it pending for ever."""
+    if not onprem_only_denials(cfg):
+        return "# EnforcePartLimits: the site's own (no on-prem-only account or QOS)"
+    return (
+        "# On-prem-only accounts or QOS are denied the burst partitions below: refuse at\n"
+        "# submission a job no partition of its list admits. This fragment then owns\n"
+        "# EnforcePartLimits (ANY; ALL would refuse -p onprem,burst too).\n"
+        "EnforcePartLimits=ANY"
+    )
+
+
+def health_check_lines(cfg: Config) -> str:
+    """HealthCheckProgram when the GPU check serves as it (``gpu.health_check_program``)."""
+    gpu = cfg.gpu
+    if not gpu.health_check_program:
+        return "# HealthCheckProgram: the site's own (gpu.health_check_program is not set)"
+    chain = (
+        f"{gpu.health_check_chain} runs first there"
+        if gpu.health_check_chain
+        else "no site program chained"
+    )
+    return (
+        f"# The GPU check on burst nodes ({chain}). Slurm runs one program on every\n"
+        "# node: the others need one at this path too (docs/gpu.md). This fragment then\n"
+        "# owns HealthCheckProgram, HealthCheckInterval and HealthCheckNodeState.\n"
+        f"HealthCheckProgram={gpu.health_check_program}\n"
+        f"HealthCheckInterval={gpu.health_check_interval}\n"
+        "HealthCheckNodeState=ANY"
+    )
+
+
 def render(cfg: Config, release: str) -> dict[str, str]:
     """``{"slurm-burst.conf": ..., "gres.conf": ...}`` for ``cfg``, in what Slurm
     ``release`` (e.g. "24.11") accepts."""
@@ -121,6 +169,12 @@ def render(cfg: Config, release: str) -> dict[str, str]:
         else "# no on-prem partitions listed: set slurm.onprem_partitions, or every node "
         "with SuspendTime may be powered down"
     )
+    warm = [n for g in cfg.node_groups.values() for n in g.warm_pool()]
+    if warm:  # the daemon powers them up and down by schedule (services/warmpool.py)
+        exc += (
+            "\n# Warm pools (node_groups.*.warm): Slurm never powers them down; the daemon "
+            f"does, by schedule\nSuspendExcNodes={compress(warm)}"
+        )
     fragment = Template((tdir / "slurm-burst.conf.in").read_text()).substitute(
         source=cfg.source,
         conf_dir=s.conf_dir,
@@ -138,6 +192,8 @@ def render(cfg: Config, release: str) -> dict[str, str]:
         suspend_exc_parts=exc,
         node_lines="\n".join(node_line(g) for g in cfg.node_groups.values()),
         partition_lines="\n".join(partition_lines(cfg)),
+        health_check=health_check_lines(cfg),
+        enforce=enforce_lines(cfg),
     )
     gpu_groups = [g for g in cfg.node_groups.values() if g.gpus]
     gres = Template((tdir / "gres.conf.in").read_text()).substitute(

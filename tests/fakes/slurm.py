@@ -20,7 +20,8 @@ class FakeScheduler:
 
     States follow ``scontrol update``: ``drain`` adds DRAIN with the reason, ``resume``
     lifts DRAIN and DOWN, ``down`` sets DOWN with the reason, ``power_down_force`` puts
-    a cloud node back to powered down (idle~). ``refuse`` fails every update it returns
+    a cloud node back to powered down (idle~), ``power_up`` marks it powering up and
+    ``power_down`` powering down. ``refuse`` fails every update it returns
     a message for.
     """
 
@@ -30,6 +31,8 @@ class FakeScheduler:
         self.updates: list[dict[str, Any]] = []
         self.refuse: Callable[[Sequence[str], dict[str, Any]], str | None] | None = None
         self.registered_calls = 0
+        self.gpus: dict[int, dict[str, tuple[int, ...]]] = {}  # job -> node -> GPU indices
+        self.job_gpus_calls: list[list[int]] = []
         self._lock = threading.Lock()
 
     @classmethod
@@ -67,6 +70,10 @@ class FakeScheduler:
     def partitions(self) -> list[SlurmPartition]:
         parts = sorted({p for n in self._nodes.values() for p in n.partitions})
         return [SlurmPartition(p, "", "UP", "UNLIMITED") for p in parts]
+
+    def job_gpus(self, job_ids: Sequence[int]) -> dict[int, dict[str, tuple[int, ...]]]:
+        self.job_gpus_calls.append(list(job_ids))
+        return {j: dict(self.gpus[j]) for j in job_ids if j in self.gpus}
 
     def ping(self) -> bool:
         return True
@@ -126,6 +133,11 @@ def _update(
         flags -= {"POWERING_UP", "DRAIN"}
         flags.add("POWERED_DOWN")
         base, reason = "idle", ""
+    elif state == "power_up":  # Slurm resumes it: powering up until it registers
+        flags.discard("POWERED_DOWN")
+        flags.add("POWERING_UP")
+    elif state == "power_down":  # Slurm suspends it (SuspendProgram), then powered down
+        flags.add("POWERING_DOWN")
     elif state is not None:
         raise SchedulerError(f"scontrol update: state {state} not modelled by the fake")
     return n._replace(

@@ -10,6 +10,7 @@ munged and slurmd started. ``fail`` makes a step exit non-zero.
 
 from __future__ import annotations
 
+import json
 import shlex
 import threading
 from collections.abc import Callable, Sequence
@@ -35,6 +36,10 @@ class FakeNode:
     slurmd: str = ""  # the node name slurmd was started as
     slurmd_version: str = "22.05.8"  # what slurmd -V says
     bad_key: bool = False  # wg-key prints garbage
+    # what the GPU check prints (gpu-check step) and a telemetry sample (gpucheck.py sample)
+    gpu_report: dict[str, object] = field(default_factory=lambda: {"ok": True, "problems": []})
+    gpu_sample: dict[str, object] = field(default_factory=lambda: {"gpus": []})
+    health_check: list[str] = field(default_factory=list)  # the health-check step's args
 
     def run(self, argv: Sequence[str]) -> str:
         self.ran.append(list(argv))
@@ -45,6 +50,10 @@ class FakeNode:
             raise RemoteError(f"{self.host}: {cmd} exited 1: {self.fail[cmd]}", "RemoteCommand")
         if cmd == "true":
             return ""
+        if len(argv) == 3 and argv[1] == "/etc/slurm-burst/gpucheck.py" and argv[2] == "sample":
+            if "/etc/slurm-burst/gpucheck.py" not in self.files:
+                raise RemoteError(f"{self.host}: {argv[0]}: no gpucheck.py", "RemoteCommand")
+            return json.dumps(self.gpu_sample) + "\n"
         if cmd == "echo":
             return " ".join(argv[1:]) + "\n"
         if cmd == "cat" and len(argv) == 2 and argv[1] in self.files:
@@ -73,6 +82,16 @@ class FakeNode:
             if "/etc/munge/munge.key" not in self.files:
                 raise RemoteError(f"{self.host}: munged: no key", "RemoteCommand")
             self.munged = True
+            return ""
+        if step == "gpu-prepare":
+            return ""
+        if step == "gpu-check":
+            for need in ("/etc/slurm-burst/gpucheck.py", "/etc/slurm-burst/gpu-check.json"):
+                if need not in self.files:
+                    raise RemoteError(f"{self.host}: gpu-check: no {need}", "RemoteCommand")
+            return json.dumps(self.gpu_report) + "\n"
+        if step == "health-check":
+            self.health_check = list(args)
             return ""
         if step == "slurmd-version":
             return f"slurm {self.slurmd_version}\n"
@@ -129,6 +148,7 @@ class FakeConnector:
         self.fail_steps: dict[str, str] = {}  # every new node fails these steps
         self.bad_wg_key = False  # every new node prints garbage for its WireGuard key
         self.slurmd_version = "22.05.8"  # every new node's slurmd -V
+        self.gpu_report: dict[str, object] | None = None  # every new node's GPU check says
         self.sessions: list[FakeShell] = []
         self._lock = threading.Lock()
 
@@ -143,6 +163,8 @@ class FakeConnector:
                     bad_key=self.bad_wg_key,
                     slurmd_version=self.slurmd_version,
                 )
+                if self.gpu_report is not None:
+                    self.nodes[host].gpu_report = dict(self.gpu_report)
             return self.nodes[host]
 
     def _lookup(self, host: str) -> FakeNode | None:

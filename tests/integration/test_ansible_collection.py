@@ -55,13 +55,18 @@ def example_config() -> dict[str, Any]:
 
 
 def test_the_example_config_written_as_toml_is_a_valid_config(tmp_path: Path) -> None:
+    from slurm_burst.adapters.cloud.credentials import resolve
     from slurm_burst.config import load_config
 
     config = example_config()
     text = to_toml(config)
     assert tomllib.loads(text) == config
-    creds = tmp_path / "aws.ini"  # the role writes it (slurm_burst_credentials) first
-    creds.write_text("[default]\nkey = AKIDEXAMPLE\nsecret = example\n")
+    # the role writes the credentials file (slurm_burst_credentials) first, where it says
+    named = Path(config["providers"]["aws"]["credentials"]["file"]).name
+    vars_file = COLLECTION / "inventory" / "example" / "group_vars" / "slurm_controller.yml"
+    assert named in yaml.safe_load(vars_file.read_text())["slurm_burst_credentials"]
+    creds = tmp_path / named
+    creds.write_text('key = "AKIDEXAMPLE"\nsecret = "example"\n')  # the format it documents
     creds.chmod(0o600)
     config["providers"]["aws"]["credentials"]["file"] = str(creds)
     text = to_toml(config)
@@ -70,6 +75,7 @@ def test_the_example_config_written_as_toml_is_a_valid_config(tmp_path: Path) ->
     path.chmod(0o600)
     cfg = load_config(path)
     assert cfg.node_groups["cpu"].count == 64 and cfg.providers["aws"].driver == "ec2"
+    assert resolve(cfg.providers["aws"], {})["key"] == "AKIDEXAMPLE"
 
 
 scalars = st.one_of(

@@ -27,6 +27,7 @@ from slurm_burst.adapters.ledger.reports import charge_lines, report
 from slurm_burst.adapters.ledger.spool import Spool, SpoolingLedger
 from slurm_burst.adapters.ledger.sql import SqlLedger
 from slurm_burst.core.allocation import Allocation, InstanceSpan, JobSpan, allocate
+from slurm_burst.core.gpu import GpuUsage
 from slurm_burst.core.usage import InstanceEvent, JobUsage, LedgerUnavailable, SchemaOutdated
 from tests.contracts.ledger import LedgerContract
 
@@ -179,7 +180,9 @@ def test_jobs_ingest_is_idempotent(led: SqlLedger) -> None:
         assert len(list(keys)) == 6
 
 
-def test_allocation_report_and_budget(led: SqlLedger) -> None:
+def _split_one_job(led: SqlLedger, account: str = "physics") -> tuple[datetime, str, str]:
+    """One instance on a day of its own, one 30-minute job on it, the cost split:
+    (the day, the instance, the job's key)."""
     day = T0 + timedelta(days=int(uuid.uuid4().int % 20))  # a day of its own in November
     inst = f"i-{uuid.uuid4().hex[:8]}"
     node = f"burst-cpu-{uuid.uuid4().int % 1000}"
@@ -187,7 +190,7 @@ def test_allocation_report_and_budget(led: SqlLedger) -> None:
     _event(led, inst, "terminated", day + timedelta(hours=1), node=node)
     jid = 20_000_000 + int(uuid.uuid4().int % 1_000_000)
     led.record_jobs(
-        [_job(jid, "physics", day + timedelta(minutes=10), 30, node)],
+        [_job(jid, account, day + timedelta(minutes=10), 30, node)],
         (day, day + timedelta(hours=2)),
     )
     closed = [c for c in led.closed_unallocated(day + timedelta(hours=2)) if c.instance_id == inst]
@@ -221,9 +224,13 @@ def test_allocation_report_and_budget(led: SqlLedger) -> None:
     assert not [
         x for x in led.closed_unallocated(day + timedelta(hours=2)) if x.instance_id == inst
     ]
+    return day, inst, f"c1:{jid}:{int((day + timedelta(minutes=10)).timestamp())}"
+
+
+def test_allocation_report_and_budget(led: SqlLedger) -> None:
+    day, inst, key = _split_one_job(led)
     first, nxt = day.date(), day.date() + timedelta(days=1)
     by_job = {r["job_key"]: r for r in report(led.engine, ["job"], first, nxt)}
-    key = f"c1:{jid}:{int((day + timedelta(minutes=10)).timestamp())}"
     assert by_job[key]["account"] == "physics"
     assert by_job[key]["allocated_micros"] == 42_500  # half an hour of the whole node
     assert by_job[key]["total_micros"] == 85_000  # the idle half is its overhead share
@@ -235,6 +242,27 @@ def test_allocation_report_and_budget(led: SqlLedger) -> None:
     led.set_budget("physics", 2_000_000)
     assert led.budgets()["physics"][0] == 2_000_000
     assert led.spent(date(2026, 11, 1), date(2026, 12, 1))["physics"] >= 85_000
+
+
+def test_gpu_usage_gives_each_job_its_utilization_and_idle_gpu_cost(led: SqlLedger) -> None:
+    account = f"gpu{uuid.uuid4().hex[:6]}"
+    day, _inst, key = _split_one_job(led, account)
+    jid = int(key.split(":")[1])
+    start = (day + timedelta(minutes=10)).timestamp()
+    rows = [  # two periods of one job on one node: 2 GPUs, busy 90 % then 30 %
+        GpuUsage(key, jid, "burst-gpu-1", start, start + 600, 2, 20, 1200.0, 1080.0, 1 << 33),
+        GpuUsage(key, jid, "burst-gpu-1", start + 600, start + 1800, 2, 40, 2400.0, 720.0, 0),
+    ]
+    assert led.gpu_usage(rows) == 2
+    assert led.gpu_usage(rows) == 0  # a period is recorded once
+    first, nxt = day.date(), day.date() + timedelta(days=1)
+    (job,) = [r for r in report(led.engine, ["job"], first, nxt) if r["job_key"] == key]
+    assert job["gpu_util"] == pytest.approx(0.5)  # (1080 + 720) / 3600
+    assert job["idle_gpu_micros"] == 21_250  # half of the 42,500 allocated
+    (acct,) = [r for r in report(led.engine, ["account"], first, nxt) if r["account"] == account]
+    assert acct["idle_gpu_micros"] == 21_250 and acct["idle_gpu"] == pytest.approx(0.02125)
+    others = [r for r in report(led.engine, ["job"], first, nxt) if r["job_key"] != key]
+    assert all(r["gpu_util"] is None and r["idle_gpu_micros"] == 0 for r in others)
 
 
 def test_report_groups_by_month_and_account(led: SqlLedger) -> None:

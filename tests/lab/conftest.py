@@ -27,6 +27,8 @@ FAULT_MATRIX: list[tuple[str, str, str, str]] = []
 SOAK: dict[str, Any] = {}
 # per-node step figures of the EC2 join (test_x_ec2 fills it)
 EC2_JOIN: dict[str, Any] = {}
+# the GPU job whose GPU test_x_gpu kept 90 % busy: {"job": id} (test_y_ledger checks it)
+GPU_BUSY_JOB: dict[str, str] = {}
 
 needs_root = pytest.mark.skipif(
     os.geteuid() != 0 or not shutil.which("slurmctld", path="/usr/sbin:/usr/bin"),

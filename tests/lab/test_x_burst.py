@@ -344,5 +344,7 @@ def test_stale_heartbeat_sets_nodes_down_with_a_reason(
         assert rec["State"].startswith("DOWN")
         assert "Code:DaemonDown" in run(["scontrol", "show", "node", "burst-gpu-2"], env=env).stdout
         assert "hook.resume.daemon_stale" in (tmp_path / "hooks.log").read_text()
-    finally:
+    finally:  # resume clears DOWN but leaves the node NOT_RESPONDING (no slurmd): power
+        # it down as the daemon returns a failed node, so that it takes jobs again
         run(["scontrol", "update", "nodename=burst-gpu-2", "state=resume"], env=env)
+        run(["scontrol", "update", "nodename=burst-gpu-2", "state=power_down_force"], env=env)

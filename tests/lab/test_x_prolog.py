@@ -67,21 +67,22 @@ def test_a_node_failing_in_bootstrap_requeues_its_job_which_then_runs(
     store: Store,
     faults: Any,
 ) -> None:
-    """slurmd on the first instance cannot reach slurmctld: the node fails, Slurm
-    requeues the job (the prolog's failure adds nothing worse: the job is pending with
-    BeginTime, not held), and after Slurm's requeue delay it runs on a new instance."""
-    node = "burst-cpu-31"
+    """The first instance has a GPU missing: its GPU check fails it in bootstrap
+    (GpuUnhealthy, seconds after it boots), Slurm requeues the job (the prolog's failure
+    adds nothing worse: the job is pending with BeginTime, not held), and after Slurm's
+    requeue delay it runs on a new instance."""
+    from slurm_burst.lab.simnvml import FAULTS
+
+    node = "burst-gpu-8"  # of its own: the GPU fault matrix uses 3-7, test_x_gpu 1
     wait(lambda: cold(env, node), 120, f"{node} powered down")
-    ctl = lab_config.cluster.controller_addr
-    faults([{"call": "create_node", "node": node, "times": 1,
-             "block": [f"to {ctl} ipproto tcp dport 6817"]}])  # fmt: skip
-    job = submit(env, "-p", "burst-cpu", "-w", node, "--wrap", "hostname")
+    faults([{"call": "create_node", "node": node, "times": 1, "gpu": FAULTS["gpu-missing"]}])
+    job = submit(env, "-p", "burst-gpu", "-w", node, "--wrap", "hostname")
     first = wait(lambda: (store.node(node) or None) and store.node(node).instance_id, 60,  # type: ignore[union-attr]
                  "the first instance")  # fmt: skip
     wait(lambda: log_lines(HOOK_LOG, rf"prolog\.failed job={job} "), 150, "the prolog to fail")
     failed = log_lines(HOOK_LOG, rf"prolog\.failed job={job} ")[0]
     code = store.node(node).error  # type: ignore[union-attr]
-    assert f"node {node} " in failed and code and code in failed
+    assert f"node {node} " in failed and code == "GpuUnhealthy" and code in failed
     wait(lambda: state(env, job) == "PENDING", 30, f"job {job} requeued")
     info = job_fields(env, job)
     # not held; 26.05 says Cleaning while the requeued job's first run is cleaned up

@@ -283,6 +283,64 @@ def test_node_failure_is_named_and_the_job_requeued(
            [job], requeued(env, store, job, node))  # fmt: skip
 
 
+# Bad GPUs (the simulated NVML of a new VM, lab/simnvml FAULTS): the node's GPU check
+# keeps it out (GpuUnhealthy, the problem in its Slurm reason), Slurm requeues the job,
+# and the job runs on a new instance of the node. (fault, node, the reason's words)
+GPU_FAULTS = [
+    ("xid-79", "burst-gpu-3", "gpu 1: XID 79 event"),
+    ("ecc-uncorrectable", "burst-gpu-4", "gpu 0: 3 uncorrectable ECC errors"),
+    ("row-remap-pending", "burst-gpu-5", "gpu 1: row remap pending"),
+    ("gpu-missing", "burst-gpu-6", "1 GPU seen, 2 expected"),
+    ("wrong-driver", "burst-gpu-7", "driver 535.104.05, the group pins 550.54.15"),
+]
+
+
+def test_bad_gpus_keep_their_nodes_out_and_the_jobs_run_on_new_instances(
+    lab: Lab,
+    lab_config: Config,
+    env: dict[str, str],
+    store: Store,
+    cloud: Any,
+    faults: Any,
+    cancel: list[int],
+) -> None:
+    """Five nodes, each born with one bad GPU, at once (each requeue waits Slurm's 30 s).
+    Five failures in a row protect the gpu group (lab: protect_after = 2), as a bad
+    driver in an image should; the test enables it again, as an admin would, before
+    the requeued jobs start, and each runs on a healthy new instance."""
+    from slurm_burst.lab.simnvml import FAULTS
+
+    faults([{"call": "create_node", "node": node, "gpu": FAULTS[fault], "times": 1}
+            for fault, node, _ in GPU_FAULTS])  # fmt: skip
+    since = last_event_id(store)
+    first = {node: (store.node(node).launch_seq if store.node(node) else 0)  # type: ignore[union-attr]
+             for _, node, _ in GPU_FAULTS}  # fmt: skip
+    jobs = {}
+    for _, node, _ in GPU_FAULTS:
+        out = sh(env, "sbatch", "--parsable", "-p", "burst-gpu", "-w", node, "--gres=gpu:1",
+                 "-t", "5", "-o", "/dev/null", "--wrap", "hostname")  # fmt: skip
+        jobs[node] = int(out.strip().split(";")[0])
+    cancel.extend(jobs.values())
+    started = time.monotonic()
+    for fault, node, words in GPU_FAULTS:
+        wait(failed_and_named(env, store, node, since, "GpuUnhealthy"), 90,
+             f"{node} ({fault}) refused with GpuUnhealthy, named in its Slurm reason")  # fmt: skip
+        said = [e["detail"] for e in events(store, node, since)
+                if e["event"] == "node.gpu_unhealthy"]  # fmt: skip
+        assert len(said) == 1 and words in said[0], said
+    wait(lambda: invoke([*SB, "group", "enable", "gpu"], expect=None).exit_code == 0, 60,
+         "group enable gpu")  # fmt: skip
+    for fault, node, words in GPU_FAULTS:
+        left = max(60.0, 240 - (time.monotonic() - started))
+        settle(f"GPU: {fault}", f"node out (Code:GpuUnhealthy: {words[:28]}); job ran on a "
+               "new instance", store, cloud, lab_config, env, [jobs[node]],
+               completed(env, jobs[node]), timeout=left)  # fmt: skip
+        rec = store.node(node)
+        assert rec is not None and rec.launch_seq >= first[node] + 2  # the refused one, a new one
+        ran_on = sh(env, "sacct", "-n", "-X", "-j", str(jobs[node]), "-o", "NodeList").split()
+        assert ran_on == [node]
+
+
 def test_a_node_whose_slurmd_release_slurmctld_cannot_take_is_refused(
     lab: Lab,
     lab_config: Config,

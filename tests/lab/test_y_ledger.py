@@ -4,7 +4,8 @@ slurmdbd (MariaDB), sacct and slurmctld.
 - the jobs land in the ledger from sacct, every terminated instance is split,
   ``ledger report --by job --format json`` shows the GPU job with its account,
   GPU-hours and cost, and ``--by account`` adds up to the provider cost to the
-  micro-dollar (overhead included);
+  micro-dollar (overhead included); a sampled GPU job has its GPU utilization and
+  idle GPU cost, which the account report adds up;
 - an account set over budget: its next burst job pends with Slurm's own reason
   (AssocGrpBillingMinutes) and no instance is created, while another account's
   job still bursts.
@@ -24,6 +25,7 @@ from slurm_burst.config import Config
 from slurm_burst.lab.service import Lab
 from slurm_burst.wiring import cloud_driver, ledger
 from tests.conftest import LAB_CONFIG, invoke
+from tests.lab.conftest import GPU_BUSY_JOB
 
 SB = ["--config", str(LAB_CONFIG)]
 
@@ -84,6 +86,18 @@ def test_report_after_the_burst_jobs(lab: Lab, lab_config: Config) -> None:
     assert job["gpu_hours"] > 0 and job["total"] > 0 and job["state"]
     assert sum(r["total_micros"] for r in by_job["rows"]) == provider_total
     assert by_account["total"]["overhead"] > 0  # boot and idle before suspend are shown
+    # a sampled GPU job has its GPU use and idle GPU cost; test_x_gpu's (when it ran in
+    # this session) kept its GPU 90 % busy (0 % before that was set)
+    sampled = [r for r in gpu_jobs if r["gpu_util"] is not None]
+    for r in sampled:
+        assert r["idle_gpu_micros"] == round(r["allocated_micros"] * (1 - r["gpu_util"]))
+    if GPU_BUSY_JOB:
+        busy = [r for r in sampled if r["job"] == GPU_BUSY_JOB["job"]]
+        assert busy and busy[0]["gpu_util"] > 0.5, gpu_jobs
+    idle = sum(r["idle_gpu_micros"] for r in by_job["rows"])
+    assert (idle > 0) == any(r["gpu_util"] < 1 for r in sampled)
+    # rounded per charge line by account, per job here: at most a micro-dollar each
+    assert abs(sum(r["idle_gpu_micros"] for r in by_account["rows"]) - idle) <= len(sampled)
     gpu = [i for i in instances if i["partition"] == "burst-gpu"]
     assert gpu and all(i["price_source"] == "rates.gpu1-2026" for i in gpu)
     assert all(i["price_per_hour"] == pytest.approx(2.80) for i in gpu)
@@ -139,9 +153,10 @@ def test_over_budget_account_pends_and_no_instance_is_created(
         assert _squeue(env, blocked) == ("PENDING", "AssocGrpBillingMinutes")
         allowed = _sbatch(env, "chemistry")
         deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and _squeue(env, allowed)[0] not in ("RUNNING", ""):
+        started = ("RUNNING", "COMPLETING", "")  # "" = already finished and gone
+        while time.monotonic() < deadline and _squeue(env, allowed)[0] not in started:
             time.sleep(0.5)
-        assert _squeue(env, allowed)[0] in ("RUNNING", "")  # "" = already finished
+        assert _squeue(env, allowed)[0] in started
         assert _squeue(env, blocked) == ("PENDING", "AssocGrpBillingMinutes")
         new = [n for n in cloud.list_nodes() if n.id not in before]
         assert len(new) == 1, "only the chemistry job's node was created"

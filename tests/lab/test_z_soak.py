@@ -11,10 +11,10 @@ of nodes take turns, so a pair powers down while the next cycles run.
 At the end: no instance, no cloud VM (namespace) and no hub peer left, no mesh address
 leased, every ledger row closed; the daemon's open file descriptors and threads as
 after cycle 10 (both sampled with nothing in flight), its resident memory grown by at
-most 50 KB a cycle (checked from 100 cycles on: over 20 the allocator's steps outweigh
+most 50 KB a cycle (checked from 100 cycles on: over 12 the allocator's steps outweigh
 any trend; the figure is printed either way).
 
-``SOAK_CYCLES`` (default 20, what CI runs; ``make soak``: 200). The figures are printed
+``SOAK_CYCLES`` (default 12, what CI runs; ``make soak``: 200). The figures are printed
 at the end of the run and written to ``soak.json`` in the lab's log directory.
 """
 
@@ -38,7 +38,7 @@ from slurm_burst.wiring import ledger, mesh_hub
 from tests.conftest import wait
 from tests.lab.conftest import SOAK, sh
 
-CYCLES = int(os.environ.get("SOAK_CYCLES", "20"))
+CYCLES = int(os.environ.get("SOAK_CYCLES", "12"))
 PAIRS = [(f"burst-cpu-{i}", f"burst-cpu-{i + 1}") for i in (1, 3, 5, 7)]
 RSS_PER_CYCLE = 50 * 1024  # bytes
 

@@ -297,3 +297,32 @@ def test_strict_modes_for_the_config_its_credentials_and_the_slurm_programs(
     assert [e for e in errors() if e.startswith("slurm.bin_dir") and "writable by its group" in e]
     with pytest.raises(ConfigError, match="can be changed by others"):
         load_config(path)
+
+
+SECOND_GROUP = """
+[node_groups.gpu2]
+pattern = "gpu2-{n}"
+count = 1
+partition = "burst-gpu2"
+providers = ["aws"]
+sizes = ["g5.xlarge"]
+image = "ami-456"
+cpus = 4
+memory_mb = 15000
+gpus = 1
+price_per_hour = { "g5.xlarge" = PRICE }
+"""
+
+
+def test_groups_sharing_a_size_may_repeat_its_price_but_not_change_it(tmp_path: Path) -> None:
+    """Prices are per size (one rate table): two groups on one size (e.g. two images)
+    give it the same price; a different one is ambiguous and named."""
+    cfg = load_config(write(tmp_path, GOOD + SECOND_GROUP.replace("PRICE", "1.006")))
+    assert [r.name for r in cfg.rate_list() if r.size == "g5.xlarge"] == [
+        "node_groups.gpu.price_per_hour.g5.xlarge"
+    ]
+    _, problems = check_config(write(tmp_path, GOOD + SECOND_GROUP.replace("PRICE", "1.5")))
+    assert any(
+        "node_groups.gpu2.price_per_hour.g5.xlarge" in p.path and "same size" in p.message
+        for p in problems
+    ), problems

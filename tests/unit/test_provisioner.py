@@ -7,7 +7,9 @@ the fault matrix); these pin down each branch, fast.
 
 from __future__ import annotations
 
+import json
 import logging
+import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -58,7 +60,8 @@ def test_a_node_launches_boots_bootstraps_and_joins(w: World) -> None:
     assert rec is not None and rec.state == NodeState.JOINED and rec.error == ""
     (inst,) = w.cloud.of_node(N)
     assert (rec.instance_id, rec.provider, rec.size) == (inst.id, "lab", "ns.cpu2")
-    assert rec.token == f"burstlab-{N}-1-0"
+    install = w.store.meta_get("installation")
+    assert re.fullmatch(r"[0-9a-f]{8}", install) and rec.token == f"burstlab-{install}-{N}-1-0"
     # the hub knows the node's key at its pool address; Slurm reaches it there
     (peer,) = w.mesh.peers()
     assert peer.public_key == rec.wg_pubkey and peer.allowed_ips == (f"{rec.mesh_addr}/32",)
@@ -71,7 +74,9 @@ def test_a_node_launches_boots_bootstraps_and_joins(w: World) -> None:
     assert node.slurmd == N and node.munged
     steps = [a[2] for a in node.ran if a[:2] == ["sh", REMOTE_SCRIPT]]
     assert steps == ["slurmd-version", "wg-key", "wg-up", "munge-dirs", "munge-start",
-                     "slurmd-start"]  # fmt: skip
+                     "health-check", "slurmd-start"]  # fmt: skip
+    # the lab's HealthCheckProgram on a node without GPUs: no check, no site program
+    assert node.health_check == ["/etc/slurm-burst/health-check", ""]
     slurmd = next(a for a in node.ran if a[2:3] == ["slurmd-start"])
     assert slurmd[3:] == [N, "10.77.0.1"]  # configless: the hub's mesh address
     assert w.ledger.of(N) == ["requested", "running", "joined"]
@@ -121,7 +126,8 @@ def test_a_terminated_node_asked_up_again_launches_with_a_new_token(w: World) ->
     w.store.update(N, want=Want.UP)
     rec = w.prov.drive(N)
     assert rec is not None and rec.state == NodeState.JOINED and rec.launch_seq == 2
-    assert rec.token == f"burstlab-{N}-2-0" and len(w.cloud.of_node(N)) == 1
+    install = w.store.meta_get("installation")
+    assert rec.token == f"burstlab-{install}-{N}-2-0" and len(w.cloud.of_node(N)) == 1
 
 
 # -- launch ------------------------------------------------------------------------
@@ -132,7 +138,7 @@ def test_a_capacity_error_falls_back_to_the_next_size_and_cools_the_first(w: Wor
     w.request(N, "burst-cpu-2")
     assert w.prov.drive(N) is not None
     assert (w.rec(N).state, w.rec(N).size, w.rec(N).token) == (
-        NodeState.JOINED, "ns.cpu4", f"burstlab-{N}-1-1"
+        NodeState.JOINED, "ns.cpu4", f"burstlab-{w.prov.launcher.installation()}-{N}-1-1"
     )  # fmt: skip
     assert ("lab", "ns.cpu2") in w.store.unavailable(w.clock.now())
     launches = w.cloud.calls["launch"]
@@ -173,7 +179,7 @@ def test_a_crash_after_the_launch_call_adopts_the_instance(w: World) -> None:
     """The daemon died after create_node answered and before it recorded the instance:
     the node is still launching with its token; the retry finds what the call made."""
     w.request(N)
-    token = f"burstlab-{N}-1-0"
+    token = f"burstlab-{w.prov.launcher.installation()}-{N}-1-0"
     w.store.transition(N, NodeState.LAUNCHING, w.clock.now(), token=token, provider="lab",
                        size="ns.cpu2")  # fmt: skip
     spec = w.prov.launcher.spec(w.cfg.node_groups["cpu"], N, "ns.cpu2", token)
@@ -185,7 +191,7 @@ def test_a_crash_after_the_launch_call_adopts_the_instance(w: World) -> None:
 
 def test_a_retried_call_to_a_size_that_cooled_meanwhile_is_repeated_not_lost(w: World) -> None:
     w.request(N)
-    token = f"burstlab-{N}-1-0"
+    token = f"burstlab-{w.prov.launcher.installation()}-{N}-1-0"
     w.store.transition(N, NodeState.LAUNCHING, w.clock.now(), token=token, provider="lab",
                        size="ns.cpu2")  # fmt: skip
     w.cloud.launch(w.prov.launcher.spec(w.cfg.node_groups["cpu"], N, "ns.cpu2", token))
@@ -436,6 +442,20 @@ def test_failures_in_a_row_count_towards_protected_mode_and_a_join_resets_them(
     assert w.store.groups()["cpu"].failures == 0
 
 
+def test_a_node_that_served_and_then_failed_is_no_failed_launch(w: World) -> None:
+    """A GPU that went bad on a node that had registered (the reconcile loop fails it):
+    the launch was good, so the group's failures in a row do not grow; a node that
+    joined but never registered is a failed launch."""
+    w.request(N, "burst-cpu-2")
+    w.prov.drive(N)
+    w.prov.drive("burst-cpu-2")
+    w.store.update(N, registered_at=w.clock.now())
+    assert w.prov.fail(N, "GpuUnhealthy", "drained by its GPU health check")
+    assert w.store.groups()["cpu"].failures == 0
+    assert w.prov.fail("burst-cpu-2", "SlurmdNotRegistered", "never registered")
+    assert w.store.groups()["cpu"].failures == 1
+
+
 @pytest.mark.parametrize(
     ("error", "code"),
     [
@@ -465,3 +485,84 @@ def test_the_adapters_errors_keep_the_contract() -> None:
 
     for cls in (SlurmError, SshError, CloudError, RemoteError, MeshError, StoreError):
         assert issubclass(cls, BurstError), cls
+
+
+def test_launch_tokens_differ_between_installations_and_never_cut_a_long_name(
+    tmp_path: Path,
+) -> None:
+    """A controller installed afresh (an empty state database, the same cluster name)
+    must not repeat the tokens of the one before: the provider would hand back that
+    one's instances or refuse (EC2: IdempotentParameterMismatch)."""
+    for d in ("a", "b"):
+        (tmp_path / d).mkdir()
+    first, second = make_world(tmp_path / "a"), make_world(tmp_path / "b")
+    first.request(N)
+    second.request(N)
+    a, b = first.prov.drive(N), second.prov.drive(N)
+    assert a is not None and b is not None and a.token != b.token
+    # the same database keeps its id: a restarted daemon repeats its own tokens
+    assert first.prov.launcher.installation() == first.store.meta_get("installation")
+    long = a._replace(name="n" * 70)
+    other = a._replace(name="n" * 69 + "m")
+    t1, t2 = first.prov.launcher.token(long, 0), first.prov.launcher.token(other, 0)
+    assert t1 != t2 and max(len(t1), len(t2)) <= 63
+
+
+# -- GPU nodes: the NVML check before slurmd ---------------------------------------------
+G = "burst-gpu-1"
+
+
+def test_a_gpu_node_passes_its_gpu_check_before_it_joins(w: World) -> None:
+    w.request(G)
+    rec = w.prov.drive(G)
+    assert rec is not None and rec.state == NodeState.JOINED
+    node = w.connector.nodes[rec.ip] if rec.ip else next(iter(w.connector.nodes.values()))
+    steps = [a[2] for a in node.ran if a[:2] == ["sh", REMOTE_SCRIPT]]
+    assert steps[:3] == ["slurmd-version", "gpu-prepare", "gpu-check"]  # before anything else
+    assert steps[-2:] == ["health-check", "slurmd-start"]
+    check = next(a for a in node.ran if a[2:3] == ["gpu-check"])
+    assert check[3:] == [w.cfg.gpu.node_python]
+    body, mode, _ = node.files["/etc/slurm-burst/gpu-check.json"]
+    assert mode == 0o644 and json.loads(body) == {
+        "count": 2,
+        "files": ["/run/simgpu/nvidia0", "/run/simgpu/nvidia1"],
+        "model": "NVIDIA A100-SXM4-80GB",
+        "driver": "550.54.15",
+        "cuda": "12.4",
+        "critical_xids": list(w.cfg.gpu.critical_xids),
+        "chain": "",
+        "kernel_log": "/run/simgpu/kmsg",  # the lab's: its VMs share the host's kernel
+    }
+    shipped = (Path(__file__).parents[2] / "slurm_burst/node/gpucheck.py").read_bytes()
+    assert node.files["/etc/slurm-burst/gpucheck.py"] == (shipped, 0o644, None)
+    assert node.health_check == [
+        "/etc/slurm-burst/health-check", "", w.cfg.gpu.node_python,
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("report", "reason"),
+    [
+        ({"ok": False, "problems": ["gpu 1: XID 79 event"]}, "gpu 1: XID 79 event"),
+        ({"ok": False, "problems": ["1 GPU seen, 2 expected", "/run/simgpu/nvidia1 is no GPU"]},
+         "1 GPU seen, 2 expected; /run/simgpu/nvidia1 is no GPU"),
+        ({"ok": True, "problems": ["contradiction"]}, "contradiction"),
+        ({"surprise": 1}, "the GPU check said"),
+    ],
+    ids=["xid", "two-problems", "ok-with-problems", "garbage"],
+)  # fmt: skip
+def test_a_gpu_node_that_fails_its_check_never_joins(
+    w: World, report: dict[str, object], reason: str
+) -> None:
+    w.connector.gpu_report = report
+    w.request(G)
+    rec = w.prov.drive(G)
+    assert rec is not None and rec.error == "GpuUnhealthy" and reason in rec.message
+    assert_released(w, G, "GpuUnhealthy")
+    node = next(iter(w.connector.nodes.values()))
+    assert not node.slurmd and not node.wg_pub  # nothing set up past the check
+    down = next(u for u in w.slurm.updates if u["state"] == "down")
+    assert reason[:60] in down["reason"]
+    if "said" not in reason:
+        events = [e for e in w.store.events() if e["event"] == "node.gpu_unhealthy"]
+        assert [(e["node"], e["detail"]) for e in events] == [(G, reason)]

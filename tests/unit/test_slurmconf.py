@@ -90,3 +90,37 @@ def test_mixed_version_window(ctld: str, slurmd: str, problem: str | None) -> No
 
     said = mixed_version_problem(ctld, slurmd)
     assert (said is None) if problem is None else (said is not None and problem in said)
+
+
+def test_health_check_program_only_when_the_gpu_check_is_it(tmp_path: Path) -> None:
+    plain = render(load_config(write(tmp_path, GOOD)), "22.05")["slurm-burst.conf"]
+    assert "\nHealthCheckProgram=" not in plain and "HealthCheckProgram: the site's own" in plain
+    cfg = load_config(
+        write(
+            tmp_path,
+            GOOD + '[gpu]\nhealth_check_program = "/etc/slurm-burst/health-check"\n'
+            'health_check_chain = "/usr/sbin/nhc"\nhealth_check_interval = 120\n',
+        )
+    )
+    lines = render(cfg, "24.11")["slurm-burst.conf"].splitlines()
+    assert "HealthCheckProgram=/etc/slurm-burst/health-check" in lines
+    assert "HealthCheckInterval=120" in lines and "HealthCheckNodeState=ANY" in lines
+    assert any("/usr/sbin/nhc runs first there" in ln for ln in lines)
+    gres = render(cfg, "24.11")["gres.conf"]
+    assert "NodeName=gpu-[01-03] Name=gpu Type=a10g File=/dev/nvidia0" in gres
+
+
+def test_onprem_only_accounts_and_qos_are_denied_every_burst_partition(tmp_path: Path) -> None:
+    cfg = load_config(
+        write(
+            tmp_path,
+            GOOD + "[policy.accounts.medgen]\nonprem_only = true\n"
+            "[policy.accounts.physics]\nwait_factor = 2\n"
+            "[policy.qos.hipaa]\nonprem_only = true\n",
+        )
+    )
+    (line,) = [ln for ln in render(cfg, "22.05")["slurm-burst.conf"].splitlines()
+               if ln.startswith("PartitionName=burst-gpu")]  # fmt: skip
+    assert line.endswith(" DenyAccounts=medgen DenyQos=hipaa")
+    plain = render(load_config(write(tmp_path, GOOD)), "22.05")["slurm-burst.conf"]
+    assert "DenyAccounts" not in plain and "DenyQos" not in plain

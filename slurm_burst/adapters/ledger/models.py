@@ -28,6 +28,7 @@ from sqlalchemy import (
     CheckConstraint,
     Date,
     DateTime,
+    Double,
     Enum,
     ForeignKey,
     Integer,
@@ -282,3 +283,33 @@ class BudgetRow(Base):
     period: Mapped[str] = mapped_column(String(16), comment="Budget period (month).")
     set_at: Mapped[utc] = mapped_column(comment="When it was set (UTC).")
     set_by: Mapped[str] = mapped_column(String(64), comment="Who set it (login name).")
+
+
+class GpuUsageRow(Base):
+    __tablename__ = "gpu_usage"
+    __table_args__ = (
+        UniqueConstraint("job_key", "node", "period_start", name="uq_gpu_usage_once"),
+        CheckConstraint(
+            "gpu_seconds >= 0 AND busy_gpu_seconds >= 0 AND busy_gpu_seconds <= gpu_seconds",
+            name="ck_gpu_usage_seconds",
+        ),
+        {"comment": "GPU use of a job on a node over a period, from NVML samples (append-only)."},
+    )
+
+    id: Mapped[intpk] = mapped_column(comment="Surrogate key.")
+    job_key: Mapped[str] = mapped_column(
+        String(96), index=True, comment="cluster:jobid:start-epoch, as jobs.job_key."
+    )
+    job_id: Mapped[int] = mapped_column(BigInteger, comment="Slurm job id.")
+    node: Mapped[str] = mapped_column(String(128), comment="Burst node.")
+    period_start: Mapped[utc] = mapped_column(comment="Start of the period (UTC).")
+    period_end: Mapped[utc] = mapped_column(comment="End of the period (UTC).")
+    gpus: Mapped[int] = mapped_column(comment="GPUs the job held on the node.")
+    samples: Mapped[int] = mapped_column(comment="Samples in the period.")
+    gpu_seconds: Mapped[float] = mapped_column(Double, comment="GPUs held x seconds.")
+    busy_gpu_seconds: Mapped[float] = mapped_column(
+        Double, comment="Utilization x GPUs x seconds (the part of gpu_seconds the GPUs were busy)."
+    )
+    memory_used_max_bytes: Mapped[bigint] = mapped_column(
+        comment="Most GPU memory the job's GPUs held at a sample, bytes."
+    )

@@ -4,6 +4,10 @@ Account, user, partition and month reports read ``charge_rollups`` (one row per
 allocation pass and day, account, user and partition), so a month of millions
 of charge lines is a few thousand rows to sum. Job reports read ``charges``
 through its day index. Money stays integer micro-dollars until it is printed.
+
+GPU use comes from ``gpu_usage`` (NVML samples per job and node): a job's
+``gpu_util`` is the mean utilization of the GPUs it held, and its ``idle_gpu`` cost
+is its allocated cost times the idle share; reports by other keys add those up.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from slurm_burst.adapters.ledger.models import (
     ChargeKind,
     ChargeRollup,
     ChargeRow,
+    GpuUsageRow,
     JobRow,
 )
 from slurm_burst.core.pricing import dollars
@@ -68,7 +73,50 @@ def report(engine: Engine, by: Sequence[str], start: date, end: date) -> list[di
         for i, v in enumerate(vals[len(cols) :]):
             sums[i] += int(v or 0)
     rows = [_row(dict(zip(by, key, strict=True)), *v) for key, v in acc.items()]
+    idle = _idle_gpu(engine, by, start, end)
+    for line in rows:
+        line["idle_gpu_micros"] = idle.get(tuple(line[k] for k in by), 0)
+        line["idle_gpu"] = float(dollars(line["idle_gpu_micros"]))
     return sorted(rows, key=lambda x: (-x["total_micros"], [x[k] for k in by]))
+
+
+def _gpu_use(gs: Any, busy: Any) -> float | None:
+    return round(min(float(busy) / float(gs), 1.0), 4) if gs else None
+
+
+def _usage_by_job() -> Any:
+    u = GpuUsageRow
+    return (
+        select(
+            u.job_key,
+            func.sum(u.gpu_seconds).label("gs"),
+            func.sum(u.busy_gpu_seconds).label("busy"),
+        )
+        .group_by(u.job_key)
+        .subquery()
+    )
+
+
+def _idle_gpu(
+    engine: Engine, by: Sequence[str], start: date, end: date
+) -> dict[tuple[str, ...], int]:
+    """Idle GPU cost by ``by`` keys: each sampled GPU job's allocated cost times the
+    share of its GPU time its GPUs were idle (``gpu_usage``), in micro-dollars."""
+    c, u = ChargeRow, _usage_by_job()
+    q = (
+        select(c.day, c.account, c.user, c.partition, c.amount_micros, u.c.gs, u.c.busy)
+        .join(u, u.c.job_key == c.job_key)
+        .where(c.day >= start, c.day < end, c.kind == ChargeKind.USAGE, u.c.gs > 0)
+    )
+    out: dict[tuple[str, ...], int] = defaultdict(int)
+    with translated("ledger report"), engine.connect() as conn:
+        for day, account, user, partition, amount, gs, busy in conn.execute(q):
+            use = _gpu_use(gs, busy) or 0.0
+            named = {"account": account, "user": user, "partition": partition}
+            d = _as_date(day)
+            named |= {"month": d.strftime("%Y-%m"), "day": d.isoformat()}
+            out[tuple(named[k] or "" for k in by)] += round(int(amount) * (1 - use))
+    return out
 
 
 def _by_job(engine: Engine, start: date, end: date) -> list[dict[str, Any]]:
@@ -93,10 +141,14 @@ def _by_job(engine: Engine, start: date, end: date) -> list[dict[str, Any]]:
         raw = conn.execute(q).all()
         keys = sorted({r[0] for r in raw if r[0]})
         jobs: dict[str, Any] = {}
+        use: dict[str, float | None] = {}
+        u = _usage_by_job()
         for i in range(0, len(keys), 5000):
             chunk = keys[i : i + 5000]
             for row in conn.execute(select(JobRow).where(JobRow.job_key.in_(chunk))):
                 jobs[row.job_key] = row
+            for key, gs, busy in conn.execute(select(u).where(u.c.job_key.in_(chunk))):
+                use[key] = _gpu_use(gs, busy)
     rows = []
     for key, account, user, partition, *sums in raw:
         j = jobs.get(key)
@@ -110,7 +162,12 @@ def _by_job(engine: Engine, start: date, end: date) -> list[dict[str, Any]]:
             "start": j.start_at.isoformat() if j else None,
             "end": j.end_at.isoformat() if j else None,
         }
-        rows.append(_row(head, *(int(v or 0) for v in sums)))
+        line = _row(head, *(int(v or 0) for v in sums))
+        util = line["gpu_util"] = use.get(key)  # the job's GPUs' mean use; None: unsampled
+        idle = 0 if util is None else round(line["allocated_micros"] * (1 - util))
+        line["idle_gpu_micros"] = idle
+        line["idle_gpu"] = float(dollars(idle))
+        rows.append(line)
     return sorted(rows, key=lambda x: (-x["total_micros"], x["job_key"], x["account"]))
 
 

@@ -28,6 +28,7 @@ from slurm_burst.adapters.ledger.models import (
     BudgetRow,
     ChargeRollup,
     ChargeRow,
+    GpuUsageRow,
     IngestRun,
     InstanceEventKind,
     InstanceEventRow,
@@ -35,6 +36,7 @@ from slurm_burst.adapters.ledger.models import (
     JobRow,
 )
 from slurm_burst.core.allocation import OVERHEAD, Allocation, Charge
+from slurm_burst.core.gpu import GpuUsage
 from slurm_burst.core.pricing import cost_micros, dollars, epoch_ms, to_micros
 from slurm_burst.core.usage import ClosedInstance, InstanceEvent, JobUsage, LedgerConflict
 
@@ -119,6 +121,40 @@ class SqlLedger:
                 ],
             )
         log.info("ledger.instance.%s node=%s instance=%s", ev.event, ev.node, ev.instance_id)
+
+    def gpu_usage(self, rows: Sequence[GpuUsage]) -> int:
+        """Record GPU usage periods; one already recorded (same job, node and start) is
+        not added again. Returns how many were new."""
+        if not rows:
+            return 0
+        values = [
+            {
+                "job_key": r.job_key,
+                "job_id": r.job_id,
+                "node": r.node,
+                "period_start": datetime.fromtimestamp(r.start, UTC),
+                "period_end": datetime.fromtimestamp(r.end, UTC),
+                "gpus": r.gpus,
+                "samples": r.samples,
+                "gpu_seconds": r.gpu_seconds,
+                "busy_gpu_seconds": min(r.busy_gpu_seconds, r.gpu_seconds),
+                "memory_used_max_bytes": r.memory_used_max_bytes,
+            }
+            for r in rows
+        ]
+        # rowcount of a multi-row INSERT ... ON CONFLICT is not reliable across drivers
+        # (psycopg's executemany reports 0), so the new rows are counted before and after
+        keys = sorted({r.job_key for r in rows})
+        counted = select(func.count()).select_from(GpuUsageRow).where(GpuUsageRow.job_key.in_(keys))
+        with translated("ledger gpu usage"), self.engine.begin() as conn:
+            before = int(conn.scalar(counted) or 0)
+            conn.execute(
+                insert_ignore(self.engine, GpuUsageRow.__table__),  # type: ignore[arg-type]
+                values,
+            )
+            added = int(conn.scalar(counted) or 0) - before
+        log.info("ledger.gpu_usage rows=%d new=%d", len(rows), added)
+        return added
 
     def instances(self) -> list[dict[str, Any]]:
         """One dict per instance with its event times and derived hours and cost."""

@@ -2,7 +2,8 @@
 
 Names follow Prometheus conventions: ``slurm_burst_`` prefix, counters end in
 ``_total``, durations are seconds. Labels are bounded sets (groups, states,
-providers, error codes), never node names or job ids.
+providers, error codes), never node names or job ids; the one exception, per-GPU
+series labelled by node, exists only when ``gpu.per_gpu_metrics`` asks for it.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ from collections.abc import Mapping, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 from prometheus_client.exposition import generate_latest
+
+from slurm_burst.core.gpu import GpuSample, GroupGpus
 
 NODE_STATES = (
     "requested",
@@ -105,6 +108,33 @@ class Metrics:
             "slurm_burst_heartbeat_timestamp_seconds", "The daemon's last heartbeat.", registry=r
         )
 
+        g = ["group"]
+        self.gpu_count = Gauge(
+            "slurm_burst_gpus_sampled", "GPUs of joined nodes at the last sample.", g, registry=r
+        )
+        self.gpu_util = Gauge(
+            "slurm_burst_gpu_utilization_ratio",
+            "Mean GPU utilization (0-1) over the group's sampled GPUs.",
+            g,
+            registry=r,
+        )
+        self.gpu_memory = Gauge(
+            "slurm_burst_gpu_memory_used_bytes", "GPU memory in use, summed.", g, registry=r
+        )
+        self.gpu_power = Gauge(
+            "slurm_burst_gpu_power_watts", "GPU power draw, summed.", g, registry=r
+        )
+        n = ["node", "gpu"]  # only with gpu.per_gpu_metrics: grows with the fleet
+        self.node_gpu_util = Gauge(
+            "slurm_burst_node_gpu_utilization_ratio", "Utilization (0-1) of one GPU.", n, registry=r
+        )
+        self.node_gpu_memory = Gauge(
+            "slurm_burst_node_gpu_memory_used_bytes", "Memory in use on one GPU.", n, registry=r
+        )
+        self.node_gpu_power = Gauge(
+            "slurm_burst_node_gpu_power_watts", "Power draw of one GPU.", n, registry=r
+        )
+
     def serve(self, listen: str) -> None:
         """Serve ``/metrics`` on ``HOST:PORT`` from a daemon thread."""
         host, _, port = listen.rpartition(":")
@@ -148,6 +178,33 @@ class Metrics:
     def group_status(self, group: str, spend_per_hour: float, protected: bool) -> None:
         self.spend_rate.labels(group).set(spend_per_hour)
         self.protected.labels(group).set(1 if protected else 0)
+
+    def gpus(
+        self,
+        by_group: Mapping[str, GroupGpus],
+        per_gpu: Mapping[str, Sequence[GpuSample]] | None,
+    ) -> None:
+        """The latest GPU samples: per group always; per node and GPU when asked (a
+        node gone since is dropped, so the series do not outlive it)."""
+        for gauge in (self.gpu_count, self.gpu_util, self.gpu_memory, self.gpu_power):
+            gauge.clear()
+        for group, agg in by_group.items():
+            self.gpu_count.labels(group).set(agg.gpus)
+            self.gpu_memory.labels(group).set(agg.memory_used_bytes)
+            self.gpu_power.labels(group).set(agg.power_watts)
+            if agg.utilization is not None:
+                self.gpu_util.labels(group).set(agg.utilization)
+        for gauge in (self.node_gpu_util, self.node_gpu_memory, self.node_gpu_power):
+            gauge.clear()
+        for node, samples in (per_gpu or {}).items():
+            for s in samples:
+                i = str(s.index)
+                if s.utilization is not None:
+                    self.node_gpu_util.labels(node, i).set(s.utilization / 100)
+                if s.memory_used_bytes is not None:
+                    self.node_gpu_memory.labels(node, i).set(s.memory_used_bytes)
+                if s.power_watts is not None:
+                    self.node_gpu_power.labels(node, i).set(s.power_watts)
 
     def text(self) -> bytes:
         return generate_latest(self.registry)

@@ -19,17 +19,22 @@ from slurm_burst.adapters.proc import CommandError, Result, run
 from slurm_burst.adapters.slurm.openapi import SchemaError, parse_jobs, parse_nodes, slurm_release
 from slurm_burst.core.hostlist import compress
 from slurm_burst.core.slurm import (
+    QUEUE_FORMAT,
+    QueuedJob,
     SchedulerError,
     SlurmJob,
     SlurmNode,
     SlurmPartition,
     check_update,
+    parse_job_gpus,
+    parse_queue,
     parse_state_field,
 )
 
 log = logging.getLogger(__name__)
 
 Runner = Callable[..., Result]
+STEER_BATCH = 1000  # job ids per scontrol update (about 8 KB of argv)
 
 
 class SlurmError(SchedulerError):
@@ -60,11 +65,14 @@ class SlurmCli:
         self.batch = batch
         self._run = runner
         self._nodes_from_scontrol = False  # learned from the first sinfo --json
+        self._queue_lines: dict[str, QueuedJob] = {}  # the last squeue read, line -> job
 
-    def _cmd(self, tool: str, *args: str) -> str:
+    def _cmd(self, tool: str, *args: str, env: dict[str, str] | None = None) -> str:
         argv = [str(self.bin / tool), *args]
         try:
-            return self._run(argv, timeout=self.timeout, env=self.env).stdout
+            return self._run(
+                argv, timeout=self.timeout, env={**(self.env or {}), **env} if env else self.env
+            ).stdout
         except CommandError as exc:
             raise SlurmError(f"{tool} {' '.join(args[:2])}", exc.stderr or exc.reason) from exc
 
@@ -129,6 +137,24 @@ class SlurmCli:
             out[(part, state)] = n
         return out
 
+    def job_gpus(self, job_ids: Sequence[int]) -> dict[int, dict[str, tuple[int, ...]]]:
+        """The GPU indices each job holds on each of its nodes (``scontrol -d show job``,
+        one call per job: callers ask once per job, when it starts). A job that is gone
+        is left out."""
+        out = {}
+        for job_id in job_ids:
+            try:
+                text = self._cmd("scontrol", "-d", "--oneliner", "show", "job", str(int(job_id)))
+            except SlurmError as exc:
+                if "Invalid job id" in exc.message:
+                    continue
+                raise
+            try:
+                out[job_id] = {n: idx for n, idx in parse_job_gpus(text).items()}
+            except ValueError as exc:
+                raise SchemaError(f"scontrol show job {job_id}: {exc}") from exc
+        return out
+
     def partitions(self) -> list[SlurmPartition]:
         out = []
         for line in self._cmd("scontrol", "show", "partition", "--oneliner").splitlines():
@@ -147,6 +173,43 @@ class SlurmCli:
                 )
             )
         return out
+
+    def pending_jobs(self) -> list[QueuedJob]:
+        """Every pending job, one ``squeue`` call (the burst policy's read)."""
+        text = self._cmd(
+            "squeue", "--noheader", "--states=PD", f"--Format={QUEUE_FORMAT}",
+            env={"SLURM_TIME_FORMAT": "%s"},
+        )  # fmt: skip
+        try:
+            return parse_queue(text, self._queue_lines)
+        except ValueError as exc:
+            raise SchemaError(f"squeue --Format: {exc}") from exc
+
+    def steer_jobs(
+        self, job_ids: Sequence[str], partitions: Sequence[str], comment: str
+    ) -> list[str]:
+        """Set the partition list and AdminComment of pending jobs: ``scontrol update
+        JobId=1,2,3 Partition=... AdminComment=...``, up to 1,000 jobs a call. A job that
+        started or left since it was read makes scontrol complain (and exit 1) while the
+        others are updated: Slurm's complaints are returned, not raised."""
+        complaints: list[str] = []
+        for start in range(0, len(job_ids), STEER_BATCH):
+            chunk = job_ids[start : start + STEER_BATCH]
+            argv = [
+                str(self.bin / "scontrol"), "update", f"JobId={','.join(chunk)}",
+                f"Partition={','.join(partitions)}", f"AdminComment={comment}",
+            ]  # fmt: skip
+            try:
+                res = self._run(argv, timeout=self.timeout, env=self.env, check=False)
+            except CommandError as exc:  # not run, or timed out: the next pass reads again
+                raise SlurmError("scontrol update", exc.stderr or exc.reason) from exc
+            if res.returncode != 0:
+                complaints.extend(
+                    line.strip() for line in (res.stderr or res.stdout).splitlines() if line.strip()
+                )
+            log.info("slurm.steer jobs=%d partitions=%s rc=%d", len(chunk), ",".join(partitions),
+                     res.returncode)  # fmt: skip
+        return complaints
 
     def ping(self) -> bool:
         try:

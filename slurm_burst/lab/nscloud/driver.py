@@ -18,6 +18,8 @@ import ipaddress
 import json
 import secrets
 import shutil
+import subprocess
+import tempfile
 import time
 from contextlib import AbstractContextManager
 from pathlib import Path
@@ -36,6 +38,7 @@ from libcloud.compute.types import NodeState
 
 from slurm_burst.adapters.filelock import locked
 from slurm_burst.adapters.proc import alive
+from slurm_burst.lab import simnvml
 from slurm_burst.lab.nscloud import net, vm
 
 # name: (cpus, ram MB, gpus, list price per hour)
@@ -69,6 +72,7 @@ class NamespaceNodeDriver(NodeDriver):
         boot_delay: float = 2.0,
         hide: tuple[str, ...] | list[str] = (),
         gpu_dir: str = "/run/simgpu",
+        nvml_library: str = "",
         forget_after: float = 3600.0,
         **kwargs: Any,
     ) -> None:
@@ -81,6 +85,7 @@ class NamespaceNodeDriver(NodeDriver):
         self.boot_delay = float(boot_delay)
         self.hide = (*vm.DEFAULT_HIDE, str(self.state_dir), *hide)
         self.gpu_dir = gpu_dir
+        self.nvml_library = nvml_library  # the simulated NVML a GPU size's VM gets
         self.forget_after = float(forget_after)
         # NodeDriver.__init__ would build an HTTP connection; there is none to build.
 
@@ -142,9 +147,14 @@ class NamespaceNodeDriver(NodeDriver):
         ex_userdata: str | None = None,
         ex_metadata: dict[str, str] | None = None,
         ex_token: str | None = None,
+        ex_gpu_state: dict[str, str | int] | None = None,
         **kwargs: Any,
     ) -> Node:
-        """Start a VM; returns at once with the node ``pending`` (like a real cloud)."""
+        """Start a VM; returns at once with the node ``pending`` (like a real cloud).
+
+        A GPU size's VM has its GPUs' device files and, with ``nvml_library``, the
+        simulated NVML with healthy GPUs, changed by ``ex_gpu_state`` (the lab's GPU
+        faults: ``simnvml.FAULTS``)."""
         if size.id not in SIZES:
             raise LibcloudError(f"InvalidParameterValue: unknown size {size.id!r}", driver=self)
         if image.id not in IMAGES:
@@ -170,8 +180,8 @@ class NamespaceNodeDriver(NodeDriver):
                 boot_delay=self.boot_delay,
                 hide=self.hide,
                 authorized_keys=(auth.pubkey.strip(),) if auth is not None else (),
-                # a GPU size's VM has its (simulated) GPU device files, as gres.conf expects
-                extra_files={f"{self.gpu_dir}/nvidia{i}": "" for i in range(SIZES[size.id][2])},
+                extra_files=self._gpu_files(SIZES[size.id][2], ex_gpu_state),
+                nvml_library=self.nvml_library if SIZES[size.id][2] else "",
                 root=str(image_root.get("root", "")),
                 binds=tuple(image_root.get("binds", ())),
                 init=str(image_root.get("init", "vminit")),
@@ -196,6 +206,25 @@ class NamespaceNodeDriver(NodeDriver):
             meta.update(launcher_pid=pid, launcher_start=start)
             self._write_meta(meta)
         return self._to_node(meta)
+
+    def _gpu_files(self, gpus: int, changes: dict[str, str | int] | None) -> dict[str, str]:
+        """A GPU VM's (simulated) device files, as gres.conf expects, and NVML's state."""
+        files = {f"{self.gpu_dir}/nvidia{i}": "" for i in range(gpus)}
+        if gpus and self.nvml_library:
+            files.update(simnvml.vm_files(gpus, changes))
+        return files
+
+    def ex_set_gpu_state(self, node: Node, changes: dict[str, str | int]) -> None:
+        """Change a running GPU VM's simulated GPUs (utilization, a new fault...): what
+        NVML reports from its next nvmlInit on, and the VM's kernel log (XIDs)."""
+        meta = self._read_meta(str(node.id))
+        if meta is None:
+            raise LibcloudError(f"InvalidInstanceID.NotFound: {node.id}", driver=self)
+        for path, text in simnvml.vm_files(SIZES[meta["size"]][2], changes).items():
+            subprocess.run(
+                [*self.ex_enter_argv(node), "tee", path],
+                input=text, text=True, capture_output=True, check=True, timeout=10,
+            )  # fmt: skip
 
     def list_nodes(
         self, ex_node_ids: list[str] | None = None, ex_filters: dict[str, str] | None = None
@@ -263,10 +292,48 @@ class NamespaceNodeDriver(NodeDriver):
 
     def ex_enter_argv(self, node: Node) -> list[str]:
         """argv prefix running a command inside the VM; for the lab and its tests only."""
+        return vm.enter_argv(self._launcher_pid(node))
+
+    def _launcher_pid(self, node: Node) -> int:
+        """The pid of ``node``'s VM launcher, which must be running."""
         meta = self._read_meta(str(node.id))
         if meta is None or not alive(meta.get("launcher_pid"), meta.get("launcher_start")):
             raise LibcloudError(f"{node.id} is not running", driver=self)
-        return vm.enter_argv(int(meta["launcher_pid"]))
+        return int(meta["launcher_pid"])
+
+    def ex_export_root(self, node: Node, dest: str | Path) -> Path:
+        """Copy a running VM's root file system (its own, not what is mounted below it:
+        /proc, /sys, /dev, /run, binds) to ``dest``, which must not exist: how the lab
+        bakes an image from a VM a provisioning tool prepared (a cloud's CreateImage)."""
+        pid1 = vm.init_pid(self._launcher_pid(node))
+        if pid1 is None:
+            raise LibcloudError(f"{node.id} has no init process", driver=self)
+        out = Path(dest)
+        out.mkdir(parents=True)
+        with tempfile.TemporaryFile() as errors:
+            pack = subprocess.Popen(
+                ["tar", "--one-file-system", "--numeric-owner", "--xattrs", "-C",
+                 f"/proc/{pid1}/root", "-cf", "-", "."],
+                stdout=subprocess.PIPE, stderr=errors,
+            )  # fmt: skip
+            assert pack.stdout is not None
+            unpack = subprocess.run(
+                ["tar", "--numeric-owner", "--xattrs", "-C", str(out), "-xf", "-"],
+                stdin=pack.stdout, capture_output=True, check=False, timeout=600,
+            )  # fmt: skip
+            pack.stdout.close()
+            # tar's 1: a file changed while it was read (a running system's logs), as a
+            # cloud's snapshot of a running instance's disk takes it
+            packed = pack.wait(timeout=600)
+            errors.seek(0)
+            why = (errors.read() + unpack.stderr).decode(errors="replace").strip()
+        if packed not in (0, 1) or unpack.returncode != 0:
+            shutil.rmtree(out, ignore_errors=True)
+            raise LibcloudError(
+                f"exporting {node.id}'s root failed (tar {packed}/{unpack.returncode}): {why}",
+                driver=self,
+            )
+        return out
 
     def ex_teardown(self, every_vm_network: bool = False) -> None:
         """Destroy every VM, the bridge and the state directory: leave nothing behind.

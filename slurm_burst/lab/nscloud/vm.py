@@ -58,6 +58,9 @@ class VmSpec:
     # "vminit": vminit stays PID 1 and starts sshd; "systemd": the image's systemd becomes
     # PID 1 (a root image only), in a cgroup and cgroup namespace of the VM's own
     init: str = "vminit"
+    # a GPU VM's NVIDIA library (the lab's simulated NVML): a host path, copied in at boot
+    # to /run/simgpu/lib and made known to the VM's dynamic loader, as a driver install does
+    nvml_library: str = ""
 
     @property
     def cgroups(self) -> tuple[str, ...]:

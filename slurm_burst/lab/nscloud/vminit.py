@@ -74,6 +74,8 @@ class VmInit:
         if self.spec.init == "systemd":
             self.boot_systemd()  # does not return: systemd becomes PID 1
         userdata = self.read_private("user-data")
+        # read while the host's path is visible (the lab's state is hidden below)
+        nvml = Path(self.spec.nvml_library).read_bytes() if self.spec.nvml_library else b""
         mount(["-t", "tmpfs", "-o", "mode=0755,nosuid,nodev", "tmpfs", "/run"])
         if self.spec.root:
             self.enter_image()
@@ -109,16 +111,27 @@ class VmInit:
         for path, content in self.spec.extra_files.items():
             os.makedirs(os.path.dirname(path), exist_ok=True)
             Path(path).write_text(content)
+        if nvml:
+            self.install_nvml(nvml)
         self.write_authorized_keys()
         self.start_sshd()
-        self.write_status(
-            state="running",
-            booted_at=time.time(),
-            ip=self.spec.ip,
-            ssh_host_key=self.status.get("ssh_host_key"),
-        )
+        self.write_running()
         if userdata:
             self.run_userdata(userdata)
+
+    def install_nvml(self, library: bytes) -> None:
+        """The GPU driver's library, where this VM's loader finds it (libnvidia-ml.so.1 by
+        name, as nvidia-ml-py asks): a file in /run and an ld.so.conf.d entry, with the
+        loader's cache rebuilt; /etc is the VM's own, never the host's."""
+        if mount_type("/" if self.spec.root else "/etc") != "overlay":
+            raise RuntimeError("refusing to touch /etc/ld.so.conf.d: /etc is not the VM's overlay")
+        os.makedirs("/run/simgpu/lib", mode=0o755, exist_ok=True)
+        lib = "/run/simgpu/lib/libnvidia-ml.so.1"
+        Path(lib).write_bytes(library)
+        os.chmod(lib, 0o755)  # noqa: S103  # a shared library, as a driver installs it
+        os.makedirs("/etc/ld.so.conf.d", exist_ok=True)
+        Path("/etc/ld.so.conf.d/zz-simnvml.conf").write_text("/run/simgpu/lib\n")
+        subprocess.run(["/sbin/ldconfig"], check=True, timeout=60)
 
     def enter_image(self) -> None:
         """Make a private overlay of the image this VM's root, with /proc (this VM's),
@@ -194,16 +207,20 @@ class VmInit:
         self.write_hosts()
         self.new_host_key()
         self.write_authorized_keys()
+        self.write_running(init="systemd")
+        os.close(self.dirfd)
+        env = {"container": "slurm-burst-lab", "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
+        os.execve("/lib/systemd/systemd", ["/lib/systemd/systemd"], env)
+
+    def write_running(self, **extra: Any) -> None:
+        """The status that says the VM is up: when, at which address, its SSH host key."""
         self.write_status(
             state="running",
             booted_at=time.time(),
             ip=self.spec.ip,
             ssh_host_key=self.status.get("ssh_host_key"),
-            init="systemd",
+            **extra,
         )
-        os.close(self.dirfd)
-        env = {"container": "slurm-burst-lab", "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
-        os.execve("/lib/systemd/systemd", ["/lib/systemd/systemd"], env)
 
     def write_hosts(self) -> None:
         """Name -> address in /etc/hosts, as cloud-init's manage_etc_hosts does: daemons
@@ -218,6 +235,9 @@ class VmInit:
             if hosts.exists()
             else []
         )
+        if not any("localhost" in ln.split()[1:] for ln in lines if not ln.startswith("#")):
+            # an image with no /etc/hosts (mmdebstrap writes none): what every host has
+            lines[:0] = ["127.0.0.1\tlocalhost", "::1\tlocalhost ip6-localhost ip6-loopback"]
         lines.append(f"{self.spec.ip}\t{self.spec.hostname}")
         hosts.write_text("\n".join(lines) + "\n")
         # no DNS server answers inside the lab's networks: without one named, a lookup

@@ -37,8 +37,8 @@ def inst(i: str, node: str, state: str = "running") -> Instance:
     return Instance(i, node, state, "lab", tags={"slurm-burst-node": node})
 
 
-def snode(name: str, *flags: str, state: str = "idle") -> SlurmNode:
-    return SlurmNode(name, state, frozenset({"CLOUD", *flags}))
+def snode(name: str, *flags: str, state: str = "idle", reason: str = "") -> SlurmNode:
+    return SlurmNode(name, state, frozenset({"CLOUD", *flags}), reason=reason)
 
 
 def snap(records: list[Rec] | None = None, **kw: object) -> Snapshot:
@@ -156,6 +156,47 @@ CASES = [
         ),
         [],
         id="joined-and-registered-long-ago",
+    ),
+    pytest.param(
+        snap(
+            [Rec("n1", NodeState.JOINED, instance_id="i-1", state_since=NOW - 500)],
+            instances={"lab": [inst("i-1", "n1")]},
+            slurm_nodes={
+                "n1": snode(
+                    "n1",
+                    "DRAIN",
+                    state="idle",
+                    reason="slurm-burst: gpu 1: XID 79 event (Code:GpuUnhealthy)",
+                )
+            },
+        ),
+        [("fail_node", "GpuUnhealthy", "n1")],
+        id="drained-by-the-gpu-health-check-and-idle",
+    ),
+    pytest.param(
+        snap(
+            [Rec("n1", NodeState.JOINED, instance_id="i-1", state_since=NOW - 500)],
+            instances={"lab": [inst("i-1", "n1")]},
+            slurm_nodes={
+                "n1": snode(
+                    "n1",
+                    "DRAIN",
+                    state="mixed",
+                    reason="slurm-burst: gpu 1: XID 79 event (Code:GpuUnhealthy)",
+                )
+            },
+        ),
+        [],
+        id="drained-by-the-gpu-health-check-jobs-still-running",
+    ),
+    pytest.param(
+        snap(
+            [Rec("n1", NodeState.JOINED, instance_id="i-1", state_since=NOW - 500)],
+            instances={"lab": [inst("i-1", "n1")]},
+            slurm_nodes={"n1": snode("n1", "DRAIN", state="idle", reason="admin: bad disk")},
+        ),
+        [],
+        id="drained-by-an-admin-is-left-alone",
     ),
     pytest.param(
         snap(

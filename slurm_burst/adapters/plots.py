@@ -1,0 +1,48 @@
+"""Plots of a simulation (matplotlib, without a display): the wait CDF of each policy, and
+cloud cost against mean wait across the policies (the frontier a sweep traces)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from slurm_burst.services.simulation import Comparison
+
+
+def plot(rows: list[Comparison], title: str, directory: str) -> list[str]:
+    """Two PNGs in ``directory``: the wait CDF of each policy, and cloud cost against
+    mean wait for each (the frontier the sweep traces). Returns their paths."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+
+    import matplotlib.pyplot as plt
+
+    Path(directory).mkdir(parents=True, exist_ok=True)
+    cdf = Path(directory) / "wait-cdf.png"
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for r in rows:
+        n = len(r.waits)
+        if n:
+            hours = [max(w, 1.0) / 3600 for w in r.waits]
+            ax.step(hours, [(i + 1) / n for i in range(n)], where="post", label=r.name)
+    ax.set_xscale("log")
+    ax.set_xlabel("wait (hours, log scale; under 1 s shown as 1 s)")
+    ax.set_ylabel("share of jobs")
+    ax.set_title(f"Wait CDF per policy: {title}", fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(cdf, dpi=110)
+    plt.close(fig)
+    frontier = Path(directory) / "frontier.png"
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    pts = sorted((r.summary.cloud_cost, r.summary.mean_wait / 3600, r.name) for r in rows)
+    ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", color="tab:blue")
+    for cost, wait, name in pts:
+        ax.annotate(name, (cost, wait), textcoords="offset points", xytext=(4, 4), fontsize=7)
+    ax.set_xlabel("cloud cost ($)")
+    ax.set_ylabel("mean wait (hours)")
+    ax.set_title(f"Cost against mean wait: {title}", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(frontier, dpi=110)
+    plt.close(fig)
+    return [str(cdf), str(frontier)]

@@ -1,0 +1,228 @@
+"""``slurm-burst simulate``: what bursting would have done on a job trace."""
+
+from __future__ import annotations
+
+import gzip
+import io
+import stat
+import sys
+from pathlib import Path
+
+import click
+
+from slurm_burst.cli.common import EXIT_BAD_INPUT, EXIT_PRECONDITION, app, emit, fail, json_option
+from slurm_burst.config import Config, ConfigError, load_config
+
+COLUMNS = ["POLICY", "MEAN WAIT", "MEDIAN", "P95", "BSLD", "BURST JOBS", "CLOUD $", "NODE-H",
+           "GPU-H", "UTIL", "GPU UTIL", "WAIT CUT", "COST"]  # fmt: skip
+TRACE_MAX = 1 << 30  # bytes: a trace larger than 1 GiB is not one this can hold in memory
+
+
+def _read(path: str) -> list[str]:
+    """The trace's lines (gzip or plain text), refusing what is no regular file."""
+    p = Path(path)
+    try:
+        st = p.stat()
+    except OSError as exc:
+        fail(f"--trace {path}: {exc.strerror}", EXIT_BAD_INPUT)
+    if not stat.S_ISREG(st.st_mode):
+        fail(f"--trace {path}: not a regular file", EXIT_BAD_INPUT)
+    if st.st_size > TRACE_MAX:
+        fail(f"--trace {path}: {st.st_size:,} bytes, more than 1 GiB", EXIT_BAD_INPUT)
+    try:
+        with p.open("rb") as fh:
+            raw = fh.read(TRACE_MAX + 1)
+        if raw[:2] == b"\x1f\x8b":
+            with gzip.GzipFile(fileobj=io.BytesIO(raw)) as gz:
+                raw = gz.read(TRACE_MAX + 1)
+        if len(raw) > TRACE_MAX:
+            fail(f"--trace {path}: more than 1 GiB uncompressed", EXIT_BAD_INPUT)
+        return raw.decode("utf-8").splitlines()
+    except (OSError, EOFError) as exc:
+        fail(f"--trace {path}: cannot read it: {exc}", EXIT_BAD_INPUT)
+    except UnicodeDecodeError as exc:
+        fail(f"--trace {path}: not UTF-8 text (byte {exc.start})", EXIT_BAD_INPUT)
+
+
+def example_config() -> Path:
+    """The shipped example configuration: from the source tree, else the installed one."""
+    here = Path(__file__).resolve().parents[2] / "slurm-conf" / "example" / "slurm-burst.toml"
+    if here.is_file():
+        return here
+    return Path(sys.prefix) / "share" / "slurm-burst" / "example" / "slurm-burst.toml"
+
+
+def _config(ctx: click.Context) -> Config:
+    """The site's config; where there is none (a laptop, a trial), the shipped example's
+    node groups, prices and policy, said on stderr."""
+    a = app(ctx)
+    if a.config_path.exists():
+        return a.config
+    example = example_config()
+    click.echo(f"note: {a.config_path} not found: using the example config {example}", err=True)
+    try:
+        return load_config(example)
+    except ConfigError as exc:
+        fail(f"the example config {example}: {exc}", EXIT_PRECONDITION)
+
+
+def _format(lines: list[str], given: str) -> str:
+    if given != "auto":
+        return given
+    first = next((ln for ln in lines if ln.strip()), "")
+    if first.startswith(";") or first[:1].isspace() or first[:1].isdigit():
+        return "swf"
+    if first.startswith("name,") and "creation_time" in first:
+        return "alibaba"
+    if first.count("|") == 8:
+        return "sacct"
+    fail("cannot tell the trace's format: give --format swf, alibaba or sacct", EXIT_BAD_INPUT)
+
+
+@click.command("simulate")
+@click.option(
+    "--trace",
+    "trace_path",
+    required=True,
+    metavar="FILE",
+    help="A job trace: SWF (.swf or .swf.gz), Alibaba's GPU CSV, or sacct output.",
+)
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["auto", "swf", "alibaba", "sacct"]),
+    default="auto",
+    show_default=True,
+    help="The trace's format.",
+)
+@click.option(
+    "--cpus",
+    type=click.IntRange(1, 10_000_000),
+    metavar="N",
+    help="On-prem CPUs [default: the SWF header's MaxProcs].",
+)
+@click.option(
+    "--gpus",
+    type=click.IntRange(0, 1_000_000),
+    metavar="N",
+    default=0,
+    show_default=True,
+    help="On-prem GPUs.",
+)
+@click.option(
+    "--limit-factor",
+    type=click.FloatRange(1, 1000),
+    default=2.0,
+    show_default=True,
+    help="A job's time limit where the trace has none: its run time times this.",
+)
+@click.option(
+    "--sweep",
+    metavar="F,F,...",
+    default="",
+    help="Also run the config's policy with each of these wait_per_dollar values "
+    "(seconds of wait a dollar must save).",
+)
+@click.option(
+    "--plot",
+    "plot_dir",
+    metavar="DIR",
+    help="Also write wait-cdf.png and frontier.png there (needs matplotlib).",
+)
+@json_option
+@click.pass_context
+def simulate(
+    ctx: click.Context,
+    trace_path: str,
+    fmt: str,
+    cpus: int | None,
+    gpus: int,
+    limit_factor: float,
+    sweep: str,
+    plot_dir: str | None,
+    as_json: bool,
+) -> None:  # fmt: skip
+    """Replay a job trace through a model of the on-prem cluster (FCFS with EASY
+    backfill) and the config's cloud node groups, under never-burst, burst-always and
+    the config's [policy] (the code the daemon runs), and print for each: wait (mean,
+    median, p95), bounded slowdown, cloud cost, node-hours and GPU-hours, on-prem
+    utilization, and the share of burst-always's wait cut and cost. Without a site
+    config, the shipped example's node groups, prices and policy are used.
+
+    \b
+    Examples:
+      slurm-burst simulate --trace SDSC-SP2-1998-4.2-cln.swf.gz
+      slurm-burst simulate --trace openb_pod_list_default.csv.gz --cpus 100000 --gpus 48
+      sacct -a -X -P -n -S 2026-10-01 -o JobIDRaw,Account,User,Submit,Start,End,\\
+        TimelimitRaw,NCPUS,AllocTRES > last-month.txt
+      slurm-burst simulate --trace last-month.txt --cpus 512 --sweep 900,1800,7200 --json
+    """
+    from slurm_burst.core.workload import TraceError, parse_alibaba, parse_sacct, parse_swf
+    from slurm_burst.services.simulation import SimulationError, cloud_groups, run
+    from slurm_burst.services.simulation import as_json as doc_of
+
+    try:
+        factors = [float(f) for f in sweep.split(",") if f.strip()]
+    except ValueError:
+        fail(f"--sweep {sweep!r}: comma-separated numbers, e.g. 1800,3600,7200", EXIT_BAD_INPUT)
+    if any(not 0 <= f <= 1e9 for f in factors):  # NaN fails too
+        fail("--sweep: each value between 0 and 1e9 (seconds a dollar)", EXIT_BAD_INPUT)
+    cfg = _config(ctx)
+    lines = _read(trace_path)
+    parser = {"swf": parse_swf, "alibaba": parse_alibaba, "sacct": parse_sacct}[_format(lines, fmt)]
+    try:
+        trace = parser(lines, trace_path, limit_factor)
+    except TraceError as exc:
+        fail(f"--trace {trace_path}: {exc}", EXIT_BAD_INPUT)
+    if not trace.jobs:
+        fail(f"--trace {trace_path}: no job that ran", EXIT_BAD_INPUT)
+    pool = cpus or trace.max_procs
+    if pool is None:
+        fail("--cpus is needed: the trace does not say how many processors it ran on",
+             EXIT_BAD_INPUT)  # fmt: skip
+    if trace.gpus and not gpus:
+        click.echo("note: the trace has GPU jobs and --gpus is 0: they can only burst", err=True)
+    groups = cloud_groups(cfg)
+    try:
+        rows = run(trace, cfg, pool, gpus, factors, groups)
+    except SimulationError as exc:
+        fail(str(exc), EXIT_BAD_INPUT)
+    doc = doc_of(trace, pool, gpus, groups, rows)
+    if plot_dir:
+        from slurm_burst.wiring import plot_simulation
+
+        title = f"{Path(trace_path).name}, {pool:,} CPUs, {gpus} GPUs"
+        try:
+            doc["plots"] = plot_simulation(rows, title, plot_dir)
+        except ImportError:
+            fail("--plot needs matplotlib: pip install 'slurm-burst[sim]'", EXIT_PRECONDITION)
+        except OSError as exc:
+            fail(f"--plot {plot_dir}: {exc.strerror or exc}", EXIT_BAD_INPUT)
+    emit(
+        doc,
+        as_json,
+        columns=COLUMNS,
+        rows=lambda d: [
+            [
+                name,
+                _h(p["mean_wait"]),
+                _h(p["median_wait"]),
+                _h(p["p95_wait"]),
+                f"{p['mean_bounded_slowdown']:.1f}",
+                str(p["burst_jobs"]),
+                f"{p['cloud_cost']:,.0f}",
+                f"{p['cloud_node_hours']:,.0f}",
+                f"{p['cloud_gpu_hours']:,.0f}",
+                f"{p['onprem_utilization']:.0%}",
+                f"{p['onprem_gpu_utilization']:.0%}" if gpus else "-",
+                "-" if p["wait_cut"] is None else f"{p['wait_cut']:.0%}",
+                "-" if p["cost_share"] is None else f"{p['cost_share']:.0%}",
+            ]
+            for name, p in d["policies"].items()
+        ],
+        title=f"{len(trace.jobs):,} jobs on {pool:,} CPUs, {gpus:,} GPUs ({trace_path})",
+    )
+
+
+def _h(seconds: float) -> str:
+    return f"{seconds / 3600:.2f} h" if seconds >= 3600 else f"{seconds:.0f} s"

@@ -1,0 +1,137 @@
+"""What a burst policy would have done: the simulator set up from the site's config.
+
+The cloud side is the config's node groups (CPUs and GPUs per node, the cheapest of
+their sizes' prices now, their node limits) with ``policy.boot_estimate`` as the boot
+delay; the policies compared are the two baselines (never burst, burst always) and the
+config's own, plus a sweep of ``wait_per_dollar`` when asked.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, replace
+from datetime import UTC, datetime
+from typing import Any
+
+from slurm_burst.config import Config
+from slurm_burst.core.policy import ALWAYS, NEVER, Rule
+from slurm_burst.core.pricing import dollars
+from slurm_burst.core.simulate import CloudGroup, Setup, Summary, simulate, summarize
+from slurm_burst.core.warm import DAYS
+from slurm_burst.core.workload import Trace
+
+
+class SimulationError(ValueError):
+    """The simulation cannot run as asked; the message says why."""
+
+
+def cloud_groups(cfg: Config, at: datetime | None = None) -> tuple[CloudGroup, ...]:
+    when = at or datetime.now(UTC)
+    out = []
+    for g in cfg.node_groups.values():
+        prices = [
+            p.micros_per_hour
+            for size in g.size_names
+            if (p := cfg.rate_table.price(size, g.gpus, when))
+        ]
+        if not prices:
+            continue  # an unpriced group would look free: left out, said by the caller
+        out.append(
+            CloudGroup(
+                g.name,
+                cpus=g.cpus,
+                gpus=g.gpus,
+                price_per_hour=float(dollars(min(prices))),
+                max_nodes=g.limit,
+                boot=cfg.policy.boot_estimate,
+                warm=g.warm_windows(),
+            )
+        )
+    return tuple(out)
+
+
+def policies(cfg: Config, sweep: Sequence[float] = ()) -> dict[str, Rule]:
+    default = cfg.policy.rule()
+    out = {"never": NEVER, "always": ALWAYS, "policy": default}
+    for seconds in sweep:
+        out[f"wait_per_dollar={seconds:g}"] = replace(default, wait_per_dollar=seconds)
+    return out
+
+
+@dataclass(frozen=True)
+class Comparison:
+    name: str
+    summary: Summary
+    wait_cut: float | None  # share of burst-always's mean-wait reduction (vs never)
+    cost_share: float | None  # cloud cost as a share of burst-always's
+    waits: tuple[float, ...] = ()  # every job's wait, sorted (the plots' CDF)
+
+
+def run(
+    trace: Trace,
+    cfg: Config,
+    cpus: int,
+    gpus: int,
+    sweep: Sequence[float] = (),
+    groups: tuple[CloudGroup, ...] | None = None,
+) -> list[Comparison]:
+    """Every policy on ``trace``; ``groups`` the cloud (default: the config's)."""
+    groups = cloud_groups(cfg) if groups is None else groups
+    if not groups:
+        raise SimulationError("no node group with a price in the config: nothing to burst to")
+    accounts = {a: cfg.policy.rule(account=a) for a in cfg.policy.accounts}
+    results: dict[str, Summary] = {}
+    waits: dict[str, tuple[float, ...]] = {}
+    runs = [(name, rule, groups) for name, rule in policies(cfg, sweep).items()]
+    if any(g.warm for g in groups):  # what the warm pools buy: the policy without them
+        cold = tuple(replace(g, warm=()) for g in groups)
+        runs.insert(3, ("policy, no warm pool", cfg.policy.rule(), cold))
+    for name, rule, clouds in runs:
+        rules = {} if name in ("never", "always") else accounts
+        setup = Setup(cpus=cpus, gpus=gpus, groups=clouds, rule=rule, rules=rules,
+                      week_origin=trace.week_origin)  # fmt: skip
+        out = simulate(trace.jobs, setup)
+        results[name] = summarize(trace.jobs, out, setup)
+        waits[name] = tuple(out.waits(trace.jobs))
+    never, always = results["never"], results["always"]
+    cut = never.mean_wait - always.mean_wait
+    return [
+        Comparison(
+            name,
+            s,
+            (never.mean_wait - s.mean_wait) / cut if cut > 0 else None,
+            s.cloud_cost / always.cloud_cost if always.cloud_cost > 0 else None,
+            waits[name],
+        )
+        for name, s in results.items()
+    ]
+
+
+def as_json(
+    trace: Trace, cpus: int, gpus: int, groups: Sequence[CloudGroup], rows: list[Comparison]
+) -> Any:
+    return {
+        "trace": {
+            "source": trace.source,
+            "jobs": len(trace.jobs),
+            "skipped": trace.skipped,
+            "max_procs": trace.max_procs,
+        },
+        "onprem": {"cpus": cpus, "gpus": gpus},
+        "cloud": [_group_doc(g) for g in groups],
+        "policies": {
+            r.name: {**asdict(r.summary), "wait_cut": r.wait_cut, "cost_share": r.cost_share}
+            for r in rows
+        },
+    }
+
+
+def _group_doc(g: CloudGroup) -> dict[str, Any]:
+    doc = asdict(g)
+    doc["warm"] = [
+        {"nodes": w.nodes, "days": [DAYS[d] for d in sorted(w.days)],
+         "start": f"{w.start // 60:02d}:{w.start % 60:02d}",
+         "end": f"{w.end // 60:02d}:{w.end % 60:02d}"}
+        for w in g.warm
+    ]  # fmt: skip
+    return doc
