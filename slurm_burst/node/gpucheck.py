@@ -285,10 +285,8 @@ class Nvml:
         index_of = {ctypes_address(h): i for i, h in handles.items()}
         out = []
         deadline = time.monotonic() + EVENT_WAIT_MS / 1000
-        while True:
-            left = int((deadline - time.monotonic()) * 1000)
-            if left <= 0:
-                break
+        while True:  # asks at least once: a check descheduled past the deadline still reads
+            left = max(0, int((deadline - time.monotonic()) * 1000))  # what NVML holds
             try:
                 data = n.nvmlEventSetWait(events, left)
             except n.NVMLError as exc:
