@@ -128,6 +128,8 @@ if __name__ == "__main__":
     subprocess.run([sys.executable, str(ROOT / "benchmarks" / "policy.py")], check=False)
     # the GPU check (8 GPUs, simulated NVML) and one telemetry pass over 1,000 GPU nodes
     subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu.py")], check=False)
+    # one scrape of a 20,000-node daemon state: its series and its CPU
+    subprocess.run([sys.executable, str(ROOT / "benchmarks" / "metrics.py")], check=False)
     import burst
 
     burst.bench_hooks()

@@ -13,6 +13,7 @@ LAB_SLURM=${LAB_SLURM:-22.05}
 export SLURM_CONF=/var/lib/slurm-burst-lab/etc/slurm/slurm.conf
 export PATH=/var/lib/slurm-burst-lab/slurm/bin:$PATH   # the commands of that release
 SHARED=/srv/slurm-burst-lab
+PROM=$("$PY" -c 'from slurm_burst.config import load_config as l; import pathlib; print(l(pathlib.Path("slurm-conf/lab/slurm-burst.toml")).lab.prometheus)')
 
 say() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
 
@@ -72,6 +73,10 @@ The daemon destroyed the VMs, removed the hub peers, released the mesh addresses
 job from slurmdbd (sacct) and split each instance's cost among its jobs. Watch a release:
     ${SB[*]} events --follow
 Budgets (Slurm enforces them):  ${SB[*]} budget set physics 0; ${SB[*]} budget show
+Prometheus (scrapes the daemon; the shipped alert rules):  http://$PROM/graph
+    its alerts page:  http://$PROM/alerts   (docs/observability.md: each alert's runbook)
+    e.g.  curl -s 'http://$PROM/api/v1/query?query=slurm_burst_nodes'
+    the Grafana dashboard for it:  slurm-conf/grafana/slurm-burst.json
 Try more:   export SLURM_CONF=$SLURM_CONF PATH=/var/lib/slurm-burst-lab/slurm/bin:\$PATH
             sbatch -p burst-gpu --gres=gpu:1 --wrap 'hostname; echo \$SLURM_GPUS_ON_NODE'
                 # its node passes the GPU check (NVML, simulated here) before it joins; then

@@ -9,7 +9,8 @@ A generated section sits between two markers in a Markdown file::
 
 and is made from the code: the configuration reference from the config model's field
 docs, the CLI reference from the click commands, the metrics from the daemon's
-Prometheus registry. tests/unit/test_docs.py fails when one is out of date.
+Prometheus registry, the alerts from the shipped rules. tests/unit/test_docs.py fails
+when one is out of date.
 
     python scripts/docs.py            # rewrite them
     python scripts/docs.py --check    # exit 1 and name each stale section
@@ -42,16 +43,38 @@ def cli_reference() -> str:
 def metrics_reference() -> str:
     from prometheus_client.metrics import MetricWrapperBase
 
-    from slurm_burst.adapters.metrics.prom import Metrics
+    from slurm_burst.adapters.metrics.prom import Metrics, SpendCollector
 
     out = ["| metric | type | labels | meaning |", "|---|---|---|---|"]
     for m in vars(Metrics()).values():
-        if not isinstance(m, MetricWrapperBase):
+        if isinstance(m, MetricWrapperBase):
+            (family,) = m.describe()  # name, type and help, without samples
+            names = m._labelnames  # no public accessor
+        elif isinstance(m, SpendCollector):
+            (family,) = m.collect()
+            names = SpendCollector.LABELS
+        else:
             continue
-        (family,) = m.describe()  # name, type and help, without samples
         name = family.name + ("_total" if family.type == "counter" else "")
-        labels = ", ".join(f"`{lb}`" for lb in m._labelnames) or "—"  # no public accessor
+        labels = ", ".join(f"`{lb}`" for lb in names) or "—"
         out.append(f"| `{name}` | {family.type} | {labels} | {family.documentation} |")
+    return "\n".join(out) + "\n"
+
+
+def alerts_reference() -> str:
+    import yaml
+
+    rules = ROOT / "slurm-conf" / "prometheus" / "slurm-burst.rules.yml"
+    out = ["| alert | severity | for | summary |", "|---|---|---|---|"]
+    for group in yaml.safe_load(rules.read_text())["groups"]:
+        for r in group["rules"]:
+            if "alert" in r:
+                name = r["alert"]
+                link = f"[`{name}`](#{name.lower()})"
+                summary = r["annotations"]["summary"].replace("|", "\\|")
+                out.append(
+                    f"| {link} | {r['labels']['severity']} | {r.get('for', '0s')} | {summary} |"
+                )
     return "\n".join(out) + "\n"
 
 
@@ -59,7 +82,8 @@ def metrics_reference() -> str:
 SECTIONS: dict[str, tuple[str, Callable[[], str]]] = {
     "config": ("configuration.md", config_reference),
     "cli": ("cli.md", cli_reference),
-    "metrics": ("reconcile.md", metrics_reference),
+    "metrics": ("observability.md", metrics_reference),
+    "alerts": ("observability.md", alerts_reference),
 }
 
 

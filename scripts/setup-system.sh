@@ -11,6 +11,7 @@ PACKAGES=(
   mariadb-server mariadb-client               # the lab's slurmdbd keeps accounting here
   mmdebstrap                                  # root filesystems of other Slurm releases (trixie, sid)
   gcc libc6-dev                               # the lab's simulated NVML (libnvidia-ml.so.1)
+  prometheus prometheus-alertmanager          # the lab's Prometheus; promtool and amtool check the shipped rules
 )
 
 if [ "$(id -u)" -ne 0 ]; then

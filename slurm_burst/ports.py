@@ -245,6 +245,28 @@ class Metrics(Protocol):
 
     def group_status(self, group: str, spend_per_hour: float, protected: bool) -> None: ...
 
+    def step(self, step: str, seconds: float) -> None: ...  # a launch/bootstrap step that succeeded
+
+    def joined(self, group: str, seconds: float) -> None: ...  # resume request -> slurmd started
+
+    def findings(
+        self,
+        orphans: Mapping[str, int],
+        stale_peers: int,
+        leaked_addresses: int,
+        oldest_resume: Mapping[str, float],
+    ) -> None: ...
+
+    def slurm_node_activity(self, counts: Mapping[tuple[str, str], int]) -> None: ...
+
+    def ledger_ingested(self, at: float) -> None: ...
+
+    def spent(self, totals: Mapping[tuple[str, str], float]) -> None: ...  # (account, group)
+
+    def budgets(
+        self, budgets: Mapping[str, tuple[float, float, float]], period_end: float
+    ) -> None: ...
+
     def gpus(
         self,
         by_group: Mapping[str, GroupGpus],
@@ -293,6 +315,8 @@ class AccountingLedger(Ledger, Protocol):
     def budgets(self) -> dict[str, tuple[int, str, datetime]]: ...
 
     def spent(self, start: date, end: date) -> dict[str, int]: ...
+
+    def spend_since(self, after: int) -> tuple[int, dict[tuple[str, str], int]]: ...
 
 
 class Accounting(Protocol):

@@ -247,10 +247,10 @@ def leader(cfg: Config) -> LeaderElection:
     return SoleLeader(node_id)
 
 
-def metrics() -> PromMetrics:
+def metrics(cfg: Config) -> PromMetrics:
     from slurm_burst.adapters.metrics.prom import Metrics as PromMetrics
 
-    return PromMetrics()
+    return PromMetrics(max_accounts=cfg.daemon.metrics_max_accounts)
 
 
 # -- the ledger ------------------------------------------------------------------------
@@ -284,7 +284,9 @@ def daemon_ledger(cfg: Config, sql: SqlLedger | None = None) -> SpoolingLedger:
     return SpoolingLedger(sql or ledger(cfg, check_schema=False), Spool(spool_dir(cfg)))
 
 
-def chargeback(cfg: Config, sql: AccountingLedger | None = None) -> Chargeback:
+def chargeback(
+    cfg: Config, sql: AccountingLedger | None = None, metrics: Metrics | None = None
+) -> Chargeback:
     from slurm_burst.services.chargeback import Chargeback
 
     return Chargeback(
@@ -292,6 +294,7 @@ def chargeback(cfg: Config, sql: AccountingLedger | None = None) -> Chargeback:
         sql or ledger(cfg),
         accounting(cfg) if cfg.ledger.accounting else None,
         scheduler(cfg),
+        metrics=metrics,
     )
 
 
@@ -419,7 +422,7 @@ def daemon(cfg: Config) -> Daemon:
     hub = mesh_hub(cfg)
     hub.ensure_hub()
     sql = ledger(cfg, check_schema=False)
-    prom = metrics()
+    prom = metrics(cfg)
     slurm = scheduler(cfg)
     parts = DaemonParts(
         store=node_store(cfg, upgrade=True),
@@ -433,7 +436,7 @@ def daemon(cfg: Config) -> Daemon:
         clock=clock(),
         sql_ledger=sql,
         metrics=prom,
-        chargeback=chargeback(cfg, sql),
+        chargeback=chargeback(cfg, sql, prom),
         slurm_release=_release_or_none(cfg),
         steering=slurm,
     )

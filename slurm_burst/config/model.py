@@ -467,6 +467,11 @@ class DaemonConfig:
     metrics_listen: str = doc(
         "Prometheus endpoint, HOST:PORT; empty: no endpoint.", default="127.0.0.1:9466"
     )
+    metrics_max_accounts: int = doc(
+        "Accounts with spend series of their own (the biggest spenders); the rest are "
+        "summed as account '_other', so the series stay bounded.",
+        default=100,
+    )
     ha_url: str = doc(
         "PostgreSQL URL for active/passive HA (an advisory lock elects the leader); "
         "empty: one daemon, no election.",
@@ -511,6 +516,11 @@ class LabConfig:
     ec2_provider: str = doc(
         "Provider profile (driver 'ec2', options host 127.0.0.1 and a port) the lab serves "
         "with its EC2 emulator, whose instances boot as VMs on the cloud bridge; '' none.",
+        default="",
+    )
+    prometheus: str = doc(
+        "HOST:PORT of the lab's Prometheus (Debian's package), which scrapes the daemon "
+        "every second and evaluates the shipped alert rules with 2-s 'for' windows; '' none.",
         default="",
     )
 

@@ -73,7 +73,7 @@ def validate(
     for key in ("orphan_grace", "lost_resume_grace", "capacity_cooldown", "protect_cooldown"):
         if getattr(cfg.daemon, key) < 0:
             out.append(Problem(f"daemon.{key}", "must not be negative"))
-    for key in ("protect_after", "api_attempts"):
+    for key in ("protect_after", "api_attempts", "metrics_max_accounts"):
         if getattr(cfg.daemon, key) < 1:
             out.append(Problem(f"daemon.{key}", "must be at least 1"))
     if cfg.daemon.metrics_listen:

@@ -44,7 +44,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from slurm_burst.core.cloud import NODE_TAG, Instance
 from slurm_burst.core.mesh import Peer
@@ -330,6 +330,42 @@ def _groups(snap: Snapshot, policy: Policy) -> Iterable[Action]:
 
 class _Suspect(Protocol):
     def __call__(self, key: str) -> float: ...
+
+
+class Findings(NamedTuple):
+    """What a pass found wrong, before any grace period acts on it (for the metrics)."""
+
+    orphans: dict[str, int]  # provider -> instances no live node owns
+    stale_peers: int
+    leaked_addresses: int
+    oldest_resume: dict[str, float]  # group -> age (s) of its oldest node not yet joined
+
+
+def findings(
+    suspects: Mapping[str, float],
+    records: Iterable[Tracked],
+    now: float,
+    groups: Iterable[str],
+    providers: Iterable[str],
+) -> Findings:
+    """Count a plan's suspects by kind, and age each group's oldest pending resume."""
+    orphans = dict.fromkeys(providers, 0)
+    peers = addresses = 0
+    for key in suspects:
+        kind, _, rest = key.partition(":")
+        if kind == "instance":
+            provider = rest.partition(":")[0]
+            orphans[provider] = orphans.get(provider, 0) + 1
+        elif kind == "peer":
+            peers += 1
+        elif kind == "address":
+            addresses += 1
+    oldest = dict.fromkeys(groups, 0.0)
+    for r in records:
+        if r.want == Want.UP and r.state in RESUMING and r.state != NodeState.JOINED:
+            age = max(0.0, now - (r.requested_at or r.state_since))
+            oldest[r.group] = max(oldest.get(r.group, 0.0), age)
+    return Findings(orphans, peers, addresses, oldest)
 
 
 def summarize(records: Iterable[Tracked]) -> dict[str, dict[str, int]]:

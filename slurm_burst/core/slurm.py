@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import NamedTuple
@@ -109,6 +109,37 @@ class SlurmNode(NamedTuple):
                 suffix = mark
                 break
         return f"{self.state}{suffix}"
+
+    @property
+    def activity(self) -> str:
+        """What the node does, for a dashboard: busy (running jobs, drained or not),
+        idle, powered_down (or powering down), powering_up, unavailable (down, drained
+        idle, failed, not responding...)."""
+        if self.powering_up:
+            return "powering_up"
+        if self.state in BUSY_STATES:
+            return "busy"
+        if self.powered_down or "POWERING_DOWN" in self.flags or "POWER_DOWN" in self.flags:
+            return "powered_down"
+        if self.state == "idle" and not self.flags & UNAVAILABLE_FLAGS:
+            return "idle"
+        return "unavailable"
+
+
+BUSY_STATES = frozenset({"allocated", "mixed", "completing"})
+UNAVAILABLE_FLAGS = frozenset({"DRAIN", "DRAINED", "DRAINING", "FAIL", "NOT_RESPONDING"})
+
+
+def node_activity(
+    nodes: Iterable[SlurmNode], cloud: Callable[[str], object]
+) -> dict[tuple[str, str], int]:
+    """``{(side, activity): nodes}``: side is ``cloud`` for the nodes ``cloud(name)``
+    claims (a burst group's), else ``onprem``."""
+    out: dict[tuple[str, str], int] = {}
+    for n in nodes:
+        key = ("cloud" if cloud(n.name) else "onprem", n.activity)
+        out[key] = out.get(key, 0) + 1
+    return out
 
 
 @dataclass(frozen=True)

@@ -296,6 +296,16 @@ def start_daemon(cfg: Config, paths: Paths) -> Proc:
     return proc
 
 
+def start_prometheus(cfg: Config, paths: Paths) -> Proc:
+    """The lab's Prometheus (``lab.prometheus``); ready once it says so."""
+    from slurm_burst.lab import prometheus
+
+    assert cfg.lab is not None
+    proc = spawn(prometheus.argv(cfg, paths.state / "prometheus"), paths.log / "prometheus.out")
+    wait_for(lambda: prometheus.ready(cfg.lab.prometheus), 60, "Prometheus ready", proc)  # type: ignore[union-attr]
+    return proc
+
+
 def onprem_health_check(cfg: Config) -> str:
     """The boot script's lines giving an on-prem node the HealthCheckProgram every node
     needs once the GPU check is Slurm's (a site keeps its own there: here, one that

@@ -198,6 +198,12 @@ class Lab:
             self.progress("slurm-burst daemon (WireGuard hub, provisioning)")
             record["processes"]["daemon"] = vars(c.start_daemon(self.cfg, self.paths))
             self._write_record(record)
+        if self.lab.prometheus:
+            self.progress(
+                f"prometheus: scrapes the daemon, alert rules (http://{self.lab.prometheus})"
+            )
+            record["processes"]["prometheus"] = vars(c.start_prometheus(self.cfg, self.paths))
+            self._write_record(record)
         self.progress("on-prem: booting static nodes")
         record["onprem"] = c.boot_onprem(self.cfg, self.paths, root.image())
         self._write_record(record)
@@ -284,7 +290,7 @@ class Lab:
         for name, info in (record.get("onprem") or {}).items():
             vm.halt(Path(info["vmdir"]), info.get("launcher_pid"), info.get("launcher_start"))
             removed.append(f"on-prem node {name}")
-        for name in ("slurmctld", "slurmdbd", "munged"):
+        for name in ("prometheus", "slurmctld", "slurmdbd", "munged"):
             info = (record.get("processes") or {}).get(name)
             if info:
                 c.stop(c.Proc(info["pid"], info["start"]))
@@ -435,7 +441,7 @@ class Lab:
 
 
 LAB_PROGRAMS = frozenset(
-    {"munged", "slurmctld", "slurmdbd", "slurmd", "sshd", "unshare", "nsenter"}
+    {"munged", "slurmctld", "slurmdbd", "slurmd", "sshd", "unshare", "nsenter", "prometheus"}
 )
 LAB_MODULES = ("slurm_burst.lab.",)
 

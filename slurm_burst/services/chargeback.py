@@ -34,7 +34,7 @@ from slurm_burst.core.hostlist import expand
 from slurm_burst.core.pricing import dollars, epoch_ms
 from slurm_burst.core.usage import AssocUsage, LedgerError, LedgerUnavailable
 from slurm_burst.core.warm import warm_nodes
-from slurm_burst.ports import Accounting, AccountingLedger, Scheduler, SpooledLedger
+from slurm_burst.ports import Accounting, AccountingLedger, Metrics, Scheduler, SpooledLedger
 
 log = logging.getLogger(__name__)
 
@@ -86,12 +86,20 @@ class Chargeback:
         accounting: Accounting | None,
         scheduler: Scheduler | None,
         clock: Callable[[], float] = time.time,
+        metrics: Metrics | None = None,
     ) -> None:
         self.cfg = cfg
         self.ledger = ledger
         self.accounting = accounting
         self.scheduler = scheduler
         self.clock = clock
+        self.metrics = metrics
+        # the all-time spend the metrics show: {(account, partition): micros}, read
+        # incrementally after rollup row _spend_cursor, and whole at each budget pass
+        self._spend: dict[tuple[str, str], int] = {}
+        self._spend_cursor = 0
+        if metrics is not None and accounting is not None:
+            metrics.ledger_ingested(clock())  # "not since the start" until the first ingest
         # what the burst policy may spend: {account: dollars left}, the cap's dollars left
         self._money: tuple[dict[str, float], float | None] | None = None  # not yet known
 
@@ -112,6 +120,8 @@ class Chargeback:
         )
         jobs = self.accounting.finished_jobs(start, end, self.cfg.burst_partitions())
         added = self.ledger.record_jobs(jobs, (start, end))
+        if self.metrics is not None:
+            self.metrics.ledger_ingested(end.timestamp())
         log.info(
             "ledger.ingest seen=%d added=%d window_start=%s", len(jobs), added, start.isoformat()
         )
@@ -259,9 +269,54 @@ class Chargeback:
                 log.error("ledger.%s.failed error=%s", name, exc)
         if sync_budgets:
             try:
-                self.refresh_money(self.budgets(sync=True))
+                statuses = self.budgets(sync=True)
+                self.refresh_money(statuses)
+                self.report_budgets(statuses)
             except LedgerError as exc:
                 log.warning("budget.sync.failed error=%s", exc)
+        try:
+            self.report_spend(whole=sync_budgets)
+        except LedgerError as exc:
+            log.warning("ledger.spend_metrics.failed error=%s", exc)
+
+    # -- the metrics --------------------------------------------------------------------
+    def report_budgets(self, statuses: list[BudgetStatus]) -> None:
+        if self.metrics is None:
+            return
+        _first, nxt = month_bounds(self.now())
+        end = datetime(nxt.year, nxt.month, nxt.day, tzinfo=UTC).timestamp()
+        self.metrics.budgets(
+            {
+                b.account: (
+                    float(dollars(b.budget_micros)),
+                    float(dollars(b.spent_micros)),
+                    float(dollars(b.remaining_micros)),
+                )
+                for b in statuses
+            },
+            end,
+        )
+
+    def report_spend(self, whole: bool) -> None:
+        """The ledger's all-time spend by account and node group, for the spend counter
+        (a partition several groups share is its own label)."""
+        if self.metrics is None:
+            return
+        last, rows = self.ledger.spend_since(0 if whole else self._spend_cursor)
+        if whole:
+            self._spend = {}
+        for key, micros in rows.items():
+            self._spend[key] = self._spend.get(key, 0) + micros
+        self._spend_cursor = last
+        groups_of: dict[str, list[str]] = {}
+        for name, g in self.cfg.node_groups.items():
+            groups_of.setdefault(g.partition, []).append(name)
+        out: dict[tuple[str, str], float] = {}
+        for (account, partition), micros in self._spend.items():
+            names = groups_of.get(partition, [])
+            key = (account, names[0] if len(names) == 1 else partition)
+            out[key] = out.get(key, 0.0) + float(dollars(micros))
+        self.metrics.spent(out)
 
     # -- 4. what the burst policy may spend ---------------------------------------------
     def money_left(self) -> tuple[dict[str, float], float | None] | None:

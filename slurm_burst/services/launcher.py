@@ -217,7 +217,7 @@ class Launcher:
                 rec = rec._replace(token=token, provider=cand.provider, size=cand.size)
             cloud = self.clouds[cand.provider]
             try:
-                with timed(self.clock, rec.name, "launch"):
+                with timed(self.clock, rec.name, "launch", self.metrics):
                     found = cloud.find(token, self.cfg.cluster.name) if resumed == token else []
                     inst = (
                         found[0]
@@ -337,7 +337,7 @@ class Launcher:
                     self.store.update(rec.name, **fix)
         least = least_useful(names, _jobs_of(recs)) if group.all_or_nothing == "job" else 1
         try:
-            with timed(self.clock, names[0], f"launch-batch[{len(recs)}]"):
+            with timed(self.clock, names[0], f"launch-batch[{len(recs)}]", self.metrics):
                 made = self.clouds[cand.provider].launch_many(
                     self.spec(group, names[0], cand.size, token, len(recs), least)
                 )
@@ -419,13 +419,19 @@ def _jobs_of(recs: Sequence[NodeRecord]) -> dict[str, set[int]]:
 
 
 @contextmanager
-def timed(clock: Clock, node: str, step: str) -> Iterator[None]:
-    """Log how long ``step`` of ``node`` took (``node.step node=... seconds=...``)."""
+def timed(clock: Clock, node: str, step: str, metrics: Metrics | None = None) -> Iterator[None]:
+    """Log how long ``step`` of ``node`` took (``node.step node=... seconds=...``); a step
+    that succeeded is also observed in ``metrics`` (its label without the ``[batch]``)."""
     started = clock.monotonic()
+    ok = False
     try:
         yield
+        ok = True
     finally:
-        log.info("node.step node=%s step=%s seconds=%.2f", node, step, clock.monotonic() - started)
+        seconds = clock.monotonic() - started
+        log.info("node.step node=%s step=%s seconds=%.2f", node, step, seconds)
+        if ok and metrics is not None:
+            metrics.step(step.partition("[")[0], seconds)
 
 
 def user_data(cluster: str, node: str) -> str:

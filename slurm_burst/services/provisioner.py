@@ -233,14 +233,14 @@ class Provisioner:
         (running -> its SSH host keys read through the provider's API)."""
         cloud = self.clouds[rec.provider]
         deadline = rec.state_since + self.cfg.daemon.boot_timeout
-        with timed(self.clock, rec.name, "boot"):
+        with timed(self.clock, rec.name, "boot", self.metrics):
             while True:
                 inst = self._running(rec)
                 if inst is not None:
                     break
                 self._past(deadline, "BootTimeout", f"instance {rec.instance_id} not running")
                 self.clock.sleep(POLL)
-        with timed(self.clock, rec.name, "attest"):
+        with timed(self.clock, rec.name, "attest", self.metrics):
             wait = POLL
             while True:
                 self._check_want(rec.name)
@@ -294,25 +294,28 @@ class Provisioner:
         remaining = rec.state_since + self.cfg.daemon.bootstrap_timeout - self.clock.now()
         deadline = self.clock.monotonic() + max(remaining, 5.0)
         keys = rec.host_key_list()
-        with timed(self.clock, rec.name, "ssh"):
+        with timed(self.clock, rec.name, "ssh", self.metrics):
             sh = self.connector.connect(rec.ip, keys, deadline)
         try:
-            with timed(self.clock, rec.name, "script"):
+            with timed(self.clock, rec.name, "script", self.metrics):
                 sh.put(self.script, REMOTE_SCRIPT, 0o700)
             if self.slurm_release:
                 self._check_slurmd_version(sh)
             group = self._group(rec)
             if group.gpus and group.gpu_check:
-                with timed(self.clock, rec.name, "gpu-check"):
+                with timed(self.clock, rec.name, "gpu-check", self.metrics):
                     self._check_gpus(sh, rec, group)
-            with timed(self.clock, rec.name, "wg-key"):
+            with timed(self.clock, rec.name, "wg-key", self.metrics):
                 pub = self._step(sh, "wg-key", iface).strip()
             if len(pub) != 44 or not pub.endswith("="):
                 raise StepError("WireGuardKey", "the node did not return a WireGuard public key")
             with _as_step("MeshPoolFull", PoolExhausted):
                 addr = self.store.allocate_address(rec.name, mesh_cfg.subnet, self.clock.now())
             self.store.update(rec.name, wg_pubkey=pub, mesh_addr=addr)
-            with timed(self.clock, rec.name, "hub-peer"), _as_step("HubPeer", MeshError):
+            with (
+                timed(self.clock, rec.name, "hub-peer", self.metrics),
+                _as_step("HubPeer", MeshError),
+            ):
                 self.mesh.add_peer(pub, addr, rec.name)
             routes = (
                 []
@@ -321,15 +324,18 @@ class Provisioner:
             )
             conf = self.mesh.node_config([str(net), *routes])
             conf_path = f"/etc/wireguard/{iface}-hub.conf"
-            with timed(self.clock, rec.name, "wg-up"):
+            with timed(self.clock, rec.name, "wg-up", self.metrics):
                 sh.put(conf.encode(), conf_path, 0o600)
                 self._step(sh, "wg-up", iface, f"{addr}/{net.prefixlen}", conf_path, *routes)
                 self._wait_handshake(rec.name, pub, deadline)
-            with timed(self.clock, rec.name, "munge"):
+            with timed(self.clock, rec.name, "munge", self.metrics):
                 uid, gid = (int(x) for x in self._step(sh, "munge-dirs").strip().split(":"))
                 sh.put(self.secrets.munge_key, "/etc/munge/munge.key", 0o400, (uid, gid))
                 self._step(sh, "munge-start", self.cfg.slurm.munge_socket)
-            with timed(self.clock, rec.name, "nodeaddr"), _as_step("NodeAddr", SchedulerError):
+            with (
+                timed(self.clock, rec.name, "nodeaddr", self.metrics),
+                _as_step("NodeAddr", SchedulerError),
+            ):
                 self.scheduler.update_nodes([rec.name], addrs=[addr], hostnames=[rec.name])
             self._check_want(rec.name)
             gpu = self.cfg.gpu
@@ -339,7 +345,7 @@ class Provisioner:
                     sh, "health-check", gpu.health_check_program, gpu.health_check_chain,
                     *([gpu.node_python] if checked else []),
                 )  # fmt: skip
-            with timed(self.clock, rec.name, "slurmd"):
+            with timed(self.clock, rec.name, "slurmd", self.metrics):
                 self._step(sh, "slurmd-start", rec.name, hub_ip)
         finally:
             sh.close()
@@ -347,12 +353,10 @@ class Provisioner:
         self.store.transition(rec.name, NodeState.JOINED, self.clock.now(), registered_at=0.0)
         self.joined(rec.name)
         self.store.group_launch_result(rec.group, ok=True)
-        log.info(
-            "node.joined node=%s mesh_addr=%s total_seconds=%.1f",
-            rec.name,
-            addr,
-            self.clock.now() - rec.requested_at,
-        )
+        took = self.clock.now() - rec.requested_at
+        if self.metrics is not None and rec.requested_at > 0:
+            self.metrics.joined(rec.group, took)
+        log.info("node.joined node=%s mesh_addr=%s total_seconds=%.1f", rec.name, addr, took)
 
     def _check_slurmd_version(self, sh: RemoteShell) -> None:
         """Refuse an image whose slurmd cannot join this slurmctld (newer, or older than
@@ -445,7 +449,7 @@ class Provisioner:
             )
         if rec.error in DIAGNOSED and rec.ip:
             self._diagnose(rec)
-        with timed(self.clock, name, "teardown"):
+        with timed(self.clock, name, "teardown", self.metrics):
             if rec.instance_id and rec.provider:
                 self.clouds[rec.provider].terminate(rec.instance_id)
             if rec.wg_pubkey:

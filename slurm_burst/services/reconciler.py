@@ -29,7 +29,16 @@ from typing import Any
 from slurm_burst.config import Config
 from slurm_burst.core.nodestate import LIVE, Want
 from slurm_burst.core.pricing import dollars
-from slurm_burst.core.reconcile import Action, Plan, Policy, Snapshot, plan, summarize
+from slurm_burst.core.reconcile import (
+    Action,
+    Plan,
+    Policy,
+    Snapshot,
+    findings,
+    plan,
+    summarize,
+)
+from slurm_burst.core.slurm import node_activity
 from slurm_burst.core.usage import InstanceEvent
 from slurm_burst.ports import AccountingLedger, Clock, Cloud, Mesh, Metrics, NodeStore, Scheduler
 from slurm_burst.services.groups import GroupControl
@@ -46,6 +55,8 @@ class PassReport:
     actions: dict[str, int] = field(default_factory=dict)  # kind -> count
     jobs: dict[str, int] = field(default_factory=dict)  # burst jobs by state
     slurm_calls: int = 0
+    # Slurm's nodes: {"onprem"|"cloud": {activity: count}} (core.slurm.node_activity)
+    slurm_nodes: dict[str, dict[str, int]] = field(default_factory=dict)
 
 
 def policy(cfg: Config) -> Policy:
@@ -102,6 +113,8 @@ class Reconciler:
         cfg = self.cfg
         nodes = read("slurm_nodes", self.scheduler.nodes)
         slurm_nodes = None if nodes is None else {n.name: n for n in nodes if cfg.group_of(n.name)}
+        for (side, activity), n in node_activity(nodes or (), cfg.group_of).items():
+            report.slurm_nodes.setdefault(side, {})[activity] = n
         jobs = read("slurm_jobs", lambda: self.scheduler.job_counts(cfg.burst_partitions()))
         for (_part, state), n in (jobs or {}).items():
             report.jobs[state] = report.jobs.get(state, 0) + n
@@ -207,10 +220,10 @@ class Reconciler:
         self.act(p, snap, report)
         self.store.meta_set("suspects", p.suspects)
         report.seconds = self.clock.monotonic() - t0
-        self.record(snap, report)
+        self.record(snap, report, p)
         return report
 
-    def record(self, snap: Snapshot, report: PassReport) -> None:
+    def record(self, snap: Snapshot, report: PassReport, p: Plan | None = None) -> None:
         records = list(snap.records.values())
         by_group = summarize(records)
         spend = spend_rate(self.cfg, records)
@@ -237,3 +250,10 @@ class Reconciler:
                 health = snap.groups.get(g)
                 protected = health is not None and health.protected(snap.now)
                 m.group_status(g, float(dollars(spend.get(g, 0))), protected)
+            if snap.slurm_nodes is not None:
+                m.slurm_node_activity(
+                    {(side, a): n for side, by in report.slurm_nodes.items() for a, n in by.items()}
+                )
+            if p is not None:
+                f = findings(p.suspects, records, snap.now, self.cfg.node_groups, self.clouds)
+                m.findings(f.orphans, f.stale_peers, f.leaked_addresses, f.oldest_resume)

@@ -244,6 +244,40 @@ def test_allocation_report_and_budget(led: SqlLedger) -> None:
     assert led.spent(date(2026, 11, 1), date(2026, 12, 1))["physics"] >= 85_000
 
 
+def test_spend_since_reads_the_running_total_a_pass_at_a_time(led: SqlLedger) -> None:
+    """The metrics' spend counter: all-time micros per (account, partition), then only
+    what later passes add (the same sums, read whole or in steps)."""
+    last, before = led.spend_since(0)
+    _split_one_job(led)
+    after_last, added = led.spend_since(last)
+    assert after_last > last
+    assert sum(added.values()) == 85_000  # the one instance split: job and its overhead
+    assert all(partition for _account, partition in added)
+    _whole_last, whole = led.spend_since(0)
+    for key in set(before) | set(added):
+        assert whole.get(key, 0) == before.get(key, 0) + added.get(key, 0)
+    assert led.spend_since(after_last) == (after_last, {})
+
+
+def test_the_spend_counter_read_in_steps_is_the_ledger_read_whole(led: SqlLedger) -> None:
+    from slurm_burst.adapters.metrics.prom import Metrics
+    from slurm_burst.config import load_config
+    from slurm_burst.services.chargeback import Chargeback
+
+    cfg = load_config(Path(__file__).parents[2] / "slurm-conf/lab/slurm-burst.toml")
+    m = Metrics()
+    cb = Chargeback(cfg, led, None, None, metrics=m)
+    cb.report_spend(whole=True)
+    _split_one_job(led)
+    cb.report_spend(whole=False)
+    stepped = dict(m.spend.totals)
+    cb.report_spend(whole=True)
+    assert m.spend.totals == stepped
+    assert sum(stepped.values()) == pytest.approx(sum(led.spend_since(0)[1].values()) / 1e6)
+    groups = {g.partition: name for name, g in cfg.node_groups.items()}
+    assert {group for _account, group in stepped} <= set(groups.values()) | set(groups)
+
+
 def test_gpu_usage_gives_each_job_its_utilization_and_idle_gpu_cost(led: SqlLedger) -> None:
     account = f"gpu{uuid.uuid4().hex[:6]}"
     day, _inst, key = _split_one_job(led, account)

@@ -18,7 +18,7 @@ from slurm_burst.config import Config, load_config
 from slurm_burst.lab import images
 from slurm_burst.lab.service import Lab
 from slurm_burst.wiring import cloud_driver, node_store
-from tests.conftest import LAB_CONFIG, invoke
+from tests.conftest import LAB_CONFIG, invoke, wait
 from tests.providers import azure, gce, http, openstack  # noqa: F401  (fixtures)
 
 # (fault, outcome, reconcile passes to consistent, seconds to done): test_y_faults fills it
@@ -133,3 +133,31 @@ def sh(env: dict[str, str], *argv: str, check: bool = True) -> str:
 def cloud(lab_config: Config) -> Any:
     """The lab provider's libcloud driver (the namespace cloud, with the fault injector)."""
     return cloud_driver(lab_config.providers["lab"])
+
+
+# -- the lab's Prometheus ------------------------------------------------------------
+
+
+def prometheus_alerts(cfg: Config, name: str, **labels: str) -> list[str]:
+    """The states (pending, firing) of the lab Prometheus' alerts ``name`` whose labels
+    include ``labels``, read through its HTTP API."""
+    from slurm_burst.lab.prometheus import api
+
+    assert cfg.lab is not None and cfg.lab.prometheus
+    return [
+        a["state"]
+        for a in api(cfg.lab.prometheus, "alerts")["alerts"]
+        if a["labels"].get("alertname") == name
+        and all(a["labels"].get(k) == v for k, v in labels.items())
+    ]
+
+
+def await_alert(cfg: Config, name: str, firing: bool, timeout: float = 60, **labels: str) -> None:
+    """Wait until alert ``name{labels}`` fires (``firing``) or is gone (not ``firing``)."""
+
+    def check() -> bool:
+        states = prometheus_alerts(cfg, name, **labels)
+        return "firing" in states if firing else not states
+
+    what = f"{name}{labels or ''} {'firing' if firing else 'resolved'} in the lab's Prometheus"
+    wait(check, timeout, what, every=0.5)

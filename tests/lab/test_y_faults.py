@@ -35,7 +35,7 @@ from slurm_burst.lab.service import Lab
 from slurm_burst.wiring import ledger, mesh_hub
 from tests.conftest import LAB_CONFIG, invoke
 from tests.conftest import wait as until
-from tests.lab.conftest import FAULT_MATRIX, sh
+from tests.lab.conftest import FAULT_MATRIX, await_alert, sh
 
 pytestmark = pytest.mark.faults
 
@@ -473,8 +473,11 @@ def test_orphan_instance_is_terminated_after_the_grace_period(
     def gone() -> bool:
         return all(n.state == "terminated" for n in cloud.list_nodes() if n.id == orphan.id)
 
+    # the shipped alert fires while the orphan lives (lab: orphan_grace 10 s, 'for:' 2 s)
+    await_alert(lab_config, "SlurmBurstOrphanInstances", True, timeout=30, provider="lab")
     settle("orphan instance", "terminated after orphan_grace", store, cloud, lab_config, env,
            [], gone)  # fmt: skip
+    await_alert(lab_config, "SlurmBurstOrphanInstances", False, provider="lab")
 
 
 # -- process faults ----------------------------------------------------------------------
@@ -617,10 +620,13 @@ def test_repeated_failures_protect_the_group(
     wait(protected, 120, "the cpu group protected")
     out = sh(env, "scontrol", "show", "node", "burst-cpu-14")
     assert "Code:GroupProtected" in out and "DRAIN" in out
+    # the shipped alert, through the lab's Prometheus (its 'for:' cut to 2 s)
+    await_alert(lab_config, "SlurmBurstGroupProtected", True, group="cpu")
     Path(lab_config.providers["lab"].options["fault_file"]).unlink()
     wait(lambda: invoke([*SB, "group", "enable", "cpu"], expect=None).exit_code == 0, 120,
          "group enable (slurmctld may be busy requeueing)")  # fmt: skip
     assert "GroupProtected" not in sh(env, "scontrol", "show", "node", "burst-cpu-14")
+    await_alert(lab_config, "SlurmBurstGroupProtected", False, group="cpu")
     settle("2 failed launches in a row (lab)", "group protected (nodes drained), enabled by hand",
            store, cloud, lab_config, env, jobs,
            lambda: all(job_state(env, j) == "PENDING" for j in jobs))  # fmt: skip

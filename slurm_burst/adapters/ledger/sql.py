@@ -418,6 +418,25 @@ class SqlLedger:
         with translated("ledger budgets"), Session(self.engine) as s:
             return {b.account: (b.amount_micros, b.period, _utc(b.set_at)) for b in s.scalars(q)}
 
+    def spend_since(self, after: int) -> tuple[int, dict[tuple[str, str], int]]:
+        """The rollups written after row ``after``, summed per (account, partition) in
+        micro-dollars, and the last row's id: a running all-time total, read a pass's
+        rows at a time (rollups are append-only)."""
+        r = ChargeRollup
+        q = (
+            select(r.account, r.partition, func.sum(r.usage_micros + r.overhead_micros),
+                   func.max(r.id))
+            .where(r.id > after)
+            .group_by(r.account, r.partition)
+        )  # fmt: skip
+        last = after
+        out: dict[tuple[str, str], int] = {}
+        with translated("ledger spend"), self.engine.connect() as conn:
+            for account, partition, micros, top in conn.execute(q):
+                out[(account, partition)] = int(micros or 0)
+                last = max(last, int(top))
+        return last, out
+
     def spent(self, start: date, end: date) -> dict[str, int]:
         """``{account: micro-dollars}`` charged on days in [start, end)."""
         r = ChargeRollup

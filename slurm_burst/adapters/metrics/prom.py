@@ -8,11 +8,15 @@ series labelled by node, exists only when ``gpu.per_gpu_metrics`` asks for it.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client.core import CounterMetricFamily
 from prometheus_client.exposition import generate_latest
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
 
+from slurm_burst import __version__
 from slurm_burst.core.gpu import GpuSample, GroupGpus
 
 NODE_STATES = (
@@ -26,11 +30,42 @@ NODE_STATES = (
     "failed",
 )
 
+# Slurm nodes by where they are and what they do (the dashboard's on-prem vs cloud)
+NODE_ACTIVITY = ("busy", "idle", "powered_down", "powering_up", "unavailable")
+SIDES = ("onprem", "cloud")
+
+JOIN_BUCKETS = (1, 2.5, 5, 10, 20, 30, 45, 60, 90, 120, 180, 300, 600, 900, 1800)
+STEP_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300)
+OTHER_ACCOUNTS = "_other"  # the spend of accounts past metrics_max_accounts, summed
+
+
+class SpendCollector(Collector):
+    """``slurm_burst_cloud_spend_dollars_total``: the ledger's booked spend since it began,
+    by account and node group, replaced whole after each ledger pass (a counter whose
+    value comes from the database, so a daemon restart or a failover does not reset it)."""
+
+    LABELS = ("account", "group")
+
+    def __init__(self) -> None:
+        self.totals: Mapping[tuple[str, str], float] = {}
+
+    def collect(self) -> Iterator[Metric]:
+        family = CounterMetricFamily(
+            "slurm_burst_cloud_spend_dollars",
+            "Cloud spend booked in the ledger since it began, by account and node group "
+            "(dollars; instances are booked once their jobs' accounting is in).",
+            labels=list(self.LABELS),
+        )
+        for (account, group), dollars in sorted(self.totals.items()):
+            family.add_metric([account, group], dollars)
+        yield family
+
 
 class Metrics:
     """The Metrics port as Prometheus series."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_accounts: int = 100) -> None:
+        self.max_accounts = max_accounts
         r = self.registry = CollectorRegistry(auto_describe=True)
         self.nodes = Gauge(
             "slurm_burst_nodes",
@@ -108,6 +143,81 @@ class Metrics:
             "slurm_burst_heartbeat_timestamp_seconds", "The daemon's last heartbeat.", registry=r
         )
 
+        self.join_duration = Histogram(
+            "slurm_burst_node_join_duration_seconds",
+            "From Slurm's resume request to the node's slurmd started, by node group.",
+            ["group"],
+            buckets=JOIN_BUCKETS,
+            registry=r,
+        )
+        self.step_duration = Histogram(
+            "slurm_burst_node_step_duration_seconds",
+            "How long each step of a launch and bootstrap took when it succeeded.",
+            ["step"],
+            buckets=STEP_BUCKETS,
+            registry=r,
+        )
+        self.orphans = Gauge(
+            "slurm_burst_orphan_instances",
+            "Instances tagged with this cluster that no live node owns, at the last pass.",
+            ["provider"],
+            registry=r,
+        )
+        self.stale_peers = Gauge(
+            "slurm_burst_stale_peers",
+            "Hub WireGuard peers whose key no live node holds, at the last pass.",
+            registry=r,
+        )
+        self.leaked_addresses = Gauge(
+            "slurm_burst_leaked_addresses",
+            "Mesh addresses held by nodes that are not live, at the last pass.",
+            registry=r,
+        )
+        self.oldest_resume = Gauge(
+            "slurm_burst_oldest_resume_age_seconds",
+            "Age of the oldest node of the group asked for and not yet joined (0: none).",
+            ["group"],
+            registry=r,
+        )
+        self.slurm_nodes = Gauge(
+            "slurm_burst_slurm_nodes",
+            "Slurm's nodes by side (onprem, cloud: a burst group's) and activity.",
+            ["side", "activity"],
+            registry=r,
+        )
+        self.last_ingest = Gauge(
+            "slurm_burst_ledger_last_ingest_timestamp_seconds",
+            "When the ledger last read finished jobs from sacct (unix time).",
+            registry=r,
+        )
+        self.spend = SpendCollector()
+        r.register(self.spend)
+        a = ["account"]
+        self.budget = Gauge(
+            "slurm_burst_budget_dollars", "The account's budget this period.", a, registry=r
+        )
+        self.budget_spent = Gauge(
+            "slurm_burst_budget_spent_dollars",
+            "Booked this period, overhead included.",
+            a,
+            registry=r,
+        )
+        self.budget_remaining = Gauge(
+            "slurm_burst_budget_remaining_dollars",
+            "Budget less the booked spend and what running burst jobs have committed.",
+            a,
+            registry=r,
+        )
+        self.budget_period_end = Gauge(
+            "slurm_burst_budget_period_end_timestamp_seconds",
+            "When the budget period ends (unix time; budgets are monthly).",
+            registry=r,
+        )
+        self.info = Gauge(
+            "slurm_burst_info", "The daemon's version (value 1).", ["version"], registry=r
+        )
+        self.info.labels(__version__).set(1)
+
         g = ["group"]
         self.gpu_count = Gauge(
             "slurm_burst_gpus_sampled", "GPUs of joined nodes at the last sample.", g, registry=r
@@ -178,6 +288,60 @@ class Metrics:
     def group_status(self, group: str, spend_per_hour: float, protected: bool) -> None:
         self.spend_rate.labels(group).set(spend_per_hour)
         self.protected.labels(group).set(1 if protected else 0)
+
+    def step(self, step: str, seconds: float) -> None:
+        self.step_duration.labels(step).observe(seconds)
+
+    def joined(self, group: str, seconds: float) -> None:
+        self.join_duration.labels(group).observe(seconds)
+
+    def findings(
+        self,
+        orphans: Mapping[str, int],
+        stale_peers: int,
+        leaked_addresses: int,
+        oldest_resume: Mapping[str, float],
+    ) -> None:
+        """What the reconcile pass found wrong, before the grace periods act on it; a
+        provider or group with nothing to say is set to 0, so the series stay."""
+        for provider, n in orphans.items():
+            self.orphans.labels(provider).set(n)
+        self.stale_peers.set(stale_peers)
+        self.leaked_addresses.set(leaked_addresses)
+        for group, age in oldest_resume.items():
+            self.oldest_resume.labels(group).set(age)
+
+    def slurm_node_activity(self, counts: Mapping[tuple[str, str], int]) -> None:
+        for side in SIDES:
+            for activity in NODE_ACTIVITY:
+                self.slurm_nodes.labels(side, activity).set(counts.get((side, activity), 0))
+
+    def ledger_ingested(self, at: float) -> None:
+        self.last_ingest.set(at)
+
+    def spent(self, totals: Mapping[tuple[str, str], float]) -> None:
+        """All-time booked spend by (account, group): the ``max_accounts`` biggest
+        spenders each have series; the rest are summed under ``_other``."""
+        by_account: dict[str, float] = {}
+        for (account, _group), dollars in totals.items():
+            by_account[account] = by_account.get(account, 0.0) + dollars
+        ranked = sorted(by_account, key=lambda a: (-by_account[a], a))
+        kept = set(ranked[: self.max_accounts])
+        out: dict[tuple[str, str], float] = {}
+        for (account, group), dollars in totals.items():
+            key = (account if account in kept else OTHER_ACCOUNTS, group)
+            out[key] = out.get(key, 0.0) + dollars
+        self.spend.totals = out
+
+    def budgets(self, budgets: Mapping[str, tuple[float, float, float]], period_end: float) -> None:
+        """Each budgeted account's (budget, spent, remaining) dollars this period."""
+        for gauge in (self.budget, self.budget_spent, self.budget_remaining):
+            gauge.clear()
+        for account, (budget, spent, remaining) in budgets.items():
+            self.budget.labels(account).set(budget)
+            self.budget_spent.labels(account).set(spent)
+            self.budget_remaining.labels(account).set(remaining)
+        self.budget_period_end.set(period_end)
 
     def gpus(
         self,

@@ -1,0 +1,96 @@
+"""The lab's real Prometheus (Debian's package) scraping the daemon: every query of the
+shipped dashboard runs against it without error, the ones a burst feeds return data,
+and its group variable resolves through the label API. (The alerts firing and resolving
+are asserted where their faults are injected: tests/lab/test_y_faults.py.)"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.parse
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from slurm_burst.config import Config
+from slurm_burst.lab.prometheus import api
+from slurm_burst.lab.service import Lab
+from tests.conftest import wait
+from tests.lab.conftest import sh
+
+DASHBOARD = Path(__file__).resolve().parents[2] / "slurm-conf" / "grafana" / "slurm-burst.json"
+
+# Grafana's own variables, as Grafana would substitute them before asking Prometheus
+GRAFANA_VARIABLES = {"$__rate_interval": "1m", "$__range": "1h", "$__interval": "15s",
+                     "$group": ".*"}  # fmt: skip
+
+# panels a one-node burst job must feed (title -> at least one series)
+FED = (
+    "Leading daemons",
+    "Since the last reconcile pass",
+    "Cloud nodes by state, per group",
+    "On-prem vs cloud nodes busy",
+    "Resume request to joined, percentiles",
+    "Launch and bootstrap steps, p90",
+)
+
+
+@pytest.fixture(scope="module")
+def prom(lab: Lab, lab_config: Config) -> str:
+    assert lab_config.lab is not None and lab_config.lab.prometheus
+    return lab_config.lab.prometheus
+
+
+def query(prom: str, expr: str) -> list[dict[str, Any]]:
+    data = api(prom, "query?" + urllib.parse.urlencode({"query": expr}))
+    result = data["result"]
+    return result if isinstance(result, list) else [{"value": result}]
+
+
+def substituted(expr: str) -> str:
+    for name, value in GRAFANA_VARIABLES.items():
+        expr = expr.replace(name, value)
+    assert "$" not in expr, f"a Grafana variable left in {expr!r}"
+    return expr
+
+
+def test_prometheus_scrapes_the_daemon(prom: str) -> None:
+    up = wait(lambda: query(prom, 'up{job="slurm-burst"} == 1'), 30, "the daemon scraped")
+    assert len(up) == 1
+    rules = api(prom, "rules")["groups"]
+    assert {r["name"] for g in rules for r in g["rules"]} >= {"SlurmBurstGroupProtected",
+                                                            "SlurmBurstNoLeader"}  # fmt: skip
+
+
+def test_every_dashboard_query_runs_and_a_burst_feeds_its_panels(
+    prom: str, lab: Lab, env: dict[str, str]
+) -> None:
+    out = sh(env, "sbatch", "--parsable", "-p", "burst-cpu", "-t", "2", "-o", "/dev/null",
+             "--wrap", "hostname")  # fmt: skip
+    job = out.strip().split(";")[0]
+    wait(lambda: "COMPLETED" in sh(env, "sacct", "-n", "-X", "-j", job, "-o", "State"), 180,
+         f"burst job {job} completed")  # fmt: skip
+    joined = 'sum(slurm_burst_node_join_duration_seconds_count{job="slurm-burst"}) > 0'
+    wait(lambda: query(prom, joined), 30, "the join histogram scraped")
+    time.sleep(2)  # one more scrape: rate() over it needs two samples after the join
+
+    dashboard = json.loads(DASHBOARD.read_text())
+    empty = []
+    for panel in dashboard["panels"]:
+        results = [query(prom, substituted(t["expr"])) for t in panel["targets"]]
+        if panel["title"] in FED and not any(results):
+            empty.append(panel["title"])
+    assert empty == [], f"panels with no data after a burst: {empty}"
+    busy = query(prom, substituted(dashboard["panels"][0]["targets"][0]["expr"]))
+    assert float(busy[0]["value"][1]) == 1  # one daemon leads
+
+
+def test_the_group_variable_resolves_through_the_label_api(prom: str, lab_config: Config) -> None:
+    dashboard = json.loads(DASHBOARD.read_text())
+    var = next(v for v in dashboard["templating"]["list"] if v["name"] == "group")
+    metric, label = (
+        var["definition"].removeprefix("label_values(").removesuffix(")").rsplit(", ", 1)
+    )
+    values = api(prom, f"label/{label}/values?" + urllib.parse.urlencode({"match[]": metric}))
+    assert set(values) == set(lab_config.node_groups)
