@@ -48,6 +48,7 @@ from tests.lab.test_x_ec2 import emulator_calls
 
 COLLECTION = ROOT / "ansible"
 SITE = Path(__file__).parent / "deploy"
+RULES = ROOT / "slurm-conf" / "prometheus" / "slurm-burst.rules.yml"  # the role installs it
 BIN = Path(sys.executable).parent
 HOST = "ctl-1"
 LAN_ADDR = "10.240.0.10"  # the controller's "LAN" address (on lo): where users reach it
@@ -236,6 +237,7 @@ def inventory(
         "slurm_burst_packages": ["wireguard-tools", "wireguard-go"],  # no kernel module
         "slurm_burst_accounts": ["physics"],
         "slurm_burst_cluster_users": ["root"],
+        "slurm_burst_prometheus_rules_dir": "/etc/prometheus/rules",
         "slurm_burst_credentials": {
             "aws.toml": f'key = "{EC2_CREDENTIALS["key"]}"\n'
             f'secret = "{EC2_CREDENTIALS["secret"]}"\n'
@@ -331,6 +333,9 @@ def test_the_collection_deploys_a_running_daemon_onto_the_blank_host(
         "/var/lib/slurm-burst 770 root slurm",
     ], modes
     assert "secret" not in out and EC2_CREDENTIALS["secret"] not in out  # never logged
+    # the shipped alert rules, where the site's Prometheus reads them
+    rules = run("cat /etc/prometheus/rules/slurm-burst.rules.yml")
+    assert rules.strip() == RULES.read_text().strip()
 
 
 def test_a_batch_job_runs_on_ec2_nodes_the_deployed_daemon_launched(
