@@ -97,6 +97,7 @@ def child(d: Path, nodes: int) -> dict[str, Any]:
 
     from slurm_burst.adapters.clock import SystemClock
     from slurm_burst.adapters.cloud.compute import CLUSTER_TAG, GROUP_TAG, NODE_TAG, LibcloudCloud
+    from slurm_burst.adapters.metrics.prom import Metrics
     from slurm_burst.adapters.proc import Result
     from slurm_burst.adapters.slurm.cli import SlurmCli
     from slurm_burst.adapters.state.store import Store
@@ -207,8 +208,9 @@ def child(d: Path, nodes: int) -> dict[str, Any]:
         return True
 
     rec = Reconciler(
-        cfg, store, sched, {"lab": cloud}, Hub(), fail, lambda name: None, SystemClock()
-    )
+        cfg, store, sched, {"lab": cloud}, Hub(), fail, lambda name: None, SystemClock(),
+        metrics=Metrics(),  # as the daemon runs it: the pass records its metrics too
+    )  # fmt: skip
     cpus, walls, slurm = [], [], []
     for _ in range(PASSES):  # the same world each pass: the steady state of a busy site
         calls.clear()

@@ -187,19 +187,18 @@ def _stuck_nodes(snap: Snapshot, policy: Policy, suspect: _Suspect) -> Iterable[
     for rec in snap.records.values():
         if rec.want != Want.UP:
             continue
-        if rec.state in RESUMING and rec.state != NodeState.JOINED:
-            waited = snap.now - (rec.requested_at or rec.state_since)
-            if waited > policy.resume_timeout:
-                yield Action(
-                    "fail_node",
-                    "ResumeTimeout",
-                    rec.name,
-                    rec.instance_id,
-                    rec.provider,
-                    f"not joined {waited:.0f} s after the resume (ResumeTimeout "
-                    f"{policy.resume_timeout:g} s, state {rec.state})",
-                )
-                continue
+        waited = resuming_for(rec, snap.now)
+        if waited is not None and waited > policy.resume_timeout:
+            yield Action(
+                "fail_node",
+                "ResumeTimeout",
+                rec.name,
+                rec.instance_id,
+                rec.provider,
+                f"not joined {waited:.0f} s after the resume (ResumeTimeout "
+                f"{policy.resume_timeout:g} s, state {rec.state})",
+            )
+            continue
         if (
             rec.state in (NodeState.BOOTSTRAPPING, NodeState.JOINED)
             and rec.instance_id
@@ -362,10 +361,18 @@ def findings(
             addresses += 1
     oldest = dict.fromkeys(groups, 0.0)
     for r in records:
-        if r.want == Want.UP and r.state in RESUMING and r.state != NodeState.JOINED:
-            age = max(0.0, now - (r.requested_at or r.state_since))
-            oldest[r.group] = max(oldest.get(r.group, 0.0), age)
+        age = resuming_for(r, now)
+        if age is not None:
+            oldest[r.group] = max(oldest.get(r.group, 0.0), age, 0.0)
     return Findings(orphans, peers, addresses, oldest)
+
+
+def resuming_for(rec: Tracked, now: float) -> float | None:
+    """Seconds since the resume of a node that is wanted up and has not joined yet
+    (ResumeTimeout counts from there); None for any other node."""
+    if rec.want != Want.UP or rec.state not in RESUMING or rec.state == NodeState.JOINED:
+        return None
+    return now - (rec.requested_at or rec.state_since)
 
 
 def summarize(records: Iterable[Tracked]) -> dict[str, dict[str, int]]:

@@ -301,8 +301,9 @@ def start_prometheus(cfg: Config, paths: Paths) -> Proc:
     from slurm_burst.lab import prometheus
 
     assert cfg.lab is not None
+    listen = cfg.lab.prometheus
     proc = spawn(prometheus.argv(cfg, paths.state / "prometheus"), paths.log / "prometheus.out")
-    wait_for(lambda: prometheus.ready(cfg.lab.prometheus), 60, "Prometheus ready", proc)  # type: ignore[union-attr]
+    wait_for(lambda: prometheus.ready(listen), 60, "Prometheus ready", proc)
     return proc
 
 

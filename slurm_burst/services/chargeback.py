@@ -98,8 +98,6 @@ class Chargeback:
         # incrementally after rollup row _spend_cursor, and whole at each budget pass
         self._spend: dict[tuple[str, str], int] = {}
         self._spend_cursor = 0
-        if metrics is not None and accounting is not None:
-            metrics.ledger_ingested(clock())  # "not since the start" until the first ingest
         # what the burst policy may spend: {account: dollars left}, the cap's dollars left
         self._money: tuple[dict[str, float], float | None] | None = None  # not yet known
 
@@ -280,6 +278,12 @@ class Chargeback:
             log.warning("ledger.spend_metrics.failed error=%s", exc)
 
     # -- the metrics --------------------------------------------------------------------
+    def started(self) -> None:
+        """The ledger loop starts (on the leader): until its first ingest, the ingest
+        timestamp says "not since now", so a stall is counted from here."""
+        if self.metrics is not None and self.accounting is not None:
+            self.metrics.ledger_ingested(self.clock())
+
     def report_budgets(self, statuses: list[BudgetStatus]) -> None:
         if self.metrics is None:
             return
@@ -351,6 +355,7 @@ class ChargebackLoop(threading.Thread):
         self.schema_ready = False
 
     def run(self) -> None:
+        self.cb.started()
         next_budget = 0.0
         while not self.stop.is_set():
             due = time.monotonic() >= next_budget

@@ -27,7 +27,7 @@ import json
 import logging
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from importlib import resources
@@ -233,14 +233,14 @@ class Provisioner:
         (running -> its SSH host keys read through the provider's API)."""
         cloud = self.clouds[rec.provider]
         deadline = rec.state_since + self.cfg.daemon.boot_timeout
-        with timed(self.clock, rec.name, "boot", self.metrics):
+        with self._timed(rec.name, "boot"):
             while True:
                 inst = self._running(rec)
                 if inst is not None:
                     break
                 self._past(deadline, "BootTimeout", f"instance {rec.instance_id} not running")
                 self.clock.sleep(POLL)
-        with timed(self.clock, rec.name, "attest", self.metrics):
+        with self._timed(rec.name, "attest"):
             wait = POLL
             while True:
                 self._check_want(rec.name)
@@ -294,18 +294,18 @@ class Provisioner:
         remaining = rec.state_since + self.cfg.daemon.bootstrap_timeout - self.clock.now()
         deadline = self.clock.monotonic() + max(remaining, 5.0)
         keys = rec.host_key_list()
-        with timed(self.clock, rec.name, "ssh", self.metrics):
+        with self._timed(rec.name, "ssh"):
             sh = self.connector.connect(rec.ip, keys, deadline)
         try:
-            with timed(self.clock, rec.name, "script", self.metrics):
+            with self._timed(rec.name, "script"):
                 sh.put(self.script, REMOTE_SCRIPT, 0o700)
             if self.slurm_release:
                 self._check_slurmd_version(sh)
             group = self._group(rec)
             if group.gpus and group.gpu_check:
-                with timed(self.clock, rec.name, "gpu-check", self.metrics):
+                with self._timed(rec.name, "gpu-check"):
                     self._check_gpus(sh, rec, group)
-            with timed(self.clock, rec.name, "wg-key", self.metrics):
+            with self._timed(rec.name, "wg-key"):
                 pub = self._step(sh, "wg-key", iface).strip()
             if len(pub) != 44 or not pub.endswith("="):
                 raise StepError("WireGuardKey", "the node did not return a WireGuard public key")
@@ -313,7 +313,7 @@ class Provisioner:
                 addr = self.store.allocate_address(rec.name, mesh_cfg.subnet, self.clock.now())
             self.store.update(rec.name, wg_pubkey=pub, mesh_addr=addr)
             with (
-                timed(self.clock, rec.name, "hub-peer", self.metrics),
+                self._timed(rec.name, "hub-peer"),
                 _as_step("HubPeer", MeshError),
             ):
                 self.mesh.add_peer(pub, addr, rec.name)
@@ -324,16 +324,16 @@ class Provisioner:
             )
             conf = self.mesh.node_config([str(net), *routes])
             conf_path = f"/etc/wireguard/{iface}-hub.conf"
-            with timed(self.clock, rec.name, "wg-up", self.metrics):
+            with self._timed(rec.name, "wg-up"):
                 sh.put(conf.encode(), conf_path, 0o600)
                 self._step(sh, "wg-up", iface, f"{addr}/{net.prefixlen}", conf_path, *routes)
                 self._wait_handshake(rec.name, pub, deadline)
-            with timed(self.clock, rec.name, "munge", self.metrics):
+            with self._timed(rec.name, "munge"):
                 uid, gid = (int(x) for x in self._step(sh, "munge-dirs").strip().split(":"))
                 sh.put(self.secrets.munge_key, "/etc/munge/munge.key", 0o400, (uid, gid))
                 self._step(sh, "munge-start", self.cfg.slurm.munge_socket)
             with (
-                timed(self.clock, rec.name, "nodeaddr", self.metrics),
+                self._timed(rec.name, "nodeaddr"),
                 _as_step("NodeAddr", SchedulerError),
             ):
                 self.scheduler.update_nodes([rec.name], addrs=[addr], hostnames=[rec.name])
@@ -345,7 +345,7 @@ class Provisioner:
                     sh, "health-check", gpu.health_check_program, gpu.health_check_chain,
                     *([gpu.node_python] if checked else []),
                 )  # fmt: skip
-            with timed(self.clock, rec.name, "slurmd", self.metrics):
+            with self._timed(rec.name, "slurmd"):
                 self._step(sh, "slurmd-start", rec.name, hub_ip)
         finally:
             sh.close()
@@ -407,6 +407,10 @@ class Provisioner:
             rec.name, len(report.get("gpus", ())), report.get("driver"), report.get("seconds"),
         )  # fmt: skip
 
+    def _timed(self, node: str, step: str) -> AbstractContextManager[None]:
+        """``step`` of ``node`` timed: logged, and observed in the metrics if it succeeds."""
+        return timed(self.clock, node, step, self.metrics)
+
     def _step(self, sh: RemoteShell, step: str, *args: str) -> str:
         """Run one step of the node's bootstrap script: a failed command is
         ``Bootstrap.STEP``; a lost session keeps its own code (SshUnreachable...)."""
@@ -449,7 +453,7 @@ class Provisioner:
             )
         if rec.error in DIAGNOSED and rec.ip:
             self._diagnose(rec)
-        with timed(self.clock, name, "teardown", self.metrics):
+        with self._timed(name, "teardown"):
             if rec.instance_id and rec.provider:
                 self.clouds[rec.provider].terminate(rec.instance_id)
             if rec.wg_pubkey:

@@ -82,8 +82,8 @@ def test_every_dashboard_query_runs_and_a_burst_feeds_its_panels(
         if panel["title"] in FED and not any(results):
             empty.append(panel["title"])
     assert empty == [], f"panels with no data after a burst: {empty}"
-    busy = query(prom, substituted(dashboard["panels"][0]["targets"][0]["expr"]))
-    assert float(busy[0]["value"][1]) == 1  # one daemon leads
+    leaders = query(prom, substituted(dashboard["panels"][0]["targets"][0]["expr"]))
+    assert float(leaders[0]["value"][1]) == 1  # one daemon leads
 
 
 def test_the_group_variable_resolves_through_the_label_api(prom: str, lab_config: Config) -> None:
