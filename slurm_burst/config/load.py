@@ -10,9 +10,10 @@ from pathlib import Path
 from typing import Any
 
 from slurm_burst.config.model import Config
-from slurm_burst.config.schema import Problem, build
+from slurm_burst.config.schema import MAX_DEPTH, Problem, build, key_text, shape_problems
 from slurm_burst.config.validate import validate
 from slurm_burst.core.redact import has_inline_password
+from slurm_burst.core.slurmsyntax import hidden_character
 from slurm_burst.fileio import FileRefused, gid_of, not_private, read_regular, untrusted
 
 DEFAULT_CONFIG_PATH = "/etc/slurm-burst/slurm-burst.toml"
@@ -86,9 +87,14 @@ def parse_config(
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
-        m = re.search(r"line (\d+)", str(exc))
+        m = re.search(r"line ([0-9]+)", str(exc), re.ASCII)
         return None, [Problem("", f"not valid TOML: {exc}", int(m.group(1)) if m else None)]
-    problems: list[Problem] = []
+    except RecursionError:  # tomllib descends into nested arrays and tables recursively
+        return None, [Problem("", f"nested more than {MAX_DEPTH} levels deep: no setting is")]
+    problems = shape_problems(data)
+    bad = hidden_character(source)
+    if bad:  # the path is written into the rendered Slurm files' header
+        problems.append(Problem("", f"the config file's path holds {bad}: rename the file"))
     _strip_inline_secrets(data, problems)
     cfg = build(Config, data, "", problems)
     if cfg is None:
@@ -223,35 +229,49 @@ def _credential_file_problems(cfg: Config) -> list[Problem]:
 
 # --- line numbers ----------------------------------------------------------
 
-_HEADER = re.compile(r"^\s*\[\[?\s*([^\]]+?)\s*\]\]?\s*(#.*)?$")
-_KEYLINE = re.compile(r"^\s*([A-Za-z0-9_.\"'-]+(?:\s*\.\s*[A-Za-z0-9_\"'-]+)*)\s*=")
+_PART = r"""(?:[A-Za-z0-9_-]+|"(?:[^"\\]|\\.)*"|'[^']*')"""
+_DOTTED = rf"{_PART}(?:\s*\.\s*{_PART})*"
+_HEADER = re.compile(rf"\s*\[\[?\s*({_DOTTED})\s*\]\]?\s*(?:#.*)?", re.ASCII)
+_KEYLINE = re.compile(rf"\s*({_DOTTED})\s*=", re.ASCII)
 
 
-def _dotted(text: str) -> str:
-    return ".".join(part.strip().strip("\"'") for part in text.split("."))
+def _keys(dotted: str) -> list[str]:
+    """The keys a TOML dotted key names, unquoted and unescaped as TOML reads them."""
+    try:
+        node: Any = tomllib.loads(f"{dotted} = 0")
+    except tomllib.TOMLDecodeError:
+        return []
+    keys = []
+    while isinstance(node, dict) and len(node) == 1:
+        key, node = next(iter(node.items()))
+        keys.append(key)
+    return keys
 
 
 def _key_lines(text: str) -> Mapping[str, int]:
-    """Map key paths to the line that sets them (tables map to their header)."""
+    """Map key paths to the line that sets them (tables map to their header), both as
+    validation names them (raw keys) and as shape checks quote them."""
     lines: dict[str, int] = {}
-    table = ""
-    for number, line in enumerate(text.splitlines(), start=1):
-        m = _HEADER.match(line)
+    table: list[str] = []
+    for number, line in enumerate(text.split("\n"), start=1):  # TOML counts only \n
+        m = _HEADER.fullmatch(line)
         if m:
-            table = _dotted(m.group(1))
-            lines.setdefault(table, number)
-            continue
-        m = _KEYLINE.match(line)
-        if m:
-            key = _dotted(m.group(1))
-            lines.setdefault(f"{table}.{key}" if table else key, number)
+            table = _keys(m.group(1))
+            keys = table
+        else:
+            m = _KEYLINE.match(line)
+            if not m:
+                continue
+            keys = table + _keys(m.group(1))
+        for join in (".".join(keys), ".".join(key_text(k) for k in keys)):
+            lines.setdefault(join, number)
     return lines
 
 
 def _with_line(p: Problem, lines: Mapping[str, int]) -> Problem:
     if p.line is not None or not p.path:
         return p
-    path = p.path
+    path = re.sub(r"(\[[0-9]+\])+\Z", "", p.path)  # a list's item: the list's line
     while path:
         if path in lines:
             return Problem(p.path, p.message, lines[path], p.severity)

@@ -163,8 +163,10 @@ class ProviderConfig:
     )
 
 
+# Matched whole (fullmatch) and ASCII-only: a node name is a hostname in slurm.conf.
 _PATTERN = re.compile(
-    r"^(?P<pre>[A-Za-z0-9][A-Za-z0-9._-]*?)\{n(?::0(?P<w>\d)d)?\}(?P<post>[A-Za-z0-9._-]*)$"
+    r"(?P<pre>[A-Za-z0-9][A-Za-z0-9._-]*?)\{n(?::0(?P<w>[1-9])d)?\}(?P<post>[A-Za-z0-9._-]*)",
+    re.ASCII,
 )
 
 
@@ -255,7 +257,7 @@ class NodeGroup:
     @cached_property
     def _name_parts(self) -> tuple[str, int, str]:
         """(prefix, index width, suffix) of ``pattern``, parsed once."""
-        m = _PATTERN.match(self.pattern)
+        m = _PATTERN.fullmatch(self.pattern)
         if m is None:
             raise ValueError(f"invalid node name pattern {self.pattern!r}")
         return m.group("pre"), int(m.group("w") or 0), m.group("post")

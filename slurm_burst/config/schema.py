@@ -29,8 +29,65 @@ class Problem:
     severity: str = "error"  # or "warning"
 
     def render(self, source: str) -> str:
+        """One line, whatever the config held: hidden characters shown escaped."""
+        from slurm_burst.core.slurmsyntax import visible
+
         where = f"{source}:{self.line}" if self.line else source
-        return f"{where}: {self.severity}: {self.path}: {self.message}"
+        path = f"{self.path}: " if self.path else ""
+        return visible(f"{where}: {self.severity}: {path}{self.message}")
+
+
+# Bounds on the shape of any config, before the model reads it: the deepest setting is
+# five levels down (node_groups.NAME.warm.WINDOW.nodes), no value is a page long, and
+# no count, size or time needs more than 2**53 (where floats stop counting exactly).
+MAX_DEPTH = 10
+MAX_STRING = 4096
+MAX_INTEGER = 2**53
+
+
+def key_text(key: str) -> str:
+    """A key for a problem's path: as it is when it is plain, else quoted as Python does."""
+    return key if key.isascii() and key.isprintable() and "." not in key else repr(key)
+
+
+def shape_problems(data: Mapping[str, Any]) -> list[Problem]:
+    """What no setting can be, wherever it stands: a key or string holding a control,
+    line-separator or format character (it would reach a Slurm file or a log line as
+    something else), a string over 4,096 characters, an integer beyond 2**53, or
+    nesting deeper than :data:`MAX_DEPTH` (floats: :func:`_scalar`). Walked without
+    recursion."""
+    from slurm_burst.core.slurmsyntax import hidden_character
+
+    out: list[Problem] = []
+    stack: list[tuple[str, Any, int]] = [("", data, 0)]
+    while stack:
+        path, value, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            out.append(Problem(path, f"nested more than {MAX_DEPTH} levels deep: no setting is"))
+            continue
+        if isinstance(value, dict):
+            for key, sub in value.items():
+                where = _join(path, key_text(key))
+                bad = hidden_character(key)
+                if bad:
+                    out.append(Problem(where, f"the key holds {bad}"))
+                stack.append((where, sub, depth + 1))
+        elif isinstance(value, list):
+            stack.extend((f"{path}[{i}]", v, depth + 1) for i, v in enumerate(value))
+        elif isinstance(value, str):
+            bad = hidden_character(value)
+            if bad:
+                out.append(
+                    Problem(path, f"holds {bad}; no setting takes control or invisible characters")
+                )
+            elif len(value) > MAX_STRING:
+                out.append(Problem(path, f"{len(value):,} characters, over {MAX_STRING:,}"))
+        elif isinstance(value, bool):
+            continue
+        elif isinstance(value, int) and abs(value) > MAX_INTEGER:
+            out.append(Problem(path, "a number this large is no setting (at most 2**53)"))
+    out.reverse()  # in the file's order, as far as a walk can tell
+    return out
 
 
 _TYPE_NAMES = {str: "a string", int: "an integer", float: "a number", bool: "true or false"}
@@ -129,6 +186,9 @@ def _convert(tp: Any, value: Any, path: str, problems: list[Problem]) -> tuple[A
                 scalar = str | int | float | bool
                 if isinstance(v, list) and all(isinstance(x, scalar) for x in v):
                     v = tuple(v)
+                elif isinstance(v, float) and not math.isfinite(v):
+                    problems.append(Problem(sub, f"must be a finite number, not {v}"))
+                    good = False
                 elif not isinstance(v, scalar):
                     problems.append(
                         Problem(sub, "must be a string, number, boolean or a list of them")

@@ -13,10 +13,18 @@ from slurm_burst.core.hostlist import HostlistError, expand
 from slurm_burst.core.pricing import PricingError, ambiguous, parse_instant, to_micros
 from slurm_burst.core.redact import has_inline_password
 from slurm_burst.core.slurm import SUPPORTED_RELEASES
+from slurm_burst.core.slurmsyntax import (
+    is_device_path,
+    is_feature,
+    is_name,
+    is_node_name,
+    is_path,
+    is_time,
+)
 
-_SLURM_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
-_IFNAME = re.compile(r"^[A-Za-z0-9_.-]{1,15}$")
-_FEATURE = re.compile(r"^[A-Za-z0-9_.-]+$")
+_IFNAME = re.compile(r"[A-Za-z0-9_.-]{1,15}", re.ASCII)
+_DB_NAME = re.compile(r"[A-Za-z0-9_]{1,64}", re.ASCII)
+_PORT = re.compile(r"[0-9]{1,5}", re.ASCII)
 BACKENDS = ("cli",)
 
 
@@ -78,7 +86,7 @@ def validate(
             out.append(Problem(f"daemon.{key}", "must be at least 1"))
     if cfg.daemon.metrics_listen:
         _host, sep, port = cfg.daemon.metrics_listen.rpartition(":")
-        if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+        if not sep or not _PORT.fullmatch(port) or not 0 < int(port) < 65536:
             out.append(Problem("daemon.metrics_listen", "must be HOST:PORT (e.g. 127.0.0.1:9466)"))
     if cfg.daemon.ha_url and not cfg.daemon.ha_url.startswith("postgresql"):
         out.append(Problem("daemon.ha_url", "HA needs a PostgreSQL URL (postgresql+psycopg://...)"))
@@ -99,10 +107,10 @@ def validate(
                     "lab.cloud_provider", "must name a provider profile whose driver is 'nscloud'"
                 )
             )
-        if not re.match(r"^[A-Za-z0-9_]{1,64}$", cfg.lab.accounting_db):
+        if not _DB_NAME.fullmatch(cfg.lab.accounting_db):
             out.append(Problem("lab.accounting_db", "must be letters, digits or '_'"))
         for acct in cfg.lab.accounts:
-            if not _SLURM_NAME.match(acct):
+            if not is_name(acct):
                 out.append(Problem("lab.accounts", f"{acct!r} is not a Slurm account name"))
         if cfg.lab.onprem_partition not in cfg.slurm.onprem_partitions:
             out.append(Problem("lab.onprem_partition", "must be listed in slurm.onprem_partitions"))
@@ -138,7 +146,7 @@ def _ledger(cfg: Config, out: list[Problem]) -> None:
         out.append(Problem("ledger.url", "must be an SQLAlchemy URL such as sqlite:////path.db"))
     if led.overhead not in ("usage", "site"):
         out.append(Problem("ledger.overhead", "must be 'usage' or 'site'"))
-    if not _SLURM_NAME.match(led.site_account):
+    if not is_name(led.site_account):
         out.append(Problem("ledger.site_account", "must be a Slurm account name"))
     for key in ("ingest_interval", "budget_sync_interval"):
         if getattr(led, key) <= 0:
@@ -160,7 +168,7 @@ def _rates(cfg: Config, out: list[Problem]) -> None:
             )
         if r.per == "gpu" and r.size in sizes and cfg.gpus_of_size(r.size) == 0:
             out.append(Problem(f"{base}.per", f"'gpu', but size {r.size!r} has no GPUs"))
-        if r.account and not _SLURM_NAME.match(r.account):
+        if r.account and not is_name(r.account):
             out.append(Problem(f"{base}.account", "must be a Slurm account name"))
         try:
             start = parse_instant(r.valid_from, "valid_from")
@@ -180,7 +188,7 @@ def _rates(cfg: Config, out: list[Problem]) -> None:
 
 
 def _cluster(cfg: Config, out: list[Problem]) -> None:
-    if not _SLURM_NAME.match(cfg.cluster.name):
+    if not is_name(cfg.cluster.name):
         out.append(Problem("cluster.name", "must be letters, digits, '-' or '_'"))
     if not cfg.cluster.controller_host:
         out.append(Problem("cluster.controller_host", "must not be empty"))
@@ -208,6 +216,29 @@ def _slurm(cfg: Config, out: list[Problem]) -> None:
     for key in ("resume_rate", "suspend_rate"):
         if getattr(s, key) < 0:
             out.append(Problem(f"slurm.{key}", "must not be negative"))
+    # What the rendered fragment carries: each value as Slurm's parser takes it.
+    for key in ("hook_dir", "conf_dir"):
+        if not is_path(getattr(s, key)):
+            out.append(Problem(f"slurm.{key}", _PATH_ADVICE))
+    for key, high in _SLURM_BOUNDS.items():
+        if getattr(s, key) > high:
+            out.append(Problem(f"slurm.{key}", f"must be at most {high:,} (Slurm's limit)"))
+    for part in s.onprem_partitions:
+        if not is_name(part):
+            out.append(Problem("slurm.onprem_partitions", f"{part!r} is not a partition name"))
+    for name, pcfg in cfg.partitions.items():
+        base = f"partitions.{name}"
+        if not is_name(name):
+            out.append(Problem(base, "a partition name is letters, digits, '-' or '_'"))
+        if not is_time(pcfg.max_time):
+            out.append(
+                Problem(
+                    f"{base}.max_time",
+                    "must be a Slurm time: MINUTES, HH:MM:SS, D-HH:MM:SS or INFINITE",
+                )
+            )
+        if pcfg.suspend_time is not None and not 1 <= pcfg.suspend_time <= 2**31 - 1:
+            out.append(Problem(f"{base}.suspend_time", "must be a positive number of seconds"))
     if s.release and s.release not in SUPPORTED_RELEASES:
         out.append(Problem("slurm.release", f"must be one of {', '.join(SUPPORTED_RELEASES)}"))
     if s.prolog_chain and not s.prolog_chain.startswith("/"):
@@ -222,9 +253,25 @@ def _slurm(cfg: Config, out: list[Problem]) -> None:
             )
 
 
+_PATH_ADVICE = (
+    "must be an absolute path of ASCII letters, digits and ._+@/- (it is written into "
+    "slurm.conf, where a blank, '#', quote or control character would change the line)"
+)
+# Slurm keeps these in 16 bits (ResumeTimeout, SuspendTimeout, rates; PrologEpilogTimeout
+# is ResumeTimeout + 30): a larger value is refused or wraps.
+_SLURM_BOUNDS = {
+    "resume_timeout": 65_000,
+    "suspend_timeout": 65_000,
+    "resume_rate": 65_000,
+    "suspend_rate": 65_000,
+    "suspend_time": 2**31 - 1,
+    "power_save_interval": 86_400,
+    "hostlist_max_names": 10_000_000,
+}
 # Nodes one group may define: Slurm's own limit of nodes in a cluster is 65,533 plus the
 # controller (TreeWidth); a larger count is a typo that every hook would pay for.
 MAX_GROUP_NODES = 65_536
+MAX_TOTAL_NODES = 65_536  # all groups together
 
 
 def _money(value: float, path: str, out: list[Problem]) -> None:
@@ -241,6 +288,15 @@ def _money(value: float, path: str, out: list[Problem]) -> None:
 def _groups(cfg: Config, out: list[Problem], declared: set[str]) -> None:
     if not cfg.node_groups:
         out.append(Problem("node_groups", "no node group defined", severity="warning"))
+    total = sum(g.count for g in cfg.node_groups.values())
+    if total > MAX_TOTAL_NODES:
+        out.append(
+            Problem(
+                "node_groups",
+                f"define {total:,} nodes in all, over {MAX_TOTAL_NODES:,} (every hook expands "
+                "and checks them; Slurm's own limit of a cluster's nodes is about this)",
+            )
+        )
     seen: dict[str, str] = {}
     for gname, g in cfg.node_groups.items():
         base = f"node_groups.{gname}"
@@ -257,7 +313,11 @@ def _groups(cfg: Config, out: list[Problem], declared: set[str]) -> None:
                 out.append(
                     Problem(f"{base}.warm.{wname}.nodes", f"more than the group's {g.limit}")
                 )
-        if _PATTERN.match(g.pattern) and 1 <= g.count <= MAX_GROUP_NODES:
+        if (
+            _PATTERN.fullmatch(g.pattern)
+            and 1 <= g.count <= MAX_GROUP_NODES
+            and total <= MAX_TOTAL_NODES
+        ):
             for node in g.node_names():
                 if node in seen:
                     out.append(
@@ -353,9 +413,9 @@ def _group_on_providers(cfg: Config, g: NodeGroup, base: str, out: list[Problem]
 
 
 def _group(cfg: Config, g: NodeGroup, base: str, out: list[Problem], declared: set[str]) -> None:
-    if not _SLURM_NAME.match(g.name):
+    if not is_name(g.name):
         out.append(Problem(base, "group name must be letters, digits, '-' or '_'"))
-    if not _PATTERN.match(g.pattern):
+    if not _PATTERN.fullmatch(g.pattern):
         out.append(
             Problem(
                 f"{base}.pattern",
@@ -364,9 +424,11 @@ def _group(cfg: Config, g: NodeGroup, base: str, out: list[Problem], declared: s
         )
     if not 1 <= g.count <= MAX_GROUP_NODES:
         out.append(Problem(f"{base}.count", f"must be between 1 and {MAX_GROUP_NODES:,}"))
+    elif _PATTERN.fullmatch(g.pattern) and not is_node_name(g.node_name(g.count)):
+        out.append(Problem(f"{base}.pattern", "makes node names over 64 characters"))
     if g.max_nodes is not None and not 0 <= g.max_nodes <= g.count:
         out.append(Problem(f"{base}.max_nodes", f"must be between 0 and count ({g.count})"))
-    if not _SLURM_NAME.match(g.partition):
+    if not is_name(g.partition):
         out.append(Problem(f"{base}.partition", "must be a Slurm partition name"))
     if not g.providers:
         out.append(Problem(f"{base}.providers", "must name at least one provider profile"))
@@ -409,17 +471,21 @@ def _group(cfg: Config, g: NodeGroup, base: str, out: list[Problem], declared: s
             )
     if not g.image:
         out.append(Problem(f"{base}.image", "must not be empty"))
-    if g.cpus < 1:
-        out.append(Problem(f"{base}.cpus", "must be at least 1"))
-    if g.memory_mb < 1:
-        out.append(Problem(f"{base}.memory_mb", "must be at least 1"))
-    if g.gpus < 0:
-        out.append(Problem(f"{base}.gpus", "must not be negative"))
+    if not 1 <= g.cpus <= 65_535:  # Slurm's CPUs= is 16 bits
+        out.append(Problem(f"{base}.cpus", "must be between 1 and 65,535"))
+    if not 1 <= g.memory_mb <= 2**40:
+        out.append(Problem(f"{base}.memory_mb", "must be between 1 and 2**40 (MB)"))
+    if not 0 <= g.gpus <= 1024:
+        out.append(Problem(f"{base}.gpus", "must be between 0 and 1,024"))
     if g.gpu_type and not g.gpus:
         out.append(Problem(f"{base}.gpu_type", "set, but gpus is 0"))
-    if g.gpu_type and not _FEATURE.match(g.gpu_type):
+    if g.gpu_type and not is_feature(g.gpu_type):
         out.append(Problem(f"{base}.gpu_type", "must be letters, digits, '_', '.' or '-'"))
-    if g.gpu_files:
+    if g.gpu_files and not is_device_path(g.gpu_files):
+        out.append(
+            Problem(f"{base}.gpu_files", "must be an absolute device path such as /dev/nvidia[0-3]")
+        )
+    elif g.gpu_files:
         try:  # File= takes hostlist brackets; '/' is only a path separator here
             count = len(expand(g.gpu_files.replace("/", "_")))
         except HostlistError as exc:
@@ -434,27 +500,27 @@ def _group(cfg: Config, g: NodeGroup, base: str, out: list[Problem], declared: s
             out.append(Problem(f"{base}.{key}", "set, but gpus is 0"))
     if len(g.gpu_model) > 96 or any(not c.isprintable() for c in g.gpu_model):
         out.append(Problem(f"{base}.gpu_model", "must be NVML's name of the model"))
-    if g.gpu_driver and not _DRIVER.match(g.gpu_driver):
+    if g.gpu_driver and not _DRIVER.fullmatch(g.gpu_driver):
         out.append(Problem(f"{base}.gpu_driver", "must be a driver version such as 550.54.15"))
-    if g.gpu_cuda and not _CUDA.match(g.gpu_cuda):
+    if g.gpu_cuda and not _CUDA.fullmatch(g.gpu_cuda):
         out.append(Problem(f"{base}.gpu_cuda", "must be a CUDA version such as 12.4"))
     for feat in g.features:
-        if not _FEATURE.match(feat):
+        if not is_feature(feat):
             out.append(
                 Problem(f"{base}.features", f"feature {feat!r} has characters Slurm rejects")
             )
 
 
-_DRIVER = re.compile(r"^\d{1,4}(\.\d{1,4}){1,3}$")
-_CUDA = re.compile(r"^\d{1,3}\.\d{1,2}$")
+_DRIVER = re.compile(r"[0-9]{1,4}(\.[0-9]{1,4}){1,3}", re.ASCII)
+_CUDA = re.compile(r"[0-9]{1,3}\.[0-9]{1,2}", re.ASCII)
 
 
 def _gpu(cfg: Config, out: list[Problem]) -> None:
     gpu = cfg.gpu
     for key in ("node_python", "health_check_program", "health_check_chain", "kernel_log"):
         path = getattr(gpu, key)
-        if path and (not path.startswith("/") or any(c.isspace() or c in "\"'$`\\" for c in path)):
-            out.append(Problem(f"gpu.{key}", "must be an absolute path without spaces or quotes"))
+        if path and not is_path(path):
+            out.append(Problem(f"gpu.{key}", _PATH_ADVICE))
     if gpu.health_check_chain and not gpu.health_check_program:
         out.append(
             Problem(
@@ -487,7 +553,7 @@ def _policy(cfg: Config, out: list[Problem]) -> None:
         out.append(Problem("policy.enabled", "needs slurm.onprem_partitions: the jobs it steers"))
     for kind in ("accounts", "qos", "partitions"):
         for name, o in getattr(p, kind).items():
-            if not _SLURM_NAME.match(name):
+            if not is_name(name):
                 out.append(Problem(f"policy.{kind}.{name}", "must be a Slurm name"))
             for key in ("min_wait", "wait_per_dollar", "wait_factor", "max_job_cost"):
                 value = getattr(o, key)
@@ -503,7 +569,7 @@ def _mesh(cfg: Config, out: list[Problem]) -> None:
     net = _network(cfg.mesh.subnet, "mesh.subnet", out)
     if net is not None and net.num_addresses < 4:
         out.append(Problem("mesh.subnet", "is too small for a hub and nodes"))
-    if not _IFNAME.match(cfg.mesh.interface):
+    if not _IFNAME.fullmatch(cfg.mesh.interface):
         out.append(Problem("mesh.interface", "must be a Linux interface name (1-15 characters)"))
     if not 1 <= cfg.mesh.port <= 65535:
         out.append(Problem("mesh.port", "must be a UDP port (1-65535)"))

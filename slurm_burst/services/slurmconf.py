@@ -15,6 +15,7 @@ from slurm_burst.config import Config, NodeGroup
 from slurm_burst.core.hostlist import compress
 from slurm_burst.core.pricing import billing_weight
 from slurm_burst.core.slurm import SUPPORTED_RELEASES, release_key
+from slurm_burst.core.slurmsyntax import SlurmSyntaxError, comment, tokenize, word
 from slurm_burst.fileio import write_atomic
 from slurm_burst.services.prolog import prolog_epilog_timeout
 
@@ -30,19 +31,31 @@ def template_dir() -> Path:
     return Path(sys.prefix) / "share" / "slurm-burst" / "templates"
 
 
+class RenderError(ValueError):
+    """The config holds a value that would not reach Slurm as meant: nothing is written."""
+
+
+def line(*pairs: tuple[str, object]) -> str:
+    """One slurm.conf line of ``Key=Value`` pairs, each value checked to be one bare word
+    that Slurm reads back as it is (:func:`~slurm_burst.core.slurmsyntax.word`)."""
+    return " ".join(f"{key}={word(value, key)}" for key, value in pairs)
+
+
 def node_line(g: NodeGroup) -> str:
-    parts = [f"NodeName={g.hostlist}", "State=CLOUD", f"CPUs={g.cpus}", f"RealMemory={g.memory_mb}"]
+    pairs: list[tuple[str, object]] = [
+        ("NodeName", g.hostlist), ("State", "CLOUD"), ("CPUs", g.cpus),
+        ("RealMemory", g.memory_mb),
+    ]  # fmt: skip
     if g.features:
-        parts.append("Features=" + ",".join(g.features))
+        pairs.append(("Features", ",".join(g.features)))
     if g.gpus:
-        gres = f"gpu:{g.gpu_type}:{g.gpus}" if g.gpu_type else f"gpu:{g.gpus}"
-        parts.append(f"Gres={gres}")
-    return f"# node group {g.name}: sizes {', '.join(g.sizes)}\n" + " ".join(parts)
+        pairs.append(("Gres", f"gpu:{g.gpu_type}:{g.gpus}" if g.gpu_type else f"gpu:{g.gpus}"))
+    return comment(f"# node group {g.name}: sizes {', '.join(g.sizes)}") + "\n" + line(*pairs)
 
 
 def gres_line(g: NodeGroup) -> str:
-    type_ = f" Type={g.gpu_type}" if g.gpu_type else ""
-    return f"NodeName={g.hostlist} Name=gpu{type_} File={g.gres_files}"
+    type_ = [("Type", g.gpu_type)] if g.gpu_type else []
+    return line(("NodeName", g.hostlist), ("Name", "gpu"), *type_, ("File", g.gres_files))
 
 
 def partition_lines(cfg: Config) -> list[str]:
@@ -53,23 +66,23 @@ def partition_lines(cfg: Config) -> list[str]:
         suspend = (
             pcfg.suspend_time if pcfg and pcfg.suspend_time is not None else cfg.slurm.suspend_time
         )
-        fields = [
-            f"PartitionName={part}",
-            f"Nodes={compress(names)}",
-            f"MaxTime={pcfg.max_time if pcfg else 'INFINITE'}",
-            f"Default={'YES' if pcfg and pcfg.default else 'NO'}",
-            f"SuspendTime={suspend}",
-            "State=UP",
+        fields: list[tuple[str, object]] = [
+            ("PartitionName", part),
+            ("Nodes", compress(names)),
+            ("MaxTime", pcfg.max_time if pcfg else "INFINITE"),
+            ("Default", "YES" if pcfg and pcfg.default else "NO"),
+            ("SuspendTime", suspend),
+            ("State", "UP"),
         ]
         weights = billing_weights(cfg, part) if cfg.ledger.billing_weights else ""
         if weights:
-            fields.append(f'TRESBillingWeights="{weights}"')
+            fields.append(("TRESBillingWeights", weights))
         fields += onprem_only_denials(cfg)
-        lines.append(" ".join(fields))
+        lines.append(line(*fields))
     return lines
 
 
-def onprem_only_denials(cfg: Config) -> list[str]:
+def onprem_only_denials(cfg: Config) -> list[tuple[str, str]]:
     """What keeps on-prem-only accounts and QOS off every burst partition, enforced by
     Slurm itself (not only by the policy's judgement): a job of theirs submitted there,
     alone or in a partition list, cannot run there."""
@@ -77,8 +90,8 @@ def onprem_only_denials(cfg: Config) -> list[str]:
     accounts = sorted(a for a, o in pol.accounts.items() if o.onprem_only)
     qos = sorted(q for q, o in pol.qos.items() if o.onprem_only)
     return [
-        *([f"DenyAccounts={','.join(accounts)}"] if accounts else []),
-        *([f"DenyQos={','.join(qos)}"] if qos else []),
+        *([("DenyAccounts", ",".join(accounts))] if accounts else []),
+        *([("DenyQos", ",".join(qos))] if qos else []),
     ]
 
 
@@ -143,7 +156,7 @@ def health_check_lines(cfg: Config) -> str:
     if not gpu.health_check_program:
         return "# HealthCheckProgram: the site's own (gpu.health_check_program is not set)"
     chain = (
-        f"{gpu.health_check_chain} runs first there"
+        f"{comment(gpu.health_check_chain)} runs first there"
         if gpu.health_check_chain
         else "no site program chained"
     )
@@ -151,20 +164,74 @@ def health_check_lines(cfg: Config) -> str:
         f"# The GPU check on burst nodes ({chain}). Slurm runs one program on every\n"
         "# node: the others need one at this path too (docs/gpu.md). This fragment then\n"
         "# owns HealthCheckProgram, HealthCheckInterval and HealthCheckNodeState.\n"
-        f"HealthCheckProgram={gpu.health_check_program}\n"
-        f"HealthCheckInterval={gpu.health_check_interval}\n"
-        "HealthCheckNodeState=ANY"
+        + line(("HealthCheckProgram", gpu.health_check_program))
+        + "\n"
+        + line(("HealthCheckInterval", gpu.health_check_interval))
+        + "\nHealthCheckNodeState=ANY"
     )
 
 
 def render(cfg: Config, release: str) -> dict[str, str]:
     """``{"slurm-burst.conf": ..., "gres.conf": ...}`` for ``cfg``, in what Slurm
-    ``release`` (e.g. "24.11") accepts."""
+    ``release`` (e.g. "24.11") accepts.
+
+    Every value goes in as one word Slurm reads back unchanged, and the result is read
+    back with Slurm's own line syntax before it is returned (:func:`check_rendered`):
+    RenderError, and nothing to write, when a value would change a line's meaning."""
+    try:
+        files = _render(cfg, release)
+        for name, text in files.items():
+            check_rendered(name, text)
+    except SlurmSyntaxError as exc:
+        raise RenderError(f"{cfg.source}: not rendered: {exc}") from None
+    return files
+
+
+# The settings each file may hold, and those that may appear once only (the others head
+# one line each: NodeName=, PartitionName=). Anything else read back is an injection.
+FRAGMENT_KEYS = frozenset({
+    "ResumeProgram", "SuspendProgram", "ResumeFailProgram", "PrologSlurmctld",
+    "PrologEpilogTimeout", "ResumeTimeout", "SuspendTimeout", "SuspendTime", "ResumeRate",
+    "SuspendRate", "SuspendExcParts", "SuspendExcNodes", "SlurmctldParameters",
+    "PrivateData", "TreeWidth", "CommunicationParameters", "GresTypes",
+    "HealthCheckProgram", "HealthCheckInterval", "HealthCheckNodeState", "EnforcePartLimits",
+})  # fmt: skip
+NODE_KEYS = frozenset({"NodeName", "State", "CPUs", "RealMemory", "Features", "Gres"})
+PARTITION_KEYS = frozenset({"PartitionName", "Nodes", "MaxTime", "Default", "SuspendTime",
+                            "State", "TRESBillingWeights", "DenyAccounts", "DenyQos"})  # fmt: skip
+GRES_KEYS = frozenset({"NodeName", "Name", "Type", "File"})
+
+
+def check_rendered(name: str, text: str) -> None:
+    """Read ``text`` back as Slurm would; SlurmSyntaxError unless every line is one we
+    write: a global setting once, a NodeName= or PartitionName= line with its own keys."""
+    seen: set[str] = set()
+    for settings in tokenize(text):
+        head = settings[0].key
+        keys = [st.key for st in settings]
+        if name == GRES:
+            allowed = GRES_KEYS if head == "NodeName" else frozenset()
+        elif head == "NodeName":
+            allowed = NODE_KEYS
+        elif head == "PartitionName":
+            allowed = PARTITION_KEYS
+        else:
+            allowed = FRAGMENT_KEYS if len(settings) == 1 and head not in seen else frozenset()
+            seen.add(head)
+        stray = [k for k in keys if k not in allowed] or [k for k in keys if keys.count(k) > 1]
+        if stray or any(st.op for st in settings):
+            raise SlurmSyntaxError(
+                f"{name} line {settings[0].line} would set {stray[0] if stray else head} "
+                "as slurm-burst does not"
+            )
+
+
+def _render(cfg: Config, release: str) -> dict[str, str]:
     tdir = template_dir()
     rel = release_settings(release)
     s = cfg.slurm
     exc = (
-        f"SuspendExcParts={','.join(s.onprem_partitions)}"
+        line(("SuspendExcParts", ",".join(s.onprem_partitions)))
         if s.onprem_partitions
         else "# no on-prem partitions listed: set slurm.onprem_partitions, or every node "
         "with SuspendTime may be powered down"
@@ -173,12 +240,12 @@ def render(cfg: Config, release: str) -> dict[str, str]:
     if warm:  # the daemon powers them up and down by schedule (services/warmpool.py)
         exc += (
             "\n# Warm pools (node_groups.*.warm): Slurm never powers them down; the daemon "
-            f"does, by schedule\nSuspendExcNodes={compress(warm)}"
+            f"does, by schedule\n{line(('SuspendExcNodes', compress(warm)))}"
         )
     fragment = Template((tdir / "slurm-burst.conf.in").read_text()).substitute(
-        source=cfg.source,
-        conf_dir=s.conf_dir,
-        hook_dir=s.hook_dir,
+        source=comment(cfg.source),
+        conf_dir=comment(s.conf_dir),
+        hook_dir=word(s.hook_dir, "slurm.hook_dir"),
         resume_timeout=s.resume_timeout,
         prolog_epilog_timeout=prolog_epilog_timeout(cfg),
         suspend_timeout=s.suspend_timeout,
@@ -197,7 +264,7 @@ def render(cfg: Config, release: str) -> dict[str, str]:
     )
     gpu_groups = [g for g in cfg.node_groups.values() if g.gpus]
     gres = Template((tdir / "gres.conf.in").read_text()).substitute(
-        source=cfg.source,
+        source=comment(cfg.source),
         gres_lines="\n".join(gres_line(g) for g in gpu_groups) or "# no GPU node groups",
     )
     return {FRAGMENT: fragment, GRES: gres}
