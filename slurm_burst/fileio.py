@@ -8,18 +8,29 @@ an export's target. Stdlib only; shared by the config loader, the hooks and the 
   any directory above it.
 * :func:`write_atomic` writes a new file under a name nobody can have planted (mkstemp in
   the target directory, created exclusively, never through a symlink) and renames it into
-  place, so a half-written file never takes the target's name.
+  place, so a half-written file never takes the target's name; it replaces only a
+  regular file (a device, FIFO or symlink at the target is refused, not replaced).
+* :func:`ensure_dir`, :func:`ensure_file` and :func:`open_append` are how the product
+  makes its directories, its database and its logs, as root too: created with their
+  mode, or checked and left as they are. Nothing is followed through a symlink it did
+  not make, nothing that is not a plain file is written, and the mode of nothing it
+  did not create is changed.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import stat
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
+
+# Flags of every file the product opens to write: never through a symlink, never a
+# terminal that could become ours, never inherited by a child.
+PRIVATE = os.O_NOFOLLOW | os.O_NOCTTY | os.O_CLOEXEC
 
 
 class FileRefused(OSError):
@@ -47,6 +58,14 @@ def read_regular(path: str | os.PathLike[str], limit: int) -> bytes:
     if size > limit:
         raise FileRefused(f"{path}: over the limit of {limit} bytes")
     return b"".join(chunks)
+
+
+def file_error(exc: OSError) -> str:
+    """One line saying what went wrong with a file: the refusal's own words, else the
+    file's name and the system's error text (no errno, no traceback)."""
+    if isinstance(exc, FileRefused) or not exc.strerror:
+        return str(exc)
+    return f"{exc.filename}: {exc.strerror}" if exc.filename else exc.strerror
 
 
 def not_private(mode: int) -> str | None:
@@ -92,22 +111,116 @@ def _user(uid: int) -> str:
         return f"uid {uid}"
 
 
-def ensure_mode(path: str | os.PathLike[str], mode: int, gid: int | None = None) -> None:
-    """Create the file ``path`` with ``mode`` (and group ``gid``) if it is missing, never
-    through a symlink and whatever the umask; give an existing one ``mode`` and ``gid``
-    where we may (:func:`share`).
+def ensure_file(path: str | os.PathLike[str], mode: int, gid: int | None = None) -> bool:
+    """Create the file ``path`` with exactly ``mode`` (and group ``gid``) if it is missing
+    (True), never through a symlink and whatever the umask; else check that what is
+    there is a plain file (:func:`plain`) and leave it as it is (False): slurm-burst never
+    changes the mode of a file it did not make. FileRefused says what is wrong.
 
     An existing file is never opened: closing any descriptor of a file drops every
     POSIX lock this process holds on it, and SQLite's locks on a database (and on its
     -shm) are such locks. A process that has the database open must not lose them."""
-    if not create_new(path, mode, gid):
-        share(path, mode, gid)
+    if create_new(path, mode, gid):
+        return True
+    plain(path, os.lstat(path))
+    return False
+
+
+def plain(path: str | os.PathLike[str], st: os.stat_result) -> None:
+    """FileRefused unless ``st`` (an lstat or fstat) is a regular file with one name:
+    what a file of ours is. A symlink, a device, a FIFO or a hard link to another file
+    is something someone planted, or a mistake; either way not ours to write."""
+    if stat.S_ISLNK(st.st_mode):
+        raise FileRefused(f"{path} is a symbolic link; slurm-burst follows none it did not make")
+    if not stat.S_ISREG(st.st_mode):
+        raise FileRefused(f"{path} is {_kind(st.st_mode)}, not a regular file")
+    if st.st_nlink > 1:
+        raise FileRefused(f"{path} has {st.st_nlink} hard links; a file of ours has one")
+
+
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISFIFO, "a FIFO"),
+                       (stat.S_ISSOCK, "a socket"), (stat.S_ISLNK, "a symbolic link")):  # fmt: skip
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def ensure_dir(
+    path: str | os.PathLike[str], mode: int, gid: int | None = None, what: str = "directory"
+) -> bool:
+    """Make the directory ``path`` with exactly ``mode`` and group ``gid`` (True), or
+    check the one that is there (False) without changing it: a directory (a symlink to
+    one only if root owns the link), writable by nobody but its owner, root's group and
+    ``gid``'s. A shared directory such as /tmp (1777) is refused: anyone could plant
+    names in it. FileRefused says what is wrong and what to do."""
+    p = Path(path)
+    try:
+        st = os.lstat(p)
+    except FileNotFoundError:
+        p.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.mkdir(p, 0o700)  # nobody else's until its mode and group are set
+        except FileExistsError:
+            st = os.lstat(p)  # made meanwhile by another process: checked below
+        else:
+            fd = os.open(p, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            try:
+                if gid is not None and os.geteuid() == 0:
+                    os.fchown(fd, -1, gid)
+                os.fchmod(fd, mode)
+            finally:
+                os.close(fd)
+            return True
+    if stat.S_ISLNK(st.st_mode):
+        if st.st_uid != 0:
+            raise FileRefused(f"{what} {p} is a symbolic link that root does not own")
+        st = os.stat(p)
+    if not stat.S_ISDIR(st.st_mode):
+        raise FileRefused(f"{what} {p} is {_kind(st.st_mode)}, not a directory")
+    shown = f"mode {stat.S_IMODE(st.st_mode):04o}"
+    if st.st_mode & stat.S_IWOTH:
+        raise FileRefused(
+            f"{what} {p} is writable by anyone ({shown}): slurm-burst keeps its files in a "
+            f"directory of its own (make one, mode {mode:04o})"
+        )
+    if st.st_mode & stat.S_IWGRP and st.st_gid not in (0, gid):
+        raise FileRefused(f"{what} {p} is writable by group {st.st_gid} ({shown}; chmod g-w)")
+    return False
+
+
+def open_append(path: str | os.PathLike[str], mode: int, gid: int | None = None) -> int:
+    """A descriptor appending to the log file ``path``: made with ``mode`` and ``gid``
+    if missing, else the plain file that is there, unchanged. Never through a symlink,
+    never a device or a FIFO (opened non-blocking: a FIFO cannot hang us), never a
+    controlling terminal."""
+    flags = os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_NOCTTY | os.O_CLOEXEC | os.O_NONBLOCK
+    try:
+        fd = os.open(path, flags | os.O_CREAT | os.O_EXCL, mode)
+    except FileExistsError:
+        try:
+            fd = os.open(path, flags)
+        except OSError as exc:
+            if exc.errno in (errno.ELOOP, errno.ENXIO, errno.EISDIR):  # link, FIFO, directory
+                plain(path, os.lstat(path))
+            raise
+        try:
+            plain(path, os.fstat(fd))
+        except FileRefused:
+            os.close(fd)
+            raise
+        return fd
+    if gid is not None and os.geteuid() == 0:
+        os.fchown(fd, -1, gid)
+    os.fchmod(fd, mode)
+    return fd
 
 
 def create_new(path: str | os.PathLike[str], mode: int, gid: int | None = None) -> bool:
     """Create the empty file ``path`` with exactly ``mode`` (and group ``gid`` if we are
     root), exclusively and never through a symlink; False if it exists (left untouched)."""
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_NOCTTY | os.O_CLOEXEC
     try:
         fd = os.open(path, flags, mode)
     except FileExistsError:
@@ -132,11 +245,12 @@ def gid_of(group: str) -> int | None:
 
 
 def share(path: str | os.PathLike[str], mode: int, gid: int | None = None) -> None:
-    """Give ``path`` (a file or directory; a symlink is left alone) ``mode`` and group
+    """Give the plain file ``path`` that we (SQLite, for us) just made ``mode`` and group
     ``gid`` where we may: we own it, or are root. By path, never by opening it (see
-    :func:`ensure_mode`)."""
+    :func:`ensure_file`); anything but a plain file is refused (:func:`plain`)."""
     st = os.lstat(path)
-    if stat.S_ISLNK(st.st_mode) or os.geteuid() not in (0, st.st_uid):
+    plain(path, st)
+    if os.geteuid() not in (0, st.st_uid):
         return
     if gid is not None and st.st_gid != gid:
         os.chown(path, -1, gid, follow_symlinks=False)
@@ -149,6 +263,13 @@ def write_atomic(path: str | os.PathLike[str], mode: int = 0o644) -> Iterator[IO
     """A text file that replaces ``path`` once the block ends without an error (and is
     removed if it does not). Raises OSError for a missing or unwritable directory."""
     target = Path(path)
+    with contextlib.suppress(FileNotFoundError):
+        st = os.lstat(target)
+        if stat.S_ISLNK(st.st_mode) or not stat.S_ISREG(st.st_mode):  # a device stays one
+            raise FileRefused(
+                f"{target} is {_kind(st.st_mode)}: slurm-burst replaces only regular files "
+                "(give another path, or '-' where standard output is offered)"
+            )
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent or ".")
     try:
         os.fchmod(fd, mode)

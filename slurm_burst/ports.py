@@ -19,7 +19,7 @@ from slurm_burst.core.cloud import Instance, LaunchSpec
 from slurm_burst.core.gpu import GpuSample, GpuUsage, GroupGpus
 from slurm_burst.core.mesh import Peer
 from slurm_burst.core.nodestate import NodeState
-from slurm_burst.core.records import GroupHealth, NodeRecord, Request
+from slurm_burst.core.records import GroupHealth, NodeRecord, Request, Spooled
 from slurm_burst.core.slurm import QueuedJob, SlurmJob, SlurmNode, SlurmPartition
 from slurm_burst.core.usage import AssocUsage, ClosedInstance, InstanceEvent, JobUsage
 
@@ -72,6 +72,22 @@ class Scheduler(Protocol):
         addrs: Sequence[str] | None = None,
         hostnames: Sequence[str] | None = None,
     ) -> None: ...
+
+
+class RequestSpool(Protocol):
+    """Where a hook keeps a request the state database cannot take; the daemon drains it."""
+
+    def put(
+        self, uid: str, kind: str, nodes: list[str], jobs: list[dict[str, Any]], now: float
+    ) -> object:
+        """Durable once it returns; OSError when it cannot be written."""
+        ...
+
+    def pending(self) -> list[Spooled]:
+        """The requests waiting, oldest first (unreadable ones set aside, never returned)."""
+        ...
+
+    def remove(self, item: Spooled) -> None: ...
 
 
 class Cloud(Protocol):
@@ -172,10 +188,19 @@ class NodeStore(Protocol):
 
     # requests: the hooks write, the daemon consumes
     def add_request(
-        self, kind: str, nodes: Sequence[str], jobs: Sequence[Mapping[str, Any]], now: float
-    ) -> int: ...
+        self,
+        kind: str,
+        nodes: Sequence[str],
+        jobs: Sequence[Mapping[str, Any]],
+        now: float,
+        uid: str = "",
+    ) -> int:
+        """Record a request; a second one with the same non-empty ``uid`` is the first."""
+        ...
 
-    def pending_requests(self) -> list[Request]: ...
+    def pending_requests(self) -> list[Request]:
+        """Unfinished requests in the order they were made (``created_at``, then id)."""
+        ...
 
     def finish_request(self, request_id: int, now: float) -> None: ...
 

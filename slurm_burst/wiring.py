@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from slurm_burst.adapters.metrics.prom import Metrics as PromMetrics
     from slurm_burst.adapters.slurm.accounting import SlurmAccounting
     from slurm_burst.adapters.slurm.cli import SlurmCli
+    from slurm_burst.adapters.state.requestspool import RequestSpool
     from slurm_burst.adapters.state.store import Store
     from slurm_burst.ports import (
         AccountingLedger,
@@ -58,12 +59,24 @@ def state_db_path(cfg: Config) -> Path:
     return Path(cfg.daemon.state_dir) / "state.db"
 
 
-def node_store(cfg: Config, create: bool = True, upgrade: bool = False) -> Store:
+def node_store(
+    cfg: Config, create: bool = True, upgrade: bool = False, timeout: float = 10.0
+) -> Store:
     """The state database; ``create=False`` for readers (StoreError if there is none).
-    Only the daemon upgrades an older release's schema (``upgrade=True``): see Store."""
+    Only the daemon upgrades an older release's schema (``upgrade=True``): see Store.
+    ``timeout``: seconds a write waits for another's lock (the hooks: hook_db_timeout)."""
     from slurm_burst.adapters.state.store import Store
 
-    return Store(state_db_path(cfg), create=create, upgrade=upgrade, group=slurm_group(cfg))
+    return Store(
+        state_db_path(cfg), create=create, upgrade=upgrade, group=slurm_group(cfg), timeout=timeout
+    )
+
+
+def request_spool(cfg: Config) -> RequestSpool:
+    """Where hooks keep what the state database cannot take (daemon.spool_dir)."""
+    from slurm_burst.adapters.state.requestspool import RequestSpool
+
+    return RequestSpool(cfg.daemon.spool_dir, slurm_group(cfg))
 
 
 def slurm_release(cfg: Config) -> str:
@@ -408,6 +421,7 @@ def assemble(cfg: Config, parts: DaemonParts) -> Daemon:
         WarmKeeper(cfg, parts.scheduler, parts.store, parts.clock)
         if any(g.warm for g in cfg.node_groups.values())
         else None,
+        request_spool(cfg),
     )
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import signal
 import sys
 import time
@@ -22,7 +23,7 @@ from slurm_burst.cli.common import (
     state_store,
     ts,
 )
-from slurm_burst.fileio import ensure_mode
+from slurm_burst.fileio import open_append
 
 
 @click.command("daemon")
@@ -75,10 +76,12 @@ def daemon(ctx: click.Context, node_id: str | None) -> None:
 
 
 def _daemon_logging(path: str, verbose: int) -> None:
-    try:
-        if path:
-            ensure_mode(path, 0o640)  # the daemon's alone (its group may read)
-        handler: logging.Handler = logging.FileHandler(path) if path else logging.StreamHandler()
+    try:  # the daemon's alone (its group may read); never through a link, never a device
+        handler: logging.Handler = (
+            logging.StreamHandler(os.fdopen(open_append(path, 0o640), "a", encoding="utf-8"))
+            if path
+            else logging.StreamHandler()
+        )
     except OSError as exc:
         fail(f"cannot open daemon.log_file {path}: {exc.strerror or exc}", EXIT_PRECONDITION)
     handler.setFormatter(

@@ -9,14 +9,13 @@ import time
 import click
 
 from slurm_burst.cli.common import app, redact_logs
-from slurm_burst.services.hooks import run_hook, setup_hook_logging
+from slurm_burst.services.hooks import HOOK_EXIT_CODES, run_hook, setup_hook_logging
 
 # A hook must not hold slurmctld's power-save thread: Slurm commands get seconds, not minutes.
 HOOK_SLURM_TIMEOUT = 5.0
-_EPILOG = (
-    "Exit codes: 0 recorded; 1 the daemon's heartbeat is stale (resume: nodes set DOWN); "
-    "2 bad hostlist, bad config, or no node of ours."
-)
+_EPILOG = "Exit codes (Slurm logs them): " + "; ".join(
+    f"{code} {text}" for code, text in sorted(HOOK_EXIT_CODES.items())
+) + ". docs/operations.md says what to do for each."
 
 
 def _hook(kind: str) -> click.Command:
@@ -25,18 +24,23 @@ def _hook(kind: str) -> click.Command:
     @click.pass_context
     def command(ctx: click.Context, hostlist: str) -> None:
         from slurm_burst.core.records import StoreError
-        from slurm_burst.wiring import node_store, scheduler, slurm_group
+        from slurm_burst.core.slurmsyntax import visible
+        from slurm_burst.ports import NodeStore
+        from slurm_burst.wiring import node_store, request_spool, scheduler, slurm_group
 
         a = app(ctx)
         a.check_drivers = False  # importing libcloud to check driver names costs ~150 ms
         cfg = a.config
-        setup_hook_logging(cfg.daemon.hook_log, slurm_group(cfg))
+        why = setup_hook_logging(cfg.daemon.hook_log, slurm_group(cfg), cfg.daemon.syslog)
         redact_logs()
-        try:
-            store = node_store(cfg)
+        if why:
+            click.echo(f"slurm-burst {kind}: {visible(why)}", err=True)
+        store: NodeStore | None = None
+        store_error = ""
+        try:  # a database that cannot be opened is no reason to lose the request
+            store = node_store(cfg, timeout=cfg.daemon.hook_db_timeout)
         except StoreError as exc:
-            click.echo(f"slurm-burst {kind}: {exc}", err=True)
-            sys.exit(1)
+            store_error = str(exc)
         result = run_hook(
             kind,
             hostlist,
@@ -44,13 +48,14 @@ def _hook(kind: str) -> click.Command:
             store,
             lambda: scheduler(cfg, timeout=HOOK_SLURM_TIMEOUT),
             time.time(),
+            spool=request_spool(cfg),
+            store_error=store_error,
         )
         if result.unknown:
-            click.echo(
-                f"slurm-burst {kind}: not ours, skipped: {','.join(result.unknown)}", err=True
-            )
+            skipped = visible(",".join(result.unknown))[:300]
+            click.echo(f"slurm-burst {kind}: not ours, skipped: {skipped}", err=True)
         if result.message:
-            click.echo(f"slurm-burst {kind}: {result.message}", err=True)
+            click.echo(f"slurm-burst {kind}: {visible(result.message)}", err=True)
         sys.exit(result.code)
 
     command.help = {
@@ -91,7 +96,7 @@ def prolog_slurmctld(ctx: click.Context) -> None:
     a = app(ctx)
     a.check_drivers = False
     cfg = a.config
-    setup_hook_logging(cfg.daemon.hook_log, slurm_group(cfg))
+    setup_hook_logging(cfg.daemon.hook_log, slurm_group(cfg), cfg.daemon.syslog)
     redact_logs()
     result = run_prolog(os.environ, cfg, lambda: node_store(cfg, create=False))
     if result.message:

@@ -251,7 +251,7 @@ def _percent(value: float | None) -> str:
 def export(ctx: click.Context, start: str | None, end: str | None, output: str) -> None:
     """Every charge line as CSV for finance (one row per instance, day, payer and kind)."""
     from slurm_burst.core.usage import EXPORT_COLUMNS, LedgerError
-    from slurm_burst.fileio import write_atomic
+    from slurm_burst.fileio import file_error, write_atomic
 
     first, after = _period(start, end)
     led = _ledger(ctx)
@@ -259,7 +259,7 @@ def export(ctx: click.Context, start: str | None, end: str | None, output: str) 
     try:
         with contextlib.ExitStack() as stack:
             # a new file under a name nobody can have planted, renamed into place when
-            # complete: a symlink at the target is replaced, never written through
+            # complete; a symlink, device or FIFO at the target is refused, left as it is
             fh = sys.stdout if output == "-" else stack.enter_context(write_atomic(output, 0o640))
             w = csv.writer(fh)
             w.writerow(EXPORT_COLUMNS)
@@ -269,7 +269,7 @@ def export(ctx: click.Context, start: str | None, end: str | None, output: str) 
     except LedgerError as exc:
         fail(str(exc), EXIT_FAILED)
     except OSError as exc:
-        fail(f"cannot write {output}: {exc.strerror or exc}", EXIT_BAD_INPUT)
+        fail(f"cannot write {output}: {file_error(exc)}", EXIT_BAD_INPUT)
     if output != "-":
         click.echo(f"wrote {n} charge lines to {output}", err=True)
 

@@ -423,6 +423,23 @@ class DaemonConfig:
         default="/var/log/slurm-burst/hooks.log",
     )
     log_file: str = doc("Log file of the daemon; empty: standard error (journald).", default="")
+    spool_dir: str = doc(
+        "Where a hook writes a request the state database cannot take (locked past "
+        "hook_db_timeout, its disk full): a directory on another filesystem than "
+        "state_dir (the default is on /run, a tmpfs). Made 2770 in SlurmUser's group: "
+        "the hooks write, the daemon drains each file into the database and removes it.",
+        default="/run/slurm-burst/spool",
+    )
+    hook_db_timeout: float = doc(
+        "Seconds a hook waits for the state database's write lock before it writes its "
+        "request to spool_dir instead (Slurm's power-save thread waits on the hook).",
+        default=3.0,
+    )
+    syslog: str = doc(
+        "Socket of the system log (journald or syslog) where hooks also log their errors: "
+        "a request they could not record, nodes they set DOWN. Empty: none.",
+        default="/dev/log",
+    )
     workers: int = doc("Nodes provisioned or torn down at the same time.", default=64)
     ssh_user: str = doc(
         "User the daemon logs in as on cloud nodes (needs root rights).", default="root"

@@ -65,6 +65,15 @@ def validate(
     _policy(cfg, out)
     _ledger(cfg, out)
     _rates(cfg, out)
+    if not 0.1 <= cfg.daemon.hook_db_timeout <= 60:  # NaN fails both
+        out.append(Problem("daemon.hook_db_timeout", "must be between 0.1 and 60 seconds"))
+    for key in ("spool_dir", "state_dir"):
+        if not is_path(getattr(cfg.daemon, key)):
+            out.append(Problem(f"daemon.{key}", _PATH_ADVICE))
+    if cfg.daemon.syslog and not is_path(cfg.daemon.syslog):
+        out.append(Problem("daemon.syslog", _PATH_ADVICE))
+    if cfg.daemon.spool_dir.rstrip("/") == cfg.daemon.state_dir.rstrip("/"):
+        out.append(Problem("daemon.spool_dir", "must not be daemon.state_dir: it stands in for it"))
     if cfg.daemon.poll_period <= 0:
         out.append(Problem("daemon.poll_period", "must be positive"))
     if cfg.daemon.workers < 1:

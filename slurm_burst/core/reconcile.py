@@ -30,6 +30,13 @@ gone"). The rules, each logged as an event with the node and a code:
 ``LeakedAddress``     a mesh address held by a node that is terminated, on two passes.
 ``LedgerOpen``        a ledger instance with no end whose instance is gone and that
                       no node holds: its ledger row is closed.
+``HookRefusal``       a node a resume hook set DOWN because nobody could serve the
+                      request (``DaemonDown``: the daemon was not running;
+                      ``RequestNotRecorded``: neither the state database nor the spool
+                      took it), which no live record now serves: returned to service
+                      (resume, then power_down_force), so an outage of a minute does
+                      not leave a burst partition DOWN. The executor first proves the
+                      state database takes writes again.
 ``Protected``         a node group with ``protect_after`` failed launches in a row:
                       its nodes are set unavailable in Slurm; ``Unprotected`` after
                       ``protect_cooldown`` (or ``slurm-burst group enable``).
@@ -137,7 +144,29 @@ def plan(snap: Snapshot, policy: Policy) -> Plan:
     actions += _mesh(snap, suspect)
     actions += _ledger(snap)
     actions += _groups(snap, policy)
+    actions += _refused(snap)
     return Plan(tuple(actions), suspects)
+
+
+# The reasons a resume hook sets nodes DOWN with when it cannot hand the request on.
+HOOK_REFUSALS = ("(Code:DaemonDown)", "(Code:RequestNotRecorded)")
+
+
+def _refused(snap: Snapshot) -> Iterable[Action]:
+    if snap.slurm_nodes is None:
+        return
+    for node in snap.slurm_nodes.values():
+        if node.state != "down" or not any(code in node.reason for code in HOOK_REFUSALS):
+            continue
+        rec = snap.records.get(node.name)
+        if rec is not None and rec.want == Want.UP and rec.state in LIVE:
+            continue  # a spooled or repeated request is serving it after all
+        yield Action(
+            "return_to_service",
+            "HookRefusal",
+            node.name,
+            message=f"set DOWN by a hook: {node.reason[:200]}",
+        )
 
 
 def _owner(snap: Snapshot, inst: Instance, holders: Mapping[str, Tracked]) -> Tracked | None:

@@ -79,6 +79,18 @@ NODE_FIELDS = frozenset(NodeRecord._fields) - {"name"}
 
 
 @dataclass(frozen=True)
+class Spooled:
+    """A request a hook kept in the spool because the state database could not take it."""
+
+    path: str  # the spool file
+    uid: str
+    kind: str  # resume | suspend | resume-fail
+    nodes: tuple[str, ...]
+    jobs: list[dict[str, Any]]
+    created_at: float
+
+
+@dataclass(frozen=True)
 class Request:
     """What a hook recorded: resume, suspend or resume-fail of some nodes."""
 

@@ -26,7 +26,8 @@ from slurm_burst.core.hostlist import compress
 from slurm_burst.core.jobs import jobs_by_node
 from slurm_burst.core.nodestate import RESUMING, NodeState, Want
 from slurm_burst.core.records import NodeRecord, Request
-from slurm_burst.ports import Clock, LeaderElection, Metrics, NodeStore
+from slurm_burst.fileio import PRIVATE, FileRefused, ensure_dir
+from slurm_burst.ports import Clock, LeaderElection, Metrics, NodeStore, RequestSpool
 from slurm_burst.services.burstpolicy import BurstPolicy
 from slurm_burst.services.chargeback import ChargebackLoop
 from slurm_burst.services.gputelemetry import GpuTelemetry
@@ -64,7 +65,9 @@ class Daemon:
         telemetry: GpuTelemetry | None = None,
         policy: BurstPolicy | None = None,
         warm: WarmKeeper | None = None,
+        spool: RequestSpool | None = None,
     ) -> None:
+        self.spool = spool  # requests hooks kept there when the database could not take them
         self.warm = warm  # keeps warm pools up by schedule, after each reconcile pass
         self.telemetry = telemetry  # GPU samples of joined nodes, while leading
         self.policy = policy  # the burst policy's passes, while leading (policy.enabled)
@@ -99,9 +102,12 @@ class Daemon:
         which one acts.
         """
         state = Path(self.cfg.daemon.state_dir)
-        state.mkdir(parents=True, exist_ok=True, mode=0o770)  # its mode: the state store's
+        try:  # its mode: the state store's
+            ensure_dir(state, 0o770, self.group, "daemon.state_dir")
+        except FileRefused as exc:
+            raise DaemonError(str(exc)) from None
         name = f"daemon.{self.node_id}.lock" if self.cfg.daemon.ha_url else "daemon.lock"
-        fd = os.open(state / name, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        fd = os.open(state / name, os.O_RDWR | os.O_CREAT | PRIVATE, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -145,8 +151,14 @@ class Daemon:
                         self.follow()
                         self.stop.wait(self.cfg.daemon.poll_period)
                         continue
-                self.beat()
-                self.handle_requests()
+                try:
+                    self.beat()
+                    self.drain_spool()
+                    self.handle_requests()
+                except Exception as exc:  # the loop's boundary: a full disk or a lock
+                    # held too long must not end the daemon; the requests wait (spool,
+                    # database) and are taken on the next round
+                    log.exception("daemon.requests_failed error=%s", exc)
                 self._wait()
         finally:
             self.shutdown()
@@ -252,6 +264,24 @@ class Daemon:
         )
 
     # -- requests -----------------------------------------------------------------
+    def drain_spool(self) -> int:
+        """Move what hooks spooled into the database (each once: by its uid), oldest
+        first; a file is removed only after its request is committed."""
+        items = self.spool.pending() if self.spool is not None else []
+        for item in items:
+            assert self.spool is not None
+            self.store.add_request(item.kind, item.nodes, item.jobs, item.created_at, item.uid)
+            self.spool.remove(item)
+            log.warning(
+                "request.unspooled uid=%s kind=%s count=%d hostlist=%s age=%.0f",
+                item.uid,
+                item.kind,
+                len(item.nodes),
+                compress(list(item.nodes)),
+                self.clock.now() - item.created_at,
+            )
+        return len(items)
+
     def handle_requests(self) -> None:
         for req in self.store.pending_requests():
             # a resume's nodes are claimed before they are written as requested: the

@@ -208,6 +208,12 @@ class Reconciler:
             self.groups.protect(a.target, a.message, snap.now)
         elif a.kind == "unprotect":
             self.groups.enable(a.target)
+        elif a.kind == "return_to_service":
+            # only once the state database takes writes again: else the next resume would
+            # fail the same way; an error here leaves it to a later pass
+            self.store.meta_set("writable_at", snap.now)
+            self.scheduler.update_nodes([a.node], state="resume")  # clears DOWN
+            self.scheduler.update_nodes([a.node], state="power_down_force")  # idle~ again
         else:
             raise ValueError(f"unknown action {a.kind}")
 

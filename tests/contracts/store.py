@@ -70,6 +70,17 @@ class StoreContract:
         store.finish_request(a, 3.0)
         assert [r.id for r in store.pending_requests()] == [b]
 
+    def test_one_uid_is_one_request_and_requests_come_in_the_order_made(
+        self, store: NodeStore
+    ) -> None:
+        """A spooled request drained after it reached the database too is acted on
+        once; drained late, it keeps its place among the others."""
+        late = store.add_request("suspend", ["n2"], [], 5.0)
+        a = store.add_request("resume", ["n1"], [], 2.0, uid="hook-0001")
+        assert store.add_request("resume", ["n1"], [], 2.0, uid="hook-0001") == a
+        b = store.add_request("resume", ["n3"], [], 1.0, uid="hook-0002")
+        assert [r.id for r in store.pending_requests()] == [b, a, late]
+
     def test_atomically_lands_all_or_nothing(self, store: NodeStore) -> None:
         with store.atomically():
             store.transition("n1", NodeState.REQUESTED, 1.0, group="g", want=Want.UP)

@@ -30,6 +30,7 @@ class MemoryStore:
         self._nodes: dict[str, NodeRecord] = {}
         self._meta: dict[str, Any] = {}
         self._requests: list[tuple[Request, float | None]] = []
+        self._uids: dict[str, int] = {}
         self._groups: dict[str, GroupHealth] = {}
         self._unavailable: dict[tuple[str, str], tuple[float, str]] = {}
         self._events: list[dict[str, Any]] = []
@@ -104,18 +105,28 @@ class MemoryStore:
 
     # -- requests ----------------------------------------------------------------------------
     def add_request(
-        self, kind: str, nodes: Sequence[str], jobs: Sequence[Mapping[str, Any]], now: float
+        self,
+        kind: str,
+        nodes: Sequence[str],
+        jobs: Sequence[Mapping[str, Any]],
+        now: float,
+        uid: str = "",
     ) -> int:
         if kind not in ("resume", "suspend", "resume-fail"):
             raise StoreError(f"unknown request kind {kind!r}")
         with self._lock:
+            if uid and uid in self._uids:
+                return self._uids[uid]
             req = Request(len(self._requests) + 1, kind, tuple(nodes), [dict(j) for j in jobs], now)
             self._requests.append((req, None))
+            if uid:
+                self._uids[uid] = req.id
             return req.id
 
     def pending_requests(self) -> list[Request]:
         with self._lock:
-            return [r for r, done in self._requests if done is None]
+            pending = [r for r, done in self._requests if done is None]
+            return sorted(pending, key=lambda r: (r.created_at, r.id))
 
     def finish_request(self, request_id: int, now: float) -> None:
         with self._lock:

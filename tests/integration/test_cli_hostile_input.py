@@ -5,6 +5,7 @@ cause (file reading, number parsing, date ranges, output paths, schema revisions
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 
 import pytest
@@ -87,20 +88,46 @@ def test_an_export_to_a_missing_directory_is_bad_input(cfg: Config, tmp_path: Pa
     assert "cannot write" in out
 
 
-def test_an_export_replaces_a_planted_symlink_and_never_writes_through_it(
+def test_an_export_never_writes_through_or_over_a_planted_symlink(
     cfg: Config, tmp_path: Path
 ) -> None:
     """Another user plants ``out.csv`` (or its old temporary name) as a symlink to a file
-    root may write: the export must not follow it."""
+    root may write: the export refuses it, naming it, and changes nothing; a new name
+    is written whole, 0640, despite the planted temporary name."""
     victim = tmp_path / "victim"
     victim.write_text("precious\n")
     out = tmp_path / "out.csv"
-    (tmp_path / "out.csv.tmp").symlink_to(victim)
+    (tmp_path / "new.csv.tmp").symlink_to(victim)
     out.symlink_to(victim)
-    _sb(cfg, "ledger", "export", "-o", str(out), expect=0)
+    err = _sb(cfg, "ledger", "export", "-o", str(out), expect=2)
+    assert "symbolic link" in err and str(out) in err
+    assert victim.read_text() == "precious\n" and out.is_symlink()
+    new = tmp_path / "new.csv"
+    _sb(cfg, "ledger", "export", "-o", str(new), expect=0)
     assert victim.read_text() == "precious\n"
-    assert not out.is_symlink() and out.read_text().startswith("day,account,")
-    assert oct(out.stat().st_mode & 0o777) == "0o640"
+    assert new.read_text().startswith("day,account,")
+    assert oct(new.stat().st_mode & 0o777) == "0o640"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="makes a device node: needs root")
+@pytest.mark.parametrize("kind", ["device", "fifo"])
+def test_an_export_onto_a_device_or_fifo_leaves_it_as_it_is(
+    cfg: Config, tmp_path: Path, kind: str
+) -> None:
+    """``-o`` naming a device (a copy of /dev/null made here) or a FIFO: refused, and
+    the node is still a device (it was replaced by a regular file before)."""
+    target = tmp_path / kind
+    if kind == "device":
+        os.mknod(target, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+    else:
+        os.mkfifo(target)
+    before = os.lstat(target)
+    err = _sb(cfg, "ledger", "export", "-o", str(target), expect=2)
+    assert "regular file" in err
+    after = os.lstat(target)
+    assert (after.st_mode, after.st_ino, after.st_rdev) == (
+        before.st_mode, before.st_ino, before.st_rdev,
+    )  # fmt: skip
 
 
 def test_an_unknown_schema_revision_is_bad_input(cfg: Config) -> None:

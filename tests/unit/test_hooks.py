@@ -5,15 +5,26 @@ from __future__ import annotations
 
 import os
 import socket
+import sqlite3
+import stat
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from slurm_burst.adapters.state.requestspool import RequestSpool
 from slurm_burst.config import Config
+from slurm_burst.core.slurm import SchedulerError
 from slurm_burst.ports import Scheduler
-from slurm_burst.services.hooks import run_hook
+from slurm_burst.services.hooks import (
+    EXIT_FAILED,
+    EXIT_NOT_RECORDED,
+    EXIT_RECORDED_STALE,
+    EXIT_SPOOLED,
+    run_hook,
+)
 from tests.conftest import lab_config_in
 from tests.fakes.store import MemoryStore
 
@@ -95,8 +106,96 @@ def test_suspend_with_a_stale_heartbeat_is_still_recorded(
     cfg, store = cfg_and_store
     store.beat(time.time() - 3600, {})
     r = run_hook("suspend", "burst-cpu-3", cfg, store, no_slurm, time.time())
-    assert r.code == 1 and "heartbeat" in r.message
+    assert r.code == EXIT_RECORDED_STALE and "heartbeat" in r.message
     assert [q.kind for q in store.pending_requests()] == ["suspend"]
+
+
+class BrokenStore(MemoryStore):
+    """A state database that is locked or on a full disk: reads work (WAL), writes fail."""
+
+    def add_request(self, *args: Any, **kwargs: Any) -> int:
+        raise sqlite3.OperationalError("database or disk is full")
+
+
+class Marks:
+    """A Slurm that records what the hook asked of it (or refuses, like a dead slurmctld)."""
+
+    def __init__(self, refuse: bool = False) -> None:
+        self.calls: list[tuple[tuple[str, ...], str | None, str | None]] = []
+        self.refuse = refuse
+
+    def __call__(self) -> Scheduler:
+        return self  # type: ignore[return-value]
+
+    def update_nodes(self, names: Any, *, state: str | None = None, reason: str | None = None,
+                     **_: Any) -> None:  # fmt: skip
+        if self.refuse:
+            raise SchedulerError("slurm_update error: Unable to contact slurm controller")
+        self.calls.append((tuple(names), state, reason))
+
+
+def test_a_resume_the_database_cannot_take_is_spooled_and_drained_once(
+    tmp_path: Path,
+) -> None:
+    """Database full: the request lands in the spool (exit 4, nodes untouched); the
+    daemon's drain moves it into the database once, even if it was recorded there too."""
+    cfg = lab_config_in(tmp_path)
+    store = BrokenStore()
+    store.beat(time.time(), {})
+    spool = RequestSpool(tmp_path / "spool")
+    slurm = Marks()
+    r = run_hook("resume", "burst-cpu-[1-2]", cfg, store, slurm, time.time(), spool=spool)
+    assert r.code == EXIT_SPOOLED and "disk is full" in r.message and slurm.calls == []
+    (item,) = spool.pending()
+    assert item.kind == "resume" and item.nodes == ("burst-cpu-1", "burst-cpu-2")
+    assert stat.S_IMODE(os.stat(item.path).st_mode) == 0o640
+    good = MemoryStore()
+    good.add_request(item.kind, item.nodes, item.jobs, item.created_at, uid=item.uid)  # twice
+    for it in spool.pending():  # what the daemon's drain does
+        good.add_request(it.kind, it.nodes, it.jobs, it.created_at, uid=it.uid)
+        spool.remove(it)
+    assert [q.nodes for q in good.pending_requests()] == [("burst-cpu-1", "burst-cpu-2")]
+    assert spool.pending() == []
+
+
+def test_a_database_that_cannot_be_opened_spools_too(tmp_path: Path) -> None:
+    cfg = lab_config_in(tmp_path)
+    spool = RequestSpool(tmp_path / "spool")
+    r = run_hook("suspend", "burst-cpu-1", cfg, None, Marks(), time.time(), spool=spool,
+                 store_error="state.db is a symbolic link")  # fmt: skip
+    assert r.code == EXIT_SPOOLED and "symbolic link" in r.message
+    assert [i.kind for i in spool.pending()] == ["suspend"]
+
+
+@pytest.mark.parametrize(
+    ("kind", "refuse", "code", "marked"),
+    [
+        ("resume", False, EXIT_NOT_RECORDED, True),
+        ("resume", True, EXIT_FAILED, False),
+        ("suspend", False, EXIT_FAILED, False),
+    ],
+    ids=["resume-nodes-down", "resume-slurm-down-too", "suspend-left-to-reconcile"],
+)
+def test_recorded_nowhere_a_resume_sets_its_nodes_down_naming_the_cause(
+    tmp_path: Path, kind: str, refuse: bool, code: int, marked: bool
+) -> None:
+    """Database full and the spool unwritable: a resume's nodes go DOWN with a reason
+    naming the cause (Slurm requeues now); never exit 0, never silence."""
+    cfg = lab_config_in(tmp_path)
+    store = BrokenStore()
+    store.beat(time.time(), {})
+    blocked = tmp_path / "not-a-dir"
+    blocked.write_text("")  # the spool's directory is a file: nothing can be written
+    slurm = Marks(refuse)
+    r = run_hook(kind, "burst-cpu-1", cfg, store, slurm, time.time(),
+                 spool=RequestSpool(blocked / "spool"))  # fmt: skip
+    assert r.code == code
+    if marked:
+        ((names, state, why),) = slurm.calls
+        assert names == ("burst-cpu-1",) and state == "down"
+        assert why is not None and "(Code:RequestNotRecorded)" in why and "disk is full" in why
+    else:
+        assert slurm.calls == []
 
 
 def _huge_file(path: Path) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -13,7 +14,7 @@ from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 
 from slurm_burst.core.redact import redact
 from slurm_burst.core.usage import LedgerConflict, LedgerError, LedgerUnavailable
-from slurm_burst.fileio import create_new
+from slurm_burst.fileio import create_new, ensure_dir, file_error, plain
 
 
 def make_engine(url: str) -> Engine:
@@ -51,10 +52,11 @@ def _create_private(path: Path) -> None:
     """A new SQLite ledger is the daemon's alone (0600, whatever the umask); SQLite gives
     its -wal and -shm the same mode. An existing file is left as the site made it."""
     try:
-        path.parent.mkdir(parents=True, exist_ok=True, mode=0o750)
-        create_new(path, 0o600)
+        ensure_dir(path.parent, 0o750, what="the ledger's directory")
+        if not create_new(path, 0o600):
+            plain(path, os.lstat(path))
     except OSError as exc:
-        raise LedgerError(f"ledger database {path}: {exc.strerror or exc}") from None
+        raise LedgerError(f"ledger database {path}: {file_error(exc)}") from None
 
 
 def insert_ignore(engine: Engine, table: Table) -> Insert:

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from slurm_burst.core.usage import InstanceEvent, LedgerError, LedgerUnavailable
+from slurm_burst.fileio import PRIVATE, ensure_dir
 from slurm_burst.ports import Ledger
 
 log = logging.getLogger(__name__)
@@ -32,8 +33,7 @@ MAX_ATTEMPTS = 5
 class Spool:
     def __init__(self, directory: str | Path) -> None:
         self.dir = Path(directory)
-        self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        os.chmod(self.dir, 0o700)
+        ensure_dir(self.dir, 0o700, what="ledger.spool_dir")
         self._lock = threading.Lock()
         self._seq = 0
 
@@ -43,7 +43,7 @@ class Spool:
             name = f"{time.time_ns():020d}-{os.getpid()}-{self._seq:06d}-{kind}.json"
         tmp = self.dir / f".{name}.tmp"
         body = json.dumps({"kind": kind, "payload": payload, "attempts": 0}).encode()
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | PRIVATE, 0o600)
         try:
             os.write(fd, body)
             os.fsync(fd)

@@ -32,6 +32,7 @@ from pathlib import Path
 from slurm_burst.adapters.filelock import locked
 from slurm_burst.adapters.proc import CommandError, run
 from slurm_burst.core.mesh import MeshError, Peer
+from slurm_burst.fileio import PRIVATE, FileRefused, ensure_dir
 
 log = logging.getLogger(__name__)
 
@@ -63,11 +64,13 @@ class WireGuardHub:
     def ensure_hub(self) -> str:
         """Create the interface, key and config as needed; return the hub's public key."""
         with self._locked():
-            self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-            os.chmod(self.dir, 0o700)
+            try:
+                ensure_dir(self.dir, 0o700, what="mesh.state_dir")
+            except FileRefused as exc:
+                raise MeshError(str(exc)) from None
             if not self.key.exists():
                 private = self._wg("genkey").strip()
-                fd = os.open(self.key, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+                fd = os.open(self.key, os.O_WRONLY | os.O_CREAT | os.O_EXCL | PRIVATE, 0o600)
                 with os.fdopen(fd, "w") as fh:
                     fh.write(private + "\n")
                 log.info("mesh.hub.key_generated path=%s", self.key)
@@ -224,7 +227,7 @@ class WireGuardHub:
                 f"AllowedIPs = {', '.join(p.allowed_ips)}",
             ]
         tmp = self.conf.with_name(self.conf.name + ".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | PRIVATE, 0o600)
         with os.fdopen(fd, "w") as fh:
             fh.write("\n".join(lines) + "\n")
         os.replace(tmp, self.conf)

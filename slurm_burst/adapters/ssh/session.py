@@ -18,6 +18,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import logging
+import os
 import shlex
 import time
 from collections.abc import Sequence
@@ -27,6 +28,7 @@ import paramiko
 
 from slurm_burst.adapters.proc import run
 from slurm_burst.core.remote import RemoteError
+from slurm_burst.fileio import ensure_dir, plain
 
 log = logging.getLogger(__name__)
 
@@ -165,7 +167,7 @@ def generate_key(path: str) -> str:
     priv = Path(path)
     pub = Path(path + ".pub")
     if not priv.exists():
-        priv.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        ensure_dir(priv.parent, 0o700, what="the daemon's key directory")
         run(
             [
                 "ssh-keygen",
@@ -180,5 +182,6 @@ def generate_key(path: str) -> str:
                 str(priv),
             ]
         )
+    plain(priv, os.lstat(priv))  # ours: a link planted at its name is refused, not followed
     priv.chmod(0o600)
     return pub.read_text().strip()

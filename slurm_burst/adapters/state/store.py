@@ -24,6 +24,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from slurm_burst.core.nodestate import NodeState, Want, check_transition
 from slurm_burst.core.records import (
@@ -34,7 +35,7 @@ from slurm_burst.core.records import (
     Request,
     StoreError,
 )
-from slurm_burst.fileio import ensure_mode, share
+from slurm_burst.fileio import FileRefused, ensure_dir, ensure_file, plain, share
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (
@@ -47,7 +48,8 @@ CREATE TABLE IF NOT EXISTS requests (
     nodes      TEXT NOT NULL,            -- JSON list of node names
     jobs       TEXT NOT NULL DEFAULT '[]', -- JSON: the resume file's jobs
     created_at REAL NOT NULL,
-    done_at    REAL
+    done_at    REAL,
+    uid        TEXT                      -- the hook's id: one request, wherever it was kept
 );
 CREATE INDEX IF NOT EXISTS requests_pending ON requests (done_at) WHERE done_at IS NULL;
 CREATE TABLE IF NOT EXISTS nodes (
@@ -103,6 +105,11 @@ CREATE TABLE IF NOT EXISTS events (
 MIGRATIONS: tuple[str, ...] = (
     "ALTER TABLE nodes RENAME COLUMN grp TO node_group",
     "ALTER TABLE nodes ADD COLUMN registered_at REAL NOT NULL DEFAULT 0",
+    "ALTER TABLE requests ADD COLUMN uid TEXT",
+)
+# Made after the migrations, on a new database and an upgraded one alike.
+INDEXES = (
+    "CREATE UNIQUE INDEX IF NOT EXISTS requests_uid ON requests (uid) WHERE uid IS NOT NULL",
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -143,6 +150,7 @@ class Store:
         create: bool = True,
         upgrade: bool = True,
         group: int | None = None,
+        timeout: float = 10.0,
     ) -> None:
         self.path = Path(path)
         self.outdated = False  # an older schema left in place for the daemon to upgrade
@@ -150,12 +158,17 @@ class Store:
             self._make_file(group)
         elif not self.path.exists():
             raise StoreError(f"state database {self.path} does not exist (is the daemon set up?)")
+        self._check_files()
         try:
             self._db = sqlite3.connect(
-                self.path, timeout=10.0, isolation_level=None, check_same_thread=False
+                f"file:{quote(str(self.path.absolute()))}?nofollow=1",
+                timeout=timeout,
+                isolation_level=None,
+                check_same_thread=False,
+                uri=True,
             )
             self._db.row_factory = sqlite3.Row
-            self._db.execute("PRAGMA busy_timeout = 10000")
+            self._db.execute(f"PRAGMA busy_timeout = {int(timeout * 1000)}")
             if create:
                 self._db.execute("PRAGMA journal_mode = WAL")
             if self._version() != SCHEMA_VERSION:
@@ -176,11 +189,25 @@ class Store:
         it, so its -wal and -shm (SQLite gives them the database's mode and owner) are
         never wider."""
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o770)
-            share(self.path.parent, 0o770, group)
-            ensure_mode(self.path, 0o660, group)
+            ensure_dir(self.path.parent, 0o770, group, "state directory")
+            ensure_file(self.path, 0o660, group)
+        except FileRefused as exc:
+            raise StoreError(str(exc)) from None
         except OSError as exc:
             raise StoreError(f"state database {self.path}: {exc.strerror or exc}") from None
+
+    def _check_files(self) -> None:
+        """The database and its journal files, where they exist, are plain files: a
+        symlink or device planted under one of their names is refused before SQLite
+        opens anything (SQLite would read through it, and write a database into it)."""
+        for suffix in ("", "-wal", "-shm", "-journal"):
+            name = f"{self.path}{suffix}"
+            try:
+                plain(name, os.lstat(name))
+            except FileNotFoundError:
+                continue
+            except FileRefused as exc:
+                raise StoreError(f"state database: {exc}") from None
 
     def _share_journal(self, group: int | None) -> None:
         for suffix in ("-wal", "-shm"):
@@ -215,7 +242,7 @@ class Store:
             for statement in SCHEMA.split(";"):  # CREATE ... IF NOT EXISTS: what is missing
                 if statement.strip():
                     db.execute(statement)
-            for sql in () if fresh else MIGRATIONS[version:]:
+            for sql in (*(() if fresh else MIGRATIONS[version:]), *INDEXES):
                 db.execute(sql)
             db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
         except BaseException:
@@ -346,14 +373,29 @@ class Store:
 
     # -- requests (hooks write, the daemon consumes) --------------------------
     def add_request(
-        self, kind: str, nodes: Sequence[str], jobs: Sequence[Mapping[str, Any]], now: float
+        self,
+        kind: str,
+        nodes: Sequence[str],
+        jobs: Sequence[Mapping[str, Any]],
+        now: float,
+        uid: str = "",
     ) -> int:
+        """Record a request; one with the ``uid`` of a request already recorded (from the
+        spool, after it reached the database too) is that one: its id is returned."""
+        values = (kind, json.dumps(list(nodes)), json.dumps([dict(j) for j in jobs]), now)
         with self.tx() as db:
-            cur = db.execute(
-                "INSERT INTO requests (kind, nodes, jobs, created_at) VALUES (?, ?, ?, ?)",
-                (kind, json.dumps(list(nodes)), json.dumps([dict(j) for j in jobs]), now),
+            if not uid or self.outdated:  # an older schema has no uid until the daemon upgrades
+                cur = db.execute(
+                    "INSERT INTO requests (kind, nodes, jobs, created_at) VALUES (?, ?, ?, ?)",
+                    values,
+                )
+                return int(cur.lastrowid or 0)
+            db.execute(
+                "INSERT INTO requests (kind, nodes, jobs, created_at, uid) VALUES (?, ?, ?, ?, ?)"
+                " ON CONFLICT (uid) WHERE uid IS NOT NULL DO NOTHING",
+                (*values, uid),
             )
-            return int(cur.lastrowid or 0)
+            return int(db.execute("SELECT id FROM requests WHERE uid = ?", (uid,)).fetchone()[0])
 
     def pending_requests(self) -> list[Request]:
         return [
@@ -364,7 +406,10 @@ class Store:
                 json.loads(r["jobs"]),
                 r["created_at"],
             )
-            for r in self._read("SELECT * FROM requests WHERE done_at IS NULL ORDER BY id")
+            # in the order the hooks made them: a spooled request drained late keeps its place
+            for r in self._read(
+                "SELECT * FROM requests WHERE done_at IS NULL ORDER BY created_at, id"
+            )
         ]
 
     def finish_request(self, request_id: int, now: float) -> None:

@@ -132,6 +132,33 @@ CASES = [
     ),
     pytest.param(
         snap(
+            [Rec("n2", NodeState.TERMINATED, want=Want.DOWN)],
+            slurm_nodes={
+                "n1": snode(
+                    "n1",
+                    "POWERED_DOWN",
+                    state="down",
+                    reason="slurm-burst: daemon not running (Code:DaemonDown)",
+                ),
+                "n2": snode("n2", state="down", reason="x (Code:RequestNotRecorded)"),
+                "n3": snode("n3", state="down", reason="admin: bad DIMM"),
+                "n4": snode("n4", state="idle", reason="(Code:DaemonDown)"),
+            },
+        ),
+        [("return_to_service", "HookRefusal", "n1"), ("return_to_service", "HookRefusal", "n2")],
+        id="nodes-a-hook-set-down-go-back-to-service-others-stay",
+    ),
+    pytest.param(
+        snap(
+            [Rec("n1", NodeState.BOOTING, instance_id="i-1")],
+            instances={"lab": [inst("i-1", "n1")]},
+            slurm_nodes={"n1": snode("n1", state="down", reason="(Code:RequestNotRecorded)")},
+        ),
+        [],
+        id="a-hook-set-down-node-a-spooled-request-now-serves-is-left",
+    ),
+    pytest.param(
+        snap(
             [Rec("n1", NodeState.JOINED, instance_id="i-1", state_since=NOW - 181)],
             instances={"lab": [inst("i-1", "n1")]},
             slurm_nodes={"n1": snode("n1", "POWERING_UP")},
