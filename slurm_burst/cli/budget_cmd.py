@@ -6,8 +6,6 @@ import click
 
 from slurm_burst.cli.common import EXIT_BAD_INPUT, EXIT_FAILED, app, emit, fail, json_option
 
-_SLURM_NAME = r"^[A-Za-z0-9][A-Za-z0-9_-]*$"
-
 
 def _chargeback(ctx: click.Context):  # type: ignore[no-untyped-def]
     from slurm_burst.core.usage import LedgerError
@@ -46,13 +44,13 @@ def set_(
     limit for the account is updated at once. An account Slurm's accounting does not
     know is refused (exit 2; a typo would budget nobody) unless --force.
     """
-    import re
     from decimal import Decimal
 
     from slurm_burst.core.pricing import PricingError, dollars, to_micros
+    from slurm_burst.core.slurmsyntax import is_name
     from slurm_burst.core.usage import LedgerError
 
-    if not re.match(_SLURM_NAME, account):
+    if not is_name(account):  # whole and ASCII: "physics\n" is no account, even --force
         fail(f"{account!r} is not a Slurm account name", EXIT_BAD_INPUT)
     try:
         micros = to_micros(amount)

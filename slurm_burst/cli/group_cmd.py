@@ -72,8 +72,10 @@ _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 def _duration(text: str) -> float:
     """``90m``, ``2h``, ``1d``, ``45s``: seconds, between a minute and 30 days."""
+    from slurm_burst.core.numbers import is_digits
+
     number, unit = text[:-1], text[-1:]
-    if unit not in _UNITS or not number.isdigit() or len(number) > 6:
+    if unit not in _UNITS or not is_digits(number) or len(number) > 6:
         fail(f"--for {text!r}: a whole number and s, m, h or d (e.g. 90m, 2h)", EXIT_BAD_INPUT)
     seconds = int(number) * _UNITS[unit]
     if not 60 <= seconds <= 30 * 86400:

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import gzip
 import io
+import itertools
+import os
 import stat
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from typing import IO
 
 import click
 
@@ -15,33 +19,56 @@ from slurm_burst.config import Config, ConfigError, load_config
 
 COLUMNS = ["POLICY", "MEAN WAIT", "MEDIAN", "P95", "BSLD", "BURST JOBS", "CLOUD $", "NODE-H",
            "GPU-H", "UTIL", "GPU UTIL", "WAIT CUT", "COST"]  # fmt: skip
-TRACE_MAX = 1 << 30  # bytes: a trace larger than 1 GiB is not one this can hold in memory
+TRACE_MAX = 1 << 30  # bytes, uncompressed: the Parallel Workloads Archive's largest is 200 MB
+TRACE_LINES = 20_000_000  # lines, blank ones too: a year of a busy cluster is ~2 million jobs
 
 
-def _read(path: str) -> list[str]:
-    """The trace's lines (gzip or plain text), refusing what is no regular file."""
-    p = Path(path)
+def _read(path: str) -> Iterator[str]:
+    """The trace's lines (gzip or plain text), streamed: a regular file only, each line
+    at most MAX_LINE characters of UTF-8, at most TRACE_LINES lines and TRACE_MAX bytes
+    once uncompressed. What breaks a bound raises TraceError naming the line, so a
+    small archive that expands to gigabytes of blank lines costs no memory."""
+    from slurm_burst.core.workload import MAX_LINE
+
     try:
-        st = p.stat()
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
     except OSError as exc:
         fail(f"--trace {path}: {exc.strerror}", EXIT_BAD_INPUT)
-    if not stat.S_ISREG(st.st_mode):
+    raw = io.BufferedReader(io.FileIO(fd, "rb"))
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        raw.close()
         fail(f"--trace {path}: not a regular file", EXIT_BAD_INPUT)
-    if st.st_size > TRACE_MAX:
-        fail(f"--trace {path}: {st.st_size:,} bytes, more than 1 GiB", EXIT_BAD_INPUT)
-    try:
-        with p.open("rb") as fh:
-            raw = fh.read(TRACE_MAX + 1)
-        if raw[:2] == b"\x1f\x8b":
-            with gzip.GzipFile(fileobj=io.BytesIO(raw)) as gz:
-                raw = gz.read(TRACE_MAX + 1)
-        if len(raw) > TRACE_MAX:
-            fail(f"--trace {path}: more than 1 GiB uncompressed", EXIT_BAD_INPUT)
-        return raw.decode("utf-8").splitlines()
-    except (OSError, EOFError) as exc:
-        fail(f"--trace {path}: cannot read it: {exc}", EXIT_BAD_INPUT)
-    except UnicodeDecodeError as exc:
-        fail(f"--trace {path}: not UTF-8 text (byte {exc.start})", EXIT_BAD_INPUT)
+    return _lines(raw, MAX_LINE)
+
+
+def _lines(raw: io.BufferedReader[io.FileIO], max_line: int) -> Iterator[str]:
+    from slurm_burst.core.workload import TraceError
+
+    with raw:
+        gz = raw.peek(2)[:2] == b"\x1f\x8b"
+        fh: IO[bytes] = gzip.GzipFile(fileobj=raw) if gz else raw  # type: ignore[assignment]
+        total = 0
+        number = 0
+        try:
+            while True:
+                line = fh.readline(4 * max_line + 2)  # 4 bytes a character at most
+                if not line:
+                    return
+                number += 1
+                total += len(line)
+                if number > TRACE_LINES or total > TRACE_MAX:
+                    raise TraceError(
+                        f"line {number:,}: over {TRACE_LINES:,} lines or "
+                        f"{TRACE_MAX >> 20:,} MiB uncompressed: not a trace this can replay"
+                    )
+                if len(line) > 4 * max_line + 1:
+                    raise TraceError(f"line {number:,}: over {max_line:,} characters")
+                try:
+                    yield line.decode("utf-8")
+                except UnicodeDecodeError as exc:
+                    raise TraceError(f"line {number:,}: not UTF-8 (byte {exc.start})") from None
+        except (OSError, EOFError) as exc:  # a truncated or corrupt gzip stream
+            raise TraceError(f"line {number + 1:,}: cannot read it: {exc}") from None
 
 
 def example_config() -> Path:
@@ -66,16 +93,24 @@ def _config(ctx: click.Context) -> Config:
         fail(f"the example config {example}: {exc}", EXIT_PRECONDITION)
 
 
-def _format(lines: list[str], given: str) -> str:
+def _format(lines: Iterator[str], given: str) -> tuple[str, Iterator[str]]:
+    """The trace's format and its lines (the first read again): given, or told by the
+    first line that is not blank."""
     if given != "auto":
-        return given
-    first = next((ln for ln in lines if ln.strip()), "")
-    if first.startswith(";") or first[:1].isspace() or first[:1].isdigit():
-        return "swf"
+        return given, lines
+    seen: list[str] = []
+    for line in lines:
+        seen.append(line)
+        if line.strip():
+            break
+    first = seen[-1] if seen else ""
+    lines = itertools.chain(seen, lines)
+    if first.startswith(";") or first[:1].isspace() or first[:1] in "0123456789":
+        return "swf", lines
     if first.startswith("name,") and "creation_time" in first:
-        return "alibaba"
+        return "alibaba", lines
     if first.count("|") == 8:
-        return "sacct"
+        return "sacct", lines
     fail("cannot tell the trace's format: give --format swf, alibaba or sacct", EXIT_BAD_INPUT)
 
 
@@ -168,9 +203,9 @@ def simulate(
     if any(not 0 <= f <= 1e9 for f in factors):  # NaN fails too
         fail("--sweep: each value between 0 and 1e9 (seconds a dollar)", EXIT_BAD_INPUT)
     cfg = _config(ctx)
-    lines = _read(trace_path)
-    parser = {"swf": parse_swf, "alibaba": parse_alibaba, "sacct": parse_sacct}[_format(lines, fmt)]
     try:
+        kind, lines = _format(_read(trace_path), fmt)
+        parser = {"swf": parse_swf, "alibaba": parse_alibaba, "sacct": parse_sacct}[kind]
         trace = parser(lines, trace_path, limit_factor)
     except TraceError as exc:
         fail(f"--trace {trace_path}: {exc}", EXIT_BAD_INPUT)

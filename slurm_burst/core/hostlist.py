@@ -39,7 +39,7 @@ DEFAULT_MAX_NAMES = 1_000_000
 
 _NAME_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-")
 _SEPARATORS = frozenset(", \t\n")
-_TRAILING_DIGITS = re.compile(r"^(.*?)(\d+)$", re.DOTALL)
+_TRAILING_DIGITS = re.compile(r"(.*?)([0-9]+)", re.DOTALL | re.ASCII)
 # Slurm keeps host numbers in an unsigned long: 18 digits always fit. A longer number is
 # an error here (and would otherwise meet Python's 4,300-digit int conversion limit).
 MAX_DIGITS = 18
@@ -199,7 +199,7 @@ def _width_equiv(n: int, wn: int, m: int, wm: int) -> int | None:
 
 def _split_name(name: str) -> tuple[str, int | None, int]:
     """``node017`` -> ("node", 17, 3); ``login`` -> ("login", None, 0)."""
-    m = _TRAILING_DIGITS.match(name)
+    m = _TRAILING_DIGITS.fullmatch(name)
     if m is None:
         return name, None, 0
     return m.group(1), int(m.group(2)), len(m.group(2))

@@ -12,6 +12,7 @@ from typing import NamedTuple
 
 from slurm_burst.core.errors import BurstError
 from slurm_burst.core.hostlist import expand
+from slurm_burst.core.numbers import is_digits
 
 
 class SchedulerError(BurstError):
@@ -180,7 +181,7 @@ SUPPORTED_RELEASES = ("22.05", "24.11", "26.05")
 
 def release_of(version: str) -> str:
     """``slurm 24.11.5`` or ``24.11.5`` -> ``24.11``; ValueError when it is neither."""
-    m = re.search(r"\b(\d{2})\.(\d{2})(?:\.\d+)?\b", version)
+    m = re.search(r"\b([0-9]{2})\.([0-9]{2})(?:\.[0-9]+)?\b", version, re.ASCII)
     if m is None:
         raise ValueError(f"not a Slurm version: {version[:80]!r}")
     return f"{m.group(1)}.{m.group(2)}"
@@ -227,7 +228,7 @@ def parse_job_gpus(text: str) -> dict[str, tuple[int, ...]]:
         for idx in _GPU_IDX.findall(gres):
             for part in filter(None, idx.split(",")):
                 lo, _, hi = part.partition("-")
-                if not lo.isdigit() or (hi and not hi.isdigit()):
+                if not is_digits(lo) or (hi and not is_digits(hi)):
                     raise ValueError(f"GPU index list not understood: {idx[:80]!r}")
                 first, last = int(lo), int(hi or lo)
                 if last - first > 1024:
@@ -274,22 +275,22 @@ def parse_time_limit(text: str) -> float | None:
         return None
     days, sep, clock = text.rpartition("-")
     parts = clock.split(":")
-    if (sep and not days.isdigit()) or len(parts) not in (2, 3):
+    if (sep and not is_digits(days)) or len(parts) not in (2, 3):
         raise ValueError(f"time limit not understood: {text[:40]!r}")
-    if not all(p.isdigit() and len(p) <= 9 for p in parts) or len(days) > 6:
+    if not all(is_digits(p) and len(p) <= 9 for p in parts) or len(days) > 6:
         raise ValueError(f"time limit not understood: {text[:40]!r}")
     h, m, s = ([0] if len(parts) == 2 else []) + [int(p) for p in parts]
     return float(((int(days or 0) * 24 + h) * 60 + m) * 60 + s)
 
 
-_GRES_GPU = re.compile(r"^(?:gres[:/])?gpu(?::(?!\d+$)[^:]+)?(?::(\d+))?$")
+_GRES_GPU = re.compile(r"(?:gres[:/])?gpu(?::(?![0-9]+\Z)[^:]+)?(?::([0-9]+))?", re.ASCII)
 
 
 def gpus_of(tres: str) -> int:
     """GPUs in a job's TRES request (``gres:gpu:2``, ``gres/gpu:a100:1``, ``N/A``)."""
     total = 0
     for token in tres.split(","):
-        m = _GRES_GPU.match(token.strip())
+        m = _GRES_GPU.fullmatch(token.strip())
         if m:
             total += int(m.group(1) or 1)
     return total
@@ -340,7 +341,7 @@ def parse_queue(text: str, known: dict[str, QueuedJob] | None = None) -> list[Qu
                     limits[f[8]],
                     int(f[9]),  # ints: a float's parser would take "nan" and "1e9"
                     int(f[10]),
-                    int(start) if start.isdigit() else None,
+                    int(start) if is_digits(start) else None,
                     f[12].strip(),
                 )
             except ValueError as exc:

@@ -16,6 +16,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from slurm_burst.core.numbers import is_digits
+
 DAYS = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
 WEEK = 7 * 1440  # minutes
 
@@ -58,7 +60,7 @@ def parse_days(text: str) -> frozenset[int]:
 def parse_clock(text: str) -> int:
     """``HH:MM`` (00:00 to 24:00) as minutes after midnight."""
     hh, sep, mm = text.strip().partition(":")
-    if not sep or not (hh.isdigit() and mm.isdigit()) or len(hh) > 2 or len(mm) != 2:
+    if not sep or not (is_digits(hh) and is_digits(mm)) or len(hh) > 2 or len(mm) != 2:
         raise ValueError(f"time {text!r}: use HH:MM")
     minutes = int(hh) * 60 + int(mm)
     if int(mm) > 59 or minutes > 1440:

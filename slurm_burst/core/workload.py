@@ -26,12 +26,23 @@ from __future__ import annotations
 
 import csv
 import math
+import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 
+from slurm_burst.core.numbers import is_digits, whole
+
 SWF_FIELDS = 18
 MAX_LINE = 4096  # a trace line is < 200 bytes; a longer one is not a trace
+# Bounds on what a trace may say (docs/operations.md, "Input bounds"): beyond them a value
+# is a corrupt field, not a job. A job runs at most a year (the longest of the Parallel
+# Workloads Archive ran 53 days); a trace spans at most 30 years.
+MAX_RUN = 366 * 86400.0
+MAX_SPAN = 30 * 366 * 86400.0
+MAX_PROCS = 10_000_000
+MAX_GPUS = 4096
+_NUMBER = re.compile(r"[-+]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]{1,3})?", re.ASCII)
 
 
 class TraceError(ValueError):
@@ -83,13 +94,22 @@ def _lines(lines: Iterable[str]) -> Iterator[tuple[int, str]]:
 
 
 def _number(text: str, number: int, what: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise TraceError(f"line {number}: {what} is not a number: {text[:40]!r}") from None
-    if not math.isfinite(value):
-        raise TraceError(f"line {number}: {what} is not finite: {text[:40]!r}")
+    """A number written in ASCII (float() also takes other scripts' digits, '1_0',
+    'nan' and 'inf'), at most 10**15 in size."""
+    text = text.strip()
+    if _NUMBER.fullmatch(text) is None or len(text) > 40:
+        raise TraceError(f"line {number}: {what} is not a number: {text[:40]!r}")
+    value = float(text)
+    if not abs(value) <= 1e15:
+        raise TraceError(f"line {number}: {what} {text[:40]!r} is out of bounds")
     return value
+
+
+def _job_times(number: int, submit: float, run: float) -> None:
+    if submit < 0 or submit > MAX_SPAN:
+        raise TraceError(f"line {number}: submit time {submit:g} s is not within 30 years")
+    if run > MAX_RUN:
+        raise TraceError(f"line {number}: run time {run:g} s is over a year: not a job's")
 
 
 def _limit(run: float, requested: float, factor: float) -> float:
@@ -97,7 +117,7 @@ def _limit(run: float, requested: float, factor: float) -> float:
 
 
 def parse_swf(lines: Iterable[str], source: str = "", limit_factor: float = 2.0) -> Trace:
-    header: dict[str, str] = {}
+    header: dict[str, tuple[str, int]] = {}
     jobs: list[TraceJob] = []
     skipped: dict[str, int] = {}
     for number, line in _lines(lines):
@@ -107,19 +127,20 @@ def parse_swf(lines: Iterable[str], source: str = "", limit_factor: float = 2.0)
         if text.startswith(";"):
             key, sep, value = text[1:].partition(":")
             if sep:
-                header.setdefault(key.strip(), value.strip())
+                header.setdefault(key.strip(), (value.strip(), number))
             continue
         fields = text.split()
         if len(fields) != SWF_FIELDS:
             raise TraceError(f"line {number}: {len(fields)} fields, SWF has {SWF_FIELDS}")
         v = [_number(f, number, f"field {i + 1}") for i, f in enumerate(fields)]
         submit, run, allocated, requested_procs, requested_time = v[1], v[3], v[4], v[7], v[8]
-        if submit < 0:
-            raise TraceError(f"line {number}: submit time {submit:g} is negative")
+        _job_times(number, submit, run)
         if run <= 0:
             skipped["never ran"] = skipped.get("never ran", 0) + 1
             continue
         procs = int(requested_procs if requested_procs > 0 else allocated)
+        if procs > MAX_PROCS:
+            raise TraceError(f"line {number}: {procs:,} processors is over {MAX_PROCS:,}")
         if procs < 1:
             skipped["no processor count"] = skipped.get("no processor count", 0) + 1
             continue
@@ -128,7 +149,7 @@ def parse_swf(lines: Iterable[str], source: str = "", limit_factor: float = 2.0)
                 id=fields[0],
                 submit=submit,
                 run=run,
-                limit=_limit(run, requested_time, limit_factor),
+                limit=min(_limit(run, requested_time, limit_factor), MAX_RUN),
                 cpus=procs,
                 account=fields[12] if v[12] >= 0 else "",
                 user=fields[11] if v[11] >= 0 else "",
@@ -139,23 +160,34 @@ def parse_swf(lines: Iterable[str], source: str = "", limit_factor: float = 2.0)
     return Trace(
         jobs,
         source,
-        max_procs=_header_int(header, "MaxProcs"),
-        max_nodes=_header_int(header, "MaxNodes"),
-        start_epoch=float(header["UnixStartTime"])
-        if _is_int(header.get("UnixStartTime"))
-        else None,
-        utc_offset=float(header["TimeZone"]) if _is_int(header.get("TimeZone")) else None,
+        max_procs=_header_int(header, "MaxProcs", 1, MAX_PROCS),
+        max_nodes=_header_int(header, "MaxNodes", 1, MAX_PROCS),
+        start_epoch=_header_float(header, "UnixStartTime", 0, 2**33),
+        utc_offset=_header_float(header, "TimeZone", -86400, 86400),
         skipped=skipped,
     )
 
 
-def _is_int(text: str | None) -> bool:
-    return text is not None and text.strip().lstrip("-").isdigit()
+# SWF header values: a whole number within bounds, or text (some traces write words
+# there: left out); a number beyond them is a corrupt header, said with its line.
+_HEADER_INT = re.compile(r"-?[0-9]+", re.ASCII)
 
 
-def _header_int(header: dict[str, str], key: str) -> int | None:
-    value = header.get(key)
-    return int(value) if value is not None and value.isdigit() and int(value) > 0 else None
+def _header_int(header: dict[str, tuple[str, int]], key: str, low: int, high: int) -> int | None:
+    value, number = header.get(key, ("", 0))
+    if _HEADER_INT.fullmatch(value) is None:
+        return None
+    try:
+        return whole(value, low, high, key, signed=True)
+    except ValueError as exc:
+        raise TraceError(f"line {number}: {exc}") from None
+
+
+def _header_float(
+    header: dict[str, tuple[str, int]], key: str, low: int, high: int
+) -> float | None:
+    value = _header_int(header, key, low, high)
+    return None if value is None else float(value)
 
 
 ALIBABA_COLUMNS = ("name", "cpu_milli", "num_gpu", "qos", "creation_time", "scheduled_time",
@@ -163,7 +195,7 @@ ALIBABA_COLUMNS = ("name", "cpu_milli", "num_gpu", "qos", "creation_time", "sche
 
 
 def parse_alibaba(lines: Iterable[str], source: str = "", limit_factor: float = 2.0) -> Trace:
-    rows = csv.reader(line for _, line in _lines(lines))
+    rows = _csv_rows(lines)
     try:
         head = next(rows)
     except StopIteration:
@@ -188,6 +220,7 @@ def parse_alibaba(lines: Iterable[str], source: str = "", limit_factor: float = 
         run = end - start
         if submit < 0 or start < submit:
             raise TraceError(f"line {number}: scheduled_time before creation_time")
+        _job_times(number, submit, run)
         if run <= 0:
             skipped["never ran"] = skipped.get("never ran", 0) + 1
             continue
@@ -210,6 +243,20 @@ def parse_alibaba(lines: Iterable[str], source: str = "", limit_factor: float = 
     return Trace(jobs, source, skipped=skipped)
 
 
+def _csv_rows(lines: Iterable[str]) -> Iterator[list[str]]:
+    """CSV rows, with csv's own errors (a quoted field over its size limit, a NUL) as
+    TraceError naming the line."""
+    reader = csv.reader(line for _, line in _lines(lines))
+    while True:
+        try:
+            row = next(reader)
+        except StopIteration:
+            return
+        except csv.Error as exc:
+            raise TraceError(f"line {reader.line_num:,}: not CSV: {exc}") from None
+        yield row
+
+
 def parse_sacct(lines: Iterable[str], source: str = "sacct", limit_factor: float = 2.0) -> Trace:
     """``sacct -a -X -P -n -o JobIDRaw,Account,User,Submit,Start,End,TimelimitRaw,
     NCPUS,AllocTRES`` (ISO times; TimelimitRaw in minutes): the site's own history. Jobs
@@ -230,9 +277,10 @@ def parse_sacct(lines: Iterable[str], source: str = "sacct", limit_factor: float
         if t_end <= t_start:
             skipped["never ran"] = skipped.get("never ran", 0) + 1
             continue
-        minutes = _number(limit, number, "TimelimitRaw") if limit.isdigit() else 0.0
-        cpus = int(_number(ncpus, number, "NCPUS"))
+        minutes = _whole(limit, number, "TimelimitRaw", MAX_RUN // 60) if is_digits(limit) else 0
+        cpus = _whole(ncpus, number, "NCPUS", MAX_PROCS)
         gpus = _tres_gpus(tres, number)
+        _job_times(number, 0.0, t_end - t_start)
         raw.append((job, account, user, t_sub, t_start, t_end, minutes * 60, max(cpus, 1), gpus))
     origin = min((r[3] for r in raw), default=0.0)
     jobs = [
@@ -259,9 +307,18 @@ def _iso(text: str, number: int) -> float:
         raise TraceError(f"line {number}: not a time: {text[:40]!r}") from None
 
 
+def _whole(text: str, number: int, what: str, high: float) -> int:
+    try:
+        return whole(text, 0, int(high), what)
+    except ValueError as exc:
+        raise TraceError(f"line {number}: {exc}") from None
+
+
 def _tres_gpus(tres: str, number: int) -> int:
+    """GPUs of AllocTRES (``gres/gpu=N``): a whole number, 0 to 4,096 (never negative:
+    a negative count would be reported as negative utilization)."""
     for item in filter(None, tres.split(",")):
         key, _, value = item.partition("=")
         if key == "gres/gpu":
-            return int(_number(value, number, "gres/gpu"))
+            return _whole(value, number, "gres/gpu", MAX_GPUS)
     return 0

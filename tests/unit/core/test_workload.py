@@ -38,16 +38,75 @@ def test_swf() -> None:
     ("text", "message"),
     [
         ("1 2 3\n", "line 1: 3 fields"),
-        ("; x\n 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 nan\n", "line 2: field 18 is not finite"),
-        (" 1 -5 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18\n", "negative"),
+        (
+            "; x\n 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 nan\n",
+            "line 2: field 18 is not a number",
+        ),
+        (" 1 -5 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18\n", "submit time -5 s is not within"),
         (" 1 x 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18\n", "line 1: field 2 is not a number"),
         ("9" * 5000, "not a trace line"),
+        (" 1 ² 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18\n", "line 1: field 2 is not a number"),
+        (" 1 ٣ 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18\n", "line 1: field 2 is not a number"),
+        (" 1 1_0 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18\n", "line 1: field 2 is not a number"),
+        (" 1 1e300 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18\n", "field 2 '1e300' is out of bounds"),
+        (
+            " 1 0 3 1000000000 5 6 7 8 9 10 11 12 13 14 15 16 17 18\n",
+            "run time 1e\\+09 s is over a year",
+        ),
+        ("; MaxProcs: " + "9" * 400 + "\n", "line 1: MaxProcs .* is not a whole number"),
+        ("; MaxProcs: 99999999999\n", "line 1: MaxProcs 99,999,999,999 is not between"),
+        (" 1 0 3 4 5 6 7 99999999999 9 10 11 12 13 14 15 16 17 18\n", "processors is over"),
     ],
-    ids=["fields", "nan", "negative", "garbage", "huge"],
+    ids=[
+        "fields",
+        "nan",
+        "negative",
+        "garbage",
+        "huge",
+        "superscript",
+        "arabic-indic",
+        "underscore",
+        "magnitude",
+        "run-1e9-s",
+        "header-400-digits",
+        "header-too-big",
+        "procs",
+    ],
 )
 def test_bad_swf_is_named(text: str, message: str) -> None:
     with pytest.raises(TraceError, match=message):
         parse_swf(text.splitlines())
+
+
+def test_a_superscript_in_a_header_is_text_not_a_crash() -> None:
+    """Words (and digits of other scripts) in an SWF header are left out, as before."""
+    t = parse_swf(
+        ["; MaxProcs: ²⁵⁶", "; TimeZone: 三", " 1 0 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18"]
+    )
+    assert t.max_procs is None and t.utc_offset is None and len(t.jobs) == 1
+
+
+def test_an_over_long_quoted_csv_field_is_named() -> None:
+    head = ALIBABA.splitlines()[0]
+    with pytest.raises(TraceError, match="line 34: not CSV: field larger than field limit"):
+        parse_alibaba([head, 'p0,"' + "x" * 4000] + ["y" * 4000] * 40)
+
+
+@pytest.mark.parametrize(
+    ("tres", "message"),
+    [
+        ("gres/gpu=-2", "not a whole number"),
+        ("gres/gpu=9999", "not between 0 and 4,096"),
+        ("gres/gpu=²", "not a whole number"),
+    ],
+    ids=["negative", "huge", "superscript"],
+)
+def test_sacct_gpu_counts_are_whole_and_bounded(tres: str, message: str) -> None:
+    line = (
+        f"7|physics|alice|2026-01-01T00:00:00|2026-01-01T00:01:00|2026-01-01T01:00:00|60|4|{tres}"
+    )
+    with pytest.raises(TraceError, match=f"line 1: gres/gpu .*{message}"):
+        parse_sacct([line])
 
 
 ALIBABA = """\
