@@ -265,22 +265,7 @@ class Daemon:
 
     # -- requests -----------------------------------------------------------------
     def drain_spool(self) -> int:
-        """Move what hooks spooled into the database (each once: by its uid), oldest
-        first; a file is removed only after its request is committed."""
-        items = self.spool.pending() if self.spool is not None else []
-        for item in items:
-            assert self.spool is not None
-            self.store.add_request(item.kind, item.nodes, item.jobs, item.created_at, item.uid)
-            self.spool.remove(item)
-            log.warning(
-                "request.unspooled uid=%s kind=%s count=%d hostlist=%s age=%.0f",
-                item.uid,
-                item.kind,
-                len(item.nodes),
-                compress(list(item.nodes)),
-                self.clock.now() - item.created_at,
-            )
-        return len(items)
+        return drain(self.spool, self.store, self.clock.now()) if self.spool is not None else 0
 
     def handle_requests(self) -> None:
         for req in self.store.pending_requests():
@@ -349,3 +334,22 @@ class Daemon:
                 self.store.update(name, want=Want.DOWN)
             drive.append(name)
         return launch, drive
+
+
+def drain(spool: RequestSpool, store: NodeStore, now: float) -> int:
+    """Move what hooks spooled into the database (each once: by its uid), oldest first;
+    a file is removed only after its request is committed, so a crash in between
+    leaves it to be added again, which its uid makes a no-op."""
+    items = spool.pending()
+    for item in items:
+        store.add_request(item.kind, item.nodes, item.jobs, item.created_at, item.uid)
+        spool.remove(item)
+        log.warning(
+            "request.unspooled uid=%s kind=%s count=%d hostlist=%s age=%.0f",
+            item.uid,
+            item.kind,
+            len(item.nodes),
+            compress(list(item.nodes)),
+            now - item.created_at,
+        )
+    return len(items)

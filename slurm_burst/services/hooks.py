@@ -130,8 +130,11 @@ def run_hook(
             said,
             "nodes set DOWN" if marked else "nodes could NOT be set DOWN",
         )
-        code = EXIT_DAEMON_DOWN if marked else EXIT_FAILED
-        return HookResult(code, accepted, unknown, f"daemon {said}; nodes set DOWN")
+        if marked:
+            return HookResult(EXIT_DAEMON_DOWN, accepted, unknown, f"daemon {said}; nodes set DOWN")
+        return HookResult(
+            EXIT_FAILED, accepted, unknown, f"daemon {said}; resume refused, nodes NOT set DOWN"
+        )
 
     # Teardown requests are recorded even when the daemon is down: whenever it
     # comes back, releasing what the nodes held is always right.
@@ -239,8 +242,13 @@ def _not_recorded(
         db_error,
         "nodes set DOWN" if marked else "nodes could NOT be set DOWN",
     )
-    code = EXIT_NOT_RECORDED if marked else EXIT_FAILED
-    return HookResult(code, accepted, unknown, f"not recorded ({db_error}); nodes set DOWN")
+    if marked:
+        return HookResult(
+            EXIT_NOT_RECORDED, accepted, unknown, f"not recorded ({db_error}); nodes set DOWN"
+        )
+    return HookResult(
+        EXIT_FAILED, accepted, unknown, f"not recorded ({db_error}); nodes NOT set DOWN"
+    )
 
 
 def _mark_down(scheduler: Callable[[], Scheduler], names: tuple[str, ...], why: str) -> bool:
