@@ -22,6 +22,7 @@ import logging.handlers
 import os
 import socket
 import sqlite3
+import stat
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
@@ -317,6 +318,14 @@ def wake(path: str) -> bool:
         return False
 
 
+class _SysLog(logging.handlers.SysLogHandler):
+    """The system log, best effort: a system log that goes away while a hook runs costs
+    its lines there (the hook log has them), never a "Logging error" on stderr."""
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        return
+
+
 def setup_hook_logging(path: str, group: int | None = None, syslog: str = "") -> str:
     """Hooks log to a file of their own: Slurm throws their stdout/stderr away. It is
     0660 in SlurmUser's ``group``: a hook run by hand as root must not lock SlurmUser out.
@@ -345,9 +354,9 @@ def setup_hook_logging(path: str, group: int | None = None, syslog: str = "") ->
     root.setLevel(logging.INFO)
     if syslog:
         try:
-            sys_handler = logging.handlers.SysLogHandler(
-                syslog, facility=logging.handlers.SysLogHandler.LOG_DAEMON
-            )
+            if not stat.S_ISSOCK(os.stat(syslog).st_mode):
+                return why
+            sys_handler = _SysLog(syslog, facility=logging.handlers.SysLogHandler.LOG_DAEMON)
         except OSError:  # no system log here (a container): the hook log must do
             return why
         sys_handler.ident = "slurm-burst-hook: "

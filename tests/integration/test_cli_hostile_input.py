@@ -169,3 +169,64 @@ def test_a_budget_for_an_account_slurm_does_not_know_is_refused(tmp_path: Path) 
     sacctmgr.write_text("#!/bin/sh\necho 'slurmdbd: connection refused' >&2\nexit 1\n")
     out = _sb(cfg, "budget", "set", "--no-sync", "physics", "100", expect=1)
     assert "cannot ask Slurm whether account 'physics' exists" in out
+
+
+# -- the second hardening round: one regression test per case it found ----------------
+
+
+def test_a_config_nested_5000_levels_deep_is_a_config_error(tmp_path: Path) -> None:
+    path = tmp_path / "deep.toml"
+    path.write_text("x = " + "[" * 5000 + "]" * 5000 + "\n")
+    path.chmod(0o640)
+    err = invoke(["--config", str(path), "config", "check"], expect=2).stderr
+    assert "nested more than 10 levels" in err and "Traceback" not in err
+
+
+def test_conf_render_refuses_a_config_that_would_inject_a_line(tmp_path: Path) -> None:
+    """The newline at the end of a partition name reached slurm.conf as a SlurmUser= line
+    and `config check` said OK; now both refuse it, naming the key and line."""
+    lab_config_in(tmp_path)  # the lab's config under tmp_path, then the planted newline
+    path = tmp_path / "slurm-burst.toml"
+    path.write_text(
+        path.read_text().replace(
+            'partition = "burst-cpu"', 'partition = "burst-cpu\\nSlurmUser=root"'
+        )
+    )
+    out = tmp_path / "etc"
+    args = ["--config", str(path), "conf", "render", "--slurm-release", "24.11", "-o", str(out)]
+    err = invoke(args, expect=2).stderr
+    assert "node_groups.cpu.partition" in err and "\\n" in err and "\nSlurmUser" not in err
+    assert not out.exists()
+    check = invoke(["--config", str(path), "config", "check"], expect=2).stderr
+    assert "slurm-burst.toml:" in check and "node_groups.cpu.partition" in check
+
+
+def test_superscript_digits_in_a_duration_are_bad_input(cfg: Config) -> None:
+    from slurm_burst.wiring import node_store
+
+    node_store(cfg).close()  # the daemon's state database, as on a running site
+    out = _sb(cfg, "group", "warm", "ec2", "--nodes", "1", "--for", "²m", expect=2)
+    assert "--for '²m'" in out
+
+
+def test_an_account_with_a_trailing_newline_is_refused_even_with_force(cfg: Config) -> None:
+    out = _sb(cfg, "budget", "set", "physics\n", "100", "--force", "--no-sync", expect=2)
+    assert "is not a Slurm account name" in out
+    assert "physics\n" not in _sb(cfg, "budget", "show", "--json", expect=0)
+
+
+def test_a_gzip_trace_of_blank_lines_is_refused_without_reading_it_into_memory(
+    cfg: Config, tmp_path: Path
+) -> None:
+    """25 million blank lines compress to ~25 KB; the old reader decompressed them all
+    and split them (MemoryError on a 1 GiB one). Now the line cap stops it."""
+    import gzip
+
+    bomb = tmp_path / "blank.swf.gz"
+    with gzip.open(bomb, "wb", compresslevel=9) as fh:
+        chunk = b"\n" * (1 << 20)
+        for _ in range(25):
+            fh.write(chunk)
+    assert bomb.stat().st_size < 1 << 20
+    out = _sb(cfg, "simulate", "--trace", str(bomb), "--format", "swf", "--cpus", "64", expect=2)
+    assert "over 20,000,000 lines" in out

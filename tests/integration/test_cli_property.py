@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import stat
 import tempfile
 import time
 from collections.abc import Iterator
@@ -28,6 +29,7 @@ from hypothesis import strategies as st
 
 from slurm_burst.cli.main import cli
 from slurm_burst.config import Config
+from slurm_burst.services.hooks import HOOK_EXIT_CODES
 from tests.conftest import ROOT, lab_config_in
 
 DOCUMENTED = {0, 1, 2, 3}
@@ -72,6 +74,12 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Config, Pa
     (files / "link").symlink_to("/etc/passwd")
     (files / "dangling").symlink_to(files / "nowhere")
     (files / "dir").mkdir()
+    (tmp / "victim").write_text("precious\n")
+    (files / "victim-link").symlink_to(tmp / "victim")  # planted where a command writes
+    if os.geteuid() == 0:  # a device node, as /dev/null: a command must not replace it
+        os.mknod(files / "device", 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+    else:
+        (files / "device").symlink_to("/dev/null")
     runner = CliRunner()
     assert runner.invoke(cli, ["--config", cfg.source, "db", "upgrade"]).exit_code == 0
     from slurm_burst.wiring import node_store
@@ -114,9 +122,14 @@ HOSTILE = st.sampled_from(
         "burst-cpu-[1-" + "9" * 30 + "]", "x" * 300, "$(touch /tmp/pwned)", "a,b,,c",
         "--", "-", "physics", "cpu", "gpu", "month", "account,job", "json", "bogus",
         "burst-gpu-1", "onprem-1", "'quoted' \"both\"", "é\u202e", "head", "0001",
+        # control characters and other scripts' digits (hardening round two)
+        "burst-cpu-1\n", "physics\n", "physics\nSlurmUser=root", "x\x00y", "\x1b[31mred",
+        "a\u2028b", "¹²", "٣", "²m", "1\r", "burst-cpu-[1-2]\t", "\u0085",
     ]
 )  # fmt: skip
-FILES = st.sampled_from(["empty", "garbage", "huge", "fifo", "link", "dangling", "dir", "new"])
+FILES = st.sampled_from(
+    ["empty", "garbage", "huge", "fifo", "link", "dangling", "dir", "new", "victim-link", "device"]
+)
 
 
 @st.composite
@@ -150,7 +163,7 @@ def argv(draw: st.DrawFn, cmd: click.Command, files: Path, out_dir: Path) -> lis
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize(("path", "cmd"), COMMANDS, ids=[" ".join(p) for p, _ in COMMANDS])
 @settings(
-    max_examples=60,
+    max_examples=150,
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
@@ -164,6 +177,8 @@ def test_no_input_makes_a_command_crash(
 ) -> None:
     cfg, files = world
     args = data.draw(argv(cmd, files, tmp_path))
+    device = os.lstat(files / "device")
+    passwd = os.stat("/etc/passwd")
     before = _requests(cfg)
     with tempfile.TemporaryDirectory(dir=tmp_path) as cwd, contextlib.chdir(cwd):
         result = CliRunner().invoke(
@@ -173,7 +188,15 @@ def test_no_input_makes_a_command_crash(
     crashed = result.exception is not None and not isinstance(result.exception, SystemExit)
     assert not crashed, f"traceback for {shown}\n{result.exception!r}"
     assert "Traceback" not in result.output, shown
-    assert result.exit_code in DOCUMENTED, shown
+    hook = path[0] in ("resume", "suspend", "resume-fail")
+    assert result.exit_code in (set(HOOK_EXIT_CODES) if hook else DOCUMENTED), shown
+    # nothing written through a planted link or over a device, whatever the exit
+    assert (files.parent / "victim").read_text() == "precious\n", shown
+    after = os.lstat(files / "device")
+    assert (after.st_mode, after.st_ino, after.st_rdev) == (
+        device.st_mode, device.st_ino, device.st_rdev,
+    ), shown  # fmt: skip
+    assert os.stat("/etc/passwd").st_mtime_ns == passwd.st_mtime_ns, shown
     if path[0] in ("resume", "suspend", "resume-fail"):
         added = _requests(cfg) - before
         if result.exit_code == 2:
