@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 
 from slurm_burst.adapters.proc import run
+from slurm_burst.config import Config
 from slurm_burst.lab.service import Lab
 from tests.conftest import LAB_CONFIG, invoke
+from tests.lab.readback import check_read_back
 
 
 def test_sinfo_shows_onprem_idle_and_burst_idle_powered_down(lab: Lab) -> None:
@@ -16,6 +18,13 @@ def test_sinfo_shows_onprem_idle_and_burst_idle_powered_down(lab: Lab) -> None:
     assert states and set(states.values()) == {"idle~"}
     assert set(states) == {f"burst-cpu-{i}" for i in range(1, 33)} | {
         f"burst-gpu-{i}" for i in range(1, 9)} | {"burst-ec2-1", "burst-ec2-2"}  # fmt: skip
+
+
+def test_the_labs_slurmctld_reads_back_what_the_config_meant(
+    lab: Lab, lab_config: Config
+) -> None:
+    """The fragment conf render wrote for the lab's release, as its slurmctld loaded it."""
+    check_read_back(lab_config, lambda argv: run(argv, env=lab.env()).stdout)
 
 
 def test_job_runs_on_onprem_node(lab: Lab) -> None:
