@@ -149,3 +149,20 @@ def test_a_hostile_alibaba_csv_parses_or_names_its_line(field: str, length: int)
         assert str(exc).startswith("line "), exc
         return
     _bounded(trace)
+
+
+@pytest.mark.parametrize("count", [-2, 2**41, "4", 1.5, True], ids=str)
+def test_a_sacct_job_with_a_count_that_is_none_is_refused_not_charged(count: object) -> None:
+    """A negative GPU count was charged and reported as negative utilization."""
+    from slurm_burst.adapters.slurm.accounting import parse_job
+
+    raw = {
+        "job_id": 7, "account": "physics", "state": {"current": "COMPLETED"},
+        "time": {"start": 1_700_000_000, "end": 1_700_000_600, "submission": 1_700_000_000},
+        "tres": {"allocated": [{"type": "cpu", "count": 4},
+                               {"type": "gres", "name": "gpu", "count": count}]},
+    }  # fmt: skip
+    assert parse_job(raw, "c1") is None
+    raw["tres"]["allocated"][1]["count"] = 2  # type: ignore[index]
+    job = parse_job(raw, "c1")
+    assert job is not None and (job.cpus, job.gpus) == (4, 2)

@@ -23,6 +23,8 @@ from slurm_burst.adapters.slurm.cli import SlurmError
 from slurm_burst.core.usage import FINISHED, AssocUsage, JobUsage
 
 log = logging.getLogger(__name__)
+# more than any job holds of one TRES (memory is counted in MB): a larger count is corrupt
+MAX_TRES = 2**40
 
 Runner = Callable[..., Result]
 NOTHING_FOUND = 9003  # ESLURM_REST_EMPTY_RESULT: 'Nothing found with query'
@@ -156,7 +158,13 @@ def parse_job(raw: dict[str, Any], cluster: str) -> JobUsage | None:
     alloc = {}
     for tres in (raw.get("tres") or {}).get("allocated") or []:
         key = tres.get("type", "") + (f"/{tres['name']}" if tres.get("name") else "")
-        alloc[key] = int(tres.get("count") or 0)
+        count = tres.get("count") or 0
+        if isinstance(count, bool) or not isinstance(count, int) or not 0 <= count <= MAX_TRES:
+            # a negative GPU count would be charged and reported as negative use
+            log.error("ledger.job_refused job=%s tres=%s count=%r: not a count",
+                      raw.get("job_id"), key[:40], str(count)[:40])  # fmt: skip
+            return None
+        alloc[key] = count
     return JobUsage(
         cluster=str(raw.get("cluster") or cluster),
         job_id=int(raw["job_id"]),
