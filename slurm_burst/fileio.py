@@ -167,9 +167,7 @@ def ensure_dir(
         else:
             fd = os.open(p, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
             try:
-                if gid is not None and os.geteuid() == 0:
-                    os.fchown(fd, -1, gid)
-                os.fchmod(fd, mode)
+                _give(fd, mode, gid)
             finally:
                 os.close(fd)
             return True
@@ -211,9 +209,7 @@ def open_append(path: str | os.PathLike[str], mode: int, gid: int | None = None)
             os.close(fd)
             raise
         return fd
-    if gid is not None and os.geteuid() == 0:
-        os.fchown(fd, -1, gid)
-    os.fchmod(fd, mode)
+    _give(fd, mode, gid)
     return fd
 
 
@@ -226,12 +222,44 @@ def create_new(path: str | os.PathLike[str], mode: int, gid: int | None = None) 
     except FileExistsError:
         return False
     try:
-        if gid is not None and os.geteuid() == 0:
-            os.fchown(fd, -1, gid)
-        os.fchmod(fd, mode)
+        _give(fd, mode, gid)
     finally:
         os.close(fd)
     return True
+
+
+def _give(fd: int, mode: int, gid: int | None) -> None:
+    """What we just made gets exactly ``mode`` (whatever the umask) and, if we are root,
+    group ``gid``: through its descriptor, so nothing planted can take its place."""
+    if gid is not None and os.geteuid() == 0:
+        os.fchown(fd, -1, gid)
+    os.fchmod(fd, mode)
+
+
+def write_durable(directory: Path, name: str, body: bytes, mode: int) -> Path:
+    """``directory/name`` holding ``body``, durable when this returns: written under a
+    temporary name made exclusively (never through a link), fsynced, renamed into place,
+    and the directory fsynced. A crash leaves the whole file or none under ``name``."""
+    tmp = directory / f".{name}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | PRIVATE, mode)
+    try:
+        view = memoryview(body)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.fsync(fd)
+    except BaseException:
+        os.close(fd)
+        os.unlink(tmp)
+        raise
+    os.close(fd)
+    path = directory / name
+    os.replace(tmp, path)
+    dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+    return path
 
 
 def gid_of(group: str) -> int | None:

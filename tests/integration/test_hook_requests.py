@@ -34,7 +34,7 @@ import subprocess
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -143,7 +143,7 @@ def _unshare_mounts() -> None:
         raise OSError(ctypes.get_errno(), "unshare")
 
 
-def _child(site: Site, db: str, spool: str, user: str, args: list[str], w: int) -> None:
+def _child(site: Site, db: str, spool: str, user: str, args: list[str]) -> dict[str, object]:
     """In a private mount namespace: the drawn world, the hook (in a grandchild, as the
     drawn user), then, as root again, what it left (as JSON)."""
     _unshare_mounts()
@@ -189,43 +189,48 @@ def _child(site: Site, db: str, spool: str, user: str, args: list[str], w: int) 
         "spool": len(RequestSpool(spool_dir).pending()) if spool_dir.is_dir() else 0,
         "state_mode": stat.S_IMODE(os.lstat(state).st_mode),
     }
-    os.write(w, json.dumps(out).encode())
+    return out
 
 
 def _hook(args: list[str], config: str, user: str, gid: int) -> dict[str, object]:
     """The hook, in a process of its own (dropped to nobody if drawn); its result."""
+
+    def hook() -> dict[str, object]:
+        if user == "nobody":
+            os.setgroups([])
+            os.setgid(gid)
+            os.setuid(NOBODY)
+        result = CliRunner().invoke(cli, ["--config", config, *args])
+        crash = result.exception is not None and not isinstance(result.exception, SystemExit)
+        return {"code": result.exit_code, "output": result.output[-3000:],
+                "crash": repr(result.exception) if crash else ""}  # fmt: skip
+
+    return in_child(hook)
+
+
+def in_child(fn: Callable[[], dict[str, object]]) -> dict[str, object]:
+    """``fn()`` in a forked child (its JSON-able result comes back over a pipe); what it
+    raised comes back as ``child_error``, a child that died says so."""
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:
-        code = 70
         try:
             os.close(r)
-            if user == "nobody":
-                os.setgroups([])
-                os.setgid(gid)
-                os.setuid(NOBODY)
-            result = CliRunner().invoke(cli, ["--config", config, *args])
-            crash = result.exception is not None and not isinstance(result.exception, SystemExit)
-            said = {"code": result.exit_code, "output": result.output[-3000:],
-                    "crash": repr(result.exception) if crash else ""}  # fmt: skip
+            try:
+                said = fn()
+            except BaseException as exc:  # said to the parent, which fails the test
+                said = {"child_error": repr(exc)}
             os.write(w, json.dumps(said).encode())
-            code = 0
         finally:
-            os._exit(code)
+            os._exit(0)
     os.close(w)
-    data = _read_all(r)
-    os.waitpid(pid, 0)
-    died = b'{"code": -1, "output": "the hook process died", "crash": "died"}'
-    out: dict[str, object] = json.loads(data or died)
-    return out
-
-
-def _read_all(fd: int) -> bytes:
     chunks = []
-    while chunk := os.read(fd, 65536):
+    while chunk := os.read(r, 65536):
         chunks.append(chunk)
-    os.close(fd)
-    return b"".join(chunks)
+    os.close(r)
+    os.waitpid(pid, 0)
+    got: dict[str, object] = json.loads(b"".join(chunks) or b'{"child_error": "it died"}')
+    return got
 
 
 def _db_requests(path: Path) -> int:
@@ -239,23 +244,7 @@ def _db_requests(path: Path) -> int:
 
 def run_hook_in(site: Site, db: str, spool: str, user: str, args: list[str]) -> dict[str, object]:
     (site.base / "scontrol.log").write_text("")
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        code = 70
-        try:
-            os.close(r)
-            _child(site, db, spool, user, args, w)
-            code = 0
-        except BaseException as exc:  # said to the parent, which fails the test
-            with contextlib.suppress(OSError):
-                os.write(w, json.dumps({"child_error": repr(exc)}).encode())
-        finally:
-            os._exit(code)
-    os.close(w)
-    data = _read_all(r)
-    os.waitpid(pid, 0)
-    got: dict[str, object] = json.loads(data or b"{}")
+    got = in_child(lambda: _child(site, db, spool, user, args))
     assert "child_error" not in got, got
     log = site.base / "scontrol.log"
     got["scontrol"] = log.read_text() if log.exists() else ""

@@ -25,8 +25,9 @@ from slurm_burst.adapters.state.store import Store
 from slurm_burst.config import Config
 from slurm_burst.core.hostlist import expand
 from slurm_burst.lab.service import Lab
+from slurm_burst.services.hooks import EXIT_DAEMON_DOWN
 from slurm_burst.wiring import ledger, mesh_hub
-from tests.conftest import LAB_CONFIG, invoke
+from tests.conftest import LAB_CONFIG, invoke, wait
 
 TIMING: dict[str, float] = {}
 
@@ -337,14 +338,26 @@ def test_stale_heartbeat_sets_nodes_down_with_a_reason(
     )
     cfg = tmp_path / "stale.toml"
     cfg.write_text(text)
-    r = invoke(["--config", str(cfg), "resume", "burst-gpu-2,nosuch-1"], expect=1)
+    r = invoke(["--config", str(cfg), "resume", "burst-gpu-2,nosuch-1"], expect=EXIT_DAEMON_DOWN)
     assert "nosuch-1" in r.stderr and "never ran" in r.stderr
+    returned = False
     try:
         rec = node_records(env)["burst-gpu-2"]
         assert rec["State"].startswith("DOWN")
         assert "Code:DaemonDown" in run(["scontrol", "show", "node", "burst-gpu-2"], env=env).stdout
         assert "hook.resume.daemon_stale" in (tmp_path / "hooks.log").read_text()
-    finally:  # resume clears DOWN but leaves the node NOT_RESPONDING (no slurmd): power
-        # it down as the daemon returns a failed node, so that it takes jobs again
-        run(["scontrol", "update", "nodename=burst-gpu-2", "state=resume"], env=env)
-        run(["scontrol", "update", "nodename=burst-gpu-2", "state=power_down_force"], env=env)
+        # the lab's daemon (running, its database writable) returns the node to service
+        # (HookRefusal): an outage must not leave a burst partition DOWN
+        wait(
+            lambda: not node_records(env)["burst-gpu-2"]["State"].startswith("DOWN"),
+            60,
+            "burst-gpu-2 returned to service by the daemon",
+        )
+        returned = True
+        events = invoke(["--config", str(LAB_CONFIG), "events", "--node", "burst-gpu-2",
+                         "--json"]).stdout  # fmt: skip
+        assert "HookRefusal" in events
+    finally:
+        if not returned:  # resume clears DOWN, power_down_force makes it idle~ again
+            run(["scontrol", "update", "nodename=burst-gpu-2", "state=resume"], env=env)
+            run(["scontrol", "update", "nodename=burst-gpu-2", "state=power_down_force"], env=env)

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from slurm_burst.core.usage import InstanceEvent, LedgerError, LedgerUnavailable
-from slurm_burst.fileio import PRIVATE, ensure_dir
+from slurm_burst.fileio import ensure_dir, write_durable
 from slurm_burst.ports import Ledger
 
 log = logging.getLogger(__name__)
@@ -41,22 +41,8 @@ class Spool:
         with self._lock:
             self._seq += 1
             name = f"{time.time_ns():020d}-{os.getpid()}-{self._seq:06d}-{kind}.json"
-        tmp = self.dir / f".{name}.tmp"
         body = json.dumps({"kind": kind, "payload": payload, "attempts": 0}).encode()
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | PRIVATE, 0o600)
-        try:
-            os.write(fd, body)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        path = self.dir / name
-        os.replace(tmp, path)
-        dfd = os.open(self.dir, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
-        return path
+        return write_durable(self.dir, name, body, 0o600)
 
     def pending(self) -> list[Path]:
         return sorted(p for p in self.dir.glob("*.json") if not p.name.startswith("."))

@@ -25,6 +25,7 @@ from slurm_burst.core.usage import FINISHED, AssocUsage, JobUsage
 log = logging.getLogger(__name__)
 # more than any job holds of one TRES (memory is counted in MB): a larger count is corrupt
 MAX_TRES = 2**40
+READ_TRES = frozenset({"cpu", "gres/gpu", "mem", "node"})  # what a job's ledger row holds
 
 Runner = Callable[..., Result]
 NOTHING_FOUND = 9003  # ESLURM_REST_EMPTY_RESULT: 'Nothing found with query'
@@ -158,6 +159,8 @@ def parse_job(raw: dict[str, Any], cluster: str) -> JobUsage | None:
     alloc = {}
     for tres in (raw.get("tres") or {}).get("allocated") or []:
         key = tres.get("type", "") + (f"/{tres['name']}" if tres.get("name") else "")
+        if key not in READ_TRES:  # others may say "not measured" (energy: -2 on 24.11)
+            continue
         count = tres.get("count") or 0
         if isinstance(count, bool) or not isinstance(count, int) or not 0 <= count <= MAX_TRES:
             # a negative GPU count would be charged and reported as negative use

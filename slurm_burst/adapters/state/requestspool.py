@@ -27,7 +27,7 @@ from typing import Any
 
 from slurm_burst.core.records import Spooled
 from slurm_burst.core.slurmsyntax import is_node_name
-from slurm_burst.fileio import PRIVATE, FileRefused, ensure_dir, plain
+from slurm_burst.fileio import PRIVATE, FileRefused, ensure_dir, plain, write_durable
 
 log = logging.getLogger(__name__)
 
@@ -51,26 +51,7 @@ class RequestSpool:
             {"uid": uid, "kind": kind, "nodes": nodes, "jobs": jobs, "created_at": now}
         ).encode()
         name = f"{time.time_ns():020d}-{uid}.request"
-        tmp = self.dir / f".{name}.tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | PRIVATE, 0o640)
-        try:
-            view = memoryview(body)
-            while view:
-                view = view[os.write(fd, view) :]
-            os.fsync(fd)
-        except BaseException:
-            os.close(fd)
-            os.unlink(tmp)
-            raise
-        os.close(fd)
-        path = self.dir / name
-        os.replace(tmp, path)
-        dfd = os.open(self.dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
-        return path
+        return write_durable(self.dir, name, body, 0o640)
 
     def pending(self) -> list[Spooled]:
         """The requests waiting, oldest first (at most :data:`MAX_PENDING`); a file that
