@@ -58,6 +58,31 @@ def bench_hostlist() -> None:
     )
 
 
+def bench_trace_stream(megabytes: int = 512) -> None:
+    """`simulate` on a gzip of ``megabytes`` MiB of blank lines (a few hundred KB): the
+    reader streams it and stops at its line cap, so time and memory stay small (it
+    read the whole file into memory and split it: MemoryError near 1 GiB)."""
+    import gzip
+    import resource
+
+    sb = str(Path(sys.executable).parent / "slurm-burst")
+    with tempfile.TemporaryDirectory() as tmp:
+        bomb = Path(tmp, "blank.swf.gz")
+        with gzip.open(bomb, "wb", compresslevel=1) as fh:
+            chunk = b"\n" * (1 << 20)
+            for _ in range(megabytes):
+                fh.write(chunk)
+        packed = bomb.stat().st_size >> 10
+        t = time.perf_counter()
+        argv = [sb, "simulate", "--trace", str(bomb), "--format", "swf", "--cpus", "64"]
+        done = subprocess.run(argv, capture_output=True, text=True, cwd=tmp)
+        took = time.perf_counter() - t
+    rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024  # the largest child
+    assert done.returncode == 2 and "lines" in done.stderr, done.stderr
+    what = f"simulate, {megabytes} MiB of blank lines ({packed} KiB .gz)"
+    print(f"{what:<46} refused in {took:5.1f} s, max RSS {rss:5.0f} MiB (goal: no MemoryError)")
+
+
 def bench_lab() -> None:
     from slurm_burst.adapters.cloud.registry import driver_class
     from slurm_burst.config import load_config
@@ -133,6 +158,9 @@ if __name__ == "__main__":
     import burst
 
     burst.bench_hooks()
+    burst.bench_hooks(calls=100, locked=True)
+    bench_trace_stream()
+    bench_trace_stream()
     if os.geteuid() == 0:
         bench_lab()
         burst.bench_lab_burst()
