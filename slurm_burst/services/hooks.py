@@ -21,7 +21,6 @@ import logging
 import logging.handlers
 import os
 import socket
-import sqlite3
 import stat
 import uuid
 from collections.abc import Callable, Mapping
@@ -145,7 +144,8 @@ def run_hook(
     if store is not None:
         try:
             request_id = store.add_request(kind, accepted, job_rows, now, uid=uid)
-        except (StoreError, sqlite3.Error, OSError) as exc:
+            db_error = ""  # a heartbeat unread, but the request is in: it is where it belongs
+        except (StoreError, OSError) as exc:
             db_error = str(exc)[:300]
     if db_error or store is None:
         where = _spool(spool, uid, kind, list(accepted), job_rows, now, db_error)
@@ -181,7 +181,7 @@ def _heartbeat_age(
         return None, store_error or "not opened"
     try:
         beat = store.heartbeat()
-    except (StoreError, sqlite3.Error, OSError) as exc:
+    except (StoreError, OSError) as exc:
         return None, str(exc)[:300]
     return (None if beat is None else now - float(beat["at"])), ""
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import socket
-import sqlite3
 import stat
 import time
 from collections.abc import Callable
@@ -16,6 +15,7 @@ import pytest
 
 from slurm_burst.adapters.state.requestspool import RequestSpool
 from slurm_burst.config import Config
+from slurm_burst.core.records import StoreError
 from slurm_burst.core.slurm import SchedulerError
 from slurm_burst.ports import Scheduler
 from slurm_burst.services.hooks import (
@@ -114,7 +114,7 @@ class BrokenStore(MemoryStore):
     """A state database that is locked or on a full disk: reads work (WAL), writes fail."""
 
     def add_request(self, *args: Any, **kwargs: Any) -> int:
-        raise sqlite3.OperationalError("database or disk is full")
+        raise StoreError("state database x.db: database or disk is full")
 
 
 class Marks:

@@ -302,8 +302,18 @@ class Store:
             )
 
     def heartbeat(self) -> dict[str, Any] | None:
-        rows = self._read("SELECT value FROM meta WHERE key = 'heartbeat'")
+        with self._failing_as_store_error():
+            rows = self._read("SELECT value FROM meta WHERE key = 'heartbeat'")
         return dict(json.loads(rows[0]["value"])) if rows else None
+
+    @contextmanager
+    def _failing_as_store_error(self) -> Iterator[None]:
+        """SQLite's errors (locked past the timeout, disk full, a damaged file) as the
+        port's StoreError: what the hooks act on to keep a request elsewhere."""
+        try:
+            yield
+        except sqlite3.Error as exc:
+            raise StoreError(f"state database {self.path}: {exc}") from exc
 
     def meta_get(self, key: str) -> Any:
         rows = self._read("SELECT value FROM meta WHERE key = ?", (key,))
@@ -383,7 +393,7 @@ class Store:
         """Record a request; one with the ``uid`` of a request already recorded (from the
         spool, after it reached the database too) is that one: its id is returned."""
         values = (kind, json.dumps(list(nodes)), json.dumps([dict(j) for j in jobs]), now)
-        with self.tx() as db:
+        with self._failing_as_store_error(), self.tx() as db:
             if not uid or self.outdated:  # an older schema has no uid until the daemon upgrades
                 cur = db.execute(
                     "INSERT INTO requests (kind, nodes, jobs, created_at) VALUES (?, ?, ?, ?)",
