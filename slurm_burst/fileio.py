@@ -152,9 +152,9 @@ def ensure_dir(
 ) -> bool:
     """Make the directory ``path`` with exactly ``mode`` and group ``gid`` (True), or
     check the one that is there (False) without changing it: a directory (a symlink to
-    one only if root owns the link), writable by nobody but its owner, root's group and
-    ``gid``'s. A shared directory such as /tmp (1777) is refused: anyone could plant
-    names in it. FileRefused says what is wrong and what to do."""
+    one only if root owns the link), writable by no others, and, with ``gid``, by no
+    group but root's and ``gid``'s. A shared directory such as /tmp (1777) is refused:
+    anyone could plant names in it. FileRefused says what is wrong and what to do."""
     p = Path(path)
     try:
         st = os.lstat(p)
@@ -183,9 +183,22 @@ def ensure_dir(
             f"{what} {p} is writable by anyone ({shown}): slurm-burst keeps its files in a "
             f"directory of its own (make one, mode {mode:04o})"
         )
-    if st.st_mode & stat.S_IWGRP and st.st_gid not in (0, gid):
+    if gid is not None and st.st_mode & stat.S_IWGRP and st.st_gid not in (0, gid):
         raise FileRefused(f"{what} {p} is writable by group {st.st_gid} ({shown}; chmod g-w)")
     return False
+
+
+def check_sqlite_files(path: str | os.PathLike[str]) -> None:
+    """FileRefused unless the SQLite database ``path`` and its journal files, where they
+    exist, are plain files (:func:`plain`): checked before SQLite opens anything, since
+    SQLite reads through a planted link (and writes a database into it)."""
+    for suffix in ("", "-wal", "-shm", "-journal"):
+        name = f"{os.fspath(path)}{suffix}"
+        try:
+            st = os.lstat(name)
+        except FileNotFoundError:
+            continue
+        plain(name, st)
 
 
 def open_append(path: str | os.PathLike[str], mode: int, gid: int | None = None) -> int:

@@ -5,6 +5,7 @@ writes that cannot be redirected (``write_atomic``)."""
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 
 import pytest
@@ -113,3 +114,26 @@ def test_write_atomic_never_writes_through_a_planted_name(tmp_path: Path) -> Non
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         ".out.csv.tmp", "out.csv", "out.csv.tmp", "victim",
     ]  # fmt: skip
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="gives a directory another group: needs root")
+def test_a_directory_writable_by_slurm_users_group_is_checked_against_that_group(
+    tmp_path: Path,
+) -> None:
+    """The ledger lives in the state directory, 0770 in SlurmUser's group (the Ansible
+    role's and the unit's): with no group named it is accepted; with a group named, only
+    that group (or root's) may write; nobody else, ever. The mode is never changed."""
+    from slurm_burst.fileio import ensure_dir
+
+    d = tmp_path / "state"
+    d.mkdir()
+    os.chown(d, 0, 65534)
+    d.chmod(0o770)
+    assert ensure_dir(d, 0o750) is False
+    assert ensure_dir(d, 0o770, 65534) is False
+    with pytest.raises(FileRefused, match="writable by group 65534"):
+        ensure_dir(d, 0o770, 12345)
+    d.chmod(0o1777)
+    with pytest.raises(FileRefused, match="writable by anyone"):
+        ensure_dir(d, 0o750)
+    assert stat.S_IMODE(d.stat().st_mode) == 0o1777

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -14,7 +13,7 @@ from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 
 from slurm_burst.core.redact import redact
 from slurm_burst.core.usage import LedgerConflict, LedgerError, LedgerUnavailable
-from slurm_burst.fileio import create_new, ensure_dir, file_error, plain
+from slurm_burst.fileio import check_sqlite_files, create_new, ensure_dir, file_error
 
 
 def make_engine(url: str) -> Engine:
@@ -53,8 +52,8 @@ def _create_private(path: Path) -> None:
     its -wal and -shm the same mode. An existing file is left as the site made it."""
     try:
         ensure_dir(path.parent, 0o750, what="the ledger's directory")
-        if not create_new(path, 0o600):
-            plain(path, os.lstat(path))
+        create_new(path, 0o600)
+        check_sqlite_files(path)  # the file and its journal: plain files, never links
     except OSError as exc:
         raise LedgerError(f"ledger database {path}: {file_error(exc)}") from None
 

@@ -35,7 +35,7 @@ from slurm_burst.core.records import (
     Request,
     StoreError,
 )
-from slurm_burst.fileio import FileRefused, ensure_dir, ensure_file, plain, share
+from slurm_burst.fileio import FileRefused, check_sqlite_files, ensure_dir, ensure_file, share
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (
@@ -197,17 +197,12 @@ class Store:
             raise StoreError(f"state database {self.path}: {exc.strerror or exc}") from None
 
     def _check_files(self) -> None:
-        """The database and its journal files, where they exist, are plain files: a
-        symlink or device planted under one of their names is refused before SQLite
-        opens anything (SQLite would read through it, and write a database into it)."""
-        for suffix in ("", "-wal", "-shm", "-journal"):
-            name = f"{self.path}{suffix}"
-            try:
-                plain(name, os.lstat(name))
-            except FileNotFoundError:
-                continue
-            except FileRefused as exc:
-                raise StoreError(f"state database: {exc}") from None
+        """The database and its journal files are plain files (a symlink or device
+        planted under one of their names is refused before SQLite opens anything)."""
+        try:
+            check_sqlite_files(self.path)
+        except FileRefused as exc:
+            raise StoreError(f"state database: {exc}") from None
 
     def _share_journal(self, group: int | None) -> None:
         for suffix in ("-wal", "-shm"):
