@@ -10,11 +10,11 @@ an export's target. Stdlib only; shared by the config loader, the hooks and the 
   the target directory, created exclusively, never through a symlink) and renames it into
   place, so a half-written file never takes the target's name; it replaces only a
   regular file (a device, FIFO or symlink at the target is refused, not replaced).
-* :func:`ensure_dir`, :func:`ensure_file` and :func:`open_append` are how the product
-  makes its directories, its database and its logs, as root too: created with their
-  mode, or checked and left as they are. Nothing is followed through a symlink it did
-  not make, nothing that is not a plain file is written, and the mode of nothing it
-  did not create is changed.
+* :func:`ensure_dir`, :func:`create_new`, :func:`check_sqlite_files` and
+  :func:`open_append` are how the product makes its directories, its databases and its
+  logs, as root too: created with their mode, or checked and left as they are. Nothing
+  is followed through a symlink it did not make, nothing that is not a plain file is
+  written, and the mode of nothing it did not create is changed.
 """
 
 from __future__ import annotations
@@ -109,21 +109,6 @@ def _user(uid: int) -> str:
         return f"user {pwd.getpwuid(uid).pw_name} (uid {uid})"
     except KeyError:
         return f"uid {uid}"
-
-
-def ensure_file(path: str | os.PathLike[str], mode: int, gid: int | None = None) -> bool:
-    """Create the file ``path`` with exactly ``mode`` (and group ``gid``) if it is missing
-    (True), never through a symlink and whatever the umask; else check that what is
-    there is a plain file (:func:`plain`) and leave it as it is (False): slurm-burst never
-    changes the mode of a file it did not make. FileRefused says what is wrong.
-
-    An existing file is never opened: closing any descriptor of a file drops every
-    POSIX lock this process holds on it, and SQLite's locks on a database (and on its
-    -shm) are such locks. A process that has the database open must not lose them."""
-    if create_new(path, mode, gid):
-        return True
-    plain(path, os.lstat(path))
-    return False
 
 
 def plain(path: str | os.PathLike[str], st: os.stat_result) -> None:
@@ -287,8 +272,9 @@ def gid_of(group: str) -> int | None:
 
 def share(path: str | os.PathLike[str], mode: int, gid: int | None = None) -> None:
     """Give the plain file ``path`` that we (SQLite, for us) just made ``mode`` and group
-    ``gid`` where we may: we own it, or are root. By path, never by opening it (see
-    :func:`ensure_file`); anything but a plain file is refused (:func:`plain`)."""
+    ``gid`` where we may: we own it, or are root. By path, never by opening it: closing
+    any descriptor of a file drops every POSIX lock this process holds on it, SQLite's
+    among them. Anything but a plain file is refused (:func:`plain`)."""
     st = os.lstat(path)
     plain(path, st)
     if os.geteuid() not in (0, st.st_uid):

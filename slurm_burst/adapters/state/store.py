@@ -35,7 +35,14 @@ from slurm_burst.core.records import (
     Request,
     StoreError,
 )
-from slurm_burst.fileio import FileRefused, check_sqlite_files, ensure_dir, ensure_file, share
+from slurm_burst.fileio import (
+    FileRefused,
+    check_sqlite_files,
+    create_new,
+    ensure_dir,
+    file_error,
+    share,
+)
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (
@@ -187,14 +194,12 @@ class Store:
         """The directory 0770 and the database 0660, in SlurmUser's ``group``: the hooks
         (SlurmUser) write requests, the daemon (root) the rest. Made before SQLite opens
         it, so its -wal and -shm (SQLite gives them the database's mode and owner) are
-        never wider."""
+        never wider. One that exists is left as it is (:meth:`_check_files` checks it)."""
         try:
             ensure_dir(self.path.parent, 0o770, group, "state directory")
-            ensure_file(self.path, 0o660, group)
-        except FileRefused as exc:
-            raise StoreError(str(exc)) from None
+            create_new(self.path, 0o660, group)
         except OSError as exc:
-            raise StoreError(f"state database {self.path}: {exc.strerror or exc}") from None
+            raise StoreError(f"state database {self.path}: {file_error(exc)}") from None
 
     def _check_files(self) -> None:
         """The database and its journal files are plain files (a symlink or device
