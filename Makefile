@@ -27,10 +27,11 @@ system:
 	@scripts/setup-system.sh
 
 # Re-install when packaging metadata changes; the stamp lives inside the venv.
-$(VENV)/.installed: setup.cfg pyproject.toml
+# The product with its test tools, and the lab (lab/, a distribution of its own).
+$(VENV)/.installed: setup.cfg pyproject.toml lab/setup.cfg lab/pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test]'
+	$(PY) -m pip install -q -e '.[test]' -e ./lab
 	@touch $@
 
 venv: $(VENV)/.installed
@@ -86,8 +87,8 @@ soak: setup
 		-o timeout=5400 -rs $(PYTEST_ARGS)
 
 lint: venv lint-ansible
-	$(VENV)/bin/ruff check slurm_burst tests benchmarks scripts ansible/plugins
-	$(VENV)/bin/mypy slurm_burst tests benchmarks scripts/docs.py
+	$(VENV)/bin/ruff check slurm_burst lab tests benchmarks scripts ansible/plugins
+	$(VENV)/bin/mypy slurm_burst lab/slurm_burst_lab tests benchmarks scripts/docs.py
 
 # ansible-lint (production profile, offline) with this checkout's collection installed
 lint-ansible: venv
@@ -100,4 +101,4 @@ docs: venv
 	$(PY) scripts/docs.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis build *.egg-info
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis build *.egg-info lab/build lab/*.egg-info

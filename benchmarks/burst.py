@@ -172,8 +172,9 @@ def _quiet(timeout: float = 120) -> None:
 def bench_lab_burst(releases: tuple[str, ...] = ("22.05", "24.11", "26.05")) -> None:
     """The figures below on each Slurm release the lab runs (the 32-node resume on the
     host's only: it measures the daemon, not Slurm)."""
+    from slurm_burst_lab.service import Lab
+
     from slurm_burst.config import load_config
-    from slurm_burst.lab.service import Lab
 
     if Lab(load_config(LAB_CONFIG)).status()["up"]:
         print("lab burst benchmarks skipped: a lab is up (make lab-down first)")
@@ -198,15 +199,16 @@ def _bench_lab_burst(release: str, wide: bool, label: str = "") -> None:
     32-node resume comes last, once every node is powered down again."""
     import statistics
 
+    from slurm_burst_lab.service import Lab
+
     from slurm_burst.adapters.state.store import Store
     from slurm_burst.config import load_config
-    from slurm_burst.lab.service import Lab
     from slurm_burst.wiring import state_db_path
 
     cfg = load_config(LAB_CONFIG)
     lab = Lab(cfg, release=release)
     delay = float(cfg.providers["lab"].options.get("boot_delay", 0))
-    shared = cfg.lab.shared_dir  # type: ignore[union-attr]
+    shared = lab.lab.shared_dir
     lab.up(timeout=120)
     try:
         version = _slurm("sinfo", "--version").strip()

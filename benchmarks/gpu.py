@@ -23,8 +23,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from slurm_burst_lab import simnvml  # noqa: E402
+
 from slurm_burst.core.gpu import GpuSample, UsageBook, by_group  # noqa: E402
-from slurm_burst.lab import simnvml  # noqa: E402
 
 CHECK = ROOT / "slurm_burst" / "node" / "gpucheck.py"
 

@@ -32,6 +32,8 @@ from typing import NamedTuple, TypeVar
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from slurm_burst_lab.ec2emu import RemoteEmulator  # noqa: E402
+
 from slurm_burst import wiring  # noqa: E402
 from slurm_burst.adapters.cloud.compute import LibcloudCloud  # noqa: E402
 from slurm_burst.adapters.ha import SoleLeader  # noqa: E402
@@ -41,7 +43,6 @@ from slurm_burst.config import Config, load_config  # noqa: E402
 from slurm_burst.core.cloud import LaunchSpec  # noqa: E402
 from slurm_burst.core.nodestate import NodeState  # noqa: E402
 from slurm_burst.core.records import NodeRecord, Request  # noqa: E402
-from slurm_burst.lab.ec2emu import RemoteEmulator  # noqa: E402
 from slurm_burst.services.provisioner import Provisioner, Secrets  # noqa: E402
 from slurm_burst.wiring import DaemonParts  # noqa: E402
 from tests.fakes.mesh import FakeMesh  # noqa: E402
@@ -57,7 +58,7 @@ def launch_only(prov: Provisioner) -> Callable[[str], NodeRecord | None]:
 
     def drive(name: str) -> NodeRecord | None:
         rec = prov.store.node(name)
-        group = prov.cfg.group_of(name)
+        group = prov.fleet.group_of(name)
         if rec is not None and group and rec.state in (NodeState.REQUESTED, NodeState.LAUNCHING):
             prov.launcher.launch_one(rec, group)
         return prov.store.node(name)

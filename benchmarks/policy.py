@@ -24,6 +24,7 @@ sys.path.insert(0, str(ROOT))
 from slurm_burst.config import load_config  # noqa: E402
 from slurm_burst.core.workload import parse_alibaba, parse_swf  # noqa: E402
 from slurm_burst.services.simulation import run  # noqa: E402
+from slurm_burst.wiring import policy_settings  # noqa: E402
 
 TRACES = ROOT.parent / "shared" / "traces"
 CONFIG = ROOT / "slurm-conf" / "example" / "slurm-burst.toml"
@@ -103,7 +104,9 @@ def bench_policy_pass(n: int = 100_000) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         store = Store(Path(tmp) / "state.db")
         money = ({f"a{i}": 500.0 for i in range(50)}, None)
-        p = BurstPolicy(cfg, Slurm(), store, Clock(), cloud_groups(cfg), lambda: money)
+        p = BurstPolicy(
+            policy_settings(cfg), Slurm(), store, Clock(), cloud_groups(cfg), lambda: money
+        )
         t = time.process_time()
         r = p.pass_once()
         cpu = time.process_time() - t

@@ -84,9 +84,10 @@ def bench_trace_stream(megabytes: int = 512) -> None:
 
 
 def bench_lab() -> None:
+    from slurm_burst_lab.service import Lab
+
     from slurm_burst.adapters.cloud.registry import driver_class
     from slurm_burst.config import load_config
-    from slurm_burst.lab.service import Lab
 
     lab = Lab(load_config(ROOT / "slurm-conf" / "lab" / "slurm-burst.toml"))
     if lab.status()["up"]:

@@ -34,6 +34,14 @@ def config_reference() -> str:
     return markdown()
 
 
+def lab_config_reference() -> str:
+    from slurm_burst_lab.config import LabConfig
+
+    from slurm_burst.config.reference import markdown
+
+    return markdown([("[lab]", LabConfig)])
+
+
 def cli_reference() -> str:
     from slurm_burst.cli.reference import markdown
 
@@ -81,6 +89,7 @@ def alerts_reference() -> str:
 # section name -> (file under docs/, generator)
 SECTIONS: dict[str, tuple[str, Callable[[], str]]] = {
     "config": ("configuration.md", config_reference),
+    "lab-config": ("lab.md", lab_config_reference),
     "cli": ("cli.md", cli_reference),
     "metrics": ("observability.md", metrics_reference),
     "alerts": ("observability.md", alerts_reference),

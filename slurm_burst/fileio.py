@@ -28,13 +28,17 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
 
+from slurm_burst.core.errors import BadInput
+
 # Flags of every file the product opens to write: never through a symlink, never a
 # terminal that could become ours, never inherited by a child.
 PRIVATE = os.O_NOFOLLOW | os.O_NOCTTY | os.O_CLOEXEC
 
 
-class FileRefused(OSError):
+class FileRefused(BadInput, OSError):
     """The file is not something to read: not regular, or too large. The message says."""
+
+    code = "FileRefused"
 
 
 def read_regular(path: str | os.PathLike[str], limit: int) -> bytes:

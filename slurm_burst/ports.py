@@ -74,6 +74,21 @@ class Scheduler(Protocol):
     ) -> None: ...
 
 
+class DaemonHost(Protocol):
+    """The daemon's own process on its host: the one-per-host lock, the wake-up channel
+    the hooks poke, and the heap it hands back after a pass (adapters/host.py)."""
+
+    def acquire(self) -> None: ...  # DaemonError if another daemon holds the lock
+
+    def open(self) -> None: ...  # the wake-up channel, before the first wait
+
+    def wait(self, timeout: float) -> None: ...  # until a wake-up (all drained) or timeout
+
+    def close(self) -> None: ...  # the channel, if open (again: nothing); the lock stays
+
+    def release_memory(self) -> None: ...
+
+
 class RequestSpool(Protocol):
     """Where a hook keeps a request the state database cannot take; the daemon drains it."""
 
@@ -263,6 +278,8 @@ class Metrics(Protocol):
     def reconcile_action(self, kind: str, code: str) -> None: ...
 
     def phase_error(self, phase: str) -> None: ...
+
+    def contained(self, where: str, code: str) -> None: ...  # a loop boundary stopped an error
 
     def node_counts(
         self, by_group: Mapping[str, Mapping[str, int]], groups: Sequence[str]

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from slurm_burst.adapters.proc import release_free_memory
-from slurm_burst.config import Config, ProviderConfig
+from slurm_burst import extensions
+from slurm_burst.config import Config, NodeGroup, ProviderConfig
 from slurm_burst.fileio import gid_of
 
 if TYPE_CHECKING:
@@ -33,11 +33,13 @@ if TYPE_CHECKING:
     from slurm_burst.adapters.slurm.cli import SlurmCli
     from slurm_burst.adapters.state.requestspool import RequestSpool
     from slurm_burst.adapters.state.store import Store
+    from slurm_burst.core.simulate import Comparison
     from slurm_burst.ports import (
         AccountingLedger,
         Clock,
         Cloud,
         Connector,
+        DaemonHost,
         JobSteering,
         LeaderElection,
         Mesh,
@@ -46,12 +48,20 @@ if TYPE_CHECKING:
         Scheduler,
         SpooledLedger,
     )
-    from slurm_burst.services.chargeback import Chargeback
+    from slurm_burst.services.burstpolicy import PolicySettings
+    from slurm_burst.services.chargeback import Chargeback, ChargebackSettings
     from slurm_burst.services.cloudcalls import ManagedCloud
-    from slurm_burst.services.daemon import Daemon
+    from slurm_burst.services.daemon import Daemon, DaemonSettings
+    from slurm_burst.services.gputelemetry import TelemetrySettings
     from slurm_burst.services.groups import GroupControl
-    from slurm_burst.services.provisioner import Secrets
-    from slurm_burst.services.simulation import Comparison
+    from slurm_burst.services.provisioner import ProvisionerSettings, Secrets
+    from slurm_burst.services.reconciler import (
+        NodeHands,
+        Reconciler,
+        ReconcilerPorts,
+        ReconcilerSettings,
+    )
+    from slurm_burst.services.warmpool import WarmSettings
 
 
 # -- the state store -----------------------------------------------------------------
@@ -140,10 +150,18 @@ def accounting(cfg: Config) -> SlurmAccounting:
     )
 
 
-def group_control(cfg: Config, store: NodeStore) -> GroupControl:
+def group_control(
+    cfg: Config, store: NodeStore, slurm: Scheduler | None = None
+) -> GroupControl:
+    """Protected mode on ``slurm`` (default: this config's Slurm commands)."""
     from slurm_burst.services.groups import GroupControl
 
-    return GroupControl(cfg, store, scheduler(cfg))
+    return GroupControl(
+        cfg.node_groups,
+        store,
+        slurm if slurm is not None else scheduler(cfg),
+        protect_cooldown=cfg.daemon.protect_cooldown,
+    )
 
 
 # -- clouds --------------------------------------------------------------------------
@@ -160,15 +178,13 @@ def cloud_driver(provider: ProviderConfig, environ: Mapping[str, str] | None = N
 
     cls = driver_class(provider.driver)
     kwargs: dict[str, Any] = dict(provider.options)
-    fault_file = kwargs.pop("fault_file", None)  # the lab's fault matrix, never production
     creds = resolve(provider, environ)
     key, secret = creds.pop("key", ""), creds.pop("secret", "")
     kwargs.update(creds)
     kind = provider.driver
-    if kind == "nscloud":
-        if provider.region:
-            kwargs["region"] = provider.region
-        driver = cls("lab", **kwargs)
+    plugin = extensions.cloud_driver(kind)
+    if plugin is not None and plugin.construct:
+        driver = extensions.resolve(plugin.construct)(cls, provider, kwargs)
     elif kind == "gce":  # GCENodeDriver(user_id, key, datacenter=zone, project=...)
         kwargs.setdefault("datacenter", provider.zone or provider.region or None)
         driver = cls(key, secret, **kwargs)
@@ -187,11 +203,16 @@ def cloud_driver(provider: ProviderConfig, environ: Mapping[str, str] | None = N
         if provider.region:
             kwargs["region"] = provider.region
         driver = cls(key, secret, **kwargs)
-    if fault_file:
-        from slurm_burst.lab.faults import FaultyDriver
-
-        driver = FaultyDriver(driver, str(fault_file))  # delegates: a NodeDriver to its users
     return driver  # type: ignore[no-any-return]  # libcloud ships no type information
+
+
+def wrapped_driver(cfg: Config, name: str) -> NodeDriver:
+    """Provider profile ``name``'s driver as the daemon calls it: through every plugin's
+    driver wrapper (extensions.Plugin.driver_wrappers), in the order they are installed."""
+    driver = cloud_driver(cfg.providers[name])
+    for wrap in extensions.driver_wrappers():
+        driver = wrap(cfg, name, driver)
+    return driver
 
 
 def placement(cfg: Config, provider: ProviderConfig) -> Placement:
@@ -215,30 +236,27 @@ def clouds(cfg: Config) -> dict[str, LibcloudCloud]:
     from slurm_burst.adapters.cloud.compute import LibcloudCloud
 
     return {
-        name: LibcloudCloud(name, cloud_driver(p), placement(cfg, p), p.launch_batch)
+        name: LibcloudCloud(name, wrapped_driver(cfg, name), placement(cfg, p), p.launch_batch)
         for name, p in cfg.providers.items()
     }
 
 
 def managed_clouds(cfg: Config, metrics: Metrics | None = None) -> dict[str, ManagedCloud]:
     """The clouds as the daemon uses them: every call timed and throttling retried."""
-    from slurm_burst.core.hostkeys import READS_PER_SECOND
-    from slurm_burst.services.cloudcalls import ManagedCloud
+    from slurm_burst.services.cloudcalls import CallSettings, ManagedCloud
 
     d = cfg.daemon
 
-    def reads(p: ProviderConfig) -> float:
-        return p.host_key_reads_per_second or READS_PER_SECOND.get(p.driver, 5.0)
+    def settings(p: ProviderConfig) -> CallSettings:
+        return CallSettings(
+            attempts=d.api_attempts,
+            base=d.api_backoff,
+            cap=d.api_backoff_max,
+            reads_per_second=p.host_key_reads_per_second or extensions.reads_per_second(p.driver),
+        )
 
     return {
-        name: ManagedCloud(
-            c,
-            d.api_attempts,
-            d.api_backoff,
-            d.api_backoff_max,
-            metrics,
-            reads_per_second=reads(cfg.providers[name]),
-        )
+        name: ManagedCloud(c, settings(cfg.providers[name]), metrics)
         for name, c in clouds(cfg).items()
     }
 
@@ -254,10 +272,14 @@ def mesh_hub(cfg: Config) -> WireGuardHub:
 def leader(cfg: Config) -> LeaderElection:
     from slurm_burst.adapters.ha import PgLeaderLock, SoleLeader
 
-    node_id = cfg.daemon.node_id or socket.gethostname()
     if cfg.daemon.ha_url:
-        return PgLeaderLock(cfg.daemon.ha_url, cfg.cluster.name, node_id)
-    return SoleLeader(node_id)
+        return PgLeaderLock(cfg.daemon.ha_url, cfg.cluster.name, node_id(cfg))
+    return SoleLeader(node_id(cfg))
+
+
+def node_id(cfg: Config) -> str:
+    """This daemon's name in the HA election, status and its lock file."""
+    return cfg.daemon.node_id or socket.gethostname()
 
 
 def metrics(cfg: Config) -> PromMetrics:
@@ -297,13 +319,19 @@ def daemon_ledger(cfg: Config, sql: SqlLedger | None = None) -> SpoolingLedger:
     return SpoolingLedger(sql or ledger(cfg, check_schema=False), Spool(spool_dir(cfg)))
 
 
+def chargeback_settings(cfg: Config) -> ChargebackSettings:
+    from slurm_burst.services.chargeback import ChargebackSettings
+
+    return ChargebackSettings(fleet=cfg.fleet, ledger=cfg.ledger, spend_cap=cfg.policy.spend_cap)
+
+
 def chargeback(
     cfg: Config, sql: AccountingLedger | None = None, metrics: Metrics | None = None
 ) -> Chargeback:
     from slurm_burst.services.chargeback import Chargeback
 
     return Chargeback(
-        cfg,
+        chargeback_settings(cfg),
         sql or ledger(cfg),
         accounting(cfg) if cfg.ledger.accounting else None,
         scheduler(cfg),
@@ -330,99 +358,175 @@ class DaemonParts:
     chargeback: Chargeback | None = None
     slurm_release: str | None = None  # slurmctld's: a node's slurmd is checked against it
     steering: JobSteering | None = None  # the burst policy's view of the queue
+    host: DaemonHost | None = None  # None: this host's lock and socket (daemon_host)
+
+
+# Each service's settings, from the config: the one place a service's knobs are read.
+def provisioner_settings(cfg: Config, slurm_release: str | None) -> ProvisionerSettings:
+    from slurm_burst.services.provisioner import ProvisionerSettings
+
+    return ProvisionerSettings(
+        fleet=cfg.fleet,
+        controller_addr=cfg.cluster.controller_addr,
+        munge_socket=cfg.slurm.munge_socket,
+        mesh_subnet=cfg.mesh.subnet,
+        mesh_interface=cfg.mesh.interface,
+        boot_timeout=cfg.daemon.boot_timeout,
+        bootstrap_timeout=cfg.daemon.bootstrap_timeout,
+        capacity_cooldown=cfg.daemon.capacity_cooldown,
+        gpu=cfg.gpu,
+        slurm_release=slurm_release,
+    )
+
+
+def reconciler_settings(cfg: Config) -> ReconcilerSettings:
+    from slurm_burst.core.reconcile import Policy
+    from slurm_burst.services.reconciler import ReconcilerSettings
+
+    d = cfg.daemon
+    return ReconcilerSettings(
+        fleet=cfg.fleet,
+        policy=Policy(
+            orphan_grace=d.orphan_grace,
+            resume_timeout=float(cfg.slurm.resume_timeout),
+            protect_after=d.protect_after,
+            protect_cooldown=d.protect_cooldown,
+            lost_resume_grace=max(d.lost_resume_grace, 2 * d.poll_period),
+            register_timeout=d.register_timeout,
+        ),
+    )
+
+
+def telemetry_settings(cfg: Config) -> TelemetrySettings:
+    from slurm_burst.services.gputelemetry import TelemetrySettings
+
+    return TelemetrySettings(fleet=cfg.fleet, gpu=cfg.gpu)
+
+
+def warm_settings(cfg: Config) -> WarmSettings:
+    from slurm_burst.services.warmpool import WarmSettings
+
+    def idle_limit(g: NodeGroup) -> float:
+        part = cfg.partitions.get(g.partition)
+        limit = part.suspend_time if part is not None else None
+        return float(cfg.slurm.suspend_time if limit is None else limit)
+
+    return WarmSettings(
+        groups=cfg.node_groups, idle_limits={n: idle_limit(g) for n, g in cfg.node_groups.items()}
+    )
+
+
+def policy_settings(cfg: Config) -> PolicySettings:
+    from slurm_burst.services.burstpolicy import PolicySettings
+
+    groups = cfg.node_groups.values()
+    return PolicySettings(
+        policy=cfg.policy,
+        partition_of={g.name: g.partition for g in groups},
+        max_time={
+            g.name: cfg.partitions[g.partition].max_time
+            for g in groups
+            if g.partition in cfg.partitions
+        },
+        onprem=frozenset(cfg.slurm.onprem_partitions),
+        burst=frozenset(cfg.burst_partitions()),
+    )
+
+
+def daemon_settings(cfg: Config) -> DaemonSettings:
+    from slurm_burst.services.daemon import DaemonSettings
+
+    return DaemonSettings(
+        fleet=cfg.fleet,
+        poll_period=cfg.daemon.poll_period,
+        metrics_listen=cfg.daemon.metrics_listen,
+    )
+
+
+def daemon_host(cfg: Config) -> DaemonHost:
+    from slurm_burst.adapters.host import LocalHost
+
+    d = cfg.daemon
+    lock = f"daemon.{node_id(cfg)}.lock" if d.ha_url else "daemon.lock"
+    return LocalHost(d.state_dir, d.socket, lock, slurm_group(cfg))
+
+
+def reconciler(cfg: Config, ports: ReconcilerPorts, hands: NodeHands) -> Reconciler:
+    from slurm_burst.services.reconciler import Reconciler
+
+    groups = group_control(cfg, ports.store, ports.scheduler)
+    return Reconciler(reconciler_settings(cfg), ports, hands, groups)
 
 
 def assemble(cfg: Config, parts: DaemonParts) -> Daemon:
     """The daemon and its services from ``parts``: constructor injection, no set-up after."""
     from slurm_burst.services.burstpolicy import BurstPolicy
     from slurm_burst.services.chargeback import ChargebackLoop
-    from slurm_burst.services.daemon import Daemon
+    from slurm_burst.services.daemon import Daemon, DaemonPorts, DaemonServices
     from slurm_burst.services.gputelemetry import GpuTelemetry
-    from slurm_burst.services.provisioner import Provisioner
-    from slurm_burst.services.reconciler import Reconciler
+    from slurm_burst.services.provisioner import Provisioner, ProvisionerPorts
+    from slurm_burst.services.reconciler import NodeHands, ReconcilerPorts
     from slurm_burst.services.registration import Registrations
     from slurm_burst.services.simulation import cloud_groups
     from slurm_burst.services.warmpool import WarmKeeper
     from slurm_burst.services.workers import Workers
 
+    p = parts
     stop = threading.Event()
-    clouds = dict(parts.clouds)
+    clouds = dict(p.clouds)
     registrations = Registrations(
-        parts.store, parts.scheduler, parts.clock, stop, give_up=cfg.daemon.register_timeout
-    )
-    prov = Provisioner(
-        cfg,
-        parts.store,
-        clouds,
-        parts.mesh,
-        parts.connector,
-        parts.scheduler,
-        parts.ledger,
-        parts.secrets,
-        parts.clock,
-        stop,
-        parts.metrics,
-        joined=registrations.watch,
-        slurm_release=parts.slurm_release,
-    )
-    workers = Workers(prov, parts.store, cfg.daemon.workers)
-    reconciler = Reconciler(
-        cfg,
-        parts.store,
-        parts.scheduler,
-        clouds,
-        parts.mesh,
-        prov.fail,
-        workers.submit,
-        parts.clock,
-        parts.sql_ledger,
-        parts.metrics,
-    )
-    loop = (
-        ChargebackLoop(cfg, parts.chargeback, parts.ledger)
-        if parts.chargeback is not None
-        else None
-    )
-    return Daemon(
-        cfg,
-        parts.store,
-        prov,
-        workers,
-        reconciler,
-        parts.leader,
-        parts.clock,
-        stop,
-        loop,
-        parts.metrics,
-        slurm_group(cfg),
-        release_free_memory,
-        registrations,
-        GpuTelemetry(
-            cfg,
-            parts.store,
-            parts.connector,
-            parts.scheduler,
-            parts.clock,
-            stop,
-            parts.sql_ledger.gpu_usage if parts.sql_ledger is not None else None,
-            parts.metrics,
+        p.store, p.scheduler, p.clock, stop, give_up=cfg.daemon.register_timeout,
+        metrics=p.metrics,
+    )  # fmt: skip
+    provisioner = Provisioner(
+        provisioner_settings(cfg, p.slurm_release),
+        ProvisionerPorts(
+            store=p.store, clouds=clouds, mesh=p.mesh, connector=p.connector,
+            scheduler=p.scheduler, ledger=p.ledger, clock=p.clock, metrics=p.metrics,
         ),
-        BurstPolicy(
-            cfg,
-            parts.steering,
-            parts.store,
-            parts.clock,
-            cloud_groups(cfg),
-            parts.chargeback.money_left if parts.chargeback is not None else None,
-            stop,
-        )
-        if parts.steering is not None and cfg.policy.enabled
-        else None,
-        WarmKeeper(cfg, parts.scheduler, parts.store, parts.clock)
-        if any(g.warm for g in cfg.node_groups.values())
-        else None,
-        request_spool(cfg),
-    )
+        p.secrets,
+        stopping=stop,
+        joined=registrations.watch,
+    )  # fmt: skip
+    workers = Workers(provisioner, p.store, cfg.daemon.workers)
+    reconcile = reconciler(
+        cfg,
+        ReconcilerPorts(
+            store=p.store, scheduler=p.scheduler, clouds=clouds, mesh=p.mesh, clock=p.clock,
+            ledger=p.sql_ledger, metrics=p.metrics,
+        ),
+        NodeHands(fail=provisioner.fail, submit=workers.submit),
+    )  # fmt: skip
+    ledger_loop = None
+    if p.chargeback is not None:
+        ledger_loop = ChargebackLoop(cfg.ledger, p.chargeback, p.ledger)
+    telemetry = GpuTelemetry(
+        telemetry_settings(cfg), p.store, p.connector, p.scheduler, p.clock, stop,
+        p.sql_ledger.gpu_usage if p.sql_ledger is not None else None, p.metrics,
+    )  # fmt: skip
+    policy = None
+    if p.steering is not None and cfg.policy.enabled:
+        money_left = p.chargeback.money_left if p.chargeback is not None else None
+        policy = BurstPolicy(
+            policy_settings(cfg), p.steering, p.store, p.clock, cloud_groups(cfg), money_left, stop,
+            p.metrics,
+        )  # fmt: skip
+    warm = None
+    if any(g.warm for g in cfg.node_groups.values()):
+        warm = WarmKeeper(warm_settings(cfg), p.scheduler, p.store, p.clock)
+    return Daemon(
+        daemon_settings(cfg),
+        DaemonPorts(
+            store=p.store, leader=p.leader, clock=p.clock, host=p.host or daemon_host(cfg),
+            spool=request_spool(cfg), metrics=p.metrics,
+        ),
+        DaemonServices(
+            provisioner=provisioner, workers=workers, reconciler=reconcile,
+            registrations=registrations, ledger_loop=ledger_loop, telemetry=telemetry,
+            policy=policy, warm=warm,
+        ),
+        stop,
+    )  # fmt: skip
 
 
 def daemon(cfg: Config) -> Daemon:

@@ -15,6 +15,10 @@ import logging
 import zlib
 from typing import Any
 
+from sqlalchemy import create_engine, text
+from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.pool import NullPool
+
 log = logging.getLogger(__name__)
 
 
@@ -31,9 +35,6 @@ class PgLeaderLock:
         self._conn: Any = None
 
     def _connect(self) -> Any:
-        from sqlalchemy import create_engine
-        from sqlalchemy.pool import NullPool
-
         engine = create_engine(
             self.url,
             poolclass=NullPool,
@@ -50,8 +51,6 @@ class PgLeaderLock:
 
     def try_acquire(self) -> bool:
         """Take the lock if it is free; False (never an exception) if not reachable."""
-        from sqlalchemy import text
-
         try:
             if self._conn is None:
                 self._conn = self._connect()
@@ -60,7 +59,8 @@ class PgLeaderLock:
                     text("SELECT pg_try_advisory_lock(:k)"), {"k": self.key}
                 ).scalar()
             )
-        except Exception as exc:
+        except (SQLAlchemyError, ImportError) as exc:  # the database away, refused, timed
+            # out; or its driver not installed
             log.warning("ha.lock_unreachable error=%s", exc)
             self._drop()
             return False
@@ -70,8 +70,6 @@ class PgLeaderLock:
 
     def held(self) -> bool:
         """Whether this session still holds the lock (checked against the server)."""
-        from sqlalchemy import text
-
         if self._conn is None:
             return False
         try:
@@ -84,15 +82,13 @@ class PgLeaderLock:
                     {"k": self.key},
                 ).scalar()
             )
-        except Exception as exc:
+        except SQLAlchemyError as exc:
             log.error("ha.lock_lost error=%s", exc)
             self._drop()
             return False
 
     def leader_info(self) -> str:
         """The application name of the session holding the lock ('' if none)."""
-        from sqlalchemy import text
-
         conn = None
         try:
             conn = self._connect()
@@ -107,7 +103,7 @@ class PgLeaderLock:
                 ).scalar()
                 or ""
             ).removeprefix("slurm-burst ")
-        except Exception:
+        except (SQLAlchemyError, ImportError):
             return ""
         finally:
             if conn is not None:
@@ -120,7 +116,7 @@ class PgLeaderLock:
         if self._conn is not None:
             try:
                 self._conn.close()
-            except Exception as exc:  # closing a broken connection
+            except SQLAlchemyError as exc:  # closing a broken connection
                 log.debug("ha.close error=%s", exc)
             self._conn = None
 

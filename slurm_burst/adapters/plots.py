@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from slurm_burst.services.simulation import Comparison
+from slurm_burst.core.simulate import Comparison
 
 
 def plot(rows: list[Comparison], title: str, directory: str) -> list[str]:

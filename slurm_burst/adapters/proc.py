@@ -16,11 +16,15 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from slurm_burst.core.errors import BurstError
+
 log = logging.getLogger(__name__)
 
 
-class CommandError(RuntimeError):
+class CommandError(BurstError):
     """A program failed, timed out or is missing; keeps its argv, exit status and stderr."""
+
+    code = "CommandFailed"
 
     def __init__(
         self, argv: Sequence[str], returncode: int | None, stderr: str, reason: str
@@ -67,6 +71,8 @@ def run(
         )
     except FileNotFoundError as exc:
         raise CommandError(argv, None, "", "is not installed") from exc
+    except OSError as exc:  # not executable, no memory to fork, too many open files
+        raise CommandError(argv, None, "", f"cannot be run: {exc.strerror or exc}") from exc
     except subprocess.TimeoutExpired as exc:
         err = exc.stderr.decode(errors="replace") if isinstance(exc.stderr, bytes) else ""
         raise CommandError(argv, None, err, f"timed out after {timeout:g} s") from exc

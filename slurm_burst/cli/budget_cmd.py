@@ -2,19 +2,20 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import click
 
 from slurm_burst.cli.common import EXIT_BAD_INPUT, EXIT_FAILED, app, emit, fail, json_option
 
+if TYPE_CHECKING:
+    from slurm_burst.services.chargeback import Chargeback
 
-def _chargeback(ctx: click.Context):  # type: ignore[no-untyped-def]
-    from slurm_burst.core.usage import LedgerError
+
+def _chargeback(ctx: click.Context) -> Chargeback:
     from slurm_burst.wiring import chargeback
 
-    try:
-        return chargeback(app(ctx).config)
-    except LedgerError as exc:
-        fail(str(exc), EXIT_FAILED)
+    return chargeback(app(ctx).config)
 
 
 @click.group("budget")
@@ -46,16 +47,12 @@ def set_(
     """
     from decimal import Decimal
 
-    from slurm_burst.core.pricing import PricingError, dollars, to_micros
+    from slurm_burst.core.pricing import dollars, to_micros
     from slurm_burst.core.slurmsyntax import is_name
-    from slurm_burst.core.usage import LedgerError
 
     if not is_name(account):  # whole and ASCII: "physics\n" is no account, even --force
         fail(f"{account!r} is not a Slurm account name", EXIT_BAD_INPUT)
-    try:
-        micros = to_micros(amount)
-    except PricingError as exc:
-        fail(str(exc), EXIT_BAD_INPUT)
+    micros = to_micros(amount)
     if micros < 0:
         fail("a budget cannot be negative", EXIT_BAD_INPUT)
     if micros == 0 and Decimal(amount) != 0:  # to_micros parsed it: a finite Decimal
@@ -74,14 +71,11 @@ def set_(
             fail(f"cannot ask Slurm whether account {account!r} exists: {exc} "
                  "(--force records the budget anyway)", EXIT_FAILED)  # fmt: skip
         if not known:
-            fail(f"Slurm has no account {account!r} on cluster {cb.cfg.cluster.name} "
+            fail(f"Slurm has no account {account!r} on cluster {cb.fleet.cluster} "
                  "(sacctmgr show account); --force records the budget anyway",
                  EXIT_BAD_INPUT)  # fmt: skip
-    try:
-        cb.ledger.set_budget(account, micros, period)
-        status = {s.account: s for s in cb.budgets(sync=not no_sync)}.get(account)
-    except LedgerError as exc:
-        fail(str(exc), EXIT_FAILED)
+    cb.ledger.set_budget(account, micros, period)
+    status = {s.account: s for s in cb.budgets(sync=not no_sync)}.get(account)
     click.echo(f"budget of {account}: ${dollars(micros)} per {period}")
     if status is not None and not no_sync:
         if status.slurm_used_micros is None:
@@ -106,13 +100,9 @@ def show(ctx: click.Context, as_json: bool) -> None:
     burst jobs' remaining time limit at their billing rate; remaining: budget -
     spent - committed.
     """
-    from slurm_burst.core.usage import LedgerError
 
     cb = _chargeback(ctx)
-    try:
-        rows = [s.as_dict() for s in cb.budgets()]
-    except LedgerError as exc:
-        fail(str(exc), EXIT_FAILED)
+    rows = [s.as_dict() for s in cb.budgets()]
 
     def money(v: float | None) -> str:
         return "" if v is None else f"{v:,.2f}" if abs(v) >= 0.01 or v == 0 else f"{v:.6f}"

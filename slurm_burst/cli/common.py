@@ -14,24 +14,27 @@ from typing import Any, NoReturn
 import click
 
 from slurm_burst.config import Config, ConfigError, load_config
+from slurm_burst.core import errors
 from slurm_burst.core.records import StoreError
 from slurm_burst.core.redact import redact
 from slurm_burst.ports import NodeStore
 
+# The exit codes: an error (core.errors.BurstError) carries its own, and the command
+# group maps it in one place (cli/main.py, LazyGroup.invoke).
 EXIT_OK = 0
 """The command did what was asked."""
-EXIT_FAILED = 1
+EXIT_FAILED = errors.EXIT_FAILED
 """A step failed at run time (a Slurm command, a cloud call, a process)."""
-EXIT_BAD_INPUT = 2
+EXIT_BAD_INPUT = errors.EXIT_BAD_INPUT
 """Bad input: usage, configuration problems, a malformed hostlist. Nothing was changed."""
-EXIT_PRECONDITION = 3
-"""The command cannot run here: not root, a required program is missing, the lab is down."""
+EXIT_PRECONDITION = errors.EXIT_PRECONDITION
+"""The command cannot run here: not root, a required program is missing, a service is down."""
 
 EXIT_CODES = {
     EXIT_OK: "success",
     EXIT_FAILED: "a step failed at run time",
     EXIT_BAD_INPUT: "bad input (usage, config, hostlist); nothing changed",
-    EXIT_PRECONDITION: "cannot run here (not root, missing program, lab down)",
+    EXIT_PRECONDITION: "cannot run here (not root, missing program, a service down)",
 }
 
 

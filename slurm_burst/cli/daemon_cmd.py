@@ -50,7 +50,6 @@ def daemon(ctx: click.Context, node_id: str | None) -> None:
     import dataclasses
 
     from slurm_burst import wiring
-    from slurm_burst.services.daemon import DaemonError
 
     cfg = app(ctx).config
     if node_id:
@@ -67,10 +66,7 @@ def daemon(ctx: click.Context, node_id: str | None) -> None:
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
-    try:
-        d.run()
-    except DaemonError as exc:
-        fail(str(exc), EXIT_PRECONDITION)
+    d.run()  # a DaemonError (another daemon holds the lock) exits 3, as every error: main.py
     if d.lost_leadership:
         fail("lost the HA lock: stopped acting; restart to stand by", EXIT_FAILED)
 

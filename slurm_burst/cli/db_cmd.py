@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from slurm_burst.cli.common import EXIT_BAD_INPUT, EXIT_FAILED, app, emit, fail, json_option
+from slurm_burst.cli.common import app, emit, json_option
 
 
 @click.group("db")
@@ -21,16 +21,10 @@ def group() -> None:
 @click.pass_context
 def upgrade(ctx: click.Context, target: str) -> None:
     """Create the ledger tables, or bring them to this version's schema. Idempotent."""
-    from slurm_burst.core.usage import LedgerError, UnknownRevision
     from slurm_burst.wiring import ledger
 
     cfg = app(ctx).config
-    try:
-        before, after = ledger(cfg, check_schema=False).upgrade(target)
-    except UnknownRevision as exc:
-        fail(str(exc), EXIT_BAD_INPUT)
-    except LedgerError as exc:
-        fail(str(exc), EXIT_FAILED)
+    before, after = ledger(cfg, check_schema=False).upgrade(target)
     if before == after:
         click.echo(f"ledger schema already at {after}")
     else:
@@ -42,14 +36,10 @@ def upgrade(ctx: click.Context, target: str) -> None:
 @click.pass_context
 def current(ctx: click.Context, as_json: bool) -> None:
     """The schema revision of the database and the one this slurm-burst needs."""
-    from slurm_burst.core.usage import LedgerError
     from slurm_burst.wiring import ledger
 
     cfg = app(ctx).config
-    try:
-        have, head = ledger(cfg, check_schema=False).revision()
-    except LedgerError as exc:
-        fail(str(exc), EXIT_FAILED)
+    have, head = ledger(cfg, check_schema=False).revision()
     data = {"current": have, "head": head, "up_to_date": have == head}
     emit(
         data,

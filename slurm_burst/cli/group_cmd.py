@@ -8,7 +8,6 @@ import click
 
 from slurm_burst.cli.common import (
     EXIT_BAD_INPUT,
-    EXIT_FAILED,
     app,
     emit,
     fail,
@@ -16,6 +15,7 @@ from slurm_burst.cli.common import (
     state_store,
     ts,
 )
+from slurm_burst.core.errors import BurstError
 
 
 @click.group("group")
@@ -38,7 +38,7 @@ def list_groups(ctx: click.Context, as_json: bool) -> None:
     out = [
         {
             "group": name,
-            "warm_now": wanted(cfg, store, name, now) if g.warm_pool() else 0,
+            "warm_now": wanted(g, store, now) if g.warm_pool() else 0,
             "warm_pool": len(g.warm_pool()),
             "partition": g.partition,
             "nodes": g.hostlist,
@@ -137,6 +137,6 @@ def enable(ctx: click.Context, name: str) -> None:
         )
     try:
         undrained = group_control(cfg, state_store(ctx)).enable(name)
-    except Exception as exc:
-        fail(f"group {name}: {exc}", EXIT_FAILED)
+    except BurstError as exc:  # the state database or Slurm: said with the group's name
+        fail(f"group {name}: {exc}", exc.exit_code)
     click.echo(f"node group {name} enabled; {len(undrained)} node(s) undrained in Slurm")

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import click
 
-from slurm_burst.cli.common import EXIT_BAD_INPUT, emit, fail, json_option
-from slurm_burst.core.hostlist import HostlistError, compress, expand
+from slurm_burst.cli.common import emit, json_option
+from slurm_burst.core.hostlist import compress, expand
 
 
 @click.group("hostlist")
@@ -18,10 +18,7 @@ def group() -> None:
 @json_option
 def expand_cmd(expression: str, as_json: bool) -> None:
     """Print one node name per line for EXPRESSION, e.g. 'gpu-a[01-02]-[1-2]'."""
-    try:
-        names = expand(expression)
-    except HostlistError as exc:
-        fail(str(exc), EXIT_BAD_INPUT)
+    names = expand(expression)
     emit(names, True) if as_json else click.echo("\n".join(names))
 
 
@@ -31,8 +28,5 @@ def expand_cmd(expression: str, as_json: bool) -> None:
 @click.option("--unique", is_flag=True, help="Drop repeated names (implies --sort).")
 def compress_cmd(names: tuple[str, ...], sort: bool, unique: bool) -> None:
     """Compress NAMES (or comma-separated lists) into one hostlist expression."""
-    try:
-        flat = [n for arg in names for n in expand(arg)]
-        click.echo(compress(flat, sort=sort, unique=unique))
-    except HostlistError as exc:
-        fail(str(exc), EXIT_BAD_INPUT)
+    flat = [n for arg in names for n in expand(arg)]
+    click.echo(compress(flat, sort=sort, unique=unique))

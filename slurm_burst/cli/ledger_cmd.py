@@ -11,19 +11,15 @@ from typing import Any
 
 import click
 
-from slurm_burst.cli.common import EXIT_BAD_INPUT, EXIT_FAILED, app, emit, fail, json_option
+from slurm_burst.cli.common import EXIT_BAD_INPUT, app, emit, fail, json_option
 
 BY_CHOICES = ("account", "user", "partition", "month", "day", "job")
 
 
 def _ledger(ctx: click.Context) -> Any:
-    from slurm_burst.core.usage import LedgerError
     from slurm_burst.wiring import ledger
 
-    try:
-        return ledger(app(ctx).config)
-    except LedgerError as exc:
-        fail(str(exc), EXIT_FAILED)
+    return ledger(app(ctx).config)
 
 
 def _period(start: str | None, end: str | None) -> tuple[date, date]:
@@ -142,7 +138,7 @@ def report(
       slurm-burst ledger report --by month,account --from 2026-01-01 --to 2026-06-30
       slurm-burst ledger report --by job --format json
     """
-    from slurm_burst.core.usage import LedgerError, report_totals
+    from slurm_burst.core.usage import report_totals
 
     keys = [k.strip() for k in by.split(",") if k.strip()]
     bad = [k for k in keys if k not in BY_CHOICES]
@@ -152,10 +148,7 @@ def report(
         fail("--by job cannot be combined with other keys", EXIT_BAD_INPUT)
     first, after = _period(start, end)
     led = _ledger(ctx)
-    try:
-        rows = led.report(keys, first, after)
-    except LedgerError as exc:
-        fail(str(exc), EXIT_FAILED)
+    rows = led.report(keys, first, after)
     head = ["job", "account", "user", "partition", "state"] if keys == ["job"] else keys
     nums = ["instance_hours", "gpu_hours", "allocated", "overhead", "total", "idle_share"]
     nums += [*(["gpu_util"] if keys == ["job"] else []), "idle_gpu"]
@@ -250,7 +243,7 @@ def _percent(value: float | None) -> str:
 @click.pass_context
 def export(ctx: click.Context, start: str | None, end: str | None, output: str) -> None:
     """Every charge line as CSV for finance (one row per instance, day, payer and kind)."""
-    from slurm_burst.core.usage import EXPORT_COLUMNS, LedgerError
+    from slurm_burst.core.usage import EXPORT_COLUMNS
     from slurm_burst.fileio import file_error, write_atomic
 
     first, after = _period(start, end)
@@ -266,8 +259,6 @@ def export(ctx: click.Context, start: str | None, end: str | None, output: str) 
             for line in led.charge_lines(first, after):
                 w.writerow(line)
                 n += 1
-    except LedgerError as exc:
-        fail(str(exc), EXIT_FAILED)
     except OSError as exc:
         fail(f"cannot write {output}: {file_error(exc)}", EXIT_BAD_INPUT)
     if output != "-":
@@ -283,11 +274,8 @@ def sync(ctx: click.Context, as_json: bool) -> None:
     from slurm_burst.wiring import chargeback
 
     cb = chargeback(app(ctx).config, _ledger(ctx))
-    try:
-        seen, added = cb.ingest()
-        allocated = cb.allocate()
-    except Exception as exc:  # the ledger (LedgerError) or sacct failing
-        fail(str(exc), EXIT_FAILED)
+    seen, added = cb.ingest()  # the ledger or sacct failing: a BurstError, its exit code
+    allocated = cb.allocate()
     emit(
         {"jobs_seen": seen, "jobs_added": added, "instances_allocated": allocated},
         as_json,

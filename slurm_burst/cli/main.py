@@ -12,9 +12,10 @@ import logging
 
 import click
 
-from slurm_burst import __version__
-from slurm_burst.cli.common import EXIT_CODES, AppContext, redact_logs
+from slurm_burst import __version__, extensions
+from slurm_burst.cli.common import EXIT_CODES, AppContext, fail, redact_logs
 from slurm_burst.config import resolve_config_path
+from slurm_burst.core.errors import BurstError
 
 _EPILOG = "Exit codes: " + "; ".join(f"{k} {v}" for k, v in EXIT_CODES.items()) + "."
 
@@ -23,7 +24,6 @@ COMMANDS = {
     "config": "slurm_burst.cli.config_cmd:group",
     "conf": "slurm_burst.cli.conf_cmd:group",
     "hostlist": "slurm_burst.cli.hostlist_cmd:group",
-    "lab": "slurm_burst.cli.lab_cmd:group",
     "resume": "slurm_burst.cli.hooks_cmd:resume",
     "suspend": "slurm_burst.cli.hooks_cmd:suspend",
     "resume-fail": "slurm_burst.cli.hooks_cmd:resume_fail",
@@ -43,19 +43,37 @@ COMMANDS = {
 
 
 class LazyGroup(click.Group):
-    """A group whose subcommands are imported on first use."""
+    """A group whose subcommands are imported on first use; plugins add theirs
+    (slurm_burst.extensions), looked up only for a name that is not ours."""
 
     def list_commands(self, ctx: click.Context) -> list[str]:
-        return sorted(COMMANDS)
+        return sorted({**_plugin_commands(), **COMMANDS})
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
-        target = COMMANDS.get(cmd_name)
+        target = COMMANDS.get(cmd_name) or _plugin_commands().get(cmd_name)
         if target is None:
             return None
         module, attr = target.split(":")
         cmd = getattr(importlib.import_module(module), attr)
         assert isinstance(cmd, click.Command)
         return cmd
+
+
+    def invoke(self, ctx: click.Context) -> object:
+        """The one place an error ends a command: a BurstError (every error a user can
+        see derives from it) exits with its ``exit_code``, its message on stderr."""
+        try:
+            return super().invoke(ctx)
+        except BurstError as exc:
+            fail(str(exc) or exc.code, exc.exit_code)
+
+
+def _plugin_commands() -> dict[str, str]:
+    try:
+        return extensions.commands()
+    except extensions.ExtensionError as exc:  # a broken plugin hides its commands, said once
+        logging.getLogger(__name__).warning("%s", exc)
+        return {}
 
 
 @click.group(
@@ -72,7 +90,7 @@ class LazyGroup(click.Group):
 @click.version_option(__version__, prog_name="slurm-burst")
 @click.pass_context
 def cli(ctx: click.Context, config_path: str | None, verbose: int) -> None:
-    """Cloud bursting for Slurm: hooks, provisioning daemon, cost ledger and a local lab."""
+    """Cloud bursting for Slurm: hooks, provisioning daemon and cost ledger."""
     level = logging.WARNING - 10 * min(verbose, 2)
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     redact_logs()

@@ -34,6 +34,8 @@ def _read(path: str) -> Iterator[str]:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
     except OSError as exc:
         fail(f"--trace {path}: {exc.strerror}", EXIT_BAD_INPUT)
+    except ValueError:  # a NUL byte: no file has such a name
+        fail(f"--trace {path!r}: a path cannot hold a NUL byte", EXIT_BAD_INPUT)
     raw = io.BufferedReader(io.FileIO(fd, "rb"))
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         raw.close()
@@ -193,8 +195,8 @@ def simulate(
       slurm-burst simulate --trace last-month.txt --cpus 512 --sweep 900,1800,7200 --json
     """
     from slurm_burst.core.workload import TraceError, parse_alibaba, parse_sacct, parse_swf
-    from slurm_burst.services.simulation import SimulationError, cloud_groups, run
     from slurm_burst.services.simulation import as_json as doc_of
+    from slurm_burst.services.simulation import cloud_groups, run
 
     try:
         factors = [float(f) for f in sweep.split(",") if f.strip()]
@@ -218,10 +220,7 @@ def simulate(
     if trace.gpus and not gpus:
         click.echo("note: the trace has GPU jobs and --gpus is 0: they can only burst", err=True)
     groups = cloud_groups(cfg)
-    try:
-        rows = run(trace, cfg, pool, gpus, factors, groups)
-    except SimulationError as exc:
-        fail(str(exc), EXIT_BAD_INPUT)
+    rows = run(trace, cfg, pool, gpus, factors, groups)
     doc = doc_of(trace, pool, gpus, groups, rows)
     if plot_dir:
         from slurm_burst.wiring import plot_simulation

@@ -6,14 +6,19 @@ import os
 import re
 import tomllib
 from collections.abc import Callable, Mapping
+from dataclasses import fields, replace
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
+from slurm_burst import extensions
 from slurm_burst.config.model import Config
 from slurm_burst.config.schema import MAX_DEPTH, Problem, build, key_text, shape_problems
 from slurm_burst.config.validate import validate
+from slurm_burst.core.errors import BadInput
 from slurm_burst.core.redact import has_inline_password
 from slurm_burst.core.slurmsyntax import hidden_character
+from slurm_burst.extensions import ExtensionError
 from slurm_burst.fileio import FileRefused, gid_of, not_private, read_regular, untrusted
 
 DEFAULT_CONFIG_PATH = "/etc/slurm-burst/slurm-burst.toml"
@@ -35,8 +40,10 @@ _INLINE_SECRETS = (
 CONFIG_MAX = 1024 * 1024  # a config is a few KB; a larger file is not one
 
 
-class ConfigError(Exception):
+class ConfigError(BadInput):
     """A config that cannot be used; ``problems`` lists why (errors only)."""
+
+    code = "ConfigInvalid"
 
     def __init__(self, source: str, problems: list[Problem]) -> None:
         self.source = source
@@ -96,23 +103,57 @@ def parse_config(
     if bad:  # the path is written into the rendered Slurm files' header
         problems.append(Problem("", f"the config file's path holds {bad}: rename the file"))
     _strip_inline_secrets(data, problems)
+    sections = _plugin_sections(data, problems)
     cfg = build(Config, data, "", problems)
     if cfg is None:
         return None, problems
-    cfg = _with_source(cfg, source)
+    cfg = replace(cfg, source=source, extensions=MappingProxyType(sections))
     declared = data.get("providers")
     problems += validate(
         cfg,
         driver_exists,
         declared_providers=set(declared) if isinstance(declared, dict) else set(),
     )
+    problems += _plugin_problems(cfg)
     return cfg, problems
 
 
-def _with_source(cfg: Config, source: str) -> Config:
-    from dataclasses import replace
+_OWN_SECTIONS = frozenset(f.name for f in fields(Config) if not f.metadata.get("internal"))
 
-    return replace(cfg, source=source)
+
+def _plugin_sections(data: dict[str, Any], problems: list[Problem]) -> dict[str, Any]:
+    """Take the plugins' top-level tables out of ``data``, each built into its plugin's
+    dataclass; a table no plugin owns stays, and the schema says it is unknown."""
+    out: dict[str, Any] = {}
+    for key in [k for k in data if k not in _OWN_SECTIONS]:
+        try:
+            section = extensions.config_section(key)
+        except ExtensionError as exc:  # said once, for the first table a plugin may own
+            data.pop(key)
+            problems.append(Problem(key_text(key), str(exc)))
+            return out
+        if section is None:
+            continue
+        table = data.pop(key)
+        if not isinstance(table, dict):
+            problems.append(Problem(key_text(key), "must be a table"))
+            continue
+        built = build(section.model, table, key_text(key), problems)
+        if built is not None:
+            out[key] = built
+    return out
+
+
+def _plugin_problems(cfg: Config) -> list[Problem]:
+    out: list[Problem] = []
+    for name, value in cfg.extensions.items():
+        section = extensions.config_section(name)
+        if section is not None and section.validate:
+            try:
+                out += extensions.resolve(section.validate)(value, cfg)
+            except ExtensionError as exc:
+                out.append(Problem(key_text(name), str(exc)))
+    return out
 
 
 def _strip_inline_secrets(data: dict[str, Any], problems: list[Problem]) -> None:

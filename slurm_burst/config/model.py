@@ -107,7 +107,9 @@ class Credentials:
 @dataclass(frozen=True)
 class ProviderConfig:
     name: str = doc("Profile name (the table key).")
-    driver: str = doc("libcloud compute driver: ec2, gce, azure_arm, openstack, nscloud, ...")
+    driver: str = doc(
+        "libcloud compute driver: ec2, gce, azure_arm, openstack, or one a plugin adds"
+    )
     region: str = doc("Provider region or zone.", default="")
     credentials: Credentials | None = doc("Where the credentials are (never inline).", default=None)
     options: Mapping[str, Any] = doc(
@@ -503,48 +505,6 @@ class DaemonConfig:
 
 
 @dataclass(frozen=True)
-class LabConfig:
-    state_dir: str = doc(
-        "Where the lab keeps its state, logs and VM disks.", default="/var/lib/slurm-burst-lab"
-    )
-    lan_subnet: str = doc(
-        "On-prem network: the controller takes its first address, static nodes the next ones.",
-        default="10.250.0.0/24",
-    )
-    cloud_provider: str = doc(
-        "Provider profile (driver 'nscloud') whose bridge is the lab's 'internet'.", default="lab"
-    )
-    onprem_partition: str = doc("Partition of the static on-prem nodes.", default="onprem")
-    onprem_nodes: int = doc("Static on-prem nodes.", default=1)
-    onprem_cpus: int = doc("CPUs of each on-prem node.", default=2)
-    onprem_memory_mb: int = doc("RealMemory of each on-prem node.", default=1000)
-    accounts: tuple[str, ...] = doc(
-        "Slurm accounts the lab creates in slurmdbd; root's default is the first.",
-        default=("physics", "chemistry"),
-    )
-    accounting_db: str = doc(
-        "MariaDB database of the lab's slurmdbd (dropped by 'lab down').",
-        default="slurm_burst_lab_acct",
-    )
-    dbd_port: int = doc("Port of the lab's slurmdbd.", default=6819)
-    shared_dir: str = doc(
-        "The lab's shared filesystem (like a site's NFS): seen by every node, for job output.",
-        default="/srv/slurm-burst-lab",
-    )
-    daemon: bool = doc("Start the slurm-burst daemon with the lab.", default=True)
-    ec2_provider: str = doc(
-        "Provider profile (driver 'ec2', options host 127.0.0.1 and a port) the lab serves "
-        "with its EC2 emulator, whose instances boot as VMs on the cloud bridge; '' none.",
-        default="",
-    )
-    prometheus: str = doc(
-        "HOST:PORT of the lab's Prometheus (Debian's package), which scrapes the daemon "
-        "every second and evaluates the shipped alert rules with 2-s 'for' windows; '' none.",
-        default="",
-    )
-
-
-@dataclass(frozen=True)
 class GpuConfig:
     node_python: str = doc(
         "Python on the GPU nodes that has nvidia-ml-py (the node_image role installs it "
@@ -667,6 +627,28 @@ class PolicyConfig:
         return Rule(recheck=self.recheck, **values)
 
 
+def burst_partitions(groups: Mapping[str, NodeGroup]) -> list[str]:
+    """The node groups' partitions, each once, in the order the groups name them."""
+    return list(dict.fromkeys(g.partition for g in groups.values()))
+
+
+@dataclass(frozen=True)
+class Fleet:
+    """The cluster's cloud node groups and their prices: what the services look a node up
+    in (``Config.fleet``, built once per config)."""
+
+    cluster: str
+    node_groups: Mapping[str, NodeGroup]
+    rate_table: RateTable
+    index: Mapping[str, NodeGroup] = field(repr=False)  # node name -> its group
+
+    def group_of(self, node: str) -> NodeGroup | None:
+        return self.index.get(node)
+
+    def burst_partitions(self) -> list[str]:
+        return burst_partitions(self.node_groups)
+
+
 @dataclass(frozen=True)
 class Config:
     cluster: ClusterConfig = doc("The Slurm cluster.")
@@ -691,11 +673,16 @@ class Config:
         "The burst policy: which pending jobs go to the cloud (the simulator uses it).",
         default=PolicyConfig(),
     )
-    lab: LabConfig | None = doc("The local lab (only for 'slurm-burst lab').", default=None)
+    # plugins' own sections (slurm_burst.extensions.ConfigSection), by name, as built
+    extensions: Mapping[str, Any] = field(default_factory=_empty, metadata={"internal": True})
     source: str = field(default="<string>", metadata={"internal": True})
 
+    def section(self, name: str) -> Any:
+        """A plugin's section of this config (its own dataclass); None if absent."""
+        return self.extensions.get(name)
+
     def burst_partitions(self) -> list[str]:
-        return list(dict.fromkeys(g.partition for g in self.node_groups.values()))
+        return burst_partitions(self.node_groups)
 
     @cached_property
     def _group_index(self) -> Mapping[str, NodeGroup]:
@@ -732,6 +719,10 @@ class Config:
     @cached_property
     def rate_table(self) -> RateTable:
         return RateTable(self.rate_list())
+
+    @cached_property
+    def fleet(self) -> Fleet:
+        return Fleet(self.cluster.name, self.node_groups, self.rate_table, self._group_index)
 
     def gpus_of_size(self, size: str) -> int:
         """GPUs of the node group(s) using ``size`` (0 for a CPU size)."""

@@ -10,7 +10,6 @@ from slurm_burst.config.model import (
     Credentials,
     DaemonConfig,
     GpuConfig,
-    LabConfig,
     LedgerConfig,
     MeshConfig,
     NodeGroup,
@@ -36,7 +35,6 @@ SECTIONS: list[tuple[str, type]] = [
     ("[gpu]", GpuConfig),
     ("[policy]", PolicyConfig),
     ("[policy.accounts.NAME], [policy.qos.NAME], [policy.partitions.NAME]", PolicyOverride),
-    ("[lab]", LabConfig),
 ]
 
 
@@ -45,9 +43,10 @@ def _type(tp: object) -> str:
     return text.replace("<class '", "").replace("'>", "")
 
 
-def markdown() -> str:
+def markdown(sections: list[tuple[str, type]] | None = None) -> str:
+    """The reference of ``sections`` (default: the product's own; a plugin passes its)."""
     out = []
-    for title, cls in SECTIONS:
+    for title, cls in SECTIONS if sections is None else sections:
         hints = typing.get_type_hints(cls)
         out.append(f"#### `{title}`\n\n| key | type | default | meaning |\n|---|---|---|---|")
         for f in dataclasses.fields(cls):

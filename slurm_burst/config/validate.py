@@ -6,9 +6,9 @@ import ipaddress
 import re
 from collections.abc import Callable
 
+from slurm_burst import extensions
 from slurm_burst.config.model import _PATTERN, Config, NodeGroup, ProviderConfig
 from slurm_burst.config.schema import Problem
-from slurm_burst.core.hostkeys import SOURCES
 from slurm_burst.core.hostlist import HostlistError, expand
 from slurm_burst.core.pricing import PricingError, ambiguous, parse_instant, to_micros
 from slurm_burst.core.redact import has_inline_password
@@ -23,7 +23,6 @@ from slurm_burst.core.slurmsyntax import (
 )
 
 _IFNAME = re.compile(r"[A-Za-z0-9_.-]{1,15}", re.ASCII)
-_DB_NAME = re.compile(r"[A-Za-z0-9_]{1,64}", re.ASCII)
 _PORT = re.compile(r"[0-9]{1,5}", re.ASCII)
 BACKENDS = ("cli",)
 
@@ -105,37 +104,6 @@ def validate(
         out.append(Problem("mesh.endpoint", "cloud nodes need the hub's public address"))
     if cfg.daemon.heartbeat_stale <= cfg.daemon.poll_period:
         out.append(Problem("daemon.heartbeat_stale", "must be longer than daemon.poll_period"))
-    if cfg.lab is not None:
-        _network(cfg.lab.lan_subnet, "lab.lan_subnet", out)
-        if cfg.lab.onprem_nodes < 1:
-            out.append(Problem("lab.onprem_nodes", "the lab needs at least one on-prem node"))
-        cloud = cfg.providers.get(cfg.lab.cloud_provider)
-        if cloud is None or cloud.driver != "nscloud":
-            out.append(
-                Problem(
-                    "lab.cloud_provider", "must name a provider profile whose driver is 'nscloud'"
-                )
-            )
-        if not _DB_NAME.fullmatch(cfg.lab.accounting_db):
-            out.append(Problem("lab.accounting_db", "must be letters, digits or '_'"))
-        for acct in cfg.lab.accounts:
-            if not is_name(acct):
-                out.append(Problem("lab.accounts", f"{acct!r} is not a Slurm account name"))
-        if cfg.lab.onprem_partition not in cfg.slurm.onprem_partitions:
-            out.append(Problem("lab.onprem_partition", "must be listed in slurm.onprem_partitions"))
-        if cfg.lab.ec2_provider:
-            ec2 = cfg.providers.get(cfg.lab.ec2_provider)
-            ec2_port = (ec2.options.get("port") if ec2 is not None else None) or 0
-            if ec2 is None or ec2.driver != "ec2" or ec2.options.get("host") != "127.0.0.1":
-                out.append(
-                    Problem(
-                        "lab.ec2_provider",
-                        "must name a provider profile with driver 'ec2' and options.host "
-                        "'127.0.0.1' (the lab's EC2 emulator)",
-                    )
-                )
-            elif not isinstance(ec2_port, int) or not 1024 <= ec2_port <= 65535:
-                out.append(Problem("lab.ec2_provider", "its options.port must be 1024..65535"))
     return out
 
 
@@ -346,8 +314,9 @@ def _groups(cfg: Config, out: list[Problem], declared: set[str]) -> None:
             )
 
 
-# drivers whose create_node can ask for spot/preemptible capacity (libcloud 3.9)
-SPOT_DRIVERS = frozenset({"ec2", "gce", "nscloud"})
+# drivers whose create_node can ask for spot/preemptible capacity (libcloud 3.9); a
+# plugin's driver says so itself (extensions.CloudDriver.spot)
+SPOT_DRIVERS = frozenset({"ec2", "gce"})
 
 
 def _provider(name: str, prov: ProviderConfig, out: list[Problem]) -> None:
@@ -368,7 +337,7 @@ def _host_keys(name: str, prov: ProviderConfig, out: list[Problem]) -> None:
     """A join must never fail at run time for a reason the config could have shown: a
     driver with no way to read a new instance's host keys through its API is refused."""
     base = f"providers.{name}"
-    offered = SOURCES.get(prov.driver, ())
+    offered = extensions.host_key_sources(prov.driver)
     if prov.driver and not offered:
         out.append(
             Problem(
@@ -400,7 +369,7 @@ def _group_on_providers(cfg: Config, g: NodeGroup, base: str, out: list[Problem]
         prov = cfg.providers.get(pname)
         if prov is None:
             continue
-        if g.spot and prov.driver not in SPOT_DRIVERS:
+        if g.spot and not extensions.offers(prov.driver, SPOT_DRIVERS, lambda d: d.spot):
             out.append(
                 Problem(
                     f"{base}.spot",

@@ -20,6 +20,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from slurm_burst.core.errors import BurstError
+
 
 @dataclass(frozen=True)
 class GpuSample:
@@ -55,8 +57,10 @@ class GpuUsage:
     memory_used_max_bytes: int
 
 
-class SampleError(ValueError):
+class SampleError(BurstError, ValueError):
     """A node's sample is not what gpucheck.py prints."""
+
+    code = "BadGpuSample"
 
 
 def _number(value: Any, what: str, low: float, high: float) -> float | None:

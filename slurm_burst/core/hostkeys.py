@@ -7,7 +7,7 @@ provider lets us read them (:data:`SOURCES`):
 
 - ``console``: the instance console. cloud-init prints the host's public keys between
   ``-----BEGIN SSH HOST KEY KEYS-----`` and ``-----END SSH HOST KEY KEYS-----``
-  (EC2 GetConsoleOutput, OpenStack's console log, the lab's namespace cloud).
+  (EC2 GetConsoleOutput, OpenStack's console log).
 - ``guest-attributes``: GCE's guest attributes, where Google's guest environment
   publishes the keys under ``hostkeys/`` (metadata ``enable-guest-attributes=TRUE``).
 - ``serial-port``: GCE's serial port 1, where our startup script prints the same
@@ -35,13 +35,13 @@ KEY_TYPES = (
 )
 _BASE64 = re.compile(r"^[A-Za-z0-9+/]+={0,2}$")
 
-# driver type -> the host-key sources it offers, the default first
+# driver type -> the host-key sources it offers, the default first (a plugin's driver
+# names its own: slurm_burst.extensions)
 SOURCES: dict[str, tuple[str, ...]] = {
     "ec2": ("console",),
     "gce": ("guest-attributes", "serial-port"),
     "azure_arm": ("boot-diagnostics",),
     "openstack": ("console",),
-    "nscloud": ("console",),
 }
 # reads of a host-key source per second, per provider profile, by default: what the
 # provider's API allows for such calls with room for the rest of the daemon's calls
@@ -51,7 +51,6 @@ READS_PER_SECOND: dict[str, float] = {
     "gce": 10.0,
     "azure_arm": 2.0,
     "openstack": 5.0,
-    "nscloud": 50.0,
 }
 # the startup-script lines that print the block to GCE's serial port 1 (public keys only):
 # sshd's keys may be made by the guest environment a moment after the script starts

@@ -34,6 +34,8 @@ import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
+from slurm_burst.core.errors import BadInput
+
 DEFAULT_MAX_NAMES = 1_000_000
 """Expansion cap: a typo such as ``n[1-100000000]`` must not eat the controller's memory."""
 
@@ -45,8 +47,10 @@ _TRAILING_DIGITS = re.compile(r"(.*?)([0-9]+)", re.DOTALL | re.ASCII)
 MAX_DIGITS = 18
 
 
-class HostlistError(ValueError):
+class HostlistError(BadInput, ValueError):
     """A hostlist expression that cannot be parsed; ``position`` is 0-based."""
+
+    code = "BadHostlist"
 
     def __init__(self, expression: str, position: int, message: str) -> None:
         self.expression = expression

@@ -25,6 +25,8 @@ from __future__ import annotations
 
 from enum import StrEnum
 
+from slurm_burst.core.errors import BurstError
+
 
 class NodeState(StrEnum):
     REQUESTED = "requested"
@@ -93,8 +95,10 @@ def needs_work(state: NodeState, want: Want) -> bool:
     return state != (NodeState.JOINED if want == Want.UP else NodeState.TERMINATED)
 
 
-class TransitionError(ValueError):
+class TransitionError(BurstError, ValueError):
     """A state change the machine does not allow (a bug or a race, never ignored)."""
+
+    code = "BadTransition"
 
 
 def check_transition(old: NodeState | None, new: NodeState) -> None:

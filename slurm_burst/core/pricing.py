@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 from decimal import ROUND_HALF_EVEN, Decimal, InvalidOperation
 
+from slurm_burst.core.errors import BadInput
+
 MICROS = 1_000_000
 MS_PER_HOUR = 3_600_000
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -33,8 +35,10 @@ def epoch_ms(t: datetime) -> int:
 _ONE_MS = timedelta(milliseconds=1)
 
 
-class PricingError(ValueError):
+class PricingError(BadInput, ValueError):
     """A rate or a money amount that cannot be used."""
+
+    code = "BadPrice"
 
 
 # No price, rate or budget is a trillion dollars: a larger number is a typo (or 1e308).

@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from slurm_burst.core.errors import BurstError
+from slurm_burst.core.errors import EXIT_PRECONDITION, BurstError
 from slurm_burst.core.nodestate import NodeState, Want
 
 
@@ -19,6 +19,7 @@ class StoreError(BurstError):
     """The state store cannot be used (permissions, corruption, a full address pool)."""
 
     code = "InternalError"
+    exit_code = EXIT_PRECONDITION
 
 
 class PoolExhausted(StoreError):

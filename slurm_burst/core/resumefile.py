@@ -16,9 +16,13 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from slurm_burst.core.errors import BadInput
 
-class ResumeFileError(ValueError):
+
+class ResumeFileError(BadInput, ValueError):
     """The resume file is not what Slurm writes; the message says what is wrong."""
+
+    code = "BadResumeFile"
 
 
 @dataclass(frozen=True)

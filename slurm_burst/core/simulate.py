@@ -114,6 +114,17 @@ class Summary:
     warm_cost: float = 0.0  # dollars of cloud_cost the warm pools cost
 
 
+@dataclass(frozen=True)
+class Comparison:
+    """One policy's result on a trace, beside burst-always and never."""
+
+    name: str
+    summary: Summary
+    wait_cut: float | None  # share of burst-always's mean-wait reduction (vs never)
+    cost_share: float | None  # cloud cost as a share of burst-always's
+    waits: tuple[float, ...] = ()  # every job's wait, sorted (the plots' CDF)
+
+
 class WorkAhead:
     """The CPU- (and GPU-) seconds of the jobs queued ahead of a job, for the
     simulator's expected start. A Fenwick tree over arrival order keeps the sums

@@ -22,6 +22,8 @@ import re
 import unicodedata
 from dataclasses import dataclass
 
+from slurm_burst.core.errors import BadInput
+
 # Characters no setting of ours ever means: C0/C1 controls (newline, NUL, ESC, DEL, ...),
 # Unicode line and paragraph separators (Python's splitlines breaks on them) and format
 # characters (bidirectional overrides that make a file read otherwise than it parses).
@@ -51,8 +53,10 @@ _PAIR = re.compile(r"\s*([A-Za-z0-9_.]+)\s*([-*+/]?)=\s*(?:\"([^\"]*)\"|(\S+))(?
 _INCLUDE = re.compile(r"\s*include\s+(\S+)\s*", re.ASCII | re.IGNORECASE)
 
 
-class SlurmSyntaxError(ValueError):
+class SlurmSyntaxError(BadInput, ValueError):
     """A value that Slurm would read otherwise than meant; the message says which and why."""
+
+    code = "SlurmSyntax"
 
 
 def hidden_character(text: str) -> str | None:

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from slurm_burst.core.errors import EXIT_BAD_INPUT, BurstError
 from slurm_burst.core.gpu import job_key
 from slurm_burst.core.pricing import dollars
 
@@ -127,21 +128,32 @@ def report_totals(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     }
 
 
-class LedgerError(RuntimeError):
+class LedgerError(BurstError):
     """The ledger cannot do what was asked; the message says why."""
+
+    code = "LedgerError"
 
 
 class LedgerUnavailable(LedgerError):
     """The database cannot be reached now (writes are spooled and replayed)."""
 
+    code = "LedgerUnavailable"
+
 
 class LedgerConflict(LedgerError):
     """A row with the same unique key exists (a replay, or another daemon was first)."""
+
+    code = "LedgerConflict"
 
 
 class UnknownRevision(LedgerError):
     """``db upgrade --to`` named a schema revision that does not exist."""
 
+    code = "UnknownRevision"
+    exit_code = EXIT_BAD_INPUT
+
 
 class SchemaOutdated(LedgerError):
     """The database schema is older than this code: run ``slurm-burst db upgrade``."""
+
+    code = "SchemaOutdated"

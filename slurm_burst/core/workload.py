@@ -31,6 +31,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 
+from slurm_burst.core.errors import BadInput
 from slurm_burst.core.numbers import is_digits, whole
 
 SWF_FIELDS = 18
@@ -45,8 +46,10 @@ MAX_GPUS = 4096
 _NUMBER = re.compile(r"[-+]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]{1,3})?", re.ASCII)
 
 
-class TraceError(ValueError):
+class TraceError(BadInput, ValueError):
     """A trace that cannot be read; the message names the line and what is wrong."""
+
+    code = "BadTrace"
 
 
 @dataclass(frozen=True, slots=True)

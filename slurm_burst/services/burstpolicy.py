@@ -29,16 +29,18 @@ import logging
 import math
 import threading
 from collections import Counter, defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import islice
 from typing import Any
 
-from slurm_burst.config import Config
+from slurm_burst.config import PolicyConfig
+from slurm_burst.core.errors import BurstError
 from slurm_burst.core.policy import Decision, Offer, Rule, Verdict, decide_all
+from slurm_burst.core.records import StoreError
 from slurm_burst.core.simulate import CloudGroup, cheapest
 from slurm_burst.core.slurm import QueuedJob, parse_time_limit
-from slurm_burst.ports import Clock, JobSteering, NodeStore
+from slurm_burst.ports import Clock, JobSteering, Metrics, NodeStore
 from slurm_burst.services.periodic import every
 
 log = logging.getLogger(__name__)
@@ -76,33 +78,42 @@ class PolicyReport:
     error: str = ""
 
 
+@dataclass(frozen=True, kw_only=True)
+class PolicySettings:
+    """What the burst policy needs of the config (wiring.policy_settings)."""
+
+    policy: PolicyConfig  # its rules (PolicyConfig.rule), interval, recheck, groups
+    partition_of: Mapping[str, str]  # node group -> its burst partition
+    max_time: Mapping[str, str]  # node group -> its partition's MaxTime ('' none)
+    onprem: frozenset[str]  # the on-prem partitions a job may be steered from
+    burst: frozenset[str]  # the burst partitions
+
+
 class BurstPolicy:
     def __init__(
         self,
-        cfg: Config,
+        settings: PolicySettings,
         slurm: JobSteering,
         store: NodeStore,
         clock: Clock,
         groups: Sequence[CloudGroup],
         money: Money | None = None,
         stop: threading.Event | None = None,
+        metrics: Metrics | None = None,
     ) -> None:
-        self.cfg = cfg
+        self.policy = settings.policy
+        self.metrics = metrics
         self.slurm = slurm
         self.store = store
         self.clock = clock
-        allowed = set(cfg.policy.groups) or {g.name for g in groups}
+        allowed = set(self.policy.groups) or {g.name for g in groups}
         self.groups = [g for g in groups if g.name in allowed]
-        self.partition_of = {g.name: g.partition for g in cfg.node_groups.values()}
-        self.max_time = {
-            g.name: _seconds(cfg.partitions[g.partition].max_time)
-            for g in cfg.node_groups.values()
-            if g.partition in cfg.partitions
-        }
+        self.partition_of = dict(settings.partition_of)
+        self.max_time = {g: _seconds(t) for g, t in settings.max_time.items()}
         self.money = money
         self.stop = stop or threading.Event()
-        self.onprem = frozenset(cfg.slurm.onprem_partitions)
-        self.burst = frozenset(cfg.burst_partitions())
+        self.onprem = settings.onprem
+        self.burst = settings.burst
         self.look_again: dict[str, float] = {}  # job -> when its next look is due
         self._ours: dict[tuple[str, ...], str] = {}  # partition list -> its on-prem one
         self._rules: dict[tuple[str, str, str], Rule] = {}
@@ -112,13 +123,14 @@ class BurstPolicy:
 
     # -- the thread -------------------------------------------------------------------
     def start(self) -> None:
-        if not self.cfg.policy.enabled:
+        if not self.policy.enabled:
             return
         self._thread = threading.Thread(target=self._loop, name="burst-policy", daemon=True)
         self._thread.start()
 
     def _loop(self) -> None:
-        every(self.cfg.policy.interval, self.stop, self.clock, self.pass_once, "policy.pass")
+        every(self.policy.interval, self.stop, self.clock, self.pass_once, "policy.pass",
+              self.metrics)  # fmt: skip
 
     # -- one pass ---------------------------------------------------------------------
     def pass_once(self) -> PolicyReport:
@@ -140,7 +152,7 @@ class BurstPolicy:
         try:
             queue = self.slurm.pending_jobs()
             report.slurm_calls += 1
-        except Exception as exc:  # Slurm away: nothing decided, the next pass reads again
+        except BurstError as exc:  # Slurm away: nothing decided, the next pass reads again
             report.error = f"reading the queue: {exc}"
             log.warning("policy.read_failed error=%s", exc)
             self._save(report)
@@ -172,7 +184,7 @@ class BurstPolicy:
         steer: dict[tuple[str, ...], list[str]] = defaultdict(list)
         events: list[tuple[str, str]] = []
         report.verdicts = _count(decisions)
-        recheck = now + self.cfg.policy.recheck
+        recheck = now + self.policy.recheck
         last, look_again = self.last, self.look_again
         for job, d in zip(due, decisions, strict=True):  # decide_all keeps the order
             before = last.get(d.job)
@@ -192,7 +204,7 @@ class BurstPolicy:
             comment = f"slurm-burst: sent to {partitions[-1]} {stamp} (slurm-burst jobs)"
             try:
                 said = self.slurm.steer_jobs(ids, partitions, comment)
-            except Exception as exc:
+            except BurstError as exc:
                 report.complaints.append(str(exc)[:300])
                 log.warning("policy.steer_failed jobs=%d error=%s", len(ids), exc)
                 continue
@@ -214,7 +226,7 @@ class BurstPolicy:
             with self.store.atomically():
                 for kind, detail in events:
                     self.store.event(now, kind, "", detail)
-        except Exception as exc:  # the decisions stand; their record is what is lost
+        except StoreError as exc:  # the decisions stand; their record is what is lost
             log.warning("policy.events_failed count=%d error=%s", len(events), exc)
 
     def _sort_out(self, queue: list[QueuedJob]) -> tuple[list[QueuedJob], list[QueuedJob]]:
@@ -244,7 +256,7 @@ class BurstPolicy:
             return []
         try:
             health = self.store.groups()
-        except Exception as exc:  # not known: every group counts as open, Slurm still decides
+        except StoreError as exc:  # not known: every group counts as open; Slurm decides
             log.warning("policy.groups_unknown error=%s", exc)
             health = {}
         self._closed = {name for name, h in health.items() if h.protected(now)}
@@ -263,7 +275,7 @@ class BurstPolicy:
             which = (j.account, j.qos, ours[j.partitions])  # _sort_out filled ours
             rule = known.get(which)
             if rule is None:
-                rule = known[which] = self.cfg.policy.rule(*which)
+                rule = known[which] = self.policy.rule(*which)
             rules[j.id] = rule
         return decide_all(jobs, now, starts, offers, rules, budgets=budgets, spend_cap=cap)
 
@@ -305,7 +317,7 @@ class BurstPolicy:
         }
         try:
             self.store.meta_set("policy", doc)
-        except Exception as exc:  # the pass's work is done; only its summary is lost
+        except StoreError as exc:  # the pass's work is done; only its summary is lost
             log.warning("policy.save_failed error=%s", exc)
 
 

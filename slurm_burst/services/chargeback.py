@@ -28,13 +28,15 @@ from datetime import UTC, date, datetime, timedelta
 from functools import lru_cache
 from typing import Any
 
-from slurm_burst.config import Config
+from slurm_burst.config import Fleet, LedgerConfig
 from slurm_burst.core.allocation import Allocation, InstanceSpan, JobSpan, allocate
+from slurm_burst.core.errors import BurstError
 from slurm_burst.core.hostlist import expand
 from slurm_burst.core.pricing import dollars, epoch_ms
 from slurm_burst.core.usage import AssocUsage, LedgerError, LedgerUnavailable
 from slurm_burst.core.warm import warm_nodes
 from slurm_burst.ports import Accounting, AccountingLedger, Metrics, Scheduler, SpooledLedger
+from slurm_burst.services.periodic import contain
 
 log = logging.getLogger(__name__)
 
@@ -78,17 +80,27 @@ def month_bounds(now: datetime) -> tuple[date, date]:
     return first, nxt
 
 
+@dataclass(frozen=True, kw_only=True)
+class ChargebackSettings:
+    """What chargeback needs of the config (wiring.chargeback_settings)."""
+
+    fleet: Fleet  # node groups, prices (account overrides), burst partitions
+    ledger: LedgerConfig  # overlap, overhead rule, site account, intervals
+    spend_cap: float = 0.0  # dollars a month the burst policy may spend; 0 none
+
+
 class Chargeback:
     def __init__(
         self,
-        cfg: Config,
+        settings: ChargebackSettings,
         ledger: AccountingLedger,
         accounting: Accounting | None,
         scheduler: Scheduler | None,
         clock: Callable[[], float] = time.time,
         metrics: Metrics | None = None,
     ) -> None:
-        self.cfg = cfg
+        self.fleet = settings.fleet
+        self.settings = settings
         self.ledger = ledger
         self.accounting = accounting
         self.scheduler = scheduler
@@ -112,11 +124,11 @@ class Chargeback:
         end = self.now()
         cursor = self.ledger.ingest_cursor()
         start = (
-            (cursor - timedelta(seconds=self.cfg.ledger.ingest_overlap))
+            (cursor - timedelta(seconds=self.settings.ledger.ingest_overlap))
             if cursor
             else (end - FIRST_WINDOW)
         )
-        jobs = self.accounting.finished_jobs(start, end, self.cfg.burst_partitions())
+        jobs = self.accounting.finished_jobs(start, end, self.fleet.burst_partitions())
         added = self.ledger.record_jobs(jobs, (start, end))
         if self.metrics is not None:
             self.metrics.ledger_ingested(end.timestamp())
@@ -138,7 +150,7 @@ class Chargeback:
         nodes_of = lru_cache(maxsize=4096)(
             lambda expr: frozenset(expand(expr)) if expr else frozenset()
         )
-        rule, site = self.cfg.ledger.overhead, self.cfg.ledger.site_account
+        rule, site = self.settings.ledger.overhead, self.settings.ledger.site_account
         out = []
         for c in closed:
             span = InstanceSpan(
@@ -166,7 +178,7 @@ class Chargeback:
                 for j in jobs
                 if c.node in nodes_of(j.nodes) and j.end >= c.start and j.start < c.end
             ]
-            overrides = self.cfg.rate_table.account_overrides(c.size, c.gpus, c.start)
+            overrides = self.fleet.rate_table.account_overrides(c.size, c.gpus, c.start)
             this = "site" if self._warm_launch(c.node, c.start) else rule
             lines = allocate(span, held, rule=this, site_account=site, overrides=overrides)
             out.append(Allocation(c.instance_id, span.cost, this, lines))
@@ -178,7 +190,7 @@ class Chargeback:
         """Whether the instance is a warm pool's, launched in one of its windows (the
         controller's local time): its idle time is then the site's overhead, not its
         jobs'."""
-        g = self.cfg.group_of(node)
+        g = self.fleet.group_of(node)
         if g is None or not g.warm or node not in g.warm_pool():
             return False
         t = start.astimezone()
@@ -203,7 +215,7 @@ class Chargeback:
                     used, limit = assoc.used, assoc.limit
                     if sync:
                         limit = self._enforce(account, amount, spent.get(account, 0), assoc)
-                except Exception as exc:
+                except BurstError as exc:  # sacctmgr failing: the status says less
                     log.warning("budget.slurm_failed account=%s error=%s", account, exc)
             out.append(
                 BudgetStatus(
@@ -237,13 +249,13 @@ class Chargeback:
 
     def _committed(self, now: datetime) -> dict[str, int]:
         """Running burst jobs' remaining time limit x their billing rate (micro-dollars)."""
-        parts = set(self.cfg.burst_partitions())
+        parts = set(self.fleet.burst_partitions())
         out: dict[str, int] = {}
         if self.scheduler is None:
             return out
         try:
             jobs = self.scheduler.jobs()
-        except Exception as exc:
+        except BurstError as exc:
             log.warning("budget.committed_unknown error=%s", exc)
             return out
         for j in jobs:
@@ -263,8 +275,8 @@ class Chargeback:
             except LedgerUnavailable as exc:
                 log.warning("ledger.%s.waiting reason=%s", name, exc)
                 return
-            except Exception as exc:  # one phase failing must not stop the others
-                log.error("ledger.%s.failed error=%s", name, exc)
+            except BurstError as exc:  # one phase failing must not stop the others
+                log.error("ledger.%s.failed code=%s error=%s", name, exc.code, exc)
         if sync_budgets:
             try:
                 statuses = self.budgets(sync=True)
@@ -313,7 +325,7 @@ class Chargeback:
             self._spend[key] = self._spend.get(key, 0) + micros
         self._spend_cursor = last
         groups_of: dict[str, list[str]] = {}
-        for name, g in self.cfg.node_groups.items():
+        for name, g in self.fleet.node_groups.items():
             groups_of.setdefault(g.partition, []).append(name)
         out: dict[tuple[str, str], float] = {}
         for (account, partition), micros in self._spend.items():
@@ -331,11 +343,11 @@ class Chargeback:
     def refresh_money(self, statuses: list[BudgetStatus]) -> None:
         left = {b.account: float(dollars(b.remaining_micros)) for b in statuses}
         cap: float | None = None
-        if self.cfg.policy.spend_cap > 0:
+        if self.settings.spend_cap > 0:
             first, nxt = month_bounds(self.now())
             used = sum(self.ledger.spent(first, nxt).values())
             used += sum(self._committed(self.now()).values())
-            cap = self.cfg.policy.spend_cap - float(dollars(used))
+            cap = self.settings.spend_cap - float(dollars(used))
         self._money = (left, cap)
 
 
@@ -346,9 +358,11 @@ class ChargebackLoop(threading.Thread):
     the hooks' requests.
     """
 
-    def __init__(self, cfg: Config, chargeback: Chargeback, spooling: SpooledLedger) -> None:
+    def __init__(
+        self, settings: LedgerConfig, chargeback: Chargeback, spooling: SpooledLedger
+    ) -> None:
         super().__init__(name="ledger", daemon=True)
-        self.cfg = cfg
+        self.settings = settings
         self.cb = chargeback
         self.spooling = spooling
         self.stop = threading.Event()
@@ -360,12 +374,15 @@ class ChargebackLoop(threading.Thread):
         while not self.stop.is_set():
             due = time.monotonic() >= next_budget
             if due:
-                next_budget = time.monotonic() + self.cfg.ledger.budget_sync_interval
-            self.tick(due)
+                next_budget = time.monotonic() + self.settings.budget_sync_interval
+            try:
+                self.tick(due)
+            except Exception as exc:  # boundary: the ledger thread outlives one round
+                contain("ledger.pass", exc, self.cb.metrics)
             self.stop.wait(
-                min(self.cfg.ledger.ingest_interval, 15.0)
+                min(self.settings.ingest_interval, 15.0)
                 if self.spooling.pending()
-                else self.cfg.ledger.ingest_interval
+                else self.settings.ingest_interval
             )
 
     def ensure_schema(self) -> bool:
@@ -383,7 +400,7 @@ class ChargebackLoop(threading.Thread):
             return
         try:
             self.spooling.replay()
-        except Exception as exc:
+        except (BurstError, OSError) as exc:  # the spool's files unreadable
             log.error("ledger.replay.failed error=%s", exc)
         self.cb.pass_once(sync_budgets)
 

@@ -18,6 +18,7 @@ import random
 import threading
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from slurm_burst.core.cloud import CloudError, Instance, LaunchSpec, backoff
@@ -28,29 +29,37 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
+@dataclass(frozen=True, kw_only=True)
+class CallSettings:
+    """How a provider's calls are retried and paced (wiring.managed_clouds builds them)."""
+
+    attempts: int = 5  # tries of a throttled call (daemon.api_attempts)
+    base: float = 1.0  # seconds of the first backoff (daemon.api_backoff)
+    cap: float = 30.0  # the longest backoff (daemon.api_backoff_max)
+    reads_per_second: float = 0.0  # host-key reads, shared by the provider's workers; 0 any
+
+
 class ManagedCloud:
     def __init__(
         self,
         cloud: Cloud,
-        attempts: int = 5,
-        base: float = 1.0,
-        cap: float = 30.0,
+        settings: CallSettings = CallSettings(),  # frozen: one shared is safe
         metrics: Metrics | None = None,
+        *,
         sleep: Callable[[float], None] = time.sleep,
         rand: Callable[[], float] = random.random,
-        reads_per_second: float = 0.0,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self.inner = cloud
         self.name = cloud.name
-        self.attempts = attempts
-        self.base = base
-        self.cap = cap
+        self.attempts = settings.attempts
+        self.base = settings.base
+        self.cap = settings.cap
         self.metrics = metrics
         self.sleep = sleep
         self.rand = rand
         self.monotonic = monotonic
-        self._reads = TokenBucket(reads_per_second)
+        self._reads = TokenBucket(settings.reads_per_second)
         self._reads_lock = threading.Lock()
 
     def _call(self, call: str, fn: Callable[..., T], *args: Any) -> T:

@@ -11,26 +11,29 @@ are idempotent, so finishing a half-done step is safe.
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import json
 import logging
 import os
-import socket
 import threading
-from collections.abc import Callable
-from pathlib import Path
+from dataclasses import dataclass
 
-from slurm_burst.config import Config
+from slurm_burst.config import Fleet
 from slurm_burst.core.hostlist import compress
 from slurm_burst.core.jobs import jobs_by_node
 from slurm_burst.core.nodestate import RESUMING, NodeState, Want
-from slurm_burst.core.records import NodeRecord, Request
-from slurm_burst.fileio import PRIVATE, FileRefused, ensure_dir
-from slurm_burst.ports import Clock, LeaderElection, Metrics, NodeStore, RequestSpool
+from slurm_burst.core.records import NodeRecord, Request, StoreError
+from slurm_burst.ports import (
+    Clock,
+    DaemonHost,
+    LeaderElection,
+    Metrics,
+    NodeStore,
+    RequestSpool,
+)
 from slurm_burst.services.burstpolicy import BurstPolicy
 from slurm_burst.services.chargeback import ChargebackLoop
 from slurm_burst.services.gputelemetry import GpuTelemetry
+from slurm_burst.services.periodic import contain
 from slurm_burst.services.provisioner import Provisioner
 from slurm_burst.services.reconciler import Reconciler
 from slurm_burst.services.registration import Registrations
@@ -42,105 +45,79 @@ log = logging.getLogger(__name__)
 SAMPLE_JOIN = 15.0  # seconds the GPU telemetry may take to finish its pass at shutdown
 
 
-class DaemonError(RuntimeError):
-    pass
+@dataclass(frozen=True, kw_only=True)
+class DaemonSettings:
+    """What the daemon's own loop needs of the config (wiring.daemon_settings)."""
+
+    fleet: Fleet
+    poll_period: float
+    metrics_listen: str = ""  # HOST:PORT of the metrics endpoint; '' none
+
+
+@dataclass(frozen=True, kw_only=True)
+class DaemonPorts:
+    store: NodeStore
+    leader: LeaderElection
+    clock: Clock
+    host: DaemonHost  # the host lock, the wake-up socket
+    spool: RequestSpool | None = None  # requests hooks kept when the database could not
+    metrics: Metrics | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class DaemonServices:
+    """The services the daemon runs: always the first three; the rest when configured."""
+
+    provisioner: Provisioner
+    workers: Workers
+    reconciler: Reconciler
+    registrations: Registrations | None = None  # publishes slurmd registrations (prolog)
+    ledger_loop: ChargebackLoop | None = None
+    telemetry: GpuTelemetry | None = None  # GPU samples of joined nodes, while leading
+    policy: BurstPolicy | None = None  # the burst policy's passes (policy.enabled)
+    warm: WarmKeeper | None = None  # keeps warm pools up by schedule, after each pass
 
 
 class Daemon:
     def __init__(
         self,
-        cfg: Config,
-        store: NodeStore,
-        provisioner: Provisioner,
-        workers: Workers,
-        reconciler: Reconciler,
-        leader: LeaderElection,
-        clock: Clock,
+        settings: DaemonSettings,
+        ports: DaemonPorts,
+        services: DaemonServices,
         stop: threading.Event,
-        ledger_loop: ChargebackLoop | None = None,
-        metrics: Metrics | None = None,
-        group: int | None = None,
-        release_memory: Callable[[], None] | None = None,
-        registrations: Registrations | None = None,
-        telemetry: GpuTelemetry | None = None,
-        policy: BurstPolicy | None = None,
-        warm: WarmKeeper | None = None,
-        spool: RequestSpool | None = None,
     ) -> None:
-        self.spool = spool  # requests hooks kept there when the database could not take them
-        self.warm = warm  # keeps warm pools up by schedule, after each reconcile pass
-        self.telemetry = telemetry  # GPU samples of joined nodes, while leading
-        self.policy = policy  # the burst policy's passes, while leading (policy.enabled)
-        self.cfg = cfg
-        self.registrations = registrations  # publishes slurmd registrations for the prolog
-        # after each pass: freed heap back to the system (glibc keeps it, per thread arena)
-        self.release_memory = release_memory or (lambda: None)
-        self.group = group  # SlurmUser's gid: its hooks wake the daemon through the socket
-        self.store = store
-        self.prov = provisioner
-        self.workers = workers
-        self.reconciler = reconciler
-        self.leader = leader
-        self.clock = clock
+        self.settings = settings
+        self.fleet = settings.fleet
+        self.store = ports.store
+        self.leader = ports.leader
+        self.clock = ports.clock
+        self.host = ports.host
+        self.spool = ports.spool
+        self.metrics = ports.metrics
+        self.prov = services.provisioner
+        self.workers = services.workers
+        self.reconciler = services.reconciler
+        self.registrations = services.registrations
+        self.ledger_loop = services.ledger_loop
+        self.telemetry = services.telemetry
+        self.policy = services.policy
+        self.warm = services.warm
         self.stop = stop  # set by a signal, or when leadership is lost; the workers see it
-        self.ledger_loop = ledger_loop
-        self.metrics = metrics
-        self.node_id = leader.node_id
-        self._sock: socket.socket | None = None
-        self._lockfile: int | None = None
+        self.node_id = ports.leader.node_id
         self._reconcile_thread: threading.Thread | None = None
         self.leading = False
         self.lost_leadership = False  # set when the HA lock is lost: the CLI exits 1
-        self.started_at = clock.now()
+        self.started_at = ports.clock.now()
 
     # -- lifecycle ------------------------------------------------------------------
-    def acquire(self) -> None:
-        """One daemon per host: an exclusive lock on the state directory.
-
-        With HA each daemon has its own lock file (``daemon.<node_id>.lock``), so two
-        daemons may share a state directory on shared storage; the election decides
-        which one acts.
-        """
-        state = Path(self.cfg.daemon.state_dir)
-        try:  # its mode: the state store's
-            ensure_dir(state, 0o770, self.group, "daemon.state_dir")
-        except FileRefused as exc:
-            raise DaemonError(str(exc)) from None
-        name = f"daemon.{self.node_id}.lock" if self.cfg.daemon.ha_url else "daemon.lock"
-        fd = os.open(state / name, os.O_RDWR | os.O_CREAT | PRIVATE, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            raise DaemonError(f"another slurm-burst daemon holds {state / name}") from None
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()}\n".encode())
-        self._lockfile = fd
-
-    def open_socket(self) -> None:
-        path = Path(self.cfg.daemon.socket)
-        path.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
-        with contextlib.suppress(FileNotFoundError):
-            path.unlink()
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        sock.bind(str(path))
-        os.chmod(path, 0o660)  # the hooks run as SlurmUser: give its group access
-        if self.group is not None:
-            os.chown(path, -1, self.group)
-        sock.settimeout(1.0)
-        self._sock = sock
-
     def run(self) -> None:
-        self.acquire()
-        if self.metrics is not None and self.cfg.daemon.metrics_listen:
+        self.host.acquire()
+        listen = self.settings.metrics_listen
+        if self.metrics is not None and listen:
             try:
-                self.metrics.serve(self.cfg.daemon.metrics_listen)
+                self.metrics.serve(listen)
             except OSError as exc:  # metrics are not worth refusing to provision for
-                log.error(
-                    "daemon.metrics_unavailable listen=%s error=%s",
-                    self.cfg.daemon.metrics_listen,
-                    exc,
-                )
+                log.error("daemon.metrics_unavailable listen=%s error=%s", listen, exc)
         log.info("daemon.started pid=%d node_id=%s", os.getpid(), self.node_id)
         try:
             while not self.stop.is_set():
@@ -149,17 +126,18 @@ class Daemon:
                         self.lead()
                     else:
                         self.follow()
-                        self.stop.wait(self.cfg.daemon.poll_period)
+                        self.stop.wait(self.settings.poll_period)
                         continue
                 try:
                     self.beat()
                     self.drain_spool()
                     self.handle_requests()
-                except Exception as exc:  # the loop's boundary: a full disk or a lock
-                    # held too long must not end the daemon; the requests wait (spool,
-                    # database) and are taken on the next round
-                    log.exception("daemon.requests_failed error=%s", exc)
-                self._wait()
+                except (StoreError, OSError) as exc:  # a full disk, a lock held too
+                    # long: the requests wait (spool, database) for the next round
+                    log.error("daemon.requests_waiting error=%s", exc)
+                except Exception as exc:  # boundary: the main loop outlives one round
+                    contain("daemon.requests", exc, self.metrics)
+                self.host.wait(1.0)
         finally:
             self.shutdown()
 
@@ -171,7 +149,7 @@ class Daemon:
         log.info("daemon.leader node_id=%s", self.node_id)
         self.store.event(self.clock.now(), "daemon.leader", "", self.node_id)
         self.store.meta_delete(f"follower.{self.node_id}")
-        self.open_socket()
+        self.host.open()
         self.beat()
         self.prov.restore_peers()
         if self.ledger_loop is not None:
@@ -208,29 +186,17 @@ class Daemon:
                 return
             try:
                 self.reconciler.pass_once()
-            except Exception:
-                log.exception("reconcile.pass_failed")
+            except Exception as exc:  # boundary: the reconcile loop outlives one pass
+                contain("reconcile.pass", exc, self.metrics)
             if self.warm is not None:
                 try:
                     self.warm.pass_once()
-                except Exception:
-                    log.exception("warm.pass_failed")
+                except Exception as exc:  # boundary: as the reconcile pass
+                    contain("warm.pass", exc, self.metrics)
             self.workers.rescan()
-            self.release_memory()
+            self.host.release_memory()
             elapsed = self.clock.monotonic() - started
-            self.stop.wait(max(0.0, self.cfg.daemon.poll_period - elapsed))
-
-    def _wait(self) -> None:
-        assert self._sock is not None
-        try:
-            self._sock.recv(64)
-            while True:  # drain a burst of wake-ups
-                self._sock.setblocking(False)
-                self._sock.recv(64)
-        except (TimeoutError, BlockingIOError, InterruptedError):
-            pass
-        finally:
-            self._sock.settimeout(1.0)
+            self.stop.wait(max(0.0, self.settings.poll_period - elapsed))
 
     def shutdown(self) -> None:
         log.info("daemon.stopping in_flight=%d", self.workers.in_flight())
@@ -244,10 +210,7 @@ class Daemon:
         if self.telemetry is not None:
             self.telemetry.join(timeout=SAMPLE_JOIN)  # its open usage periods are recorded
         self.workers.shutdown()
-        if self._sock is not None:
-            self._sock.close()
-            with contextlib.suppress(FileNotFoundError):
-                Path(self.cfg.daemon.socket).unlink()
+        self.host.close()  # the wake-up socket, if this daemon led
 
     def beat(self) -> None:
         now = self.clock.now()
@@ -298,7 +261,7 @@ class Daemon:
         launch: list[NodeRecord] = []
         drive: list[str] = []
         for name in req.nodes:
-            group = self.cfg.group_of(name)
+            group = self.fleet.group_of(name)
             if group is None:
                 log.warning("request.unknown_node request=%d node=%s", req.id, name)
                 continue

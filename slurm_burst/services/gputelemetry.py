@@ -24,8 +24,10 @@ import logging
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 
-from slurm_burst.config import Config
+from slurm_burst.config import Fleet, GpuConfig
+from slurm_burst.core.errors import BurstError
 from slurm_burst.core.gpu import (
     GpuSample,
     GpuUsage,
@@ -48,10 +50,18 @@ PARALLEL = 8  # nodes sampled at once
 FLUSH_AFTER = 600.0  # seconds between ledger rows of a job that keeps running
 
 
+@dataclass(frozen=True, kw_only=True)
+class TelemetrySettings:
+    """What the GPU sampler needs of the config (wiring.telemetry_settings)."""
+
+    fleet: Fleet
+    gpu: GpuConfig  # node_python, telemetry_interval, per_gpu_metrics
+
+
 class GpuTelemetry:
     def __init__(
         self,
-        cfg: Config,
+        settings: TelemetrySettings,
         store: NodeStore,
         connector: Connector,
         scheduler: Scheduler,
@@ -60,7 +70,8 @@ class GpuTelemetry:
         record: Callable[[Sequence[GpuUsage]], object] | None = None,
         metrics: Metrics | None = None,
     ) -> None:
-        self.cfg = cfg
+        self.fleet = settings.fleet
+        self.gpu = settings.gpu
         self.store = store
         self.connector = connector
         self.scheduler = scheduler
@@ -74,7 +85,7 @@ class GpuTelemetry:
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
-        if self.cfg.gpu.telemetry_interval <= 0 or not self._groups():
+        if self.gpu.telemetry_interval <= 0 or not self._groups():
             return
         self._thread = threading.Thread(target=self._loop, name="gpu-telemetry", daemon=True)
         self._thread.start()
@@ -85,14 +96,14 @@ class GpuTelemetry:
             self._thread.join(timeout)
 
     def _loop(self) -> None:
-        every(self.cfg.gpu.telemetry_interval, self.stop, self.clock, self.pass_once,
-              "gpu.telemetry")  # fmt: skip
+        every(self.gpu.telemetry_interval, self.stop, self.clock, self.pass_once,
+              "gpu.telemetry", self.metrics)  # fmt: skip
         self._write(self.book.close_all())
 
     def _groups(self) -> dict[str, str]:
         """GPU group name -> its partition (groups whose nodes run the GPU check)."""
         return {
-            g.name: g.partition for g in self.cfg.node_groups.values() if g.gpus and g.gpu_check
+            g.name: g.partition for g in self.fleet.node_groups.values() if g.gpus and g.gpu_check
         }
 
     # -- one pass -------------------------------------------------------------------
@@ -101,15 +112,15 @@ class GpuTelemetry:
         nodes = [r for r in self.store.nodes() if r.state == NodeState.JOINED and r.group in groups]
         samples = self._sample(nodes)
         now = self.clock.now()
-        seconds = self.cfg.gpu.telemetry_interval
+        seconds = self.gpu.telemetry_interval
         if self._last is not None:  # the time since the last samples, at most two intervals
             seconds = min(max(now - self._last, 0.0), 2 * seconds)
         self._last = now
         if self.metrics is not None:
-            agg = by_group(samples, lambda n: g.name if (g := self.cfg.group_of(n)) else None)
+            agg = by_group(samples, lambda n: g.name if (g := self.fleet.group_of(n)) else None)
             for name in groups:  # a group with no node joined reads 0 GPUs, not stale ones
                 agg.setdefault(name, GroupGpus(0, None, 0, 0.0))
-            self.metrics.gpus(agg, samples if self.cfg.gpu.per_gpu_metrics else None)
+            self.metrics.gpus(agg, samples if self.gpu.per_gpu_metrics else None)
         jobs = self._jobs(sorted(set(groups.values())), set(samples)) if samples else {}
         self._write(self.book.observe(now, seconds, jobs, samples))
 
@@ -124,7 +135,7 @@ class GpuTelemetry:
         return out
 
     def _sample_one(self, rec: NodeRecord) -> list[GpuSample] | None:
-        argv = [self.cfg.gpu.node_python, GPU_CHECK, "sample"]
+        argv = [self.gpu.node_python, GPU_CHECK, "sample"]
         try:
             sh = self.connector.connect(
                 rec.ip, rec.host_key_list(), self.clock.monotonic() + SAMPLE_TIMEOUT
@@ -134,7 +145,8 @@ class GpuTelemetry:
             finally:
                 sh.close()
             return parse_sample(json.loads(said))
-        except Exception as exc:  # one node's trouble is logged, the others are sampled
+        except (BurstError, ValueError) as exc:  # one node's trouble (unreachable, a
+            # sample that is not JSON or not a sample) is logged; the others are sampled
             log.warning("gpu.sample_failed node=%s error=%s", rec.name, str(exc)[:300])
             return None
 
@@ -146,7 +158,7 @@ class GpuTelemetry:
         for j in self.scheduler.jobs(partitions):
             if j.state == "RUNNING" and j.start_time is not None:
                 running[
-                    (j.job_id, job_key(self.cfg.cluster.name, j.job_id, j.start_time.timestamp()))
+                    (j.job_id, job_key(self.fleet.cluster, j.job_id, j.start_time.timestamp()))
                 ] = j
         self.allocations = {k: v for k, v in self.allocations.items() if k in running}
         new = [job_id for job_id, key in running if (job_id, key) not in self.allocations]
@@ -165,5 +177,5 @@ class GpuTelemetry:
             return
         try:
             self.record(rows)
-        except Exception as exc:  # the ledger is away: these periods are lost, said loudly
+        except BurstError as exc:  # the ledger is away: these periods are lost, said loudly
             log.error("gpu.usage_not_recorded rows=%d error=%s", len(rows), exc)

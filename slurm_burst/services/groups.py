@@ -10,8 +10,9 @@ failure) and launches are refused. The group comes back after
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 
-from slurm_burst.config import Config
+from slurm_burst.config import NodeGroup
 from slurm_burst.core.hostlist import compress
 from slurm_burst.core.nodestate import reason as node_reason
 from slurm_burst.core.slurm import SchedulerError
@@ -21,27 +22,35 @@ log = logging.getLogger(__name__)
 
 
 class GroupControl:
-    def __init__(self, cfg: Config, store: NodeStore, scheduler: Scheduler) -> None:
-        self.cfg = cfg
+    def __init__(
+        self,
+        groups: Mapping[str, NodeGroup],
+        store: NodeStore,
+        scheduler: Scheduler,
+        *,
+        protect_cooldown: float,
+    ) -> None:
+        self.groups = groups
         self.store = store
         self.scheduler = scheduler
+        self.protect_cooldown = protect_cooldown
 
     def protect(self, group: str, why: str, now: float) -> None:
         """Protected mode: the group's nodes drained in Slurm with a reason, launches refused."""
-        g = self.cfg.node_groups[group]
+        g = self.groups[group]
         text = node_reason(
             "GroupProtected",
             f"node group {group} protected: {why}; back after "
-            f"{self.cfg.daemon.protect_cooldown:g} s or 'slurm-burst group enable {group}'",
+            f"{self.protect_cooldown:g} s or 'slurm-burst group enable {group}'",
         )
-        self.store.protect_group(group, now + self.cfg.daemon.protect_cooldown, text)
+        self.store.protect_group(group, now + self.protect_cooldown, text)
         self.scheduler.update_nodes(g.node_names(), state="drain", reason=text)
         log.error("group.protected group=%s nodes=%s reason=%s", group, g.hostlist, why)
 
     def enable(self, group: str) -> list[str]:
         """Leave protected mode: launches allowed, our drain lifted in Slurm (only ours:
         a drain an admin set with another reason stays). Returns the nodes undrained."""
-        g = self.cfg.node_groups[group]
+        g = self.groups[group]
         self.store.unprotect_group(group)
         members = set(g.node_names())
         drained = [

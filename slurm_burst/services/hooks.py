@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from slurm_burst.config import Config
+from slurm_burst.core.errors import BurstError
 from slurm_burst.core.hostlist import HostlistError, compress, expand_unique
 from slurm_burst.core.nodestate import reason
 from slurm_burst.core.records import StoreError
@@ -255,7 +256,7 @@ def _not_recorded(
 def _mark_down(scheduler: Callable[[], Scheduler], names: tuple[str, ...], why: str) -> bool:
     try:
         scheduler().update_nodes(names, state="down", reason=why)  # short timeout
-    except Exception as exc:  # whatever Slurm says, the hook must still exit with a code
+    except BurstError as exc:  # whatever Slurm says, the hook must still exit with a code
         log.error("hook.mark_down_failed error=%s", visible(str(exc))[:300])
         return False
     return True

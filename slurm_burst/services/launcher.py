@@ -31,14 +31,14 @@ import logging
 import secrets
 import shlex
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import Any, Protocol
 
-from slurm_burst.config import Config, NodeGroup
+from slurm_burst.config import Fleet, NodeGroup
 from slurm_burst.core.cloud import NODE_TAG, CapacityError, CloudError, Instance, LaunchSpec
 from slurm_burst.core.errors import StepError
 from slurm_burst.core.jobs import job_ids, least_useful, share_out
@@ -75,24 +75,41 @@ class LaunchPlan:
 Launched = Callable[[NodeRecord, Instance], None]
 
 
+@dataclass(frozen=True, kw_only=True)
+class LauncherSettings:
+    fleet: Fleet
+    capacity_cooldown: float  # seconds a size that ran out of capacity is skipped
+
+
+class LaunchPorts(Protocol):
+    """The ports the launcher uses (the provisioner's ports have them)."""
+
+    @property
+    def store(self) -> NodeStore: ...
+    @property
+    def clouds(self) -> Mapping[str, Cloud]: ...
+    @property
+    def clock(self) -> Clock: ...
+    @property
+    def metrics(self) -> Metrics | None: ...
+
+
 class Launcher:
     def __init__(
         self,
-        cfg: Config,
-        store: NodeStore,
-        clouds: dict[str, Cloud],
+        settings: LauncherSettings,
+        ports: LaunchPorts,
         ssh_public_key: str,
-        clock: Clock,
         launched: Launched,
-        metrics: Metrics | None = None,
     ) -> None:
-        self.cfg = cfg
-        self.store = store
-        self.clouds = clouds
+        self.fleet = settings.fleet
+        self.capacity_cooldown = settings.capacity_cooldown
+        self.store = ports.store
+        self.clouds = ports.clouds
         self.ssh_public_key = ssh_public_key
-        self.clock = clock
+        self.clock = ports.clock
         self.launched = launched
-        self.metrics = metrics
+        self.metrics = ports.metrics
         self._batch_locks: dict[str, threading.Lock] = {}
         self._unnamed: list[tuple[str, str, str]] = []  # (node, instance, provider) to tag
         self._guard = threading.Lock()
@@ -147,7 +164,7 @@ class Launcher:
             by_group.setdefault(rec.group, []).append(rec.name)
         plans = []
         for group_name, nodes in by_group.items():
-            group = self.cfg.node_groups[group_name]
+            group = self.fleet.node_groups[group_name]
             try:
                 cands: tuple[Candidate, ...] = tuple(self.candidates(group))
             except (StepError, CloudError):
@@ -171,13 +188,13 @@ class Launcher:
         """What to launch for ``node`` (or for a batch of ``count`` led by it)."""
         return LaunchSpec(
             node=node,
-            cluster=self.cfg.cluster.name,
+            cluster=self.fleet.cluster,
             group=group.name,
             size=size,
             image=group.image,
             token=token,
             ssh_public_key=self.ssh_public_key,
-            user_data=user_data(self.cfg.cluster.name, node if count == 1 else group.name),
+            user_data=user_data(self.fleet.cluster, node if count == 1 else group.name),
             tags=dict(group.tags),
             spot=group.spot,
             spot_max_price=group.spot_max_price,
@@ -218,7 +235,7 @@ class Launcher:
             cloud = self.clouds[cand.provider]
             try:
                 with timed(self.clock, rec.name, "launch", self.metrics):
-                    found = cloud.find(token, self.cfg.cluster.name) if resumed == token else []
+                    found = cloud.find(token, self.fleet.cluster) if resumed == token else []
                     inst = (
                         found[0]
                         if found
@@ -235,7 +252,7 @@ class Launcher:
 
     def _token_prefix(self) -> str:
         """What every launch token starts with: the cluster, then the installation."""
-        return f"{self.cfg.cluster.name[:24]}-{self.installation()}"
+        return f"{self.fleet.cluster[:24]}-{self.installation()}"
 
     def token(self, rec: NodeRecord, seq: int) -> str:
         """The idempotency token of ``rec``'s launch on candidate ``seq``: readable, or
@@ -263,9 +280,7 @@ class Launcher:
     def size_unavailable(self, node: str, provider: str, size: str, exc: CloudError) -> None:
         """Cool ``provider/size`` down after a capacity error (every group skips it)."""
         now = self.clock.now()
-        self.store.mark_unavailable(
-            provider, size, now + self.cfg.daemon.capacity_cooldown, exc.code
-        )
+        self.store.mark_unavailable(provider, size, now + self.capacity_cooldown, exc.code)
         self.store.event(now, "size.unavailable", node, f"{provider}/{size}: {exc.code}")
         log.warning(
             "node.launch.capacity node=%s provider=%s size=%s code=%s cooldown=%g",
@@ -273,7 +288,7 @@ class Launcher:
             provider,
             size,
             exc.code,
-            self.cfg.daemon.capacity_cooldown,
+            self.capacity_cooldown,
         )
 
     # -- batches --------------------------------------------------------------------
@@ -401,7 +416,7 @@ class Launcher:
                 return  # another worker of the batch finished it
             cloud = self.clouds[info["provider"]]
             names: list[str] = info["nodes"]
-            made = cloud.find(rec.token, self.cfg.cluster.name)
+            made = cloud.find(rec.token, self.fleet.cluster)
             if len(made) != len(names):
                 spec = self.spec(group, names[0], info["size"], rec.token, len(names))
                 made = cloud.launch_many(spec)

@@ -26,18 +26,18 @@ import ipaddress
 import json
 import logging
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from importlib import resources
 
-from slurm_burst.config import Config, NodeGroup
+from slurm_burst.config import Fleet, GpuConfig, NodeGroup
 from slurm_burst.core.cloud import NODE_TAG, CapacityError, CloudError, Instance, classify
-from slurm_burst.core.errors import BurstError, StepError
+from slurm_burst.core.errors import BadInput, BurstError, StepError
 from slurm_burst.core.jobs import job_ids, nodes_by_job, released_with
 from slurm_burst.core.mesh import MeshError, parking_address
-from slurm_burst.core.nodestate import LIVE, NodeState, Want, reason
+from slurm_burst.core.nodestate import LIVE, NodeState, TransitionError, Want, reason
 from slurm_burst.core.pricing import dollars
 from slurm_burst.core.records import NodeRecord, PoolExhausted, StoreError
 from slurm_burst.core.remote import RemoteError
@@ -54,7 +54,7 @@ from slurm_burst.ports import (
     RemoteShell,
     Scheduler,
 )
-from slurm_burst.services.launcher import Launcher, timed
+from slurm_burst.services.launcher import Launcher, LauncherSettings, timed
 
 log = logging.getLogger(__name__)
 
@@ -96,38 +96,63 @@ class Secrets:
     munge_key: bytes
 
 
+@dataclass(frozen=True, kw_only=True)
+class ProvisionerSettings:
+    """What the provisioner needs of the config (wiring.provisioner_settings builds it)."""
+
+    fleet: Fleet
+    controller_addr: str  # the hub routes it to the nodes when outside the mesh
+    munge_socket: str
+    mesh_subnet: str
+    mesh_interface: str
+    boot_timeout: float
+    bootstrap_timeout: float
+    capacity_cooldown: float  # a size that ran out of capacity waits this long
+    gpu: GpuConfig
+    slurm_release: str | None = None  # slurmctld's; None: slurmd's is not checked
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProvisionerPorts:
+    store: NodeStore
+    clouds: Mapping[str, Cloud]
+    mesh: Mesh
+    connector: Connector
+    scheduler: Scheduler
+    ledger: Ledger  # spools while the database is away: never blocks a step
+    clock: Clock
+    metrics: Metrics | None = None
+
+
 class Provisioner:
     def __init__(
         self,
-        cfg: Config,
-        store: NodeStore,
-        clouds: dict[str, Cloud],
-        mesh: Mesh,
-        connector: Connector,
-        scheduler: Scheduler,
-        ledger: Ledger,
+        settings: ProvisionerSettings,
+        ports: ProvisionerPorts,
         secrets: Secrets,
-        clock: Clock,
+        *,
         stopping: threading.Event,
-        metrics: Metrics | None = None,
         joined: Callable[[str], None] | None = None,
-        slurm_release: str | None = None,
     ) -> None:
-        self.slurm_release = slurm_release  # slurmctld's; None: slurmd's is not checked
-        self.cfg = cfg
+        self.settings = settings
+        self.fleet = settings.fleet
+        self.slurm_release = settings.slurm_release
         self.joined = joined or (lambda name: None)  # slurmd started: watch it register
-        self.store = store
-        self.clouds = clouds
-        self.mesh = mesh
-        self.connector = connector
-        self.scheduler = scheduler
-        self.ledger = ledger
+        self.store = ports.store
+        self.clouds = ports.clouds
+        self.mesh = ports.mesh
+        self.connector = ports.connector
+        self.scheduler = ports.scheduler
+        self.ledger = ports.ledger
         self.secrets = secrets
-        self.clock = clock
+        self.clock = ports.clock
         self.stopping = stopping  # the daemon is stopping: waits end, state stays
-        self.metrics = metrics
+        self.metrics = ports.metrics
         self.launcher = Launcher(
-            cfg, store, clouds, secrets.ssh_public_key, clock, self._launched, metrics
+            LauncherSettings(fleet=self.fleet, capacity_cooldown=settings.capacity_cooldown),
+            ports,
+            secrets.ssh_public_key,
+            self._launched,
         )
         node_files = resources.files("slurm_burst.node")
         self.script = node_files.joinpath("bootstrap.sh").read_bytes()
@@ -176,6 +201,8 @@ class Provisioner:
                     log.info("node.paused node=%s state=%s (daemon stopping)", name, rec.state)
                     return None
                 log.info("node.cancelled node=%s state=%s (want down)", name, rec.state)
+            except (TransitionError, BadInput):  # a bug or a race, not this node's fault:
+                raise  # the worker's boundary logs it; the node is looked at again
             except BurstError as exc:  # cloud, SSH, hub, Slurm, state store, a step
                 self._fail(rec, exc.code, str(exc))
             except OSError as exc:  # the controller's own disk, sockets, processes
@@ -196,7 +223,7 @@ class Provisioner:
         for name in names:
             try:
                 addrs.append(
-                    self.store.allocate_address(name, self.cfg.mesh.subnet, self.clock.now())
+                    self.store.allocate_address(name, self.settings.mesh_subnet, self.clock.now())
                 )
                 named.append(name)
             except StoreError as exc:  # a full pool: the rest fail in bootstrap (MeshPoolFull)
@@ -206,12 +233,12 @@ class Provisioner:
             return
         try:
             self.scheduler.update_nodes(named, addrs=addrs, hostnames=named)
-        except Exception as exc:
+        except SchedulerError as exc:
             log.warning("node.nodeaddr_early_failed count=%d error=%s", len(named), exc)
 
     # -- steps --------------------------------------------------------------------
     def _group(self, rec: NodeRecord) -> NodeGroup:
-        group = self.cfg.group_of(rec.name)
+        group = self.fleet.group_of(rec.name)
         if group is None:
             raise StepError("NotConfigured", f"{rec.name} is in no node group of the config")
         return group
@@ -232,7 +259,7 @@ class Provisioner:
         """Two timed steps: ``boot`` (launched -> running with an address) and ``attest``
         (running -> its SSH host keys read through the provider's API)."""
         cloud = self.clouds[rec.provider]
-        deadline = rec.state_since + self.cfg.daemon.boot_timeout
+        deadline = rec.state_since + self.settings.boot_timeout
         with self._timed(rec.name, "boot"):
             while True:
                 inst = self._running(rec)
@@ -265,7 +292,7 @@ class Provisioner:
 
     def _past(self, deadline: float, code: str, what: str) -> None:
         if self.clock.now() > deadline:
-            raise StepError(code, f"{what} after {self.cfg.daemon.boot_timeout:g} s")
+            raise StepError(code, f"{what} after {self.settings.boot_timeout:g} s")
 
     def _running(self, rec: NodeRecord) -> Instance | None:
         """The instance once it runs with an address; None while it boots."""
@@ -287,11 +314,10 @@ class Provisioner:
         return inst if inst.state == "running" and inst.address else None
 
     def _bootstrap(self, rec: NodeRecord) -> None:
-        mesh_cfg = self.cfg.mesh
-        iface = mesh_cfg.interface
-        net = ipaddress.ip_network(mesh_cfg.subnet)
+        iface = self.settings.mesh_interface
+        net = ipaddress.ip_network(self.settings.mesh_subnet)
         hub_ip = str(next(net.hosts()))
-        remaining = rec.state_since + self.cfg.daemon.bootstrap_timeout - self.clock.now()
+        remaining = rec.state_since + self.settings.bootstrap_timeout - self.clock.now()
         deadline = self.clock.monotonic() + max(remaining, 5.0)
         keys = rec.host_key_list()
         with self._timed(rec.name, "ssh"):
@@ -310,7 +336,9 @@ class Provisioner:
             if len(pub) != 44 or not pub.endswith("="):
                 raise StepError("WireGuardKey", "the node did not return a WireGuard public key")
             with _as_step("MeshPoolFull", PoolExhausted):
-                addr = self.store.allocate_address(rec.name, mesh_cfg.subnet, self.clock.now())
+                addr = self.store.allocate_address(
+                    rec.name, self.settings.mesh_subnet, self.clock.now()
+                )
             self.store.update(rec.name, wg_pubkey=pub, mesh_addr=addr)
             with (
                 self._timed(rec.name, "hub-peer"),
@@ -319,8 +347,8 @@ class Provisioner:
                 self.mesh.add_peer(pub, addr, rec.name)
             routes = (
                 []
-                if ipaddress.ip_address(self.cfg.cluster.controller_addr) in net
-                else [f"{self.cfg.cluster.controller_addr}/32"]
+                if ipaddress.ip_address(self.settings.controller_addr) in net
+                else [f"{self.settings.controller_addr}/32"]
             )
             conf = self.mesh.node_config([str(net), *routes])
             conf_path = f"/etc/wireguard/{iface}-hub.conf"
@@ -331,14 +359,14 @@ class Provisioner:
             with self._timed(rec.name, "munge"):
                 uid, gid = (int(x) for x in self._step(sh, "munge-dirs").strip().split(":"))
                 sh.put(self.secrets.munge_key, "/etc/munge/munge.key", 0o400, (uid, gid))
-                self._step(sh, "munge-start", self.cfg.slurm.munge_socket)
+                self._step(sh, "munge-start", self.settings.munge_socket)
             with (
                 self._timed(rec.name, "nodeaddr"),
                 _as_step("NodeAddr", SchedulerError),
             ):
                 self.scheduler.update_nodes([rec.name], addrs=[addr], hostnames=[rec.name])
             self._check_want(rec.name)
-            gpu = self.cfg.gpu
+            gpu = self.settings.gpu
             if gpu.health_check_program:  # slurmd runs it once before it registers
                 checked = group.gpus and group.gpu_check
                 self._step(
@@ -377,7 +405,7 @@ class Provisioner:
         """The GPU check (``node/gpucheck.py``) against what the group promises: a node
         that fails it never joins (GpuUnhealthy). It stays on the node, with its
         expectation file, as the HealthCheckProgram's check when one is configured."""
-        gpu = self.cfg.gpu
+        gpu = self.settings.gpu
         expect = {
             "count": group.gpus,
             "files": group.gpu_device_files(),
@@ -431,7 +459,7 @@ class Provisioner:
                 said = sh.run(["sh", REMOTE_SCRIPT, "diagnose", rec.name], timeout=DIAGNOSE_WAIT)
             finally:
                 sh.close()
-        except Exception as exc:  # the node may be gone: that is worth saying, not failing
+        except RemoteError as exc:  # the node may be gone: that is worth saying, not failing
             log.warning("node.diagnose_failed node=%s error=%s", rec.name, exc)
             return
         log.warning("node.diagnosis node=%s code=%s\n%s", rec.name, rec.error, said.strip())
@@ -461,9 +489,9 @@ class Provisioner:
             released = self.store.release_address(name)  # given at the request, or bootstrap
             if released or rec.mesh_addr:
                 try:  # NodeAddr parked: nothing points at a released address
-                    park = parking_address(self.cfg.mesh.subnet)
+                    park = parking_address(self.settings.mesh_subnet)
                     self.scheduler.update_nodes([name], addrs=[park], hostnames=[name])
-                except Exception as exc:
+                except SchedulerError as exc:
                     log.warning("node.nodeaddr_reset_failed node=%s error=%s", name, exc)
             if rec.instance_id:
                 self._record(rec, rec.instance_id, "terminated", self.clock.now(), rec.error)
@@ -501,9 +529,9 @@ class Provisioner:
             self.metrics.failed(rec.group, code)
         try:
             self.scheduler.update_nodes([rec.name], state="down", reason=reason(code, message))
-        except Exception as exc:
+        except SchedulerError as exc:
             log.warning("node.mark_down_failed node=%s error=%s", rec.name, exc)
-        group = self.cfg.group_of(rec.name)
+        group = self.fleet.group_of(rec.name)
         if group is not None and group.all_or_nothing == "job":
             self._release_job_of(rec, code)
 
@@ -553,7 +581,7 @@ class Provisioner:
         """Return a node to service after a failed resume (Slurm may try it again)."""
         try:
             self.scheduler.update_nodes([name], state="power_down_force")
-        except Exception as exc:
+        except SchedulerError as exc:
             log.warning("node.power_down_force_failed node=%s error=%s", name, exc)
 
     # -- helpers --------------------------------------------------------------------
@@ -572,7 +600,7 @@ class Provisioner:
                 if r.wg_pubkey not in present:
                     self.mesh.add_peer(r.wg_pubkey, r.mesh_addr, r.name)
                     log.info("daemon.peer_restored node=%s mesh_addr=%s", r.name, r.mesh_addr)
-        except Exception as exc:  # the reconcile pass reports the hub; provisioning goes on
+        except MeshError as exc:  # the reconcile pass reports the hub; provisioning goes on
             log.error("daemon.peer_restore_failed error=%s", exc)
 
     def _check_want(self, name: str) -> None:
@@ -587,11 +615,11 @@ class Provisioner:
     ) -> None:
         """Record an instance event in the ledger, priced at launch (the ledger port
         spools it if the database is away; it never stops provisioning)."""
-        group = self.cfg.group_of(rec.name)
+        group = self.fleet.group_of(rec.name)
         size = rec.size or (group.size_names[0] if group else "")
         launched = datetime.fromtimestamp(rec.requested_at or at, UTC)
         gpus = group.gpus if group else 0
-        price = self.cfg.rate_table.price(size, gpus, launched)
+        price = self.fleet.rate_table.price(size, gpus, launched)
         try:
             self.ledger.instance_event(
                 InstanceEvent(
@@ -611,5 +639,5 @@ class Provisioner:
                     price_version=price.version if price else "",
                 )
             )
-        except Exception as exc:
+        except (BurstError, OSError) as exc:  # the database away and its spool full
             log.error("ledger.write_failed node=%s event=%s error=%s", rec.name, event, exc)

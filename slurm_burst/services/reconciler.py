@@ -21,12 +21,13 @@ report to the state database (``slurm-burst status`` reads it) and the metrics.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from functools import partial
 from typing import Any
 
-from slurm_burst.config import Config
+from slurm_burst.config import Fleet
+from slurm_burst.core.errors import BurstError
 from slurm_burst.core.nodestate import LIVE, Want
 from slurm_burst.core.pricing import dollars
 from slurm_burst.core.reconcile import (
@@ -38,10 +39,11 @@ from slurm_burst.core.reconcile import (
     plan,
     summarize,
 )
-from slurm_burst.core.slurm import node_activity
+from slurm_burst.core.slurm import SchedulerError, node_activity
 from slurm_burst.core.usage import InstanceEvent
 from slurm_burst.ports import AccountingLedger, Clock, Cloud, Mesh, Metrics, NodeStore, Scheduler
 from slurm_burst.services.groups import GroupControl
+from slurm_burst.services.periodic import contain
 from slurm_burst.services.status import spend_rate
 
 log = logging.getLogger(__name__)
@@ -59,70 +61,80 @@ class PassReport:
     slurm_nodes: dict[str, dict[str, int]] = field(default_factory=dict)
 
 
-def policy(cfg: Config) -> Policy:
-    d = cfg.daemon
-    return Policy(
-        orphan_grace=d.orphan_grace,
-        resume_timeout=float(cfg.slurm.resume_timeout),
-        protect_after=d.protect_after,
-        protect_cooldown=d.protect_cooldown,
-        lost_resume_grace=max(d.lost_resume_grace, 2 * d.poll_period),
-        register_timeout=d.register_timeout,
-    )
+@dataclass(frozen=True, kw_only=True)
+class ReconcilerSettings:
+    """What the reconcile loop needs of the config (wiring.reconciler_settings)."""
+
+    fleet: Fleet
+    policy: Policy  # the planner's thresholds
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReconcilerPorts:
+    store: NodeStore
+    scheduler: Scheduler
+    clouds: Mapping[str, Cloud]
+    mesh: Mesh
+    clock: Clock
+    ledger: AccountingLedger | None = None  # the SQL ledger: open instances, rows closed
+    metrics: Metrics | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class NodeHands:
+    """How the reconciler acts on one node: through the daemon, never by itself."""
+
+    fail: Callable[[str, str, str], bool]  # fails a node from outside its worker
+    submit: Callable[[str], None]  # hands a node to its worker (the daemon's pool)
 
 
 class Reconciler:
     def __init__(
         self,
-        cfg: Config,
-        store: NodeStore,
-        scheduler: Scheduler,
-        clouds: dict[str, Cloud],
-        mesh: Mesh,
-        fail: Callable[[str, str, str], bool],
-        submit: Callable[[str], None],
-        clock: Clock,
-        ledger: AccountingLedger | None = None,
-        metrics: Metrics | None = None,
+        settings: ReconcilerSettings,
+        ports: ReconcilerPorts,
+        hands: NodeHands,
+        groups: GroupControl,
     ) -> None:
-        self.cfg = cfg
-        self.store = store
-        self.scheduler = scheduler
-        self.clouds = clouds
-        self.mesh = mesh
-        self.fail = fail  # fails a node from outside its worker (Provisioner.fail)
-        self.submit = submit  # hands a node to its worker (the daemon's pool)
-        self.clock = clock
-        self.ledger = ledger  # the SQL ledger: open instances, rows closed
-        self.metrics = metrics
-        self.policy = policy(cfg)
-        self.groups = GroupControl(cfg, store, scheduler)
+        self.fleet = settings.fleet
+        self.policy = settings.policy
+        self.store = ports.store
+        self.scheduler = ports.scheduler
+        self.clouds = ports.clouds
+        self.mesh = ports.mesh
+        self.fail = hands.fail
+        self.submit = hands.submit
+        self.clock = ports.clock
+        self.ledger = ports.ledger
+        self.metrics = ports.metrics
+        self.groups = groups  # protected mode
 
     # -- observe ----------------------------------------------------------------
     def observe(self, report: PassReport) -> Snapshot:
         def read(source: str, fn: Callable[[], Any]) -> Any:
             try:
                 return fn()
-            except Exception as exc:
+            except BurstError as exc:  # a port's failure: the pass goes on without it
                 report.errors[f"observe.{source}"] = f"{type(exc).__name__}: {exc}"
                 log.warning("reconcile.observe_failed source=%s error=%s", source, exc)
                 if self.metrics is not None:
                     self.metrics.phase_error(f"observe.{source}")
                 return None
 
-        cfg = self.cfg
+        fleet = self.fleet
         nodes = read("slurm_nodes", self.scheduler.nodes)
-        slurm_nodes = None if nodes is None else {n.name: n for n in nodes if cfg.group_of(n.name)}
-        for (side, activity), n in node_activity(nodes or (), cfg.group_of).items():
+        ours = [n for n in nodes or () if fleet.group_of(n.name)]
+        slurm_nodes = None if nodes is None else {n.name: n for n in ours}
+        for (side, activity), n in node_activity(nodes or (), fleet.group_of).items():
             report.slurm_nodes.setdefault(side, {})[activity] = n
-        jobs = read("slurm_jobs", lambda: self.scheduler.job_counts(cfg.burst_partitions()))
+        jobs = read("slurm_jobs", lambda: self.scheduler.job_counts(fleet.burst_partitions()))
         for (_part, state), n in (jobs or {}).items():
             report.jobs[state] = report.jobs.get(state, 0) + n
         read("slurm_partitions", self.scheduler.partitions)
         report.slurm_calls += 3
         instances: dict[str, Any] = {}
         for name, cloud in self.clouds.items():
-            listed = read(f"cloud.{name}", partial(cloud.list_instances, cfg.cluster.name))
+            listed = read(f"cloud.{name}", partial(cloud.list_instances, fleet.cluster))
             if listed is not None:
                 instances[name] = listed
         peers = read("mesh_peers", self.mesh.peers)
@@ -152,7 +164,10 @@ class Reconciler:
         for action in p.actions:
             try:
                 self._act(action, snap)
-            except Exception as exc:
+            except Exception as exc:  # boundary: one action's failure, even a defect,
+                # must not stop the repairs of every other node (counted as contained)
+                if not isinstance(exc, BurstError):
+                    contain(f"reconcile.act.{action.kind}", exc, self.metrics)
                 report.errors[f"act.{action.kind}.{action.node or action.target}"] = str(exc)
                 log.warning(
                     "reconcile.action_failed action=%s node=%s target=%s error=%s",
@@ -213,7 +228,12 @@ class Reconciler:
             # fail the same way; an error here leaves it to a later pass
             self.store.meta_set("writable_at", snap.now)
             self.scheduler.update_nodes([a.node], state="resume")  # clears DOWN
-            self.scheduler.update_nodes([a.node], state="power_down_force")  # idle~ again
+            try:
+                self.scheduler.update_nodes([a.node], state="power_down_force")  # idle~ again
+            except SchedulerError as exc:
+                # the node is in service already (the resume was the repair): Slurm may
+                # refuse to power down a node the resume left powered down (22.05)
+                log.info("reconcile.power_down_refused node=%s error=%s", a.node, exc)
         else:
             raise ValueError(f"unknown action {a.kind}")
 
@@ -232,7 +252,7 @@ class Reconciler:
     def record(self, snap: Snapshot, report: PassReport, p: Plan | None = None) -> None:
         records = list(snap.records.values())
         by_group = summarize(records)
-        spend = spend_rate(self.cfg, records)
+        spend = spend_rate(self.fleet, records)
         ended = self.clock.now()
         summary = {
             **asdict(report),
@@ -251,8 +271,8 @@ class Reconciler:
         m = self.metrics
         if m is not None:
             m.reconcile_pass(report.seconds, ended)
-            m.node_counts(by_group, list(self.cfg.node_groups))
-            for g in self.cfg.node_groups:
+            m.node_counts(by_group, list(self.fleet.node_groups))
+            for g in self.fleet.node_groups:
                 health = snap.groups.get(g)
                 protected = health is not None and health.protected(snap.now)
                 m.group_status(g, float(dollars(spend.get(g, 0))), protected)
@@ -261,5 +281,5 @@ class Reconciler:
                     {(side, a): n for side, by in report.slurm_nodes.items() for a, n in by.items()}
                 )
             if p is not None:
-                f = findings(p.suspects, records, snap.now, self.cfg.node_groups, self.clouds)
+                f = findings(p.suspects, records, snap.now, self.fleet.node_groups, self.clouds)
                 m.findings(f.orphans, f.stale_peers, f.leaked_addresses, f.oldest_resume)

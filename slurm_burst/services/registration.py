@@ -17,9 +17,11 @@ from __future__ import annotations
 import logging
 import threading
 
+from slurm_burst.core.errors import BurstError
 from slurm_burst.core.hostlist import compress
 from slurm_burst.core.nodestate import NodeState
-from slurm_burst.ports import Clock, NodeStore, Scheduler
+from slurm_burst.ports import Clock, Metrics, NodeStore, Scheduler
+from slurm_burst.services.periodic import contain
 
 log = logging.getLogger(__name__)
 
@@ -33,8 +35,10 @@ class Registrations:
         stop: threading.Event,
         interval: float = 0.25,
         give_up: float = 300.0,
+        metrics: Metrics | None = None,
     ) -> None:
         self.store = store
+        self.metrics = metrics
         self.scheduler = scheduler
         self.clock = clock
         self.stop = stop
@@ -76,8 +80,10 @@ class Registrations:
                 return
             try:
                 self.poll_once()
-            except Exception:  # Slurm busy, state store locked: try again next tick
-                log.exception("registration.poll_failed")
+            except BurstError as exc:  # Slurm busy, state store locked: try again next tick
+                log.warning("registration.poll_waiting code=%s error=%s", exc.code, exc)
+            except Exception as exc:  # boundary: the watcher thread outlives one look
+                contain("registration.poll", exc, self.metrics)
             self.stop.wait(self.interval)
 
     def poll_once(self) -> set[str]:

@@ -9,20 +9,30 @@ config's own, plus a sweep of ``wait_per_dollar`` when asked.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, replace
 from datetime import UTC, datetime
 from typing import Any
 
 from slurm_burst.config import Config
+from slurm_burst.core.errors import BadInput
 from slurm_burst.core.policy import ALWAYS, NEVER, Rule
 from slurm_burst.core.pricing import dollars
-from slurm_burst.core.simulate import CloudGroup, Setup, Summary, simulate, summarize
+from slurm_burst.core.simulate import (
+    CloudGroup,
+    Comparison,
+    Setup,
+    Summary,
+    simulate,
+    summarize,
+)
 from slurm_burst.core.warm import DAYS
 from slurm_burst.core.workload import Trace
 
 
-class SimulationError(ValueError):
+class SimulationError(BadInput, ValueError):
     """The simulation cannot run as asked; the message says why."""
+
+    code = "SimulationInput"
 
 
 def cloud_groups(cfg: Config, at: datetime | None = None) -> tuple[CloudGroup, ...]:
@@ -56,15 +66,6 @@ def policies(cfg: Config, sweep: Sequence[float] = ()) -> dict[str, Rule]:
     for seconds in sweep:
         out[f"wait_per_dollar={seconds:g}"] = replace(default, wait_per_dollar=seconds)
     return out
-
-
-@dataclass(frozen=True)
-class Comparison:
-    name: str
-    summary: Summary
-    wait_cut: float | None  # share of burst-always's mean-wait reduction (vs never)
-    cost_share: float | None  # cloud cost as a share of burst-always's
-    waits: tuple[float, ...] = ()  # every job's wait, sorted (the plots' CDF)
 
 
 def run(

@@ -12,6 +12,7 @@ from pathlib import Path
 from string import Template
 
 from slurm_burst.config import Config, NodeGroup
+from slurm_burst.core.errors import BadInput
 from slurm_burst.core.hostlist import compress
 from slurm_burst.core.pricing import billing_weight
 from slurm_burst.core.slurm import SUPPORTED_RELEASES, release_key
@@ -31,8 +32,10 @@ def template_dir() -> Path:
     return Path(sys.prefix) / "share" / "slurm-burst" / "templates"
 
 
-class RenderError(ValueError):
+class RenderError(BadInput, ValueError):
     """The config holds a value that would not reach Slurm as meant: nothing is written."""
+
+    code = "RenderRefused"
 
 
 def line(*pairs: tuple[str, object]) -> str:

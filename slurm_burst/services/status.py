@@ -8,21 +8,21 @@ from datetime import UTC, datetime
 from functools import lru_cache
 from typing import Any
 
-from slurm_burst.config import Config
+from slurm_burst.config import Config, Fleet
 from slurm_burst.core.nodestate import LIVE, NodeState
 from slurm_burst.core.pricing import dollars
 from slurm_burst.core.reconcile import Tracked, summarize
 from slurm_burst.ports import NodeStore
 
 
-def spend_rate(cfg: Config, records: Iterable[Tracked]) -> dict[str, int]:
+def spend_rate(fleet: Fleet, records: Iterable[Tracked]) -> dict[str, int]:
     """Micro-dollars per hour of the instances live now, by group.
 
     An estimate for status and metrics (the ledger prices each instance exactly):
     prices are looked up once per size and launch minute.
     """
-    table = cfg.rate_table
-    gpus_of = {name: g.gpus for name, g in cfg.node_groups.items()}
+    table = fleet.rate_table
+    gpus_of = {name: g.gpus for name, g in fleet.node_groups.items()}
 
     @lru_cache(maxsize=4096)
     def price(size: str, gpus: int, minute: int) -> int:
@@ -50,7 +50,7 @@ def status(cfg: Config, store: NodeStore, now: float, leader: str | None = None)
         if now - float(v.get("at", 0)) < cfg.daemon.heartbeat_stale
     }
     age = None if beat is None else now - float(beat["at"])
-    spend = spend_rate(cfg, records)
+    spend = spend_rate(cfg.fleet, records)
     return {
         "daemon": {
             "running": age is not None and age < cfg.daemon.heartbeat_stale,

@@ -20,11 +20,12 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
-from slurm_burst.config import Config
-from slurm_burst.core.slurm import SlurmNode
+from slurm_burst.config import NodeGroup
+from slurm_burst.core.slurm import SchedulerError, SlurmNode
 from slurm_burst.core.warm import PoolNode, pool_moves, warm_nodes
 from slurm_burst.ports import Clock, NodeStore, Scheduler
 
@@ -34,26 +35,36 @@ OVERRIDE = "warm."  # store meta key prefix: warm.<group> -> {"nodes", "until", 
 GOING_DOWN = frozenset({"POWERING_DOWN", "POWER_DOWN"})
 
 
+@dataclass(frozen=True, kw_only=True)
+class WarmSettings:
+    """The groups with warm pools, and how long each group's idle node stays up (its
+    partition's SuspendTime, else slurm.suspend_time): wiring.warm_settings."""
+
+    groups: Mapping[str, NodeGroup]
+    idle_limits: Mapping[str, float]
+
+
 class WarmKeeper:
     def __init__(
         self,
-        cfg: Config,
+        settings: WarmSettings,
         scheduler: Scheduler,
         store: NodeStore,
         clock: Clock,
         local: Callable[[float], time.struct_time] = time.localtime,
     ) -> None:
-        self.cfg = cfg
+        self.groups = settings.groups
+        self.idle_limits = settings.idle_limits
         self.scheduler = scheduler
         self.store = store
         self.clock = clock
         self.local = local
-        self.pools = {g.name: g.warm_pool() for g in cfg.node_groups.values() if g.warm}
+        self.pools = {g.name: g.warm_pool() for g in self.groups.values() if g.warm}
         self.pools = {k: v for k, v in self.pools.items() if v}
         self.idle_since: dict[str, float] = {}
 
     def want(self, group: str, now: float) -> int:
-        return wanted(self.cfg, self.store, group, now, self.local)
+        return wanted(self.groups[group], self.store, now, self.local)
 
     def pass_once(self) -> dict[str, tuple[int, list[str], list[str]]]:
         """{group: (want, powered up, powered down)} of this pass."""
@@ -71,13 +82,13 @@ class WarmKeeper:
                 else:
                     self.idle_since.pop(p.name, None)
             idle_for = {name: now - since for name, since in self.idle_since.items()}
-            up, down = pool_moves(pool, want, idle_for, self._idle_limit(group))
+            up, down = pool_moves(pool, want, idle_for, self.idle_limits[group])
             for state, moved in (("power_up", up), ("power_down", down)):
                 if not moved:
                     continue
                 try:
                     self.scheduler.update_nodes(moved, state=state)
-                except Exception as exc:  # the next pass reads Slurm again
+                except SchedulerError as exc:  # the next pass reads Slurm again
                     log.warning("warm.%s_failed group=%s error=%s", state, group, exc)
                     continue
                 for name in moved:
@@ -87,22 +98,15 @@ class WarmKeeper:
             out[group] = (want, up, down)
         return out
 
-    def _idle_limit(self, group: str) -> float:
-        part = self.cfg.partitions.get(self.cfg.node_groups[group].partition)
-        limit = part.suspend_time if part is not None else None
-        return float(self.cfg.slurm.suspend_time if limit is None else limit)
-
-
 def wanted(
-    cfg: Config,
+    g: NodeGroup,
     store: NodeStore,
-    group: str,
     now: float,
     local: Callable[[float], time.struct_time] = time.localtime,
 ) -> int:
     """How many of the group's warm pool should be up at ``now``: its largest active
     window, or a ``group warm`` override while it lasts, whichever is more."""
-    g = cfg.node_groups[group]
+    group = g.name
     t = local(now)
     n = warm_nodes(g.warm_windows(), t.tm_wday, t.tm_hour * 60 + t.tm_min)
     override: Any = store.meta_get(OVERRIDE + group)

@@ -21,6 +21,7 @@ from slurm_burst.core.nodestate import needs_work
 from slurm_burst.core.records import NodeRecord
 from slurm_burst.ports import NodeStore
 from slurm_burst.services.launcher import LaunchPlan
+from slurm_burst.services.periodic import contain
 from slurm_burst.services.provisioner import Provisioner
 
 log = logging.getLogger(__name__)
@@ -94,8 +95,8 @@ class Workers:
             for name, exc in self.launcher.launch_batch(plan):
                 self.prov.fail(name, exc.code, str(exc))
             self._submit_released()
-        except Exception:
-            log.exception("node.batch_launch_crashed count=%d", len(plan.nodes))
+        except Exception as exc:  # boundary: a worker thread; its nodes are driven again
+            contain("node.batch_launch", exc, self.prov.metrics)
         finally:
             with self._lock:
                 for n in plan.nodes:
@@ -109,8 +110,8 @@ class Workers:
             while True:
                 try:
                     self.prov.drive(name)
-                except Exception:
-                    log.exception("node.worker_crashed node=%s", name)
+                except Exception as exc:  # boundary: a worker thread; the node is rescanned
+                    contain("node.worker", exc, self.prov.metrics)
                 self._submit_released()
                 with self._lock:
                     if name in self._again:

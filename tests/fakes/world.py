@@ -17,6 +17,7 @@ from slurm_burst.wiring import DaemonParts, assemble
 from tests.conftest import lab_config_in, wait
 from tests.fakes.clock import FakeClock
 from tests.fakes.cloud import FakeCloud, address, host_key
+from tests.fakes.host import FakeHost
 from tests.fakes.ledger import FakeLedger
 from tests.fakes.mesh import FakeMesh
 from tests.fakes.slurm import FakeScheduler
@@ -104,5 +105,6 @@ def make_world(
         clock=clock,
         sql_ledger=None,
         slurm_release="22.05",  # the fake nodes' slurmd says 22.05.8
+        host=FakeHost(),
     )
     return World(cfg, clock, store, cloud, mesh, connector, slurm, ledger, assemble(cfg, parts))

@@ -14,7 +14,7 @@ def emulator() -> Iterator[Any]:
     pytest.importorskip(
         "moto", reason="the EC2 emulator needs moto[server] (make test installs it)"
     )
-    from slurm_burst.lab.ec2emu import Ec2Emulator
+    from slurm_burst_lab.ec2emu import Ec2Emulator
 
     emu = Ec2Emulator()
     emu.start()

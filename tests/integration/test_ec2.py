@@ -1,5 +1,5 @@
 """EC2 for real, against an emulator: libcloud's own EC2 driver over HTTP (SigV4) to moto's
-EC2 server on loopback (slurm_burst/lab/ec2emu.py: moto behind a wrapper that answers like
+EC2 server on loopback (lab/slurm_burst_lab/ec2emu.py: moto behind a wrapper that answers like
 EC2 where moto differs, and injects real EC2 error documents).
 
 Covered: a 64-node resume through the daemon (hook -> state database -> daemon ->
@@ -51,7 +51,8 @@ moto = pytest.importorskip(
     "moto", reason="the EC2 emulator needs moto[server] (make test installs it)"
 )
 
-from slurm_burst.lab.ec2emu import Ec2Emulator  # noqa: E402 - after the importorskip
+from slurm_burst_lab.ec2emu import Ec2Emulator  # noqa: E402 - after the importorskip
+
 from tests.providers import FIXTURES, NOVA, Http  # noqa: E402
 
 CONFIG = """

@@ -13,12 +13,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from slurm_burst_lab.ec2emu import Ec2Emulator
 
 from slurm_burst.adapters.cloud.compute import LibcloudCloud
 from slurm_burst.adapters.cloud.profiles import Placement
 from slurm_burst.core.cloud import CloudError, LaunchSpec
 from slurm_burst.core.hostkeys import SERIAL_PORT_SCRIPT
-from slurm_burst.lab.ec2emu import Ec2Emulator
 from tests.providers import (
     DEBIAN,
     NOVA,

@@ -29,6 +29,7 @@ from slurm_burst.adapters.ledger.sql import SqlLedger
 from slurm_burst.core.allocation import Allocation, InstanceSpan, JobSpan, allocate
 from slurm_burst.core.gpu import GpuUsage
 from slurm_burst.core.usage import InstanceEvent, JobUsage, LedgerUnavailable, SchemaOutdated
+from slurm_burst.wiring import chargeback_settings
 from tests.contracts.ledger import LedgerContract
 
 PG_ADMIN = "postgresql+psycopg://root@127.0.0.1/postgres"
@@ -266,7 +267,7 @@ def test_the_spend_counter_read_in_steps_is_the_ledger_read_whole(led: SqlLedger
 
     cfg = load_config(Path(__file__).parents[2] / "slurm-conf/lab/slurm-burst.toml")
     m = Metrics()
-    cb = Chargeback(cfg, led, None, None, metrics=m)
+    cb = Chargeback(chargeback_settings(cfg), led, None, None, metrics=m)
     cb.report_spend(whole=True)
     _split_one_job(led)
     cb.report_spend(whole=False)
@@ -397,7 +398,8 @@ def test_the_cost_shown_is_the_cost_split_to_the_micro_dollar(led: SqlLedger) ->
         end = start + timedelta(seconds=1000 + k, microseconds=k * 37)
         _event(led, inst, "terminated", end, node=f"burst-cpu-{k + 500}")
         ids.append(inst)
-    cb = Chargeback(cfg, led, None, None, clock=lambda: (base + timedelta(days=1)).timestamp())
+    later = (base + timedelta(days=1)).timestamp()
+    cb = Chargeback(chargeback_settings(cfg), led, None, None, clock=lambda: later)
     assert cb.allocate() >= len(ids)
     shown = {r["instance_id"]: r["cost_micros"] for r in led.instances()}
     with led.engine.connect() as c:

@@ -13,8 +13,8 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from slurm_burst_lab import simnvml
 
-from slurm_burst.lab import simnvml
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.integration

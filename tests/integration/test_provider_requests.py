@@ -124,9 +124,9 @@ def _digest() -> str:
 
 def test_the_lab_and_generic_drivers_get_the_daemons_key_user_data_and_tags() -> None:
     from libcloud.compute.base import NodeSize
+    from slurm_burst_lab.faults import FaultyDriver
 
     from slurm_burst.adapters.cloud.profiles import Placement, create_kwargs
-    from slurm_burst.lab.faults import FaultyDriver
 
     class PassThrough:  # a driver whose create_node takes **kwargs (as the fault wrapper)
         type = "other"

@@ -11,12 +11,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from slurm_burst_lab import images
+from slurm_burst_lab.config import settings
+from slurm_burst_lab.service import Lab
 
 from slurm_burst.adapters.cloud.registry import driver_class
 from slurm_burst.adapters.state.store import Store
 from slurm_burst.config import Config, load_config
-from slurm_burst.lab import images
-from slurm_burst.lab.service import Lab
 from slurm_burst.wiring import cloud_driver, node_store
 from tests.conftest import LAB_CONFIG, invoke, wait
 from tests.providers import azure, gce, http, openstack  # noqa: F401  (fixtures)
@@ -112,7 +113,7 @@ def env(lab: Lab) -> dict[str, str]:
 def faults(lab_config: Config) -> Iterator[Callable[[list[dict[str, Any]]], None]]:
     """Inject cloud faults through the lab provider's fault file; cleared afterwards,
     and the cpu group enabled again (failures of one case do not protect the next)."""
-    path = Path(lab_config.providers["lab"].options["fault_file"])
+    path = Path(settings(lab_config).fault_file)
 
     def inject(rules: list[dict[str, Any]]) -> None:
         path.write_text(json.dumps(rules))
@@ -141,12 +142,12 @@ def cloud(lab_config: Config) -> Any:
 def prometheus_alerts(cfg: Config, name: str, **labels: str) -> list[str]:
     """The states (pending, firing) of the lab Prometheus' alerts ``name`` whose labels
     include ``labels``, read through its HTTP API."""
-    from slurm_burst.lab.prometheus import api
+    from slurm_burst_lab.prometheus import api
 
-    assert cfg.lab is not None and cfg.lab.prometheus
+    assert settings(cfg).prometheus
     return [
         a["state"]
-        for a in api(cfg.lab.prometheus, "alerts")["alerts"]
+        for a in api(settings(cfg).prometheus, "alerts")["alerts"]
         if a["labels"].get("alertname") == name
         and all(a["labels"].get(k) == v for k, v in labels.items())
     ]

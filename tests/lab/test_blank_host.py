@@ -12,9 +12,9 @@ import paramiko
 import pytest
 from libcloud.compute.base import Node, NodeAuthSSHKey
 from libcloud.compute.types import NodeState
+from slurm_burst_lab import images
+from slurm_burst_lab.mirror import MirrorRelay
 
-from slurm_burst.lab import images
-from slurm_burst.lab.mirror import MirrorRelay
 from tests.lab.test_nscloud_contract import client_key, size, ssh, wait_state
 
 __all__ = ["client_key"]  # the fixture, shared with the namespace cloud's contract

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 from libcloud.compute.base import NodeAuthSSHKey
+from slurm_burst_lab.service import Lab
 
 from slurm_burst.adapters.clock import SystemClock
 from slurm_burst.adapters.cloud.compute import LibcloudCloud
@@ -20,7 +21,6 @@ from slurm_burst.adapters.proc import run
 from slurm_burst.adapters.slurm.cli import SlurmCli
 from slurm_burst.adapters.ssh.session import SshConnector, generate_key
 from slurm_burst.core.cloud import Instance, LaunchSpec
-from slurm_burst.lab.service import Lab
 from tests.conftest import wait
 from tests.contracts.cloud import CloudContract
 from tests.contracts.mesh import MeshContract

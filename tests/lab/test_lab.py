@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import json
 
+from slurm_burst_lab.service import Lab
+
 from slurm_burst.adapters.proc import run
 from slurm_burst.config import Config
-from slurm_burst.lab.service import Lab
 from tests.conftest import LAB_CONFIG, invoke
 from tests.lab.readback import check_read_back
 

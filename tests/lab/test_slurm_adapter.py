@@ -7,10 +7,10 @@ from collections.abc import Sequence
 from typing import Any
 
 import pytest
+from slurm_burst_lab.service import Lab
 
 from slurm_burst.adapters.proc import Result, run
 from slurm_burst.adapters.slurm.cli import SlurmCli, SlurmError
-from slurm_burst.lab.service import Lab
 
 
 @pytest.fixture()
@@ -39,7 +39,6 @@ def test_partitions(slurm: SlurmCli) -> None:
 
 def test_jobs(slurm: SlurmCli, lab: Lab) -> None:
     env = lab.env()
-    assert lab.cfg.lab is not None
     out = run(
         [
             "sbatch",
@@ -53,7 +52,7 @@ def test_jobs(slurm: SlurmCli, lab: Lab) -> None:
             # the node's own view of the filesystem: a VM's /tmp is its own, so the test's
             # working directory (a checkout under /tmp, say) may not exist there
             "-D",
-            lab.cfg.lab.shared_dir,
+            lab.lab.shared_dir,
             "-o",
             "/dev/null",
             "--wrap",

@@ -10,12 +10,12 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from slurm_burst_lab import images
+from slurm_burst_lab.versioned import VersionedController
 
 from slurm_burst.adapters.slurm.cli import SlurmCli
 from slurm_burst.config import Config, load_config
 from slurm_burst.core.slurm import release_of
-from slurm_burst.lab import images
-from slurm_burst.lab.versioned import VersionedController
 from slurm_burst.services.slurmconf import render
 from tests.conftest import LAB_CONFIG, wait
 from tests.contracts.slurm import SchedulerContract

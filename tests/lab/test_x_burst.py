@@ -19,12 +19,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from slurm_burst_lab.config import settings
+from slurm_burst_lab.service import Lab
 
 from slurm_burst.adapters.proc import run
 from slurm_burst.adapters.state.store import Store
 from slurm_burst.config import Config
 from slurm_burst.core.hostlist import expand
-from slurm_burst.lab.service import Lab
 from slurm_burst.services.hooks import EXIT_DAEMON_DOWN
 from slurm_burst.wiring import ledger, mesh_hub
 from tests.conftest import LAB_CONFIG, invoke, wait
@@ -242,7 +243,7 @@ def _needles(secret: bytes) -> list[bytes]:
 def test_no_secret_in_logs_user_data_or_world_readable_files(
     lab: Lab, lab_config: Config, cloud: Any
 ) -> None:
-    state = Path(lab_config.lab.state_dir)  # type: ignore[union-attr]
+    state = Path(settings(lab_config).state_dir)
     hub_key = Path(lab_config.mesh.state_dir) / f"{lab_config.mesh.interface}.key"
     ssh_key = Path(lab_config.daemon.state_dir) / "ssh" / "id_ed25519"
     munge_key = Path(lab_config.slurm.munge_key)

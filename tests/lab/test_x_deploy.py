@@ -34,14 +34,14 @@ import yaml
 from libcloud.compute.base import Node, NodeAuthSSHKey
 from libcloud.compute.providers import get_driver
 from libcloud.compute.types import NodeState, Provider
+from slurm_burst_lab import images
+from slurm_burst_lab.components import EC2_CREDENTIALS
+from slurm_burst_lab.ec2vms import register_image
+from slurm_burst_lab.mirror import MirrorRelay, TcpRelay
+from slurm_burst_lab.service import Lab
 
 from slurm_burst.config import Config
 from slurm_burst.core.cloud import CLUSTER_TAG
-from slurm_burst.lab import images
-from slurm_burst.lab.components import EC2_CREDENTIALS
-from slurm_burst.lab.ec2vms import register_image
-from slurm_burst.lab.mirror import MirrorRelay, TcpRelay
-from slurm_burst.lab.service import Lab
 from tests.conftest import ROOT, wait
 from tests.lab.test_nscloud_contract import size, ssh, wait_state
 from tests.lab.test_x_ec2 import emulator_calls
@@ -65,12 +65,21 @@ def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def wheelhouse(work: Path) -> Path:
-    """This checkout as a wheel, with every dependency as a wheel: the host has no index."""
+    """This checkout's two wheels, the product's and the lab's, with every dependency as a
+    wheel (the host has no index); the controller role installs the product's only."""
     out = work / "wheelhouse"
-    subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "-q", "--wheel-dir", str(out), str(ROOT)],
+    for project in (ROOT, ROOT / "lab"):
+        subprocess.run(
+            [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--wheel-dir", str(out),
+             str(project)],
+            check=True, capture_output=True, timeout=600,
+        )  # fmt: skip
+    subprocess.run(  # the product's dependencies (the lab's are not the host's business)
+        [sys.executable, "-m", "pip", "wheel", "-q", "--wheel-dir", str(out),
+         str(next(out.glob("slurm_burst-*.whl")))],
         check=True, capture_output=True, timeout=600,
     )  # fmt: skip
+    assert len(list(out.glob("slurm_burst_lab-*.whl"))) == 1
     return out
 
 
@@ -312,6 +321,9 @@ def test_the_collection_deploys_a_running_daemon_onto_the_blank_host(
     ))  # fmt: skip
     assert status["daemon"]["running"] and status["leader"] == status["daemon"]["node_id"], status
     assert status["daemon"]["pid"] == daemon_pid(controller, pkey), status
+    # the product alone: the wheelhouse held the lab's wheel too, and the role took none of it
+    assert "slurm-burst-lab" not in run("/opt/slurm-burst/bin/python -m pip list 2>/dev/null")
+    assert run("/opt/slurm-burst/bin/python -c 'import slurm_burst_lab' 2>&1 || true").strip()
     # of the site's slurm.conf, exactly two lines are the role's; nothing else changed
     after = run("cat /etc/slurm/slurm.conf").splitlines()
     assert [ln for ln in site_conf if ln not in after] == []

@@ -13,9 +13,10 @@ import subprocess
 import urllib.request
 from pathlib import Path
 
+from slurm_burst_lab.service import Lab
+
 from slurm_burst.adapters.state.store import Store
 from slurm_burst.config import Config
-from slurm_burst.lab.service import Lab
 from tests.conftest import wait
 from tests.lab.conftest import EC2_JOIN, sh
 

@@ -20,13 +20,13 @@ import urllib.request
 from typing import Any
 
 import pytest
+from slurm_burst_lab.service import Lab
 from sqlalchemy import select
 
 from slurm_burst.adapters.ledger.models import GpuUsageRow
 from slurm_burst.adapters.state.store import Store
 from slurm_burst.config import Config
 from slurm_burst.core.slurm import parse_job_gpus
-from slurm_burst.lab.service import Lab
 from slurm_burst.wiring import ledger
 from tests.conftest import wait
 from tests.lab.conftest import GPU_BUSY_JOB, sh

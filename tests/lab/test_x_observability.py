@@ -12,10 +12,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from slurm_burst_lab.config import settings
+from slurm_burst_lab.prometheus import api
+from slurm_burst_lab.service import Lab
 
 from slurm_burst.config import Config
-from slurm_burst.lab.prometheus import api
-from slurm_burst.lab.service import Lab
 from tests.conftest import wait
 from tests.lab.conftest import sh
 
@@ -38,8 +39,8 @@ FED = (
 
 @pytest.fixture(scope="module")
 def prom(lab: Lab, lab_config: Config) -> str:
-    assert lab_config.lab is not None and lab_config.lab.prometheus
-    return lab_config.lab.prometheus
+    assert settings(lab_config).prometheus
+    return settings(lab_config).prometheus
 
 
 def query(prom: str, expr: str) -> list[dict[str, Any]]:

@@ -42,8 +42,19 @@ def decision(store: Store, job: int) -> dict[str, Any] | None:
 
 
 def sacct(env: dict[str, str], job: int, fields: str) -> list[str]:
-    out = sh(env, "sacct", "-X", "-n", "-P", "-j", str(job), "-o", fields, check=False)
-    return out.strip().split("|") if out.strip() else []
+    """The job's accounting record once slurmdbd holds it whole: slurmctld sends it
+    after the job ends, so a job COMPLETED in ``scontrol`` may not be in ``sacct`` yet
+    on a loaded machine."""
+    got: list[str] = []
+
+    def recorded() -> bool:
+        nonlocal got
+        out = sh(env, "sacct", "-X", "-n", "-P", "-j", str(job), "-o", fields, check=False)
+        got = out.strip().split("|") if out.strip() else []
+        return bool(got) and all(got)
+
+    wait(recorded, 60, f"job {job} in sacct", every=1)
+    return got
 
 
 def test_a_long_wait_bursts_and_a_short_one_stays_on_prem(

@@ -10,9 +10,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from slurm_burst_lab.service import Lab
+
 from slurm_burst.adapters.state.store import Store
 from slurm_burst.config import Config
-from slurm_burst.lab.service import Lab
 from tests.conftest import LAB_CONFIG, invoke, wait
 from tests.lab.conftest import sh
 
@@ -71,7 +72,7 @@ def test_a_node_failing_in_bootstrap_requeues_its_job_which_then_runs(
     (GpuUnhealthy, seconds after it boots), Slurm requeues the job (the prolog's failure
     adds nothing worse: the job is pending with BeginTime, not held), and after Slurm's
     requeue delay it runs on a new instance."""
-    from slurm_burst.lab.simnvml import FAULTS
+    from slurm_burst_lab.simnvml import FAULTS
 
     node = "burst-gpu-8"  # of its own: the GPU fault matrix uses 3-7, test_x_gpu 1
     wait(lambda: cold(env, node), 120, f"{node} powered down")

@@ -6,7 +6,7 @@ the daemon must end, within two reconcile passes of the fault's effect, with
 - every affected job requeued, running or completed,
 - the ledger consistent: no open ledger row for an instance that is gone.
 
-Cloud faults go through the lab provider's fault file (``slurm_burst/lab/faults.py``):
+Cloud faults go through the lab provider's fault file (``lab/slurm_burst_lab/faults.py``):
 provider errors with real codes, instances that never boot, and packets really
 dropped inside a VM (``ip rule ... blackhole``). Process faults are real: the
 daemon SIGKILLed, hooks called twice or out of turn. Each case adds a row to the
@@ -22,16 +22,18 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import pytest
+from slurm_burst_lab import images
+from slurm_burst_lab.config import settings
+from slurm_burst_lab.service import Lab
 
 from slurm_burst.adapters.state.store import Store
 from slurm_burst.config import Config
 from slurm_burst.core.nodestate import LIVE
-from slurm_burst.lab import images
-from slurm_burst.lab.service import Lab
 from slurm_burst.wiring import ledger, mesh_hub
 from tests.conftest import LAB_CONFIG, invoke
 from tests.conftest import wait as until
@@ -312,7 +314,7 @@ def test_bad_gpus_keep_their_nodes_out_and_the_jobs_run_on_new_instances(
     Five failures in a row protect the gpu group (lab: protect_after = 2), as a bad
     driver in an image should; the test enables it again, as an admin would, before
     the requeued jobs start, and each runs on a healthy new instance."""
-    from slurm_burst.lab.simnvml import FAULTS
+    from slurm_burst_lab.simnvml import FAULTS
 
     invoke([*SB, "group", "enable", "gpu"], expect=None)  # whatever an earlier test left
     faults([{"call": "create_node", "node": node, "gpu": FAULTS[fault], "times": 1}
@@ -345,8 +347,10 @@ def test_bad_gpus_keep_their_nodes_out_and_the_jobs_run_on_new_instances(
                completed(env, jobs[node]), timeout=left)  # fmt: skip
         rec = store.node(node)
         assert rec is not None and rec.launch_seq >= first[node] + 2  # the refused one, a new one
-        ran_on = sh(env, "sacct", "-n", "-X", "-j", str(jobs[node]), "-o", "NodeList").split()
-        assert ran_on == [node]
+        # slurmdbd records the job after it ends: the first record it holds
+        ran_on = until(partial(sh, env, "sacct", "-n", "-X", "-j", str(jobs[node]), "-o",
+                               "NodeList"), 60, f"job {jobs[node]} in sacct", every=1)  # fmt: skip
+        assert ran_on.split() == [node]
 
 
 def test_a_node_whose_slurmd_release_slurmctld_cannot_take_is_refused(
@@ -571,7 +575,7 @@ def test_slurmctld_restarted_mid_resume(
 
 def _restart_mariadb(logdir: Path) -> None:
     """Restart the local MariaDB (slurmdbd's accounting database) as it was started."""
-    from slurm_burst.lab import components as c
+    from slurm_burst_lab import components as c
 
     sh({}, "mariadb-admin", "-uroot", "shutdown")  # waits until the server is down
     c.spawn(["/usr/sbin/mariadbd", "--user=mysql"], logdir / "mariadbd.out")
@@ -622,7 +626,7 @@ def test_repeated_failures_protect_the_group(
     assert "Code:GroupProtected" in out and "DRAIN" in out
     # the shipped alert, through the lab's Prometheus (its 'for:' cut to 2 s)
     await_alert(lab_config, "SlurmBurstGroupProtected", True, group="cpu")
-    Path(lab_config.providers["lab"].options["fault_file"]).unlink()
+    Path(settings(lab_config).fault_file).unlink()
     wait(lambda: invoke([*SB, "group", "enable", "cpu"], expect=None).exit_code == 0, 120,
          "group enable (slurmctld may be busy requeueing)")  # fmt: skip
     assert "GroupProtected" not in sh(env, "scontrol", "show", "node", "burst-cpu-14")
@@ -656,7 +660,7 @@ def ha_pair(lab: Lab, tmp_path: Path) -> Iterator[dict[str, Any]]:
     """The lab's daemon replaced by two daemons electing a leader through PostgreSQL,
     each with its own config (metrics port, log) as on two hosts; the lab's daemon is
     started again afterwards."""
-    from slurm_burst.lab import components as c
+    from slurm_burst_lab import components as c
 
     try:
         import sqlalchemy

@@ -20,9 +20,9 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
+from slurm_burst_lab.service import Lab
 
 from slurm_burst.config import Config
-from slurm_burst.lab.service import Lab
 from slurm_burst.wiring import cloud_driver, ledger
 from tests.conftest import LAB_CONFIG, invoke
 from tests.lab.conftest import GPU_BUSY_JOB

@@ -30,10 +30,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from slurm_burst_lab.service import Lab
 
 from slurm_burst.adapters.state.store import Store
 from slurm_burst.config import Config
-from slurm_burst.lab.service import Lab
 from slurm_burst.wiring import ledger, mesh_hub
 from tests.conftest import wait
 from tests.lab.conftest import SOAK, sh

@@ -7,9 +7,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from slurm_burst_lab.service import Lab
+from slurm_burst_lab.slurmroot import mounted_under
 
-from slurm_burst.lab.service import Lab
-from slurm_burst.lab.slurmroot import mounted_under
 from tests.conftest import LAB_CONFIG, invoke
 
 
@@ -80,7 +80,7 @@ def test_down_after_a_crashed_up_sweeps_only_lab_programs(lab: Lab) -> None:
 def test_a_failed_up_stops_what_it_started(lab: Lab, monkeypatch: pytest.MonkeyPatch) -> None:
     """munged, slurmdbd, slurmctld and the daemon are running when the on-prem nodes fail
     to boot: the failed 'up' removes them, and everything else it made."""
-    from slurm_burst.lab import components
+    from slurm_burst_lab import components
 
     def boom(*args: object) -> dict[str, dict[str, object]]:
         raise RuntimeError("injected: the on-prem nodes did not boot")

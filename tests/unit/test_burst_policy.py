@@ -11,9 +11,10 @@ from collections.abc import Sequence
 import pytest
 
 from slurm_burst.config.load import load_config
-from slurm_burst.core.slurm import QueuedJob
+from slurm_burst.core.slurm import QueuedJob, SchedulerError
 from slurm_burst.services.burstpolicy import BurstPolicy
 from slurm_burst.services.simulation import cloud_groups
+from slurm_burst.wiring import policy_settings
 from tests.conftest import LAB_CONFIG
 from tests.fakes.clock import FakeClock
 from tests.fakes.store import MemoryStore
@@ -70,7 +71,8 @@ def policy(
 ) -> tuple[BurstPolicy, MemoryStore]:
     store = MemoryStore()
     clock = FakeClock(T0)
-    return BurstPolicy(CFG, q, store, clock, cloud_groups(CFG), lambda: money), store
+    policy = BurstPolicy(policy_settings(CFG), q, store, clock, cloud_groups(CFG), lambda: money)
+    return policy, store
 
 
 def test_long_waits_are_sent_in_one_update_per_partition_list() -> None:
@@ -145,7 +147,7 @@ def test_no_money_known_yet_means_no_burst_and_slurm_trouble_means_no_pass() -> 
 
     class Down(Queue):
         def pending_jobs(self) -> list[QueuedJob]:
-            raise RuntimeError("squeue: Unable to contact slurm controller")
+            raise SchedulerError("squeue: Unable to contact slurm controller")
 
     p, store = policy(Down([]))
     r = p.pass_once()

@@ -5,6 +5,7 @@ service, and a restart picks up every node where it was."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,7 @@ import pytest
 from slurm_burst.core.nodestate import NodeState, Want
 from slurm_burst.core.records import NodeRecord, StoreError
 from tests.conftest import wait
+from tests.fakes.host import FakeHost
 from tests.fakes.world import World, make_world
 
 CPU = [f"burst-cpu-{i}" for i in range(1, 9)]
@@ -150,15 +152,12 @@ def test_a_duplicate_resume_brings_the_jobs_a_first_one_lacked(w: World) -> None
 
 def test_each_reconcile_pass_gives_the_free_heap_back(w: World) -> None:
     """The daemon returns glibc's free pages after every pass (the soak's RSS figure)."""
-    calls: list[int] = []
-
-    def release() -> None:
-        calls.append(1)
-        w.daemon.stop.set()  # one pass is enough
-
-    w.daemon.release_memory = release
+    host = w.daemon.host
+    assert isinstance(host, FakeHost)
+    w.daemon.warm = None
+    w.daemon.workers.rescan = w.daemon.stop.set  # type: ignore[method-assign]  # one pass
     w.daemon._reconcile_loop()
-    assert calls == [1]
+    assert host.released == 1
 
 
 def test_a_resume_gives_slurm_every_new_nodes_mesh_address_in_one_update(w: World) -> None:
@@ -172,3 +171,36 @@ def test_a_resume_gives_slurm_every_new_nodes_mesh_address_in_one_update(w: Worl
     assert len(set(first["addrs"])) == 8 and all(a.startswith("10.77.0.") for a in first["addrs"])
     wait(w.daemon.workers.idle, 10, "the workers to finish")
     assert {w.rec(n).mesh_addr for n in CPU} == set(first["addrs"])  # the same in bootstrap
+
+
+def test_a_node_a_hook_set_down_is_returned_even_when_slurm_refuses_the_power_down(
+    w: World,
+) -> None:
+    """Slurm 22.05 may refuse power_down_force for a node the resume left powered down:
+    the node is back in service all the same, and the repair is recorded (HookRefusal)."""
+    node = "burst-cpu-3"
+    w.slurm.update_nodes([node], state="down", reason="no daemon (Code:DaemonDown)")
+
+    def refuse(nodes: Sequence[str], change: dict[str, Any]) -> str | None:
+        return "Invalid node state transition" if change["state"] == "power_down_force" else None
+
+    w.slurm.refuse = refuse
+    report = w.daemon.reconciler.pass_once()
+    assert report.actions == {"return_to_service": 1}, report.errors
+    assert w.slurm.node(node).state != "down"
+    events = [e for e in w.store.events(0) if e["node"] == node]
+    assert [e["event"] for e in events] == ["reconcile.return_to_service"]
+    assert events[0]["detail"].startswith("HookRefusal: ")
+
+
+def test_the_reconcile_loop_protects_a_group_through_the_daemons_own_scheduler(
+    w: World,
+) -> None:
+    """Protected mode drains the group in the Slurm the daemon was given (here the fake),
+    never in one built aside from the config."""
+    for _ in range(2):  # the lab config's protect_after
+        w.store.group_launch_result("cpu", ok=False)
+    report = w.daemon.reconciler.pass_once()
+    assert report.actions == {"protect": 1}, report.errors
+    names = w.cfg.node_groups["cpu"].node_names()
+    assert all("DRAIN" in w.slurm.node(n).flags for n in names)

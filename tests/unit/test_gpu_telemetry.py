@@ -16,6 +16,7 @@ from slurm_burst.core.gpu import GpuUsage
 from slurm_burst.core.nodestate import NodeState
 from slurm_burst.core.slurm import SlurmJob
 from slurm_burst.services.gputelemetry import GpuTelemetry
+from slurm_burst.wiring import telemetry_settings
 from tests.fakes.world import World, make_world
 
 G1, G2 = "burst-gpu-1", "burst-gpu-2"
@@ -59,8 +60,8 @@ def test_samples_become_metrics_and_job_usage(w: World) -> None:
     w.slurm.gpus = {41: {G1: (0,)}, 42: {G2: (0, 1)}}
     rows: list[GpuUsage] = []
     prom = Metrics()
-    t = GpuTelemetry(w.cfg, w.store, w.connector, w.slurm, w.clock, threading.Event(),
-                     rows.extend, prom)  # fmt: skip
+    t = GpuTelemetry(telemetry_settings(w.cfg), w.store, w.connector, w.slurm, w.clock,
+                     threading.Event(), rows.extend, prom)  # fmt: skip
     for _ in range(3):
         t.pass_once()
         w.clock.advance(w.cfg.gpu.telemetry_interval)
@@ -88,7 +89,8 @@ def test_per_gpu_series_on_request_and_an_unreachable_node(w: World) -> None:
     _node(w, G1).gpu_sample = _sample(50, 50)
     _node(w, G2).gpu_sample = {"gpus": "garbage"}  # a node answering nonsense is left out
     prom = Metrics()
-    t = GpuTelemetry(cfg, w.store, w.connector, w.slurm, w.clock, threading.Event(), None, prom)
+    t = GpuTelemetry(telemetry_settings(cfg), w.store, w.connector, w.slurm, w.clock,
+                     threading.Event(), None, prom)  # fmt: skip
     t.pass_once()
     text = prom.text().decode()
     assert f'slurm_burst_node_gpu_utilization_ratio{{gpu="1",node="{G1}"}} 0.5' in text

@@ -17,7 +17,9 @@ def test_enable_undrains_one_by_one_when_a_batch_is_refused(tmp_path: Path) -> N
     cfg = lab_config_in(tmp_path)
     names = cfg.node_groups["cpu"].node_names()
     slurm = FakeScheduler.cloud_nodes(names, "burst-cpu")
-    groups = GroupControl(cfg, MemoryStore(), slurm)
+    groups = GroupControl(
+        cfg.node_groups, MemoryStore(), slurm, protect_cooldown=cfg.daemon.protect_cooldown
+    )
     groups.protect("cpu", "3 failed launches", 0.0)
     assert all("DRAIN" in slurm.node(n).flags for n in names)
 

@@ -1,5 +1,7 @@
-"""The layering holds: the core is pure, services know ports only, and one module (the
-composition root, ``wiring.py``) names the adapters."""
+"""The layering holds: the core is pure, services know ports only, adapters know no
+service, one module (the composition root, ``wiring.py``) names the adapters, and the
+product never imports the lab (a distribution of its own that plugs in through
+slurm_burst.extensions)."""
 
 from __future__ import annotations
 
@@ -52,8 +54,7 @@ SERVICE_SIDE = [*_modules("services"), *_modules("ports.py")]
 
 @pytest.mark.parametrize("path", SERVICE_SIDE, ids=_rel)
 def test_services_and_ports_know_no_adapter(path: Path) -> None:
-    forbidden = ("slurm_burst.adapters", "slurm_burst.lab", "slurm_burst.wiring",
-                 "slurm_burst.cli")  # fmt: skip
+    forbidden = ("slurm_burst.adapters", "slurm_burst.wiring", "slurm_burst.cli")
     libraries = ("libcloud", "paramiko", "sqlalchemy", "alembic", "prometheus_client", "click")
     for name in _imports(path):
         assert not name.startswith(forbidden), f"{_rel(path)} imports {name}"
@@ -66,3 +67,57 @@ def test_commands_reach_adapters_through_the_composition_root(path: Path) -> Non
         assert not name.startswith("slurm_burst.adapters"), (
             f"{_rel(path)} imports {name}: build it in slurm_burst/wiring.py"
         )
+
+
+PRODUCT = sorted(PKG.rglob("*.py"))
+
+
+@pytest.mark.parametrize("path", PRODUCT, ids=_rel)
+def test_the_product_never_imports_the_lab(path: Path) -> None:
+    for name in _imports(path):
+        assert name.split(".")[0] != "slurm_burst_lab", f"{_rel(path)} imports {name}"
+    text = path.read_text()
+    assert "slurm_burst_lab" not in text, (
+        f"{_rel(path)} names the lab's package (a dotted name in a string is an import too)"
+    )
+
+
+def test_the_lab_is_not_inside_the_product() -> None:
+    assert not (PKG / "lab").exists()
+    assert not list(PKG.rglob("*nscloud*")) and not list(PKG.rglob("*simnvml*"))
+
+
+@pytest.mark.parametrize("path", _modules("adapters"), ids=_rel)
+def test_adapters_know_no_service(path: Path) -> None:
+    for name in _imports(path):
+        assert not name.startswith(("slurm_burst.services", "slurm_burst.cli")), (
+            f"{_rel(path)} imports {name}: an adapter implements a port; give it core types"
+        )
+
+
+def test_the_layering_test_sees_a_lab_import(tmp_path: Path) -> None:
+    """The checks above read imports inside functions too (the product's habit)."""
+    bad = tmp_path / "x.py"
+    bad.write_text("def f():\n    from slurm_burst_lab.faults import wrap\n    return wrap\n")
+    assert "slurm_burst_lab.faults" in _imports(bad)
+
+
+def _constructors() -> list[tuple[str, int]]:
+    out = []
+    for path in PRODUCT:
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ClassDef):
+                for fn in node.body:
+                    if isinstance(fn, ast.FunctionDef) and fn.name == "__init__":
+                        a = fn.args
+                        count = len(a.posonlyargs) + len(a.args) - 1 + len(a.kwonlyargs)
+                        out.append((f"{_rel(path)}:{node.name}", count))
+    return out
+
+
+def test_no_constructor_takes_more_than_8_parameters() -> None:
+    """A service takes its settings (one frozen object) and the ports it uses; a long
+    parameter list is a service doing too much, or settings not gathered."""
+    found = _constructors()
+    assert len(found) > 40  # the walk sees the product's classes
+    assert [(name, n) for name, n in found if n > 8] == []

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from slurm_burst.lab.nscloud.driver import NamespaceNodeDriver
+from slurm_burst_lab.nscloud.driver import NamespaceNodeDriver
 
 
 def vm(state_dir: Path, vm_id: str, state: str, terminated_at: float | None = None) -> None:

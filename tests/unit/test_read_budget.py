@@ -8,7 +8,7 @@ import threading
 import pytest
 
 from slurm_burst.core.ratelimit import TokenBucket
-from slurm_burst.services.cloudcalls import ManagedCloud
+from slurm_burst.services.cloudcalls import CallSettings, ManagedCloud
 
 
 def most_in_any_window(times: list[float], window: float) -> int:
@@ -81,7 +81,7 @@ def test_a_thousand_joining_nodes_read_within_the_providers_budget() -> None:
             now[0] = max(now[0], local.t)
 
     inner = Keys(local)
-    cloud = ManagedCloud(inner, sleep=sleep, reads_per_second=10, monotonic=monotonic)  # type: ignore[arg-type]
+    cloud = ManagedCloud(inner, CallSettings(reads_per_second=10), sleep=sleep, monotonic=monotonic)  # type: ignore[arg-type]
 
     def worker(nodes: range) -> None:
         for n in nodes:

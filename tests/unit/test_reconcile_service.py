@@ -20,7 +20,7 @@ from slurm_burst.core.cloud import (
     backoff,
 )
 from slurm_burst.core.nodestate import NodeState, Want
-from slurm_burst.services.cloudcalls import ManagedCloud
+from slurm_burst.services.cloudcalls import CallSettings, ManagedCloud
 from slurm_burst.services.status import status
 from tests.conftest import LAB_CONFIG
 from tests.fakes.store import MemoryStore
@@ -55,14 +55,15 @@ def test_backoff_is_exponential_capped_and_jittered() -> None:
 def test_throttled_launch_is_retried_then_succeeds() -> None:
     inner = Flaky([ThrottledError("slow down"), ThrottledError("slow down")])
     slept: list[float] = []
-    cloud = ManagedCloud(inner, attempts=5, base=1, cap=8, sleep=slept.append, rand=lambda: 0.5)  # type: ignore[arg-type]
+    settings = CallSettings(attempts=5, base=1, cap=8)
+    cloud = ManagedCloud(inner, settings, sleep=slept.append, rand=lambda: 0.5)  # type: ignore[arg-type]
     assert cloud.launch(SPEC).id == "i-1"
     assert inner.calls == 3 and slept == [0.5, 1.0]
 
 
 def test_throttling_gives_up_after_the_attempts() -> None:
     inner = Flaky([ThrottledError("slow down")] * 9)
-    cloud = ManagedCloud(inner, attempts=3, sleep=lambda s: None, rand=lambda: 0.0)  # type: ignore[arg-type]
+    cloud = ManagedCloud(inner, CallSettings(attempts=3), sleep=lambda s: None, rand=lambda: 0.0)  # type: ignore[arg-type]
     with pytest.raises(ThrottledError):
         cloud.launch(SPEC)
     assert inner.calls == 3

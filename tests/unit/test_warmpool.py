@@ -17,6 +17,7 @@ from slurm_burst.core.slurm import SlurmNode
 from slurm_burst.core.warm import PoolNode, pool_moves
 from slurm_burst.services.slurmconf import render
 from slurm_burst.services.warmpool import OVERRIDE, WarmKeeper
+from slurm_burst.wiring import chargeback_settings, warm_settings
 from tests.conftest import invoke
 from tests.fakes.clock import FakeClock
 from tests.fakes.slurm import FakeScheduler
@@ -45,7 +46,8 @@ def keeper(local: time.struct_time) -> tuple[WarmKeeper, FakeScheduler, MemorySt
     assert CFG is not None
     sched = FakeScheduler.cloud_nodes(NODES, "burst-gpu")
     store, clock = MemoryStore(), FakeClock()
-    return WarmKeeper(CFG, sched, store, clock, local=lambda _t: local), sched, store, clock
+    keeper = WarmKeeper(warm_settings(CFG), sched, store, clock, local=lambda _t: local)
+    return keeper, sched, store, clock
 
 
 def joined(sched: FakeScheduler, *names: str) -> None:
@@ -100,7 +102,7 @@ def test_the_pool_is_excluded_from_slurms_suspend_and_its_window_idle_is_the_sit
     assert "\nSuspendExcNodes=gpu-[02-03]\n" in fragment
     from slurm_burst.services.chargeback import Chargeback
 
-    cb = Chargeback(CFG, None, None, None)  # type: ignore[arg-type]
+    cb = Chargeback(chargeback_settings(CFG), None, None, None)  # type: ignore[arg-type]
     monday_9 = datetime(2026, 11, 23, 9, 0).astimezone()
     assert cb._warm_launch("gpu-03", monday_9)
     assert not cb._warm_launch("gpu-01", monday_9)  # not in the pool

@@ -1,1 +1,1 @@
-"""Cloud adapters: libcloud drivers and the namespace cloud used by the lab."""
+"""Cloud adapters: libcloud drivers, provider profiles, host-key attestation, credentials."""

@@ -19,7 +19,8 @@ the driver's own signed connection for the calls libcloud does not wrap:
   (SAS) address of the serial log blob, kept per instance until it expires; the log
   is then read with a plain HTTPS GET. Boot diagnostics are enabled in the VM's own
   create request (:func:`~slurm_burst.adapters.cloud.profiles.azure_connection_fix`).
-- **OpenStack** and the lab ``console``: libcloud's ``ex_get_console_output``.
+- **OpenStack** ``console``: libcloud's ``ex_get_console_output`` (a plugin's driver may
+  name :class:`Console` as its source too).
 """
 
 from __future__ import annotations
@@ -36,7 +37,8 @@ from libcloud.common.exceptions import BaseHTTPError
 from libcloud.common.types import LibcloudError
 from libcloud.compute.base import Node
 
-from slurm_burst.core.hostkeys import default_source, key_entry, parse_console_host_keys
+from slurm_burst import extensions
+from slurm_burst.core.hostkeys import key_entry, parse_console_host_keys
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +68,7 @@ def http_status(exc: BaseException) -> int | None:
 
 
 class Console:
-    """libcloud's ``ex_get_console_output`` (OpenStack, the lab): cloud-init's block."""
+    """libcloud's ``ex_get_console_output`` (OpenStack and drivers like it): cloud-init's block."""
 
     name = "console"
 
@@ -229,14 +231,16 @@ SOURCE_CLASSES: dict[tuple[str, str], Callable[[Any], HostKeySource]] = {
     ("gce", "serial-port"): GceSerialPort,
     ("azure_arm", "boot-diagnostics"): AzureBootDiagnostics,
     ("openstack", "console"): Console,
-    ("nscloud", "console"): Console,
 }
 
 
 def host_key_source(kind: str, driver: Any, name: str = "") -> HostKeySource:
     """The source a provider profile reads host keys from; :class:`NoSource` if none."""
-    name = name or default_source(kind)
+    name = name or extensions.default_host_key_source(kind)
     make = SOURCE_CLASSES.get((kind, name))
+    plugin = extensions.cloud_driver(kind) if make is None else None
+    if plugin is not None and name in plugin.host_key_sources:
+        make = extensions.resolve(plugin.host_key_sources[name])
     if make is None:
         raise NoSource(f"driver {kind!r} has no host-key source {name or '(none)'!r}")
     return make(driver)

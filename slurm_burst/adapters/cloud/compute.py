@@ -30,10 +30,10 @@ from slurm_burst.adapters.cloud.attest import HostKeySource, NoSource, host_key_
 from slurm_burst.adapters.cloud.profiles import (
     BATCH_DEFAULT,
     DESTROY_KWARGS,
-    TAG_FILTERS,
     Placement,
     azure_connection_fix,
     create_kwargs,
+    filters_by_tag,
 )
 from slurm_burst.core.cloud import (
     CLUSTER_TAG,
@@ -230,7 +230,7 @@ class LibcloudCloud:
     def _list(self, cluster: str, also: Mapping[str, str]) -> list[Instance]:
         filters = {f"tag:{k}": v for k, v in {CLUSTER_TAG: cluster, **also}.items()}
         try:
-            if self.kind in TAG_FILTERS:
+            if filters_by_tag(self.kind):
                 nodes = self.driver.list_nodes(ex_filters=filters)
             else:
                 nodes = self.driver.list_nodes()

@@ -32,7 +32,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from slurm_burst import extensions
 from slurm_burst.config import ProviderConfig
+from slurm_burst.core.errors import BadInput
 from slurm_burst.fileio import not_private, untrusted
 
 # the provider's standard environment: driver -> {constructor argument: variable}
@@ -59,12 +61,14 @@ FILE_EXTRAS = {
     "openstack": ("ex_force_auth_url", "ex_tenant_name", "ex_domain_name", "ex_force_auth_token"),
     "gce": ("project",),
 }
-# drivers that need no credentials (the lab's namespace cloud)
-NONE_NEEDED = frozenset({"nscloud", "dummy"})
+# drivers that need no credentials (libcloud's dummy; a plugin's driver says so itself)
+NONE_NEEDED = frozenset({"dummy"})
 
 
-class CredentialsError(RuntimeError):
+class CredentialsError(BadInput):
     """Credentials are missing or unsafe; the message names where, never what."""
+
+    code = "Credentials"
 
 
 def resolve(prov: ProviderConfig, environ: Mapping[str, str] | None = None) -> dict[str, Any]:
@@ -83,7 +87,7 @@ def resolve(prov: ProviderConfig, environ: Mapping[str, str] | None = None) -> d
                 raise CredentialsError(f"{where}: environment variable {var} is not set")
             out[arg] = env[var]
         return out
-    if prov.driver in NONE_NEEDED:
+    if extensions.offers(prov.driver, NONE_NEEDED, lambda d: not d.credentials):
         return {}
     if prov.driver == "gce":
         return _gce_from_env(env, where)

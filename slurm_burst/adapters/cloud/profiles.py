@@ -32,13 +32,14 @@ from typing import Any
 
 from libcloud.compute.base import NodeAuthSSHKey, NodeImage, NodeLocation, NodeSize
 
+from slurm_burst import extensions
 from slurm_burst.core.cloud import CLUSTER_TAG, GROUP_TAG, NODE_TAG, TOKEN_TAG, LaunchSpec
-from slurm_burst.core.hostkeys import SERIAL_PORT_SCRIPT, default_source
+from slurm_burst.core.hostkeys import SERIAL_PORT_SCRIPT
 
 # drivers that make many instances in one call (EC2: RunInstances MinCount/MaxCount)
 BATCH_DEFAULT = {"ec2": 500}
-# drivers that filter a listing by tag on the server side
-TAG_FILTERS = frozenset({"nscloud", "ec2"})
+# drivers that filter a listing by tag on the server side (a plugin's says so itself)
+TAG_FILTERS = frozenset({"ec2"})
 # destroy_node arguments: Azure polls until the VM is gone, then deletes its NIC and disk
 # (libcloud's default: a first wait of 10 s, 10 polls); VMs take 30-120 s to delete
 DESTROY_KWARGS: dict[str, dict[str, Any]] = {"azure_arm": {"ex_poll_wait": 3, "ex_poll_qty": 60}}
@@ -152,7 +153,7 @@ def gce(
     }
     # where the daemon will read the host keys (attest.py): the guest environment's
     # hostkeys/ guest attributes, or the block our startup script prints to serial port 1
-    if (p.host_keys or default_source("gce")) == "serial-port":
+    if (p.host_keys or extensions.default_host_key_source("gce")) == "serial-port":
         kw["ex_metadata"]["startup-script"] = spec.user_data + SERIAL_PORT_SCRIPT
     else:
         kw["ex_metadata"]["enable-guest-attributes"] = "TRUE"
@@ -263,20 +264,6 @@ def generic(
     return kw
 
 
-def nscloud(
-    driver: Any, spec: LaunchSpec, p: Placement, size: NodeSize, tagset: Mapping[str, str]
-) -> dict[str, Any]:
-    return {
-        "name": spec.node,
-        "size": size,
-        "image": _image(driver, spec),
-        "auth": NodeAuthSSHKey(spec.ssh_public_key),
-        "ex_userdata": spec.user_data,
-        "ex_metadata": dict(tagset),
-        "ex_token": spec.token,
-    }
-
-
 def azure_connection_fix(driver: Any) -> None:
     """Two changes to what libcloud 3.9's azure_arm driver sends, at its JSON encoder:
 
@@ -305,15 +292,28 @@ PROFILES: dict[str, Builder] = {
     "gce": gce,
     "azure_arm": azure_arm,
     "openstack": openstack,
-    "nscloud": nscloud,
 }
+
+
+def filters_by_tag(kind: str) -> bool:
+    return extensions.offers(kind, TAG_FILTERS, lambda d: d.tag_filter)
+
+
+def _builder(kind: str) -> Builder:
+    if kind in PROFILES:
+        return PROFILES[kind]
+    plugin = extensions.cloud_driver(kind)
+    if plugin is not None and plugin.launch_args:
+        built: Builder = extensions.resolve(plugin.launch_args)
+        return built
+    return generic
 
 
 def create_kwargs(
     kind: str, driver: Any, spec: LaunchSpec, placement: Placement, size: NodeSize
 ) -> dict[str, Any]:
     """``create_node`` keyword arguments for one launch (``spec.count`` instances)."""
-    builder = PROFILES.get(kind, generic)
+    builder = _builder(kind)
     kw = builder(driver, spec, placement, size, tags(spec, batch=spec.count > 1))
     kw.update(placement.extra)
     return kw

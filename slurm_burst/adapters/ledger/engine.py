@@ -9,7 +9,7 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, Insert, Table, create_engine, event, insert
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
+from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError, SQLAlchemyError
 
 from slurm_burst.core.redact import redact
 from slurm_burst.core.usage import LedgerConflict, LedgerError, LedgerUnavailable
@@ -20,7 +20,7 @@ def make_engine(url: str) -> Engine:
     """An engine for ``url``; SQLite gets WAL, foreign keys and a busy timeout."""
     try:
         parsed = make_url(url)
-    except Exception as exc:
+    except (SQLAlchemyError, ValueError) as exc:  # ArgumentError; a bad port number
         raise LedgerError(
             redact(f"ledger.url {url!r} is not a database URL: {exc}")
         ) from None  # the cause quotes the URL too
@@ -31,7 +31,8 @@ def make_engine(url: str) -> Engine:
         kwargs["connect_args"] = {"connect_timeout": 5}
     try:
         engine = create_engine(url, **kwargs)
-    except Exception as exc:  # missing driver module, bad option
+    except (SQLAlchemyError, ImportError, TypeError, ValueError) as exc:  # missing driver
+        # module, an option the dialect does not take
         raise LedgerError(redact(f"ledger.url {parsed.render_as_string()}: {exc}")) from None
     if engine.dialect.name == "sqlite":
 

@@ -488,5 +488,5 @@ def _utc(t: datetime) -> datetime:
 def _login() -> str:
     try:
         return getpass.getuser()[:64]
-    except Exception:
+    except (OSError, KeyError):  # no login name, no passwd entry (3.13: OSError)
         return "unknown"

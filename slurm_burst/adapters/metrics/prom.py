@@ -111,6 +111,13 @@ class Metrics:
             ["phase"],
             registry=r,
         )
+        self.contained_errors = Counter(
+            "slurm_burst_contained_errors_total",
+            "Errors no port declares, stopped at a thread or loop boundary (a defect to "
+            "report): by boundary and code.",
+            ["where", "code"],
+            registry=r,
+        )
         self.api_latency = Histogram(
             "slurm_burst_cloud_api_duration_seconds",
             "Cloud API call latency, by provider and call.",
@@ -278,6 +285,9 @@ class Metrics:
 
     def phase_error(self, phase: str) -> None:
         self.phase_errors.labels(phase).inc()
+
+    def contained(self, where: str, code: str) -> None:
+        self.contained_errors.labels(where, code).inc()
 
     def node_counts(self, by_group: Mapping[str, Mapping[str, int]], groups: Sequence[str]) -> None:
         for g in groups:

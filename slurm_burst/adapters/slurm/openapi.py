@@ -19,11 +19,14 @@ from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
+from slurm_burst.core.errors import BurstError
 from slurm_burst.core.slurm import SlurmJob, SlurmNode
 
 
-class SchemaError(ValueError):
+class SchemaError(BurstError, ValueError):
     """Slurm's JSON is of a schema we do not know, or not shaped as its schema says."""
+
+    code = "SlurmSchema"
 
 
 def schema_version(doc: Mapping[str, Any]) -> str:

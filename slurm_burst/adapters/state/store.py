@@ -259,8 +259,9 @@ class Store:
 
         Inside :meth:`atomically` it is a savepoint of the outer transaction instead: a
         write that fails is undone alone, and nothing is committed until the outer ends.
+        SQLite's errors leave it as the port's StoreError.
         """
-        with self._lock:
+        with self._lock, self._failing_as_store_error():
             nested = self._depth > 0  # ours to count: a transaction left open by a failed
             # COMMIT must fail the next write, not swallow it as a savepoint
             self._db.execute("SAVEPOINT w" if nested else "BEGIN IMMEDIATE")
@@ -290,7 +291,7 @@ class Store:
             yield
 
     def _read(self, sql: str, args: Sequence[Any] = ()) -> list[sqlite3.Row]:
-        with self._lock:
+        with self._lock, self._failing_as_store_error():
             return list(self._db.execute(sql, args))
 
     # -- heartbeat ------------------------------------------------------------
@@ -302,14 +303,15 @@ class Store:
             )
 
     def heartbeat(self) -> dict[str, Any] | None:
-        with self._failing_as_store_error():
-            rows = self._read("SELECT value FROM meta WHERE key = 'heartbeat'")
+        rows = self._read("SELECT value FROM meta WHERE key = 'heartbeat'")
         return dict(json.loads(rows[0]["value"])) if rows else None
 
     @contextmanager
     def _failing_as_store_error(self) -> Iterator[None]:
         """SQLite's errors (locked past the timeout, disk full, a damaged file) as the
-        port's StoreError: what the hooks act on to keep a request elsewhere."""
+        port's StoreError: what the hooks act on to keep a request elsewhere, and what
+        the daemon's loops wait out. Every read (:meth:`_read`) and write (:meth:`tx`)
+        passes here."""
         try:
             yield
         except sqlite3.Error as exc:
@@ -393,7 +395,7 @@ class Store:
         """Record a request; one with the ``uid`` of a request already recorded (from the
         spool, after it reached the database too) is that one: its id is returned."""
         values = (kind, json.dumps(list(nodes)), json.dumps([dict(j) for j in jobs]), now)
-        with self._failing_as_store_error(), self.tx() as db:
+        with self.tx() as db:
             if not uid or self.outdated:  # an older schema has no uid until the daemon upgrades
                 cur = db.execute(
                     "INSERT INTO requests (kind, nodes, jobs, created_at) VALUES (?, ?, ?, ?)",

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from slurm_burst.adapters.proc import alive, spawn_detached
-from slurm_burst.lab.nscloud import net
+from slurm_burst_lab.nscloud import net
 
 # What a VM must never see of its host: secrets and other machines' state.
 DEFAULT_HIDE = (
@@ -96,7 +96,7 @@ def boot(vmdir: Path, spec: VmSpec, userdata: str | None) -> tuple[int, int]:
     if userdata:
         write_private(vmdir / "user-data", userdata, 0o600)
     return spawn_detached(
-        [sys.executable, "-m", "slurm_burst.lab.nscloud.launcher", str(vmdir)],
+        [sys.executable, "-m", "slurm_burst_lab.nscloud.launcher", str(vmdir)],
         vmdir / "console.log",
     )
 

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from slurm_burst.adapters.proc import CommandError, run
-from slurm_burst.lab import images
+from slurm_burst_lab import images
 
 # what the lab, the daemon, the CLI and the tests run from bin_dir (and sbin, for -V)
 CLIENTS = (

@@ -13,8 +13,8 @@ import sys
 import time
 from pathlib import Path
 
-from slurm_burst.lab.nscloud import net
-from slurm_burst.lab.nscloud.vm import read_spec, write_json_atomic
+from slurm_burst_lab.nscloud import net
+from slurm_burst_lab.nscloud.vm import read_spec, write_json_atomic
 
 
 def main(vmdir: Path) -> None:
@@ -46,7 +46,7 @@ def main(vmdir: Path) -> None:
         "--",
         sys.executable,
         "-m",
-        "slurm_burst.lab.nscloud.vminit",
+        "slurm_burst_lab.nscloud.vminit",
         str(vmdir),
     ]
     print(f"launcher: booting {spec.id} ({spec.hostname}) at {spec.address}", flush=True)

@@ -1,6 +1,6 @@
 """The EC2 emulator's instances as namespace VMs (the lab's VM machinery), opt-in.
 
-With booting on (``python -m slurm_burst.lab.ec2emu PORT --boot ...``, as ``lab up``
+With booting on (``python -m slurm_burst_lab.ec2emu PORT --boot ...``, as ``lab up``
 starts it), each instance a RunInstances makes boots as a VM on the lab's cloud bridge:
 its address is the instance's private IP (the emulator's default subnet is a range of
 the bridge's subnet), it runs the request's user-data, root's authorized key is the
@@ -23,7 +23,7 @@ import shutil
 import threading
 from pathlib import Path
 
-from slurm_burst.lab.nscloud import net, vm
+from slurm_burst_lab.nscloud import net, vm
 
 log = logging.getLogger(__name__)
 

@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from slurm_burst.lab.nscloud.vm import VmSpec, read_spec, write_private
+from slurm_burst_lab.nscloud.vm import VmSpec, read_spec, write_private
 
 OVERLAID = ("/etc", "/var/lib", "/var/log", "/root", "/home")
 DISK = "/run/.vmdisk"

@@ -16,7 +16,8 @@ from pathlib import Path
 
 from slurm_burst.adapters.proc import CommandError, run
 from slurm_burst.config import Config
-from slurm_burst.lab.components import Paths, Proc, spawn, wait_for
+from slurm_burst_lab.components import Paths, Proc, spawn, wait_for
+from slurm_burst_lab.config import settings
 
 log = logging.getLogger(__name__)
 
@@ -64,9 +65,9 @@ def _sacctmgr_ok(cfg: Config, slurm_conf: Path) -> bool:
 
 def ensure_associations(cfg: Config, slurm_conf: Path) -> None:
     """The cluster, the lab's accounts and root in each (default: the first). Idempotent."""
-    assert cfg.lab is not None
+    lab = settings(cfg)
     cluster = cfg.cluster.name
-    accounts = [*cfg.lab.accounts, cfg.ledger.site_account]
+    accounts = [*lab.accounts, cfg.ledger.site_account]
     have_clusters = _sacctmgr(cfg, slurm_conf, "show", "cluster", "format=cluster").split()
     if cluster not in have_clusters:
         _sacctmgr(cfg, slurm_conf, "add", "cluster", cluster)
@@ -97,7 +98,7 @@ def ensure_associations(cfg: Config, slurm_conf: Path) -> None:
             f"account={','.join(missing)}",
             f"cluster={cluster}",
         )
-    if cfg.lab.accounts:
+    if lab.accounts:
         _sacctmgr(
             cfg,
             slurm_conf,
@@ -107,14 +108,13 @@ def ensure_associations(cfg: Config, slurm_conf: Path) -> None:
             "name=root",
             f"cluster={cluster}",
             "set",
-            f"defaultaccount={cfg.lab.accounts[0]}",
+            f"defaultaccount={lab.accounts[0]}",
         )
 
 
 def drop_database(cfg: Config) -> bool:
     """Drop the lab's accounting database (nothing else); True if it existed."""
-    assert cfg.lab is not None
-    db = cfg.lab.accounting_db
+    db = settings(cfg).accounting_db
     try:
         out = run(["mariadb", "-u", "root", "-N", "-e", "SHOW DATABASES"], timeout=10).stdout
         if db not in out.split():

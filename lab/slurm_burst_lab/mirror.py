@@ -18,7 +18,7 @@ import threading
 from typing import Self
 from urllib.parse import urlsplit
 
-from slurm_burst.lab.images import host_mirror
+from slurm_burst_lab.images import host_mirror
 
 
 class TcpRelay:

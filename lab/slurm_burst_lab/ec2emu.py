@@ -23,7 +23,7 @@ more (see ../shared/docs/LAB-NOTES.md):
   output (no ``Latest``) appears ``buffer_lag`` seconds after the instance was made,
   as EC2 posts it "shortly after" a state change.
 
-- Booting (opt-in, :class:`~slurm_burst.lab.ec2vms.Ec2Vms`): each instance becomes a
+- Booting (opt-in, :class:`~slurm_burst_lab.ec2vms.Ec2Vms`): each instance becomes a
   namespace VM at its private IP. Instances launched without a subnet go to the
   emulator's default subnet (``default_subnet``), a range of the lab bridge's subnet.
 
@@ -48,7 +48,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qsl, urlencode
 
-from slurm_burst.lab.ec2vms import Ec2Vms
+from slurm_burst_lab.ec2vms import Ec2Vms
 
 NS_MOTO = b'xmlns="http://ec2.amazonaws.com/doc/2016-11-15"'
 NS_EC2 = b'xmlns="http://ec2.amazonaws.com/doc/2016-11-15/"'
@@ -376,7 +376,7 @@ def _rewrite(
 
 
 class RemoteEmulator:
-    """An emulator serving in another process (``python -m slurm_burst.lab.ec2emu``), as
+    """An emulator serving in another process (``python -m slurm_burst_lab.ec2emu``), as
     EC2 is another service: its calls counted and faults injected over HTTP."""
 
     def __init__(self) -> None:
@@ -388,7 +388,7 @@ class RemoteEmulator:
             s.bind(("127.0.0.1", 0))
             self.port = int(s.getsockname()[1])
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", "slurm_burst.lab.ec2emu", str(self.port)],
+            [sys.executable, "-m", "slurm_burst_lab.ec2emu", str(self.port)],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
@@ -437,7 +437,7 @@ def boot_vms(emu: Ec2Emulator, vms: Ec2Vms, vm_range: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """``python -m slurm_burst.lab.ec2emu PORT``: API only (the launch benchmark, calls
+    """``python -m slurm_burst_lab.ec2emu PORT``: API only (the launch benchmark, calls
     overlapping as on EC2). With ``--boot STATE_DIR``: instances boot as namespace VMs
     (the lab), calls served one at a time; SIGTERM halts every VM, then exits."""
     import argparse
@@ -445,7 +445,7 @@ def main(argv: list[str] | None = None) -> None:
 
     from werkzeug.serving import make_server
 
-    ap = argparse.ArgumentParser(prog="python -m slurm_burst.lab.ec2emu")
+    ap = argparse.ArgumentParser(prog="python -m slurm_burst_lab.ec2emu")
     ap.add_argument("port", type=int)
     ap.add_argument("--boot", metavar="STATE_DIR", default="")
     ap.add_argument("--bridge", default="sbl-inet")

@@ -8,8 +8,8 @@ from typing import Any
 import click
 
 from slurm_burst.cli.common import EXIT_FAILED, EXIT_PRECONDITION, app, emit, fail, json_option
-from slurm_burst.lab import images
-from slurm_burst.lab.service import Lab, LabError
+from slurm_burst_lab import images
+from slurm_burst_lab.service import Lab, LabError
 
 
 @click.group("lab")

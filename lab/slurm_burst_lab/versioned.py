@@ -21,13 +21,14 @@ from typing import Any
 
 from slurm_burst.adapters.proc import CommandError, Result, run
 from slurm_burst.config import Config
-from slurm_burst.lab.components import Proc, onprem_names, spawn, stop
-from slurm_burst.lab.slurmroot import overlay, remove_tree, unmount_all
 from slurm_burst.services.slurmconf import HOOKS, render, write_files
+from slurm_burst_lab.components import Proc, onprem_names, spawn, stop
+from slurm_burst_lab.config import settings
+from slurm_burst_lab.slurmroot import overlay, remove_tree, unmount_all
 
 PORT = 7817
 
-BASE = """# slurm.conf of a versioned check controller, written by slurm_burst.lab.versioned
+BASE = """# slurm.conf of a versioned check controller, written by slurm_burst_lab.versioned
 ClusterName={cluster}
 SlurmctldHost={host}(127.0.0.1)
 SlurmUser=root
@@ -142,8 +143,7 @@ class VersionedController:
             run(["mount", "--bind", src, str(target)])
 
     def _configure(self) -> None:
-        lab = self.cfg.lab
-        assert lab is not None
+        lab = settings(self.cfg)
         etc = self.root / "etc" / "slurm"
         etc.mkdir(parents=True, exist_ok=True)
         files = render(self.cfg, self.release)
@@ -198,8 +198,7 @@ class VersionedController:
     def start_onprem_node(self, timeout: float = 30.0) -> str:
         """Start slurmd for the on-prem node in the image (host network, no cgroups), so
         that jobs run and accounting records them; returns the node's name."""
-        assert self.cfg.lab is not None
-        node = onprem_names(self.cfg.lab)[0]
+        node = onprem_names(settings(self.cfg))[0]
         target = self.root / "sys"
         run(["mount", "--bind", "/sys", str(target)])  # hwloc reads the topology
         (self.root / "var/spool/slurmd").mkdir(parents=True, exist_ok=True)

@@ -1,8 +1,9 @@
 """A fault-injecting wrapper around a libcloud driver: the lab's fault matrix.
 
-Enabled by the provider option ``fault_file`` (lab and tests only; never set it in
-production). The file holds a JSON list of rules, read on every call, so a test
-injects a fault by writing the file while the daemon runs::
+Enabled by the lab config's ``[lab] fault_file``: the lab plugin wraps the lab cloud's
+driver in it (:func:`wrap`, a driver wrapper of slurm_burst.extensions). The file holds
+a JSON list of rules, read on every call, so a test injects a fault by writing the file
+while the daemon runs::
 
     [{"call": "create_node", "error": "InsufficientInstanceCapacity", "size": "ns.cpu2",
       "times": 1},
@@ -144,3 +145,14 @@ def _write_json(path: Path, data: Any) -> None:
     with os.fdopen(fd, "w") as f:
         json.dump(data, f)
     os.replace(tmp, path)
+
+
+def wrap(cfg: Any, provider: str, driver: Any) -> Any:
+    """The lab's driver wrapper (slurm_burst.extensions): the lab cloud's calls go through
+    the fault matrix when the config's ``[lab]`` names a ``fault_file``."""
+    from slurm_burst_lab.config import NAME, LabConfig
+
+    lab = cfg.section(NAME)
+    if isinstance(lab, LabConfig) and lab.fault_file and provider == lab.cloud_provider:
+        return FaultyDriver(driver, lab.fault_file)
+    return driver

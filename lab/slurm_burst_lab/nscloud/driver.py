@@ -21,6 +21,7 @@ import shutil
 import subprocess
 import tempfile
 import time
+from collections.abc import Mapping
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
@@ -38,8 +39,8 @@ from libcloud.compute.types import NodeState
 
 from slurm_burst.adapters.filelock import locked
 from slurm_burst.adapters.proc import alive
-from slurm_burst.lab import simnvml
-from slurm_burst.lab.nscloud import net, vm
+from slurm_burst_lab import simnvml
+from slurm_burst_lab.nscloud import net, vm
 
 # name: (cpus, ram MB, gpus, list price per hour)
 SIZES: dict[str, tuple[int, int, int, float]] = {
@@ -444,3 +445,27 @@ class NamespaceNodeDriver(NodeDriver):
             image=None,
             extra=extra,
         )
+
+
+# -- what the product's extension points call (slurm_burst_lab.plugin.NSCLOUD) -----------
+def construct(cls: type, provider: Any, options: dict[str, Any]) -> Any:
+    """The driver of a provider profile with ``driver = "nscloud"``: its options, and its
+    region (no credentials: the namespace cloud is this machine)."""
+    if provider.region:
+        options["region"] = provider.region
+    return cls("lab", **options)
+
+
+def launch_args(
+    driver: Any, spec: Any, placement: Any, size: Any, tags: Mapping[str, str]
+) -> dict[str, Any]:
+    """create_node's arguments for one launch (profiles.Builder)."""
+    return {
+        "name": spec.node,
+        "size": size,
+        "image": NodeImage(id=spec.image, name=spec.image, driver=driver),
+        "auth": NodeAuthSSHKey(spec.ssh_public_key),
+        "ex_userdata": spec.user_data,
+        "ex_metadata": dict(tags),
+        "ex_token": spec.token,
+    }

@@ -21,12 +21,13 @@ from pathlib import Path
 from string import Template
 
 from slurm_burst.adapters.proc import alive, spawn_detached
-from slurm_burst.config import Config, LabConfig
+from slurm_burst.config import Config
 from slurm_burst.core.hostlist import compress
-from slurm_burst.lab.images import HOST_RELEASE
-from slurm_burst.lab.nscloud import net, vm
 from slurm_burst.services.slurmconf import render
 from slurm_burst.wiring import slurm_release
+from slurm_burst_lab.config import LabConfig, settings
+from slurm_burst_lab.images import HOST_RELEASE
+from slurm_burst_lab.nscloud import net, vm
 
 LAN_BRIDGE = "sbl-lan"
 CONF_TEMPLATES = Path(__file__).resolve().parents[2] / "slurm-conf" / "lab"
@@ -113,14 +114,14 @@ def onprem_names(lab: LabConfig) -> list[str]:
 
 def write_slurm_conf(cfg: Config, paths: Paths) -> Path:
     """Write slurm.conf, the rendered fragment and gres.conf into slurm.conf_dir."""
-    assert cfg.lab is not None
+    lab = settings(cfg)
     conf_dir = Path(cfg.slurm.conf_dir)
     conf_dir.mkdir(parents=True, exist_ok=True)
-    _ctl, addrs = lan_addresses(cfg.lab)
-    names = onprem_names(cfg.lab)
+    _ctl, addrs = lan_addresses(lab)
+    names = onprem_names(lab)
     nodes = "\n".join(
-        f"NodeName={n} NodeAddr={a} NodeHostname={n} CPUs={cfg.lab.onprem_cpus} "
-        f"RealMemory={cfg.lab.onprem_memory_mb} State=UNKNOWN"
+        f"NodeName={n} NodeAddr={a} NodeHostname={n} CPUs={lab.onprem_cpus} "
+        f"RealMemory={lab.onprem_memory_mb} State=UNKNOWN"
         for n, a in zip(names, addrs, strict=True)
     )
     text = Template((CONF_TEMPLATES / "slurm.conf.in").read_text()).substitute(
@@ -131,9 +132,9 @@ def write_slurm_conf(cfg: Config, paths: Paths) -> Path:
         state=paths.state,
         conf_dir=conf_dir,
         onprem_nodes=nodes,
-        onprem_partition=cfg.lab.onprem_partition,
+        onprem_partition=lab.onprem_partition,
         onprem_hostlist=compress(names),
-        dbd_port=cfg.lab.dbd_port,
+        dbd_port=lab.dbd_port,
     )
     release = slurm_release(cfg)
     files = {"slurm.conf": text, **render(cfg, release)}
@@ -148,8 +149,8 @@ def write_slurm_conf(cfg: Config, paths: Paths) -> Path:
     dbd = Template((CONF_TEMPLATES / "slurmdbd.conf.in").read_text()).substitute(
         munge_socket=paths.munge_socket,
         state=paths.state,
-        port=cfg.lab.dbd_port,
-        db=cfg.lab.accounting_db,
+        port=lab.dbd_port,
+        db=lab.accounting_db,
     )
     vm.write_private(conf_dir / "slurmdbd.conf", dbd.encode(), 0o600)  # slurmdbd insists
     return conf_dir / "slurm.conf"
@@ -199,7 +200,7 @@ def start_slurmctld(
         "--",
         sys.executable,
         "-m",
-        "slurm_burst.lab.sethostname",
+        "slurm_burst_lab.sethostname",
         cfg.cluster.controller_host,
         "--",
         *prefix,
@@ -219,8 +220,7 @@ EC2_CREDENTIALS = {"key": "AKIDSLURMBURSTLAB000", "secret": "lab-emulator-secret
 def lab_env(cfg: Config) -> dict[str, str]:
     """What the lab's daemon needs in its environment: the EC2 emulator's credentials
     in the variables the lab's EC2 profile names."""
-    assert cfg.lab is not None
-    prov = cfg.providers.get(cfg.lab.ec2_provider)
+    prov = cfg.providers.get(settings(cfg).ec2_provider)
     creds = prov.credentials if prov is not None else None
     if creds is None or not (creds.key_env and creds.secret_env):
         return {}
@@ -231,17 +231,17 @@ def start_ec2(cfg: Config, paths: Paths) -> Proc:
     """The EC2 emulator on the lab provider's port, its instances booting as VMs on the
     namespace cloud's bridge (the upper half of its subnet); ready once its default
     subnet exists."""
+    lab = settings(cfg)
     import ipaddress
     import json
     import urllib.request
 
-    assert cfg.lab is not None
-    port = int(cfg.providers[cfg.lab.ec2_provider].options["port"])
-    cloud = cfg.providers[cfg.lab.cloud_provider].options
+    port = int(cfg.providers[lab.ec2_provider].options["port"])
+    cloud = cfg.providers[lab.cloud_provider].options
     subnet = ipaddress.ip_network(str(cloud.get("subnet", "10.251.0.0/24")))
     upper = list(subnet.subnets(prefixlen_diff=1))[1]
     bridge, delay = str(cloud.get("bridge", "sbl-inet")), str(cloud.get("boot_delay", 2.0))
-    argv = [sys.executable, "-m", "slurm_burst.lab.ec2emu", str(port),
+    argv = [sys.executable, "-m", "slurm_burst_lab.ec2emu", str(port),
             "--boot", str(paths.state / "ec2"), "--bridge", bridge, "--subnet", str(subnet),
             "--range", str(upper), "--boot-delay", delay, "--hide", str(paths.state)]  # fmt: skip
     proc = spawn(argv, paths.log / "ec2.out")
@@ -260,7 +260,7 @@ def start_ec2(cfg: Config, paths: Paths) -> Proc:
 
 def stop_ec2_vms(paths: Paths) -> None:
     """Halt what a dead emulator left (it halts its VMs itself on SIGTERM)."""
-    from slurm_burst.lab.ec2vms import halt_all
+    from slurm_burst_lab.ec2vms import halt_all
 
     halt_all(paths.state / "ec2")
 
@@ -298,10 +298,9 @@ def start_daemon(cfg: Config, paths: Paths) -> Proc:
 
 def start_prometheus(cfg: Config, paths: Paths) -> Proc:
     """The lab's Prometheus (``lab.prometheus``); ready once it says so."""
-    from slurm_burst.lab import prometheus
+    from slurm_burst_lab import prometheus
 
-    assert cfg.lab is not None
-    listen = cfg.lab.prometheus
+    listen = settings(cfg).prometheus
     proc = spawn(prometheus.argv(cfg, paths.state / "prometheus"), paths.log / "prometheus.out")
     wait_for(lambda: prometheus.ready(listen), 60, "Prometheus ready", proc)
     return proc
@@ -327,13 +326,13 @@ def boot_onprem(
     """Boot each static on-prem node as a namespace VM on the lab LAN (from ``image``, a
     Slurm release's root filesystem, with the site's munge key, slurm.conf and shared
     directory bound in as NFS would give them; else from the host's filesystem)."""
-    assert cfg.lab is not None
-    ctl, addrs = lan_addresses(cfg.lab)
-    prefix = ipaddress.ip_network(cfg.lab.lan_subnet).prefixlen
+    lab = settings(cfg)
+    ctl, addrs = lan_addresses(lab)
+    prefix = ipaddress.ip_network(lab.lan_subnet).prefixlen
     template = Template((CONF_TEMPLATES / "onprem-userdata.sh.in").read_text())
-    cloud_state = str(cfg.providers[cfg.lab.cloud_provider].options.get("state_dir", ""))
+    cloud_state = str(cfg.providers[lab.cloud_provider].options.get("state_dir", ""))
     out: dict[str, dict[str, object]] = {}
-    for i, (name, addr) in enumerate(zip(onprem_names(cfg.lab), addrs, strict=True), start=1):
+    for i, (name, addr) in enumerate(zip(onprem_names(lab), addrs, strict=True), start=1):
         spec = vm.VmSpec(
             id=name,
             hostname=name,
@@ -352,7 +351,7 @@ def boot_onprem(
                 cfg.mesh.state_dir,
             ),
             root=str(image or ""),
-            binds=(str(paths.munge_dir), cfg.slurm.conf_dir, cfg.lab.shared_dir) if image else (),
+            binds=(str(paths.munge_dir), cfg.slurm.conf_dir, lab.shared_dir) if image else (),
         )
         userdata = template.substitute(
             state=paths.state,
@@ -374,9 +373,9 @@ def boot_onprem(
 
 
 def ensure_lan(cfg: Config) -> None:
-    assert cfg.lab is not None
-    net_ = ipaddress.ip_network(cfg.lab.lan_subnet)
-    net.ensure_bridge(LAN_BRIDGE, f"{lan_addresses(cfg.lab)[0]}/{net_.prefixlen}")
+    lab = settings(cfg)
+    net_ = ipaddress.ip_network(lab.lan_subnet)
+    net.ensure_bridge(LAN_BRIDGE, f"{lan_addresses(lab)[0]}/{net_.prefixlen}")
 
 
 def wait_for(

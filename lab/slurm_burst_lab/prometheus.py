@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from slurm_burst.config import Config
+from slurm_burst_lab.config import settings
 
 RULES = Path(__file__).resolve().parents[2] / "slurm-conf" / "prometheus" / "slurm-burst.rules.yml"
 LAB_FOR = "2s"
@@ -42,7 +43,6 @@ def config_text(cfg: Config, rules: Path) -> str:
 
 def argv(cfg: Config, state: Path) -> list[str]:
     """The command line, after writing its configuration and rules under ``state``."""
-    assert cfg.lab is not None
     binary = shutil.which("prometheus")
     if binary is None:
         raise FileNotFoundError(
@@ -59,7 +59,7 @@ def argv(cfg: Config, state: Path) -> list[str]:
         f"--config.file={conf}",
         f"--storage.tsdb.path={state / 'data'}",
         "--storage.tsdb.retention.time=1d",
-        f"--web.listen-address={cfg.lab.prometheus}",
+        f"--web.listen-address={settings(cfg).prometheus}",
     ]
 
 

@@ -25,12 +25,13 @@ from typing import Any
 from slurm_burst.adapters.proc import alive, pid_start_time
 from slurm_burst.config import Config
 from slurm_burst.core.slurm import SchedulerError
-from slurm_burst.lab import accounting, images, simnvml
-from slurm_burst.lab import components as c
-from slurm_burst.lab.nscloud import net, vm
-from slurm_burst.lab.slurmroot import RootError, SlurmRoot, remove_tree
 from slurm_burst.services.slurmconf import install_hooks
 from slurm_burst.wiring import cloud_driver, mesh_hub, scheduler
+from slurm_burst_lab import accounting, images, simnvml
+from slurm_burst_lab import components as c
+from slurm_burst_lab.config import settings
+from slurm_burst_lab.nscloud import net, vm
+from slurm_burst_lab.slurmroot import RootError, SlurmRoot, remove_tree
 
 log = logging.getLogger(__name__)
 
@@ -66,9 +67,10 @@ class Lab:
     release: str | None = None  # Slurm to run (images.SUPPORTED); None: what runs, or the host's
 
     def __post_init__(self) -> None:
-        if self.cfg.lab is None:
-            raise LabError(f"{self.cfg.source} has no [lab] section")
-        self.lab = self.cfg.lab
+        try:
+            self.lab = settings(self.cfg)
+        except LookupError as exc:
+            raise LabError(str(exc)) from exc
         self.paths = c.Paths(Path(self.lab.state_dir))
         self.slurm_conf = Path(self.cfg.slurm.conf_dir) / "slurm.conf"
         self.slurm = scheduler(self.cfg, timeout=10)
@@ -443,7 +445,7 @@ class Lab:
 LAB_PROGRAMS = frozenset(
     {"munged", "slurmctld", "slurmdbd", "slurmd", "sshd", "unshare", "nsenter", "prometheus"}
 )
-LAB_MODULES = ("slurm_burst.lab.",)
+LAB_MODULES = ("slurm_burst_lab.",)
 
 
 def _is_lab_program(argv: list[bytes], cmdline: str) -> bool:

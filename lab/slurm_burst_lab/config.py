@@ -1,0 +1,109 @@
+"""The lab's own config section, ``[lab]``: a plugin section (slurm_burst.extensions), built
+and checked by the product's loader like its own sections, and read with :func:`settings`."""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from dataclasses import dataclass
+
+from slurm_burst.config import Config
+from slurm_burst.config.model import doc
+from slurm_burst.config.schema import Problem
+from slurm_burst.core.slurmsyntax import is_name, is_path
+
+NAME = "lab"
+_DB_NAME = re.compile(r"[A-Za-z0-9_]{1,64}", re.ASCII)
+
+
+@dataclass(frozen=True)
+class LabConfig:
+    state_dir: str = doc(
+        "Where the lab keeps its state, logs and VM disks.", default="/var/lib/slurm-burst-lab"
+    )
+    lan_subnet: str = doc(
+        "On-prem network: the controller takes its first address, static nodes the next ones.",
+        default="10.250.0.0/24",
+    )
+    cloud_provider: str = doc(
+        "Provider profile (driver 'nscloud') whose bridge is the lab's 'internet'.", default="lab"
+    )
+    onprem_partition: str = doc("Partition of the static on-prem nodes.", default="onprem")
+    onprem_nodes: int = doc("Static on-prem nodes.", default=1)
+    onprem_cpus: int = doc("CPUs of each on-prem node.", default=2)
+    onprem_memory_mb: int = doc("RealMemory of each on-prem node.", default=1000)
+    accounts: tuple[str, ...] = doc(
+        "Slurm accounts the lab creates in slurmdbd; root's default is the first.",
+        default=("physics", "chemistry"),
+    )
+    accounting_db: str = doc(
+        "MariaDB database of the lab's slurmdbd (dropped by 'lab down').",
+        default="slurm_burst_lab_acct",
+    )
+    dbd_port: int = doc("Port of the lab's slurmdbd.", default=6819)
+    shared_dir: str = doc(
+        "The lab's shared filesystem (like a site's NFS): seen by every node, for job output.",
+        default="/srv/slurm-burst-lab",
+    )
+    daemon: bool = doc("Start the slurm-burst daemon with the lab.", default=True)
+    ec2_provider: str = doc(
+        "Provider profile (driver 'ec2', options host 127.0.0.1 and a port) the lab serves "
+        "with its EC2 emulator, whose instances boot as VMs on the cloud bridge; '' none.",
+        default="",
+    )
+    prometheus: str = doc(
+        "HOST:PORT of the lab's Prometheus (Debian's package), which scrapes the daemon "
+        "every second and evaluates the shipped alert rules with 2-s 'for' windows; '' none.",
+        default="",
+    )
+    fault_file: str = doc(
+        "The fault matrix's rules (lab/slurm_burst_lab/faults.py), applied to the calls the "
+        "daemon makes to the lab cloud (cloud_provider); '' none.",
+        default="",
+    )
+
+
+def settings(cfg: Config) -> LabConfig:
+    """The config's [lab] section; LookupError if it has none (not a lab config)."""
+    lab = cfg.section(NAME)
+    if not isinstance(lab, LabConfig):
+        raise LookupError(f"{cfg.source} has no [lab] section: it is not a lab config")
+    return lab
+
+
+def validate(lab: LabConfig, cfg: Config) -> list[Problem]:
+    out: list[Problem] = []
+    try:
+        ipaddress.ip_network(lab.lan_subnet)
+    except ValueError as exc:
+        out.append(Problem("lab.lan_subnet", f"is not a network: {exc}"))
+    if lab.onprem_nodes < 1:
+        out.append(Problem("lab.onprem_nodes", "the lab needs at least one on-prem node"))
+    cloud = cfg.providers.get(lab.cloud_provider)
+    if cloud is None or cloud.driver != "nscloud":
+        out.append(
+            Problem("lab.cloud_provider", "must name a provider profile whose driver is 'nscloud'")
+        )
+    if not _DB_NAME.fullmatch(lab.accounting_db):
+        out.append(Problem("lab.accounting_db", "must be letters, digits or '_'"))
+    for acct in lab.accounts:
+        if not is_name(acct):
+            out.append(Problem("lab.accounts", f"{acct!r} is not a Slurm account name"))
+    if lab.onprem_partition not in cfg.slurm.onprem_partitions:
+        out.append(Problem("lab.onprem_partition", "must be listed in slurm.onprem_partitions"))
+    if lab.fault_file and not is_path(lab.fault_file):
+        out.append(Problem("lab.fault_file", "must be an absolute path"))
+    if lab.ec2_provider:
+        ec2 = cfg.providers.get(lab.ec2_provider)
+        ec2_port = (ec2.options.get("port") if ec2 is not None else None) or 0
+        if ec2 is None or ec2.driver != "ec2" or ec2.options.get("host") != "127.0.0.1":
+            out.append(
+                Problem(
+                    "lab.ec2_provider",
+                    "must name a provider profile with driver 'ec2' and options.host "
+                    "'127.0.0.1' (the lab's EC2 emulator)",
+                )
+            )
+        elif not isinstance(ec2_port, int) or not 1024 <= ec2_port <= 65535:
+            out.append(Problem("lab.ec2_provider", "its options.port must be 1024..65535"))
+    return out
