@@ -23,6 +23,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from functools import partial
 from ipaddress import ip_network
 from pathlib import Path
@@ -303,15 +304,62 @@ def daemon_pid(node: Node, pkey: paramiko.Ed25519Key) -> int:
     return int(run_on(node, pkey, "systemctl show -P MainPID slurm-burst.service").strip())
 
 
-def test_the_collection_deploys_a_running_daemon_onto_the_blank_host(
+@dataclass(frozen=True)
+class Deployed:
+    """The site play, then the collection's controller play, run once per module."""
+
+    site_conf: list[str]  # /etc/slurm/slurm.conf as the site's own play left it
+    out: str  # the controller play's output
+
+
+@pytest.fixture(scope="module")
+def deployed(
     work: Path, inventory: Path, controller: Node, pkey: paramiko.Ed25519Key
-) -> None:
-    run = on(controller, pkey)
+) -> Deployed:
     rc, out = play(work, inventory, SITE / "site.yml")
     assert rc == 0, out[-4000:]
-    site_conf = run("cat /etc/slurm/slurm.conf").splitlines()
+    site_conf = run_on(controller, pkey, "cat /etc/slurm/slurm.conf").splitlines()
     rc, out = play(work, inventory, COLLECTION / "playbooks" / "controller.yml")
     assert rc == 0, out[-6000:]
+    return Deployed(site_conf, out)
+
+
+@dataclass(frozen=True)
+class Ran:
+    """A batch job run to its end on the deployed cluster (``sbatch --wait``)."""
+
+    job: str
+    out: str  # sbatch's output and its exit status (rc=N)
+    show: str  # scontrol show job, after it ended
+    seconds: float
+
+
+def run_job(node: Node, pkey: paramiko.Ed25519Key, args: str) -> Ran:
+    run = on(node, pkey)
+    t = time.monotonic()
+    out = run(f"cd /tmp && sbatch --parsable --wait {args} 2>&1; echo rc=$?", 300)
+    took = time.monotonic() - t
+    job = out.split()[0]
+    return Ran(job, out, run(f"scontrol show job {shlex.quote(job)}") if job.isdigit() else "",
+               took)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def ec2_job(
+    lab_config: Config, deployed: Deployed, controller: Node, pkey: paramiko.Ed25519Key
+) -> tuple[Ran, dict[str, int]]:
+    """The job on two EC2 nodes, with the emulator's call counts from before it."""
+    before = emulator_calls(lab_config)
+    ran = run_job(controller, pkey, "-A physics -p burst-ec2 -N2 -t 5 -o /dev/null "
+                  "--wrap 'test \"$(hostname)\" != ctl-1'")  # fmt: skip
+    return ran, before
+
+
+def test_the_collection_deploys_a_running_daemon_onto_the_blank_host(
+    deployed: Deployed, controller: Node, pkey: paramiko.Ed25519Key
+) -> None:
+    run = on(controller, pkey)
+    out = deployed.out
     assert recap(out)["failed"] == 0
     state = run("systemctl is-active slurm-burst.service || true").strip()
     assert state == "active", run("journalctl -u slurm-burst.service -n 40 --no-pager")
@@ -325,6 +373,7 @@ def test_the_collection_deploys_a_running_daemon_onto_the_blank_host(
     assert "slurm-burst-lab" not in run("/opt/slurm-burst/bin/python -m pip list 2>/dev/null")
     assert run("/opt/slurm-burst/bin/python -c 'import slurm_burst_lab' 2>&1 || true").strip()
     # of the site's slurm.conf, exactly two lines are the role's; nothing else changed
+    site_conf = deployed.site_conf
     after = run("cat /etc/slurm/slurm.conf").splitlines()
     assert [ln for ln in site_conf if ln not in after] == []
     assert sorted(ln for ln in after if ln not in site_conf) == [
@@ -351,31 +400,27 @@ def test_the_collection_deploys_a_running_daemon_onto_the_blank_host(
 
 
 def test_a_batch_job_runs_on_ec2_nodes_the_deployed_daemon_launched(
-    lab_config: Config, controller: Node, pkey: paramiko.Ed25519Key
-) -> None:
-    before = emulator_calls(lab_config)
+    lab_config: Config, ec2_job: tuple[Ran, dict[str, int]], controller: Node,
+    pkey: paramiko.Ed25519Key,
+) -> None:  # fmt: skip
+    ran, before = ec2_job
     run = on(controller, pkey)
-    t = time.monotonic()
-    out = run("cd /tmp && sbatch --parsable --wait -A physics -p burst-ec2 -N2 -t 5 -o /dev/null "
-              "--wrap 'test \"$(hostname)\" != ctl-1' 2>&1; echo rc=$?", 300)  # fmt: skip
-    took = time.monotonic() - t
-    job = out.split()[0]
-    assert out.strip().endswith("rc=0"), out + run(
+    assert ran.out.strip().endswith("rc=0"), ran.out + run(
         "tail -40 /var/log/slurm-burst/*.log; journalctl -u slurm-burst -n 60 --no-pager"
     )
-    show = run(f"scontrol show job {job}")
-    assert "JobState=COMPLETED" in show and "ExitCode=0:0" in show, show
-    assert f"NodeList={NODES}" in show, show
-    print(f"\ndeployed daemon: sbatch -N2 to completed in {took:.1f} s")
+    assert "JobState=COMPLETED" in ran.show and "ExitCode=0:0" in ran.show, ran.show
+    assert f"NodeList={NODES}" in ran.show, ran.show
+    print(f"\ndeployed daemon: sbatch -N2 to completed in {ran.seconds:.1f} s")
     nodes = json.loads(run("/opt/slurm-burst/bin/slurm-burst nodes --json"))["nodes"]
-    assert {n["name"] for n in nodes} == {"burst-ec2-1", "burst-ec2-2"}, nodes
-    assert all(n["instance_id"].startswith("i-") and n["provider"] == "aws" for n in nodes), nodes
+    assert {"burst-ec2-1", "burst-ec2-2"} <= {n["name"] for n in nodes}, nodes
+    ec2 = [n for n in nodes if n["name"].startswith("burst-ec2-")]
+    assert all(n["instance_id"].startswith("i-") and n["provider"] == "aws" for n in ec2), nodes
     calls = emulator_calls(lab_config)
     assert calls.get("RunInstances", 0) > before.get("RunInstances", 0)
 
 
 def test_a_second_run_changes_nothing(
-    work: Path, inventory: Path, controller: Node, pkey: paramiko.Ed25519Key
+    work: Path, inventory: Path, deployed: Deployed, controller: Node, pkey: paramiko.Ed25519Key
 ) -> None:
     pid = daemon_pid(controller, pkey)
     rc, out = play(work, inventory, COLLECTION / "playbooks" / "controller.yml")
@@ -398,7 +443,7 @@ def test_a_second_run_changes_nothing(
     ],
 )
 def test_a_broken_variable_stops_the_play_and_leaves_the_daemon_running(
-    work: Path, inventory: Path, controller: Node, pkey: paramiko.Ed25519Key,
+    work: Path, inventory: Path, deployed: Deployed, controller: Node, pkey: paramiko.Ed25519Key,
     relays: tuple[MirrorRelay, TcpRelay], variable: str, value: str, message: str,
 ) -> None:  # fmt: skip
     pid = daemon_pid(controller, pkey)
@@ -420,13 +465,23 @@ def test_a_broken_variable_stops_the_play_and_leaves_the_daemon_running(
     assert run_on(controller, pkey, config) == before
 
 
-def test_an_image_the_node_image_role_baked_joins_and_runs_a_job(
+@dataclass(frozen=True)
+class Baked:
+    """What the node_image role did on a blank builder, and the image it left."""
+
+    plays: tuple[tuple[int, str], ...]  # the bake, the bake again, the generalizing run
+    slurmd: str  # slurmd -V on the builder
+    sshd: str  # sshd -T's root and password lines
+    root: Path  # the builder's root file system, exported: the image
+
+
+@pytest.fixture(scope="module")
+def node_image(
     work: Path, lab: Lab, cloud: Any, key: Path, pkey: paramiko.Ed25519Key,
-    relays: tuple[MirrorRelay, TcpRelay], controller: Node,
-) -> None:  # fmt: skip
+    relays: tuple[MirrorRelay, TcpRelay],
+) -> Iterator[Baked]:  # fmt: skip
     """The node_image role on a blank builder; its root file system becomes an AMI of
-    the emulator (a cloud's CreateImage); an instance of it joins the deployed cluster
-    and runs a job, with nothing but what the role installed (no host file system)."""
+    the emulator (a cloud's CreateImage), registered while the module runs."""
     builder = boot_blank(cloud, "img-1", key, pkey)
     playbook = COLLECTION / "playbooks" / "node_image.yml"
     try:
@@ -436,45 +491,66 @@ def test_an_image_the_node_image_role_baked_joins_and_runs_a_job(
             {"all": {"hosts": {"img-1": reach(work, builder, key, relays[0])}}}
         ))  # fmt: skip
         keep = json.dumps({"slurm_burst_node_generalize": False})
-        rc, out = play(work, inv, playbook, "-e", keep)
-        assert rc == 0, out[-4000:]
-        rc, out = play(work, inv, playbook, "-e", keep)
-        assert rc == 0 and recap(out, "img-1")["changed"] == 0, changed_tasks(out)
+        bake = play(work, inv, playbook, "-e", keep)
+        again = play(work, inv, playbook, "-e", keep)
         slurmd = run_on(builder, pkey, "slurmd -V").strip()
-        assert slurmd == run_on(controller, pkey, "slurmctld -V").strip(), slurmd
         sshd = run_on(builder, pkey, "sshd -T | grep -E '^(permitrootlogin|passwordauth)'")
-        assert sorted(sshd.split("\n")[:2]) == [
-            "passwordauthentication no", "permitrootlogin without-password"
-        ], sshd  # fmt: skip
         run_on(builder, pkey, "echo baked-by-node_image > /etc/slurm-burst-test-image")
         # the bake's last step: what must differ per instance goes (no SSH after this)
-        rc, out = play(work, inv, playbook)
-        assert rc == 0, out[-4000:]
+        last = play(work, inv, playbook)
         root = cloud.ex_export_root(builder, work / "node-image")
     finally:
         cloud.destroy_node(builder)
+    register_image(lab.paths.state / "ec2", NODE_AMI, root)
+    try:
+        yield Baked((bake, again, last), slurmd, sshd, root)
+    finally:
+        register_image(lab.paths.state / "ec2", NODE_AMI, None)
+
+
+@pytest.fixture(scope="module")
+def image_job(node_image: Baked, deployed: Deployed, controller: Node,
+              pkey: paramiko.Ed25519Key) -> Ran:  # fmt: skip
+    """A job on the one node of the baked image, reading the file only the image has."""
+    return run_job(controller, pkey, "-A physics -p burst-img -N1 -t 5 -o /dev/null "
+                   "--wrap 'grep -qx baked-by-node_image /etc/slurm-burst-test-image'")  # fmt: skip
+
+
+def test_an_image_the_node_image_role_baked_joins_and_runs_a_job(
+    node_image: Baked, image_job: Ran, controller: Node, pkey: paramiko.Ed25519Key
+) -> None:
+    """The image joins the deployed cluster and runs a job, with nothing but what the
+    role installed (no host file system)."""
+    (rc, out), (rc2, out2), (rc3, out3) = node_image.plays
+    assert rc == 0, out[-4000:]
+    assert rc2 == 0 and recap(out2, "img-1")["changed"] == 0, changed_tasks(out2)
+    assert rc3 == 0, out3[-4000:]
+    ctld = run_on(controller, pkey, "slurmctld -V").strip()
+    assert node_image.slurmd == ctld, node_image.slurmd
+    assert sorted(node_image.sshd.split("\n")[:2]) == [
+        "passwordauthentication no", "permitrootlogin without-password"
+    ], node_image.sshd  # fmt: skip
+    root = node_image.root
     assert not list((root / "etc" / "ssh").glob("ssh_host_*"))
     assert not (root / "etc" / "munge" / "munge.key").exists()
     assert (root / "etc" / "machine-id").read_text() == ""
     wants = root / "etc" / "systemd" / "system" / "multi-user.target.wants"
     assert not {"munge.service", "slurmd.service"} & {w.name for w in wants.iterdir()}
-    register_image(lab.paths.state / "ec2", NODE_AMI, root)
-    try:
-        run = on(controller, pkey)
-        out = run("cd /tmp && sbatch --parsable --wait -A physics -p burst-img -N1 -t 5 "
-                  "-o /dev/null --wrap 'grep -qx baked-by-node_image /etc/slurm-burst-test-image'"
-                  " 2>&1; echo rc=$?", 300)  # fmt: skip
-        assert out.strip().endswith("rc=0"), out + run("journalctl -u slurm-burst -n 60 --no-pager")
-        show = run(f"scontrol show job {out.split()[0]}")
-        assert "JobState=COMPLETED" in show and "NodeList=burst-img-1" in show, show
-    finally:
-        register_image(lab.paths.state / "ec2", NODE_AMI, None)
+    assert image_job.out.strip().endswith("rc=0"), image_job.out + run_on(
+        controller, pkey, "journalctl -u slurm-burst -n 60 --no-pager"
+    )
+    assert "JobState=COMPLETED" in image_job.show, image_job.show
+    assert "NodeList=burst-img-1" in image_job.show, image_job.show
 
 
 def test_released_nodes_leave_no_instance_and_the_job_is_charged(
-    controller: Node, pkey: paramiko.Ed25519Key
-) -> None:
+    ec2_job: tuple[Ran, dict[str, int]], image_job: Ran, controller: Node,
+    pkey: paramiko.Ed25519Key,
+) -> None:  # fmt: skip
+    """After the EC2 job and the image's job, powered down: no instance is left, and
+    the ledger charges each job to its account and partition."""
     sb = "/opt/slurm-burst/bin/slurm-burst"
+    ran = {ec2_job[0].job, image_job.job}
     run_on(controller, pkey, f"scontrol update nodename={shlex.quote(ALL_NODES)} state=power_down")
 
     def gone() -> bool:
@@ -490,8 +566,8 @@ def test_released_nodes_leave_no_instance_and_the_job_is_charged(
         rows[:] = json.loads(run_on(controller, pkey, f"{sb} ledger report --by job --json"))[
             "rows"
         ]
-        jobs = [r for r in rows if r["job"].isdigit() and r["total_micros"] > 0]
-        return jobs if len(jobs) == 2 else []
+        jobs = [r for r in rows if r["job"] in ran and r["total_micros"] > 0]
+        return jobs if len(jobs) == len(ran) else []
 
     try:
         jobs = wait(charged, 240, "both burst jobs' cost in the deployed daemon's ledger", every=3)
@@ -503,8 +579,8 @@ def test_released_nodes_leave_no_instance_and_the_job_is_charged(
 
 
 def test_the_upgrade_play_installs_a_newer_release_with_a_job_in_flight(
-    work: Path, inventory: Path, wheelhouse: Path, lab_config: Config, controller: Node,
-    pkey: paramiko.Ed25519Key,
+    work: Path, inventory: Path, wheelhouse: Path, lab_config: Config, deployed: Deployed,
+    controller: Node, pkey: paramiko.Ed25519Key,
 ) -> None:  # fmt: skip
     """playbooks/upgrade.yml installs a newer slurm-burst (this checkout as 0.1.1) and
     restarts the daemon, started while a node launches for a job: the daemon's stop

@@ -1,5 +1,6 @@
-"""Chargeback and budgets in the lab: after the burst jobs of test_x_burst, against the real
-slurmdbd (MariaDB), sacct and slurmctld.
+"""Chargeback and budgets in the lab: after the lab's burst jobs (test_x_burst's, or one
+GPU job of its own when this module runs alone), against the real slurmdbd (MariaDB),
+sacct and slurmctld.
 
 - the jobs land in the ledger from sacct, every terminated instance is split,
   ``ledger report --by job --format json`` shows the GPU job with its account,
@@ -24,15 +25,39 @@ from slurm_burst_lab.service import Lab
 
 from slurm_burst.config import Config
 from slurm_burst.wiring import cloud_driver, ledger
-from tests.conftest import LAB_CONFIG, invoke
+from tests.conftest import LAB_CONFIG, invoke, wait
 from tests.lab.conftest import GPU_BUSY_JOB
 
 SB = ["--config", str(LAB_CONFIG)]
 
 
 @pytest.fixture(scope="module")
-def env(lab: Lab) -> dict[str, str]:
-    return lab.env()
+def gpu_job(env: dict[str, str]) -> str:
+    """A GPU burst job that has run: one of this lab session's (test_x_burst's), or one
+    submitted now and waited for when the module runs alone."""
+    ran = subprocess.run(
+        ["sacct", "-n", "-X", "-P", "-r", "burst-gpu", "-s", "CD", "-S", "2000-01-01",
+         "-o", "JobID"],
+        env=env, text=True, capture_output=True, timeout=30, check=True,
+    ).stdout.split()  # fmt: skip
+    if ran:
+        return ran[0]
+    job = subprocess.run(
+        ["sbatch", "--parsable", "-p", "burst-gpu", "--gres=gpu:1", "-t", "5", "-o", "/dev/null",
+         "--wrap", "hostname"],
+        env=env, text=True, capture_output=True, timeout=30, check=True,
+    ).stdout.strip()  # fmt: skip
+
+    def ended() -> str:  # its final state in sacct, '' until it has one
+        state = subprocess.run(
+            ["sacct", "-n", "-X", "-P", "-j", job, "-o", "State"],
+            env=env, text=True, capture_output=True, timeout=30, check=False,
+        ).stdout.strip()  # fmt: skip
+        return "" if state in ("", "PENDING", "CONFIGURING", "RUNNING", "COMPLETING") else state
+
+    state = wait(ended, 240, f"GPU burst job {job}", every=2)
+    assert state == "COMPLETED", state
+    return job
 
 
 def _report(by: str) -> dict[str, Any]:
@@ -54,7 +79,7 @@ def _report(by: str) -> dict[str, Any]:
     return dict(json.loads(r.stdout))
 
 
-def test_report_after_the_burst_jobs(lab: Lab, lab_config: Config) -> None:
+def test_report_after_the_burst_jobs(lab: Lab, lab_config: Config, gpu_job: str) -> None:
     led = ledger(lab_config)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:  # the daemon ingests and splits every 5 s
