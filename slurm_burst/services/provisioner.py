@@ -219,16 +219,15 @@ class Provisioner:
         the bootstrap's ``nodeaddr`` step sets the same again. Best effort: a failure
         here is repeated, and reported, by that step.
         """
-        named, addrs = [], []
-        for name in names:
-            try:
-                addrs.append(
-                    self.store.allocate_address(name, self.settings.mesh_subnet, self.clock.now())
-                )
-                named.append(name)
-            except StoreError as exc:  # a full pool: the rest fail in bootstrap (MeshPoolFull)
-                log.warning("node.address_early_failed node=%s error=%s", name, exc)
-                break
+        try:  # a full pool gives the first ones theirs; the rest fail in bootstrap
+            given = self.store.allocate_addresses(names, self.settings.mesh_subnet,
+                                                  self.clock.now())  # fmt: skip
+        except StoreError as exc:  # the database busy past its timeout: bootstrap does it
+            log.warning("node.address_early_failed count=%d error=%s", len(names), exc)
+            return
+        if len(given) < len(names):
+            log.warning("node.address_early_pool_full without=%d", len(names) - len(given))
+        named, addrs = list(given), list(given.values())
         if not named:
             return
         try:

@@ -135,6 +135,18 @@ class StoreContract:
         assert store.release_address("a") == a and store.release_address("a") is None
         assert store.allocate_address("c", "10.9.0.0/29", 0) == a  # reused once free
 
+    def test_many_addresses_at_once_are_the_ones_given_one_by_one(self, store: NodeStore) -> None:
+        assert store.allocate_address("b", "10.9.0.0/29", 0) == "10.9.0.2"
+        got = store.allocate_addresses(["a", "b", "c", "d", "e", "f", "g"], "10.9.0.0/29", 0)
+        # b keeps its own; the others take .3 to .6 in order; f and g find the pool full
+        assert got == {"a": "10.9.0.3", "b": "10.9.0.2", "c": "10.9.0.4", "d": "10.9.0.5",
+                       "e": "10.9.0.6"}  # fmt: skip
+        assert store.addresses() == got
+        assert store.release_address("c") == "10.9.0.4"
+        assert store.allocate_addresses(["g", "a"], "10.9.0.0/29", 0) == {
+            "g": "10.9.0.4", "a": "10.9.0.3"
+        }  # fmt: skip
+
     def test_pool_exhaustion_is_a_clear_error(self, store: NodeStore) -> None:
         store.allocate_address("a", "10.9.0.0/30", 0)  # .1 hub, .2 a
         with pytest.raises(StoreError, match="no free address"):

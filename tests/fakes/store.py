@@ -219,6 +219,16 @@ class MemoryStore:
                     return str(host)
         raise PoolExhausted(f"mesh subnet {subnet} has no free address left")
 
+    def allocate_addresses(self, nodes: Sequence[str], subnet: str, now: float) -> dict[str, str]:
+        out: dict[str, str] = {}
+        with self._lock:
+            for node in nodes:
+                try:
+                    out[node] = self.allocate_address(node, subnet, now)
+                except PoolExhausted:
+                    break
+        return out
+
     def release_address(self, node: str) -> str | None:
         with self._lock:
             return self._addresses.pop(node, None)
