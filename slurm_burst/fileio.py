@@ -122,12 +122,12 @@ def plain(path: str | os.PathLike[str], st: os.stat_result) -> None:
     if stat.S_ISLNK(st.st_mode):
         raise FileRefused(f"{path} is a symbolic link; slurm-burst follows none it did not make")
     if not stat.S_ISREG(st.st_mode):
-        raise FileRefused(f"{path} is {_kind(st.st_mode)}, not a regular file")
+        raise FileRefused(f"{path} is {kind(st.st_mode)}, not a regular file")
     if st.st_nlink > 1:
         raise FileRefused(f"{path} has {st.st_nlink} hard links; a file of ours has one")
 
 
-def _kind(mode: int) -> str:
+def kind(mode: int) -> str:
     for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISCHR, "a character device"),
                        (stat.S_ISBLK, "a block device"), (stat.S_ISFIFO, "a FIFO"),
                        (stat.S_ISSOCK, "a socket"), (stat.S_ISLNK, "a symbolic link")):  # fmt: skip
@@ -165,7 +165,7 @@ def ensure_dir(
             raise FileRefused(f"{what} {p} is a symbolic link that root does not own")
         st = os.stat(p)
     if not stat.S_ISDIR(st.st_mode):
-        raise FileRefused(f"{what} {p} is {_kind(st.st_mode)}, not a directory")
+        raise FileRefused(f"{what} {p} is {kind(st.st_mode)}, not a directory")
     shown = f"mode {stat.S_IMODE(st.st_mode):04o}"
     if st.st_mode & stat.S_IWOTH:
         raise FileRefused(
@@ -298,7 +298,7 @@ def write_atomic(path: str | os.PathLike[str], mode: int = 0o644) -> Iterator[IO
         st = os.lstat(target)
         if stat.S_ISLNK(st.st_mode) or not stat.S_ISREG(st.st_mode):  # a device stays one
             raise FileRefused(
-                f"{target} is {_kind(st.st_mode)}: slurm-burst replaces only regular files "
+                f"{target} is {kind(st.st_mode)}: slurm-burst replaces only regular files "
                 "(give another path, or '-' where standard output is offered)"
             )
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent or ".")

@@ -9,10 +9,10 @@ same contract suites (``tests/contracts``) as the real adapters.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from datetime import date, datetime
-from typing import Any, Protocol
+from typing import Any, BinaryIO, Protocol
 
 from slurm_burst.core.allocation import Allocation
 from slurm_burst.core.cloud import Instance, LaunchSpec
@@ -378,3 +378,52 @@ class Accounting(Protocol):
     def has_account(self, account: str) -> bool: ...
 
     def set_billing_limit(self, account: str, minutes: int | None) -> None: ...
+
+
+class ObjectStore(Protocol):
+    """One bucket of object storage (adapters/storage: libcloud's storage drivers). Keys
+    are object names in the bucket (``core.staging.Layout``); failures raise
+    ``core.staging.StorageError`` with the store's own code. Safe to call from several
+    threads at once."""
+
+    name: str  # the config's store name
+
+    def has(self, key: str) -> bool: ...  # one request
+
+    # a small object whole (manifests, pointers); None: not there; StorageError past limit
+    def read(self, key: str, limit: int) -> bytes | None: ...
+
+    # ``size`` bytes of ``body`` as ``key``, ``pace(n)`` called before each n bytes sent
+    # (a bandwidth limit); returns the bytes sent; the store's digest is checked
+    def write(
+        self, key: str, body: BinaryIO, size: int, pace: Callable[[int], None] | None = None
+    ) -> int: ...
+
+    def write_bytes(self, key: str, body: bytes) -> int: ...
+
+    # a read-only URL for one object, valid ``seconds``; made locally, no request
+    def grant(self, key: str, seconds: int) -> str: ...
+
+    def keys(self, prefix: str) -> Iterator[tuple[str, int]]: ...  # (key, size), in order
+
+    def delete(self, key: str) -> None: ...  # gone already: no error
+
+
+class DatasetTree(Protocol):
+    """The site's side of a stage: a dataset's files as the reading user sees them
+    (adapters/storage/tree.py). Errors: ``core.staging.StagingError`` (and
+    ``SensitiveData`` for a marked directory)."""
+
+    def resolve(self, src: str) -> str: ...  # every symlink and '..' resolved
+
+    # (path inside the dataset, size, executable) of each regular file, sorted
+    def files(self, real_src: str) -> list[tuple[str, int, bool]]: ...
+
+    # (sha256, compressed size of a sample, sample size): one read of the file
+    def digest(self, real_src: str, path: str, size: int) -> tuple[str, int, int]: ...
+
+    # the bytes to store (compressed when ``encoding`` says) and their count; the file is
+    # read again and must still have ``sha256``, else StagingError (it changed)
+    def body(
+        self, real_src: str, path: str, sha256: str, encoding: str
+    ) -> AbstractContextManager[tuple[BinaryIO, int]]: ...

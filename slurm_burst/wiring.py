@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from slurm_burst.adapters.state.requestspool import RequestSpool
     from slurm_burst.adapters.state.store import Store
     from slurm_burst.core.simulate import Comparison
+    from slurm_burst.core.staging import KeptHome
     from slurm_burst.ports import (
         AccountingLedger,
         Clock,
@@ -45,6 +46,7 @@ if TYPE_CHECKING:
         Mesh,
         Metrics,
         NodeStore,
+        ObjectStore,
         Scheduler,
         SpooledLedger,
     )
@@ -61,6 +63,7 @@ if TYPE_CHECKING:
         ReconcilerPorts,
         ReconcilerSettings,
     )
+    from slurm_burst.services.staging import Progress, Stager
     from slurm_burst.services.warmpool import WarmSettings
 
 
@@ -150,9 +153,7 @@ def accounting(cfg: Config) -> SlurmAccounting:
     )
 
 
-def group_control(
-    cfg: Config, store: NodeStore, slurm: Scheduler | None = None
-) -> GroupControl:
+def group_control(cfg: Config, store: NodeStore, slurm: Scheduler | None = None) -> GroupControl:
     """Protected mode on ``slurm`` (default: this config's Slurm commands)."""
     from slurm_burst.services.groups import GroupControl
 
@@ -286,6 +287,59 @@ def metrics(cfg: Config) -> PromMetrics:
     from slurm_burst.adapters.metrics.prom import Metrics as PromMetrics
 
     return PromMetrics(max_accounts=cfg.daemon.metrics_max_accounts)
+
+
+# -- staged data -----------------------------------------------------------------------
+def object_store(cfg: Config, name: str) -> ObjectStore:
+    """The store ``name`` of ``[stores]`` (StorageUnavailable if there is none)."""
+    from slurm_burst.adapters.cloud.credentials import resolve_store
+    from slurm_burst.adapters.storage.s3 import S3Store
+    from slurm_burst.core.staging import StorageUnavailable
+
+    st = cfg.stores.get(name)
+    if st is None:
+        known = ", ".join(sorted(cfg.stores)) or "none configured"
+        raise StorageUnavailable(f"no store {name!r} in [stores] ({known})")
+    return S3Store(
+        st.name, bucket=st.bucket, region=st.region, keys=resolve_store(st),
+        endpoint=st.endpoint, secure=st.secure,
+    )  # fmt: skip
+
+
+def kept_home(cfg: Config) -> KeptHome:
+    """What the site keeps on-prem: staging's paths, and the on-prem-only accounts and QOS
+    of the burst policy."""
+    from slurm_burst.core.staging import KeptHome
+
+    p = cfg.policy
+    return KeptHome(
+        paths=cfg.staging.onprem_only_paths,
+        accounts=frozenset(n for n, o in p.accounts.items() if o.onprem_only),
+        qos=frozenset(n for n, o in p.qos.items() if o.onprem_only),
+    )
+
+
+def stager(cfg: Config, store: str = "", progress: Progress | None = None) -> Stager:
+    """The stager of ``slurm-burst stage`` on ``store`` (default: staging.store)."""
+    from slurm_burst.adapters.storage.tree import LocalTree
+    from slurm_burst.core.staging import StorageUnavailable
+    from slurm_burst.services.staging import Stager, StagingSettings
+
+    s = cfg.staging
+    name = store or s.store
+    if not name:
+        raise StorageUnavailable("no store named: give --store, or set staging.store")
+    settings = StagingSettings(
+        prefix=cfg.stores[name].prefix if name in cfg.stores else "",
+        transfers=s.transfers,
+        bandwidth=s.bandwidth_mbit * 1e6 / 8,
+        compress=s.compress,
+        grant_seconds=s.grant_seconds,
+    )
+    return Stager(
+        settings=settings, store=object_store(cfg, name), tree=LocalTree(s.marker),
+        clock=clock(), kept=kept_home(cfg), progress=progress,
+    )  # fmt: skip
 
 
 # -- the ledger ------------------------------------------------------------------------

@@ -39,6 +39,7 @@ COMMANDS = {
     "group": "slurm_burst.cli.group_cmd:group",
     "simulate": "slurm_burst.cli.simulate_cmd:simulate",
     "jobs": "slurm_burst.cli.jobs_cmd:jobs",
+    "stage": "slurm_burst.cli.stage_cmd:group",
 }
 
 
@@ -57,7 +58,6 @@ class LazyGroup(click.Group):
         cmd = getattr(importlib.import_module(module), attr)
         assert isinstance(cmd, click.Command)
         return cmd
-
 
     def invoke(self, ctx: click.Context) -> object:
         """The one place an error ends a command: a BurstError (every error a user can

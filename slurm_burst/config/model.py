@@ -627,6 +627,68 @@ class PolicyConfig:
         return Rule(recheck=self.recheck, **values)
 
 
+@dataclass(frozen=True)
+class StoreConfig:
+    name: str = doc("Store name (the table key).")
+    bucket: str = doc("Bucket staged data goes to (made beforehand, private).")
+    driver: str = doc(
+        "libcloud storage driver: 's3' (AWS S3, or an S3-compatible server at endpoint).",
+        default="s3",
+    )
+    region: str = doc("The bucket's region (request signing).", default="us-east-1")
+    endpoint: str = doc(
+        "HOST or HOST:PORT of an S3-compatible server; empty: AWS's endpoint of region.",
+        default="",
+    )
+    secure: bool = doc("HTTPS to the store (and in the nodes' URLs).", default=True)
+    prefix: str = doc(
+        "Key prefix of everything slurm-burst stores (ends with '/'; '' for none).",
+        default="slurm-burst/",
+    )
+    credentials: Credentials | None = doc(
+        "Where the store's keys are (never inline): file (TOML key/secret/token, 0600), "
+        "key_env/secret_env, or AWS's standard environment. Nodes never get them.",
+        default=None,
+    )
+    providers: tuple[str, ...] = doc(
+        "Provider profiles whose nodes pull from this store (one store per provider).",
+        default=(),
+    )
+
+
+@dataclass(frozen=True)
+class StagingConfig:
+    store: str = doc(
+        "The store 'slurm-burst stage push' uses when --store is not given (one of stores).",
+        default="",
+    )
+    transfers: int = doc("Files hashed or sent at once.", default=4)
+    bandwidth_mbit: float = doc(
+        "Megabits a second for all uploads together (the site's WAN share); 0: no limit.",
+        default=0.0,
+    )
+    compress: bool = doc(
+        "Store a file zlib-compressed when a sample of it shrinks by a tenth.", default=True
+    )
+    grant_seconds: int = doc(
+        "How long a node's read-only object URLs last (60 s to 7 days).", default=900
+    )
+    onprem_only_paths: tuple[str, ...] = doc(
+        "Directories whose data never leaves the site (resolved: every way to them counts). "
+        "policy.accounts.*.onprem_only and policy.qos.*.onprem_only keep theirs home too.",
+        default=(),
+    )
+    marker: str = doc(
+        "A file of this name in a directory keeps it and everything under it on-prem "
+        "(a data owner's own way to say so).",
+        default=".slurm-burst-onprem-only",
+    )
+    node_dir: str = doc(
+        "Directory on cloud nodes under which each job's staged data appears.",
+        default="/var/lib/slurm-burst/stage",
+    )
+
+
 def burst_partitions(groups: Mapping[str, NodeGroup]) -> list[str]:
     """The node groups' partitions, each once, in the order the groups name them."""
     return list(dict.fromkeys(g.partition for g in groups.values()))
@@ -672,6 +734,13 @@ class Config:
     policy: PolicyConfig = doc(
         "The burst policy: which pending jobs go to the cloud (the simulator uses it).",
         default=PolicyConfig(),
+    )
+    stores: Mapping[str, StoreConfig] = doc(
+        "Object storage for staged data, per provider and region.", default_factory=_empty
+    )
+    staging: StagingConfig = doc(
+        "Data that follows the job (stage-in through object storage).",
+        default=StagingConfig(),
     )
     # plugins' own sections (slurm_burst.extensions.ConfigSection), by name, as built
     extensions: Mapping[str, Any] = field(default_factory=_empty, metadata={"internal": True})

@@ -19,6 +19,8 @@ from slurm_burst.config.model import (
     ProviderConfig,
     RateConfig,
     SlurmConfig,
+    StagingConfig,
+    StoreConfig,
 )
 
 SECTIONS: list[tuple[str, type]] = [
@@ -35,6 +37,8 @@ SECTIONS: list[tuple[str, type]] = [
     ("[gpu]", GpuConfig),
     ("[policy]", PolicyConfig),
     ("[policy.accounts.NAME], [policy.qos.NAME], [policy.partitions.NAME]", PolicyOverride),
+    ("[stores.NAME]", StoreConfig),
+    ("[staging]", StagingConfig),
 ]
 
 

@@ -23,13 +23,14 @@ class TokenBucket:
         self.tokens = self.burst
         self.stamp: float | None = None
 
-    def reserve(self, now: float) -> float:
-        """Take one token; the seconds to wait before the call may be made (0: at once)."""
+    def reserve(self, now: float, amount: float = 1.0) -> float:
+        """Take ``amount`` tokens (one call; or bytes, for a bandwidth limit); the seconds
+        to wait before going on (0: at once)."""
         if self.rate == 0:
             return 0.0
         if self.stamp is not None:
             elapsed = max(0.0, now - self.stamp)  # a caller whose clock read is a bit older
             self.tokens = min(self.burst, self.tokens + elapsed * self.rate)
         self.stamp = now if self.stamp is None else max(self.stamp, now)
-        self.tokens -= 1.0
+        self.tokens -= amount
         return 0.0 if self.tokens >= 0 else -self.tokens / self.rate

@@ -32,6 +32,10 @@ INTERNAL = {
     "node is wanted down or the daemon stops; caught in Provisioner.drive",
     "slurm_burst.adapters.cloud.attest.NoSource": "a LibcloudError inside the cloud "
     "adapter, turned into the node's HostKeys failure there",
+    "slurm_burst.node.stagein.Refused": "the node's stage-in program (standard library "
+    "only, run over SSH): its errors are its JSON answer and exit code, read by the daemon",
+    "slurm_burst.node.stagein.Corrupt": "inside the node's stage-in program: a bad copy "
+    "fetched again, or its file's Refused",
 }
 
 

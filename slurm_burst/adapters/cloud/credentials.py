@@ -33,7 +33,8 @@ from pathlib import Path
 from typing import Any
 
 from slurm_burst import extensions
-from slurm_burst.config import ProviderConfig
+from slurm_burst.config import Credentials, ProviderConfig
+from slurm_burst.config.model import StoreConfig
 from slurm_burst.core.errors import BadInput
 from slurm_burst.fileio import not_private, untrusted
 
@@ -77,16 +78,9 @@ def resolve(prov: ProviderConfig, environ: Mapping[str, str] | None = None) -> d
     creds = prov.credentials
     where = f"providers.{prov.name}.credentials"
     if creds is not None and creds.file:
-        return _from_file(prov, Path(creds.file), where)
+        return _from_file(Path(creds.file), where, FILE_EXTRAS.get(prov.driver, ()))
     if creds is not None and (creds.key_env or creds.secret_env):
-        out = {}
-        for arg, var in (("key", creds.key_env), ("secret", creds.secret_env)):
-            if not var:
-                raise CredentialsError(f"{where}: both key_env and secret_env are needed")
-            if not env.get(var):
-                raise CredentialsError(f"{where}: environment variable {var} is not set")
-            out[arg] = env[var]
-        return out
+        return _named_env(creds, where, env)
     if extensions.offers(prov.driver, NONE_NEEDED, lambda d: not d.credentials):
         return {}
     if prov.driver == "gce":
@@ -122,7 +116,36 @@ def check_private(path: Path, what: str) -> None:
         raise CredentialsError(f"{what} {path} can be changed by others: {why}")
 
 
-def _from_file(prov: ProviderConfig, path: Path, where: str) -> dict[str, Any]:
+def resolve_store(store: StoreConfig, environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """``key``, ``secret`` (and ``token``) of an S3 store: its credentials file, the
+    variables it names, or AWS's standard environment, as for the ec2 driver."""
+    env = os.environ if environ is None else environ
+    creds, where = store.credentials, f"stores.{store.name}.credentials"
+    if creds is not None and creds.file:
+        return _from_file(Path(creds.file), where, ("token",))
+    if creds is not None and (creds.key_env or creds.secret_env):
+        return _named_env(creds, where, env)
+    wanted = {**STANDARD_ENV["ec2"], **OPTIONAL_ENV["ec2"]}
+    missing = [v for a, v in wanted.items() if a != "token" and not env.get(v)]
+    if missing:
+        raise CredentialsError(
+            f"{where}: not configured, and the standard environment lacks {', '.join(missing)}"
+        )
+    return {arg: env[var] for arg, var in wanted.items() if env.get(var)}
+
+
+def _named_env(creds: Credentials, where: str, env: Mapping[str, str]) -> dict[str, Any]:
+    out = {}
+    for arg, var in (("key", creds.key_env), ("secret", creds.secret_env)):
+        if not var:
+            raise CredentialsError(f"{where}: both key_env and secret_env are needed")
+        if not env.get(var):
+            raise CredentialsError(f"{where}: environment variable {var} is not set")
+        out[arg] = env[var]
+    return out
+
+
+def _from_file(path: Path, where: str, extras: tuple[str, ...]) -> dict[str, Any]:
     check_private(path, f"{where}.file")
     try:
         data = tomllib.loads(path.read_text())
@@ -136,10 +159,10 @@ def _from_file(prov: ProviderConfig, path: Path, where: str) -> dict[str, Any]:
         if not isinstance(data.get(k), str) or not data[k]:
             raise CredentialsError(f"{where}.file {path}: '{k}' is missing or not a string")
         out[k] = data[k]
-    for k in FILE_EXTRAS.get(prov.driver, ()):
+    for k in extras:
         if k in data:
             out[k] = data[k]
-    unknown = set(data) - {"key", "secret", *FILE_EXTRAS.get(prov.driver, ())}
+    unknown = set(data) - {"key", "secret", *extras}
     if unknown:
         raise CredentialsError(f"{where}.file {path}: unknown keys {', '.join(sorted(unknown))}")
     return out

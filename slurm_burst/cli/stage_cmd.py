@@ -1,0 +1,117 @@
+"""``slurm-burst stage``: datasets in object storage, ahead of the jobs that will use them."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import click
+
+from slurm_burst.cli.common import app, emit, json_option, ts
+
+_store_option = click.option(
+    "--store", default="", metavar="NAME", help="A store of [stores] (default: staging.store)."
+)
+_account_option = click.option(
+    "--account",
+    "-A",
+    required=True,
+    help="Slurm account whose namespace holds the dataset (its jobs will use it).",
+)
+
+
+@click.group("stage")
+def group() -> None:
+    """Datasets staged to object storage for burst jobs (#BB_LUA stage_in).
+
+    A dataset is stored once per account, content-addressed: a file already stored,
+    by this dataset or another of the account's, is not sent again, and an unchanged
+    tree costs one request. Data under staging.onprem_only_paths, marked with
+    staging.marker, or of an on-prem-only account or QOS, is refused before a byte is
+    read."""
+
+
+@group.command("push")
+@click.argument("src")
+@_account_option
+@click.option("--qos", default="", help="The QOS of the jobs that will use it (its rules).")
+@_store_option
+@json_option
+@click.pass_context
+def push(ctx: click.Context, src: str, account: str, qos: str, store: str, as_json: bool) -> None:
+    """Stage SRC (an absolute directory or file) now, before any job asks for it.
+
+    Progress goes to stderr; the result (files, bytes, what was sent, requests) to
+    stdout. Exit 0 staged, 1 the store failed, 2 refused (bad path, sensitive data, a
+    special file in the tree), 3 no store configured or reachable credentials."""
+    from slurm_burst.wiring import stager
+
+    progress = _Progress(enabled=not as_json or sys.stderr.isatty())
+    pushed = stager(app(ctx).config, store, progress).push(src, account, qos)
+    progress.done()
+    out = pushed.as_dict()
+    emit(
+        out,
+        as_json,
+        columns=["SRC", "MANIFEST", "FILES", "BYTES", "SENT OBJECTS", "SENT BYTES", "SECONDS"],
+        rows=lambda r: [_push_row(r)],
+        title="unchanged: nothing sent" if pushed.unchanged else None,
+    )
+
+
+@group.command("status")
+@click.argument("src", required=False)
+@_account_option
+@_store_option
+@json_option
+@click.pass_context
+def status(ctx: click.Context, src: str | None, account: str, store: str, as_json: bool) -> None:
+    """The account's staged datasets (or SRC's): newest version, files, bytes, when."""
+    from slurm_burst.core.staging import check_src
+    from slurm_burst.wiring import stager
+
+    if src is not None:
+        check_src(src)
+    found = stager(app(ctx).config, store).status(account, src)
+    out = [
+        {"src": p.src, "manifest": p.manifest, "files": p.files, "bytes": p.bytes, "at": p.at}
+        for p in found
+    ]
+    emit(
+        {"account": account, "datasets": out},
+        as_json,
+        columns=["SRC", "MANIFEST", "FILES", "BYTES", "STAGED"],
+        rows=lambda d: [
+            [r["src"], r["manifest"][:16], r["files"], r["bytes"], ts(r["at"])]
+            for r in d["datasets"]
+        ],
+        title=f"datasets of account {account}",
+    )
+
+
+def _push_row(r: dict[str, object]) -> list[object]:
+    sent = f"{r['objects_sent']}/{r['objects']}"
+    return [r["src"], str(r["manifest"])[:16], r["files"], r["bytes"], sent, r["bytes_sent"],
+            r["seconds"]]  # fmt: skip
+
+
+class _Progress:
+    """One line on stderr, rewritten at most five times a second: step, share, bytes."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+        self.last = 0.0
+        self.shown = False
+
+    def __call__(self, step: str, done: int, total: int) -> None:
+        now = time.monotonic()
+        if not self.enabled or (now - self.last < 0.2 and done < total):
+            return
+        self.last = now
+        share = 100.0 * done / total if total else 100.0
+        click.echo(f"\r{step}: {share:5.1f}% of {total / 1e6:,.1f} MB", nl=False, err=True)
+        self.shown = True
+
+    def done(self) -> None:
+        if self.shown:
+            click.echo("", err=True)

@@ -1,0 +1,71 @@
+"""Semantic checks of ``[stores.*]`` and ``[staging]``. Pure: no file or network access."""
+
+from __future__ import annotations
+
+import math
+import re
+
+from slurm_burst.config.model import Config
+from slurm_burst.config.schema import Problem
+from slurm_burst.core.staging import StagingError, check_src
+
+DRIVERS = ("s3",)  # google_storage and azure_blobs follow with stage-out (issue 30)
+_BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]", re.ASCII)  # S3's bucket names
+_HOST = re.compile(r"[A-Za-z0-9]([A-Za-z0-9.-]{0,251}[A-Za-z0-9])?", re.ASCII)
+_PREFIX = re.compile(r"([A-Za-z0-9][A-Za-z0-9._-]{0,62}/){0,8}", re.ASCII)
+_REGION = re.compile(r"[a-z0-9-]{1,32}", re.ASCII)
+_MARKER = re.compile(r"\.?[A-Za-z0-9][A-Za-z0-9._-]{0,127}", re.ASCII)
+
+
+def staging_problems(cfg: Config) -> list[Problem]:
+    out: list[Problem] = []
+    served: dict[str, str] = {}  # provider -> store
+    for name, st in cfg.stores.items():
+        base = f"stores.{name}"
+        if st.driver not in DRIVERS:
+            out.append(Problem(f"{base}.driver", f"must be one of {', '.join(DRIVERS)}"))
+        if not _BUCKET.fullmatch(st.bucket) or ".." in st.bucket:
+            out.append(Problem(f"{base}.bucket", "must be an S3 bucket name (3-63 of a-z0-9.-)"))
+        if not _REGION.fullmatch(st.region):
+            out.append(Problem(f"{base}.region", "must be a region name (e.g. us-east-1)"))
+        if st.endpoint and not _endpoint(st.endpoint):
+            out.append(Problem(f"{base}.endpoint", "must be HOST or HOST:PORT"))
+        if not _PREFIX.fullmatch(st.prefix):
+            out.append(Problem(f"{base}.prefix", "must be '' or names ending in '/' (a/b/)"))
+        creds = st.credentials
+        if creds is not None and creds.file and (creds.key_env or creds.secret_env):
+            out.append(Problem(f"{base}.credentials", "give either 'file' or key_env/secret_env"))
+        for prov in st.providers:
+            if prov not in cfg.providers:
+                out.append(Problem(f"{base}.providers", f"no provider profile {prov!r}"))
+            elif prov in served:
+                out.append(Problem(f"{base}.providers", f"{prov} is served by {served[prov]}"))
+            served.setdefault(prov, name)
+    s = cfg.staging
+    if s.store and s.store not in cfg.stores:
+        out.append(Problem("staging.store", f"no store {s.store!r} in [stores]"))
+    if not 1 <= s.transfers <= 64:
+        out.append(Problem("staging.transfers", "must be between 1 and 64"))
+    if not (math.isfinite(s.bandwidth_mbit) and 0 <= s.bandwidth_mbit <= 1e6):
+        out.append(Problem("staging.bandwidth_mbit", "must be 0 (no limit) to 1,000,000"))
+    if not 60 <= s.grant_seconds <= 7 * 86400:
+        out.append(Problem("staging.grant_seconds", "must be between 60 s and 7 days"))
+    for i, path in enumerate(s.onprem_only_paths):
+        try:
+            check_src(path, "path")
+        except StagingError as exc:
+            out.append(Problem(f"staging.onprem_only_paths[{i}]", str(exc)))
+    if not _MARKER.fullmatch(s.marker):
+        out.append(Problem("staging.marker", "must be a file name (letters, digits, ._-)"))
+    try:
+        check_src(s.node_dir, "node_dir")
+    except StagingError as exc:
+        out.append(Problem("staging.node_dir", str(exc)))
+    return out
+
+
+def _endpoint(text: str) -> bool:
+    host, sep, port = text.rpartition(":") if ":" in text else (text, "", "")
+    if sep and not (port.isascii() and port.isdigit() and 0 < int(port) < 65536):
+        return False
+    return bool(_HOST.fullmatch(host))

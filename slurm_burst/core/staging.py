@@ -1,0 +1,381 @@
+"""Data that follows the job: what a stage-in asks for, and how a dataset is stored.
+
+A job asks in its batch script, in the words of Slurm's ``burst_buffer/lua`` plugin::
+
+    #BB_LUA stage_in src=/data/imagenet dst=imagenet
+
+``src`` is an absolute path on the site's side; ``dst`` a name the job finds its copy
+under on the node (``$SLURM_BURST_STAGE/imagenet``). Values hold no blanks or quotes:
+the same line is read by the Lua hook inside slurmctld, which splits on blanks.
+
+A dataset is stored content-addressed in one bucket, under a namespace per Slurm
+account, so two files with the same bytes in one account are stored once, and nothing
+about one account's data can be learned from another's (a namespace never answers for
+another's objects)::
+
+    <prefix>/<ns>/o/<sha256[:2]>/<sha256>      a file's bytes as they are
+    <prefix>/<ns>/o/<sha256[:2]>/<sha256>.z    a file's bytes, zlib-compressed
+    <prefix>/<ns>/m/<manifest id>.json         one version of a dataset: every file
+    <prefix>/<ns>/d/<dataset id>.json          a dataset's newest version (a pointer)
+
+A manifest is canonical JSON (sorted, no blanks); its id is the SHA-256 of those bytes,
+so the same tree always gives the same id, and a re-stage of an unchanged tree is one
+read of the pointer. Objects are written before the manifest that names them, and the
+manifest before the pointer: whatever a pointer names is whole.
+
+Pure: no I/O; the scanner, the store and the node's fetcher do that.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from slurm_burst.core.errors import EXIT_PRECONDITION, BadInput, BurstError
+
+DIRECTIVE = "#BB_LUA"  # burst_buffer.conf's Directive; Slurm's default for burst_buffer/lua
+MANIFEST_VERSION = 1
+MAX_FILES = 1_000_000  # files in one dataset
+MAX_PATH = 4096  # bytes of a file's path inside a dataset
+MAX_COMPONENT = 255  # bytes of one name (NAME_MAX)
+MAX_MANIFEST_BYTES = 256 * 1024 * 1024  # a manifest read back from the store
+MAX_FILE_BYTES = 5 * 1024**4  # S3's largest object
+COMPRESS_MIN = 4096  # smaller files are stored as they are
+COMPRESS_RATIO = 0.9  # compressed where it saves at least a tenth
+
+_DST = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}", re.ASCII)
+_SHA = re.compile(r"[0-9a-f]{64}", re.ASCII)
+_SRC = re.compile(r"/[A-Za-z0-9._+@/,=:~-]*", re.ASCII)  # no blank, quote or shell character
+_NAMESPACE = re.compile(r"[a-z0-9][a-z0-9_-]{0,62}", re.ASCII)
+ENCODINGS = ("", "zlib")
+
+
+class StagingError(BadInput):
+    """A stage request, a dataset or a manifest that cannot be used (says what and where)."""
+
+    code = "StageBadInput"
+
+
+class SensitiveData(StagingError):
+    """Data the site keeps on-prem was asked to leave (names the rule that keeps it)."""
+
+    code = "StageSensitive"
+
+
+class StorageError(BurstError):
+    """The object store failed or refused; ``code`` is the store's own where it gave one
+    (``AccessDenied``, ``NoSuchBucket``), else ``StorageError`` or ``StorageUnreachable``."""
+
+    code = "StorageError"
+
+
+class StorageUnavailable(StorageError):
+    """No store is configured for what was asked (names the provider or the store)."""
+
+    code = "StorageUnavailable"
+    exit_code = EXIT_PRECONDITION
+
+
+@dataclass(frozen=True)
+class StageIn:
+    """One ``stage_in`` directive: copy ``src`` (on-prem) to ``dst`` on the job's nodes."""
+
+    src: str
+    dst: str
+    line: int = 0  # of the batch script (0: not from a script)
+
+
+def check_src(src: str, where: str = "src") -> str:
+    """An absolute, normalized on-prem path of Slurm-safe characters; returned as is."""
+    if not _SRC.fullmatch(src) or len(src) > MAX_PATH:
+        raise StagingError(
+            f"{where}={src!r}: an absolute path of letters, digits and ._+@/,=:~- "
+            f"(no blanks or quotes), at most {MAX_PATH} bytes"
+        )
+    parts = src.split("/")[1:]
+    if src != "/" and (src.endswith("/") or any(p in ("", ".", "..") for p in parts)):
+        raise StagingError(
+            f"{where}={src!r}: not a normalized path (no //, '.', '..' or trailing /)"
+        )
+    return src
+
+
+def check_dst(dst: str, where: str = "dst") -> str:
+    if not _DST.fullmatch(dst):
+        raise StagingError(
+            f"{where}={dst!r}: a name of letters, digits and ._- (at most 64, not starting "
+            "with . or -)"
+        )
+    return dst
+
+
+def parse_directives(script: str, directive: str = DIRECTIVE) -> list[StageIn]:
+    """Every ``stage_in`` of a batch script, in order. Like Slurm, only the header counts:
+    directives stop at the first line that is neither blank nor a comment. Other
+    burst-buffer words (``stage_out`` comes next) are refused by name, so a typo is not
+    a stage silently skipped. Raises :class:`StagingError` naming the line."""
+    found: list[StageIn] = []
+    dsts: dict[str, int] = {}
+    for number, raw in enumerate(script.splitlines(), 1):
+        line = raw.strip()
+        if number > 1 and line and not line.startswith("#"):
+            break
+        head, _, rest = line.partition(" ")
+        head, _, more = head.partition("\t")
+        if head != directive:
+            continue
+        words = f"{more} {rest}".split()
+        where = f"line {number}"
+        if not words:
+            raise StagingError(f"{where}: {directive} with nothing after it")
+        if words[0] != "stage_in":
+            raise StagingError(f"{where}: {words[0]!r} is not a stage slurm-burst knows (stage_in)")
+        args = _arguments(words[1:], where)
+        stage = StageIn(
+            check_src(args["src"], f"{where}: src"), check_dst(args["dst"], f"{where}: dst"), number
+        )
+        if stage.dst in dsts:
+            raise StagingError(f"{where}: dst={stage.dst} is also line {dsts[stage.dst]}'s")
+        dsts[stage.dst] = number
+        found.append(stage)
+    return found
+
+
+def _arguments(words: Sequence[str], where: str) -> dict[str, str]:
+    args: dict[str, str] = {}
+    for w in words:
+        key, eq, value = w.partition("=")
+        if not eq or key not in ("src", "dst"):
+            raise StagingError(f"{where}: {w!r}: stage_in takes src=PATH dst=NAME")
+        if key in args:
+            raise StagingError(f"{where}: {key}= given twice")
+        args[key] = value
+    missing = [k for k in ("src", "dst") if k not in args]
+    if missing:
+        raise StagingError(f"{where}: stage_in needs {' and '.join(m + '=' for m in missing)}")
+    return args
+
+
+def check_relpath(path: str, where: str) -> str:
+    """A file's path inside a dataset: relative, '/'-separated, no '.', '..' or empty
+    name, printable, at most :data:`MAX_PATH` bytes (what a node may safely create)."""
+    data = path.encode("utf-8", "surrogateescape")
+    parts = path.split("/")
+    bad = (
+        not path
+        or len(data) > MAX_PATH
+        or path.startswith("/")
+        or any(
+            p in ("", ".", "..") or len(p.encode("utf-8", "surrogateescape")) > MAX_COMPONENT
+            for p in parts
+        )
+        or not path.isprintable()
+    )
+    if bad:
+        raise StagingError(f"{where}: {path!r} is not a path a dataset may hold")
+    return path
+
+
+@dataclass(frozen=True, order=True)
+class Entry:
+    """One regular file of a dataset."""
+
+    path: str  # relative, '/'-separated
+    size: int
+    sha256: str  # of the file's own bytes
+    executable: bool = False
+    encoding: str = ""  # how it is stored: "" as is, "zlib"
+
+    def object_name(self) -> str:
+        """The object's name inside a namespace."""
+        return f"o/{self.sha256[:2]}/{self.sha256}" + (".z" if self.encoding == "zlib" else "")
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """One version of a dataset: its source and every file, sorted by path."""
+
+    src: str
+    entries: tuple[Entry, ...]
+    body: bytes = field(default=b"", compare=False, repr=False)
+
+    @staticmethod
+    def build(src: str, entries: Iterable[Entry]) -> Manifest:
+        ordered = tuple(sorted(entries, key=lambda e: e.path))
+        for a, b in itertools.pairwise(ordered):
+            if a.path == b.path:
+                raise StagingError(f"dataset {src}: {a.path!r} listed twice")
+            if b.path.startswith(a.path + "/"):
+                raise StagingError(f"dataset {src}: {a.path!r} is a file and a directory")
+        if len(ordered) > MAX_FILES:
+            raise StagingError(f"dataset {src}: {len(ordered)} files (at most {MAX_FILES:,})")
+        doc = {
+            "v": MANIFEST_VERSION,
+            "src": src,
+            "files": [[e.path, e.size, e.sha256, int(e.executable), e.encoding] for e in ordered],
+        }
+        body = json.dumps(doc, separators=(",", ":"), sort_keys=True, ensure_ascii=True).encode()
+        return Manifest(src, ordered, body)
+
+    @property
+    def id(self) -> str:
+        return hashlib.sha256(self.body).hexdigest()
+
+    @property
+    def size(self) -> int:
+        return sum(e.size for e in self.entries)
+
+    def objects(self) -> dict[str, Entry]:
+        """Its distinct objects: object name -> the first entry storing it."""
+        out: dict[str, Entry] = {}
+        for e in self.entries:
+            out.setdefault(e.object_name(), e)
+        return out
+
+
+def parse_manifest(body: bytes, where: str) -> Manifest:
+    """A manifest read back (from the store, or handed to a node), checked whole: every
+    path, size, digest and encoding, and that it is the canonical form of itself."""
+    if len(body) > MAX_MANIFEST_BYTES:
+        raise StagingError(f"{where}: manifest over {MAX_MANIFEST_BYTES} bytes")
+    try:
+        doc = json.loads(body)
+        if doc["v"] != MANIFEST_VERSION:
+            raise StagingError(
+                f"{where}: manifest version {doc['v']!r} (this is {MANIFEST_VERSION})"
+            )
+        src = check_src(doc["src"], f"{where}: src")
+        entries = [_entry(row, f"{where}: file {i + 1}") for i, row in enumerate(doc["files"])]
+    except (ValueError, KeyError, TypeError, IndexError) as exc:
+        raise StagingError(f"{where}: not a manifest ({type(exc).__name__}: {exc})") from None
+    manifest = Manifest.build(src, entries)
+    if manifest.body != body:
+        raise StagingError(f"{where}: manifest is not in canonical form")
+    return manifest
+
+
+def _entry(row: object, where: str) -> Entry:
+    if not isinstance(row, list) or len(row) != 5:
+        raise StagingError(f"{where}: not [path, size, sha256, executable, encoding]")
+    path, size, sha, exe, enc = row
+    check_relpath(path if isinstance(path, str) else "", where)
+    if type(size) is not int or not 0 <= size <= MAX_FILE_BYTES:
+        raise StagingError(f"{where}: size {size!r}")
+    if not isinstance(sha, str) or not _SHA.fullmatch(sha):
+        raise StagingError(f"{where}: sha256 {sha!r}")
+    if exe not in (0, 1) or type(exe) is not int or enc not in ENCODINGS:
+        raise StagingError(f"{where}: executable {exe!r} or encoding {enc!r}")
+    return Entry(path, size, sha, bool(exe), enc)
+
+
+def namespace(account: str) -> str:
+    """The store namespace of a Slurm account (accounts are lower-cased by Slurm)."""
+    ns = account.lower()
+    if not _NAMESPACE.fullmatch(ns):
+        raise StagingError(f"account {account!r}: not a Slurm account name")
+    return f"acct-{ns}"
+
+
+def dataset_id(ns: str, src: str) -> str:
+    return hashlib.sha256(f"{ns}\0{src}".encode()).hexdigest()[:32]
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where a namespace's objects, manifests and pointers are in the bucket."""
+
+    prefix: str  # "" or "slurm-burst/" (ends with '/')
+    ns: str
+
+    def object(self, name: str) -> str:
+        return f"{self.prefix}{self.ns}/{name}"
+
+    def manifest(self, manifest_id: str) -> str:
+        return f"{self.prefix}{self.ns}/m/{manifest_id}.json"
+
+    def pointer(self, src: str) -> str:
+        return f"{self.prefix}{self.ns}/d/{dataset_id(self.ns, src)}.json"
+
+    def pointers(self) -> str:
+        return f"{self.prefix}{self.ns}/d/"
+
+
+def pointer_body(src: str, manifest: Manifest, at: float) -> bytes:
+    doc = {"src": src, "manifest": manifest.id, "files": len(manifest.entries),
+           "bytes": manifest.size, "at": round(at, 3)}  # fmt: skip
+    return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
+
+
+@dataclass(frozen=True)
+class Pointer:
+    src: str
+    manifest: str
+    files: int
+    bytes: int
+    at: float
+
+
+def parse_pointer(body: bytes, where: str) -> Pointer:
+    try:
+        doc = json.loads(body[:65536])
+        p = Pointer(doc["src"], doc["manifest"], doc["files"], doc["bytes"], doc["at"])
+    except (ValueError, KeyError, TypeError) as exc:
+        raise StagingError(f"{where}: not a dataset pointer ({type(exc).__name__})") from None
+    check_src(p.src, f"{where}: src")
+    if not (isinstance(p.manifest, str) and _SHA.fullmatch(p.manifest)):
+        raise StagingError(f"{where}: manifest id {p.manifest!r}")
+    for name in ("files", "bytes"):
+        value = getattr(p, name)
+        if type(value) is not int or value < 0:
+            raise StagingError(f"{where}: {name} {value!r}")
+    if not isinstance(p.at, int | float) or not 0 <= p.at < 2**40:
+        raise StagingError(f"{where}: at {p.at!r}")
+    return p
+
+
+def to_send(manifest: Manifest, stored: Iterable[str]) -> list[Entry]:
+    """The objects of ``manifest`` the store does not hold (``stored``: object names
+    known to be there), each once, largest first (the long uploads start first)."""
+    have = set(stored)
+    todo = [e for name, e in manifest.objects().items() if name not in have]
+    return sorted(todo, key=lambda e: (-e.size, e.path))
+
+
+def worth_compressing(size: int, sample_in: int, sample_out: int) -> bool:
+    """Store compressed when a sample of the file shrinks by at least a tenth."""
+    return size >= COMPRESS_MIN and sample_in > 0 and sample_out <= sample_in * COMPRESS_RATIO
+
+
+@dataclass(frozen=True)
+class KeptHome:
+    """What the site keeps on-prem: paths (resolved, no symlinks), Slurm accounts and QOS."""
+
+    paths: tuple[str, ...] = ()
+    accounts: frozenset[str] = frozenset()
+    qos: frozenset[str] = frozenset()
+
+
+def kept_home(real_src: str, account: str, qos: str, rules: KeptHome) -> str | None:
+    """Why this stage may not leave the site (None: it may). ``real_src`` is the source
+    with every symlink and '..' resolved: a rule on a path holds for every way to it."""
+    if account.lower() in {a.lower() for a in rules.accounts}:
+        return f"account {account} keeps its data on-prem"
+    if qos and qos in rules.qos:
+        return f"QOS {qos} keeps its data on-prem"
+    for path in rules.paths:
+        if real_src == path or real_src.startswith(path.rstrip("/") + "/") or path == "/":
+            return f"{real_src} is under {path}, which stays on-prem"
+    return None
+
+
+def stage_env(stages: Sequence[StageIn], root: str) -> Mapping[str, str]:
+    """The job's environment: ``SLURM_BURST_STAGE`` (the job's stage directory) and one
+    ``SLURM_BURST_STAGE_<DST>`` per stage (dst upper-cased, '.' and '-' as '_')."""
+    env = {"SLURM_BURST_STAGE": root}
+    for s in stages:
+        env["SLURM_BURST_STAGE_" + re.sub(r"[.-]", "_", s.dst.upper())] = f"{root}/{s.dst}"
+    return env
