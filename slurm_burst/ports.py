@@ -419,8 +419,10 @@ class DatasetTree(Protocol):
     # (path inside the dataset, size, executable) of each regular file, sorted
     def files(self, real_src: str) -> list[tuple[str, int, bool]]: ...
 
-    # (sha256, compressed size of a sample, sample size): one read of the file
-    def digest(self, real_src: str, path: str, size: int) -> tuple[str, int, int]: ...
+    def digest(self, real_src: str, path: str, size: int) -> str: ...  # SHA-256, one read
+
+    # (sample size, its size zlib-compressed): whether compressing the file pays
+    def sample(self, real_src: str, path: str) -> tuple[int, int]: ...
 
     # the bytes to store (compressed when ``encoding`` says) and their count; the file is
     # read again and must still have ``sha256``, else StagingError (it changed)

@@ -46,6 +46,10 @@ class S3Server:
     def object_file(self, key: str) -> Path:
         return self.root / self.bucket / key
 
+    def log(self) -> str:
+        """What the server said (errors only)."""
+        return (self.root / "rclone.log").read_text(errors="replace")
+
     def objects(self) -> list[str]:
         base = self.root / self.bucket
         return sorted(str(p.relative_to(base)) for p in base.rglob("*") if p.is_file())
@@ -64,7 +68,8 @@ def s3_server(root: Path, bucket: str = "stage") -> Iterator[S3Server]:
     env = {**os.environ, "RCLONE_CONFIG": "/dev/null"}
     cmd = [rclone(), "serve", "s3", "--auth-key", f"{KEY},{SECRET}",
            "--addr", f"127.0.0.1:{port}", "--log-level", "ERROR", str(root)]  # fmt: skip
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    log = open(root / "rclone.log", "ab")  # noqa: SIM115 (closed in finally)
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=log)
     try:
         deadline = time.monotonic() + 20
         while True:
@@ -73,7 +78,7 @@ def s3_server(root: Path, bucket: str = "stage") -> Iterator[S3Server]:
                 break
             except OSError:
                 if proc.poll() is not None or time.monotonic() > deadline:
-                    err = proc.stderr.read().decode() if proc.stderr else ""
+                    err = (root / "rclone.log").read_text(errors="replace")
                     raise RuntimeError(f"rclone serve s3 did not start: {err[-2000:]}") from None
                 time.sleep(0.05)
         yield S3Server(root, port, bucket)
@@ -84,3 +89,4 @@ def s3_server(root: Path, bucket: str = "stage") -> Iterator[S3Server]:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+        log.close()

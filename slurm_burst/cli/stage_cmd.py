@@ -26,7 +26,7 @@ def group() -> None:
 
     A dataset is stored once per account, content-addressed: a file already stored,
     by this dataset or another of the account's, is not sent again, and an unchanged
-    tree costs one request. Data under staging.onprem_only_paths, marked with
+    tree costs two requests. Data under staging.onprem_only_paths, marked with
     staging.marker, or of an on-prem-only account or QOS, is refused before a byte is
     read."""
 

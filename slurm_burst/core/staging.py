@@ -72,6 +72,10 @@ class StorageError(BurstError):
 
     code = "StorageError"
 
+    def __init__(self, message: str = "", code: str | None = None, retryable: bool = False) -> None:
+        super().__init__(message, code)
+        self.retryable = retryable  # the store's 5xx, SlowDown, a timeout: worth again
+
 
 class StorageUnavailable(StorageError):
     """No store is configured for what was asked (names the provider or the store)."""

@@ -142,6 +142,67 @@ def test_a_push_cut_off_halfway_sends_only_the_rest_when_run_again(
     assert rest.bytes_sent < 5 * 100_010 + 4096
 
 
+class Flaky:
+    """The real store, answering the first ``fails`` calls of each kind with an error."""
+
+    def __init__(self, real: S3Store, fails: int, retryable: bool) -> None:
+        self.real, self.name = real, real.name
+        self.fails, self.retryable = fails, retryable
+        self.calls: dict[str, int] = {}
+
+    def __getattr__(self, attr: str) -> Any:
+        real = getattr(self.real, attr)
+        if attr not in ("has", "read", "write", "write_bytes", "keys"):
+            return real
+
+        def call(*args: Any, **kw: Any) -> Any:
+            self.calls[attr] = self.calls.get(attr, 0) + 1
+            if self.calls[attr] <= self.fails:
+                raise StorageError("HTTP 503 SlowDown", "SlowDown", retryable=self.retryable)
+            return list(real(*args, **kw)) if attr == "keys" else real(*args, **kw)
+
+        return call
+
+
+def test_a_store_that_says_slow_down_is_asked_again_and_a_refusal_is_not(
+    server: S3Server, tmp_path: Path
+) -> None:
+    from tests.fakes.clock import FakeClock
+
+    root = tmp_path / "data" / "flakystore"
+    tree(root)
+    clock = FakeClock()
+    flaky = Flaky(store(server), fails=2, retryable=True)
+    settings = StagingSettings(prefix=PREFIX, transfers=1)
+    done = Stager(settings=settings, store=flaky, tree=LocalTree(), clock=clock).push(
+        str(root), "retry"
+    )
+    assert done.objects_sent == 5 and clock.slept > 0, (done, flaky.calls)
+    refused = Flaky(store(server), fails=1, retryable=False)
+    with pytest.raises(StorageError):
+        Stager(settings=settings, store=refused, tree=LocalTree(), clock=clock).push(
+            str(root), "refused"
+        )
+    assert refused.calls == {"read": 1}  # the pointer's read, once
+
+
+def test_uploads_keep_to_the_bandwidth_limit(server: S3Server, tmp_path: Path) -> None:
+    from tests.fakes.clock import FakeClock
+
+    root = tmp_path / "data" / "paced"
+    root.mkdir(parents=True)
+    for i in range(3):
+        (root / f"f{i}").write_bytes(os.urandom(400_000))
+    clock = FakeClock()
+    settings = StagingSettings(prefix=PREFIX, transfers=3, bandwidth=100_000.0)  # 100 kB/s
+    done = Stager(settings=settings, store=store(server), tree=LocalTree(), clock=clock).push(
+        str(root), "paced"
+    )
+    burst = 65_536  # the bucket starts full: that much goes at once
+    assert done.bytes_sent >= 1_200_000
+    assert clock.slept == pytest.approx((1_200_000 - burst) / 100_000, rel=0.02), clock.slept
+
+
 def test_sensitive_data_is_refused_before_a_byte_leaves(server: S3Server, tmp_path: Path) -> None:
     medical = tmp_path / "data" / "medical"
     tree(medical)
@@ -449,7 +510,7 @@ def test_the_command_line_pushes_and_reports_and_says_what_is_wrong(
     again = json.loads(
         invoke([*base, "push", str(root), "-A", "physics", "--json"], env=env).stdout
     )
-    assert again["unchanged"] and again["bytes_sent"] == 0 and again["requests"] == 1
+    assert again["unchanged"] and again["bytes_sent"] == 0 and again["requests"] == 2
     shown = json.loads(invoke([*base, "status", "-A", "physics", "--json"], env=env).stdout)
     assert [d["src"] for d in shown["datasets"]] == [str(root)]
     assert shown["datasets"][0]["manifest"] == first["manifest"]

@@ -38,6 +38,7 @@ CHUNK = 1024 * 1024
 _ETAG_MD5 = re.compile(r"[0-9a-f]{32}")
 # what libcloud and the HTTP client below it raise (requests' errors are OSErrors)
 _ERRORS = (LibcloudError, BaseHTTPError, OSError)
+_RETRYABLE = frozenset({"SlowDown", "RequestTimeout", "InternalError", "ServiceUnavailable"})
 
 
 class S3Store:
@@ -166,7 +167,8 @@ class S3Store:
         found = re.search(r"<Code>([A-Za-z]{1,64})</Code>", body)
         if found:
             code = found.group(1)
-        raise StorageError(f"store {self.name}: {method} {key}: HTTP {status} {code}", code)
+        again = status >= 500 or code in _RETRYABLE
+        raise StorageError(f"store {self.name}: {method} {key}: HTTP {status} {code}", code, again)
 
     def _error(self, exc: Exception, method: str, key: str) -> StorageError:
         if isinstance(exc, InvalidCredsError):
@@ -178,8 +180,13 @@ class S3Store:
                 f"store {self.name}: {method} {key}: {self.host}:{self.port} did not answer "
                 f"({type(exc).__name__})",
                 "StorageUnreachable",
+                retryable=True,
             )
-        return StorageError(f"store {self.name}: {method} {key}: {type(exc).__name__}: {exc}")
+        status = re.search(r"[Ss]tatus code: (\d{3})", str(exc))
+        again = bool(status and status.group(1).startswith("5"))
+        return StorageError(
+            f"store {self.name}: {method} {key}: {type(exc).__name__}: {exc}", retryable=again
+        )
 
 
 class _Reader:

@@ -18,6 +18,8 @@ import io
 import os
 import stat
 import tempfile
+import threading
+import weakref
 import zlib
 from collections.abc import Iterator
 from typing import BinaryIO
@@ -39,9 +41,15 @@ _OPEN = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
 
 
 class LocalTree:
+    """One push's view of the site's files: a source's directory is opened once and
+    kept while this object lives (make one per push)."""
+
     def __init__(self, marker: str = MARKER, spool_dir: str | None = None) -> None:
         self.marker = marker
         self.spool_dir = spool_dir
+        self._roots: dict[str, int] = {}  # resolved source -> its directory, opened once
+        self._lock = threading.Lock()
+        weakref.finalize(self, _close_all, self._roots)
 
     def resolve(self, src: str) -> str:
         check_src(src)
@@ -91,18 +99,19 @@ class LocalTree:
                     )
         return sorted(out)
 
-    def digest(self, real_src: str, path: str, size: int) -> tuple[str, int, int]:
-        sha = hashlib.sha256()
-        sample, seen = b"", 0
+    def digest(self, real_src: str, path: str, size: int) -> str:
+        sha, seen = hashlib.sha256(), 0
         with self._open(real_src, path, size) as f:
             while chunk := f.read(CHUNK):
-                if len(sample) < SAMPLE:
-                    sample += chunk[: SAMPLE - len(sample)]
                 sha.update(chunk)
                 seen += len(chunk)
         self._same_size(real_src, path, size, seen)
-        squeezed = len(zlib.compress(sample, 1)) if len(sample) >= 512 else len(sample)
-        return sha.hexdigest(), squeezed, len(sample)
+        return sha.hexdigest()
+
+    def sample(self, real_src: str, path: str) -> tuple[int, int]:
+        with self._open(real_src, path, -1) as f:
+            head = f.read(SAMPLE)
+        return len(head), len(zlib.compress(head, 1))
 
     @contextlib.contextmanager
     def body(
@@ -131,37 +140,54 @@ class LocalTree:
 
     def _open(self, real_src: str, path: str, size: int) -> BinaryIO:
         """``real_src/path`` (or ``real_src`` itself when the dataset is that one file,
-        ``path`` its name) opened one name at a time from ``/``, following no symlink."""
+        ``path`` its name) opened one name at a time, following no symlink: from ``/``
+        to the source once, then from the source's directory."""
         full = os.path.join(real_src, path)
-        fd = os.open("/", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        fd = -1
         try:
-            for name in [n for n in real_src.split("/") if n]:
-                fd = _step(fd, name, 0)
-            st = os.fstat(fd)
-            if stat.S_ISDIR(st.st_mode):
-                parts = path.split("/")
-                for name in parts[:-1]:
-                    fd = _step(fd, name, os.O_DIRECTORY)
-                fd = _step(fd, parts[-1], 0)
-                st = os.fstat(fd)
-            elif path == os.path.basename(real_src):
+            root = self._root(real_src)
+            if root < 0:  # a dataset of one file
+                fd = _walk(real_src)
                 full = real_src
-            if not stat.S_ISREG(st.st_mode):
-                raise StagingError(
-                    f"{full}: {kind(st.st_mode)}; a dataset holds regular files only"
+                if path != os.path.basename(real_src):
+                    raise StagingError(f"{real_src}: a file, not a directory holding {path}")
+            else:
+                parts = path.split("/")
+                fd = os.open(
+                    parts[0], _OPEN | (os.O_DIRECTORY if len(parts) > 1 else 0), dir_fd=root
                 )
+                for i, name in enumerate(parts[1:], 2):
+                    fd = _step(fd, name, os.O_DIRECTORY if i < len(parts) else 0)
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise StagingError(f"{full}: {kind(st.st_mode)}; a dataset holds only files")
             if size >= 0:
                 self._same_size(real_src, path, size, st.st_size)
             os.set_blocking(fd, True)
             return os.fdopen(fd, "rb", buffering=0)
         except OSError as exc:
-            os.close(fd)
+            if fd >= 0:
+                os.close(fd)
             symlink = exc.errno in (errno.ELOOP, errno.ENOTDIR)
             reason = "a symlink or a file on the way" if symlink else exc.strerror
             raise StagingError(f"{full}: cannot be read ({reason})") from None
         except StagingError:
-            os.close(fd)
+            if fd >= 0:
+                os.close(fd)
             raise
+
+    def _root(self, real_src: str) -> int:
+        """The source's directory, opened once from ``/`` without following a symlink
+        (-1: the source is a file)."""
+        with self._lock:
+            if real_src not in self._roots:
+                fd = _walk(real_src)
+                if stat.S_ISDIR(os.fstat(fd).st_mode):
+                    self._roots[real_src] = fd
+                else:
+                    os.close(fd)
+                    self._roots[real_src] = -1
+            return self._roots[real_src]
 
     @staticmethod
     def _lstat(path: str) -> os.stat_result:
@@ -183,6 +209,25 @@ class LocalTree:
             raise StagingError(
                 f"{real_src}: {path} changed while it was staged (its SHA-256 differs)"
             )
+
+
+def _walk(path: str) -> int:
+    """``path`` opened one name at a time from ``/``, following no symlink."""
+    fd = os.open("/", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        for name in [n for n in path.split("/") if n]:
+            fd = _step(fd, name, 0)
+    except OSError:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _close_all(fds: dict[str, int]) -> None:
+    for fd in fds.values():
+        if fd >= 0:
+            os.close(fd)
+    fds.clear()
 
 
 def _step(fd: int, name: str, flags: int) -> int:

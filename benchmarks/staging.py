@@ -1,0 +1,349 @@
+"""Staging figures (issue 29): ``python benchmarks/staging.py [--json] [--quick]``.
+
+- ``restage_*``: a second push of an unchanged 10,000-file, 160 MiB tree: seconds,
+  bytes sent, requests (goal <= 1 s, 0 bytes, <= 3 requests); against ``rclone serve
+  s3`` on loopback.
+- ``corrupt_files_seen`` of ``trials``: objects corrupted at the fetch layer (a byte
+  flipped, cut short, grown, swapped for another object, a compressed stream broken or
+  inflating past its size), each fetched by the node's puller: how many it accepted
+  (goal 0).
+- ``throughput_ratio_vs_rclone``: pushing 2 GiB (512 files of 4 MiB, and one file)
+  through a 200 Mbit/s link (tc tbf on a veth into a network namespace of our own that
+  runs the S3 server), against ``rclone copy`` of the same data over the same link
+  (root; goal >= 0.9). ``--quick``: 256 MiB instead of 2 GiB.
+
+Figures that need the rest of issue 29 (the Lua submit hook, the pre-staged
+sbatch-to-RUNNING, the transfers ledger) are reported as null and listed in
+``not_measured``. With ``--burners`` two CPU burners run beside every measurement.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import http.server
+import json
+import multiprocessing
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from slurm_burst.adapters.clock import SystemClock  # noqa: E402
+from slurm_burst.adapters.storage.s3 import S3Store  # noqa: E402
+from slurm_burst.adapters.storage.tree import LocalTree  # noqa: E402
+from slurm_burst.node import stagein  # noqa: E402
+from slurm_burst.services.staging import Stager, StagingSettings  # noqa: E402
+from tests.s3server import KEY, SECRET, free_port, rclone, s3_server  # noqa: E402
+
+NETNS, HOST_IF, NS_IF = "sbbench-s3", "sbb-h0", "sbb-n0"
+HOST_IP, NS_IP = "10.252.99.1", "10.252.99.2"
+
+
+def stager(endpoint: str, prefix: str = "bench/", transfers: int = 4) -> Stager:
+    store = S3Store(
+        "bench",
+        bucket="stage",
+        region="us-east-1",
+        keys={"key": KEY, "secret": SECRET},
+        endpoint=endpoint,
+        secure=False,
+    )
+    settings = StagingSettings(prefix=prefix, transfers=transfers)
+    return Stager(settings=settings, store=store, tree=LocalTree(), clock=SystemClock())
+
+
+def write_tree(root: Path, files: int, size: int) -> None:
+    root.mkdir(parents=True, exist_ok=True)
+    block = os.urandom(size)
+    for i in range(files):
+        sub = root / f"d{i % 100:02d}"
+        sub.mkdir(exist_ok=True)
+        # distinct bytes per file (else dedup sends one object), cheaply
+        (sub / f"f{i:05d}").write_bytes(i.to_bytes(8, "big") + block[8:])
+
+
+def bench_restage(tmp: Path) -> dict[str, Any]:
+    tree = tmp / "tree"
+    write_tree(tree, 10_000, 16 * 1024)
+    with s3_server(tmp / "s3") as srv:
+        st = stager(srv.endpoint)
+        first = st.push(str(tree), "bench")
+        again = [stager(srv.endpoint).push(str(tree), "bench") for _ in range(3)]
+    best = min(again, key=lambda p: p.seconds)
+    return {
+        "restage_files": first.files,
+        "restage_tree_bytes": first.bytes,
+        "first_push_s": first.seconds,
+        "restage_unchanged_s": best.seconds,
+        "restage_unchanged_s_runs": [p.seconds for p in again],
+        "restage_bytes_sent": max(p.bytes_sent for p in again),
+        "restage_requests": max(p.requests for p in again),
+    }
+
+
+# -- corrupted fetches ----------------------------------------------------------------
+
+
+def _corruptions(
+    rng: random.Random, data: bytes, zipped: bytes, other: bytes
+) -> Iterator[tuple[str, bytes, str]]:
+    """(kind, bytes served, encoding the plan says)."""
+    while True:
+        kind = rng.choice(["flip", "cut", "grow", "swap", "zflip", "zcut", "zbomb"])
+        if kind == "flip":
+            b = bytearray(data)
+            b[rng.randrange(len(b))] ^= 1 << rng.randrange(8)
+            yield kind, bytes(b), ""
+        elif kind == "cut":
+            yield kind, data[: rng.randrange(len(data))], ""
+        elif kind == "grow":
+            yield kind, data + os.urandom(rng.randrange(1, 64)), ""
+        elif kind == "swap":
+            yield kind, other, ""
+        elif kind == "zflip":
+            b = bytearray(zipped)
+            b[rng.randrange(len(b))] ^= 1 << rng.randrange(8)
+            yield kind, bytes(b), "zlib"
+        elif kind == "zcut":
+            yield kind, zipped[: rng.randrange(len(zipped))], "zlib"
+        else:  # a stream that inflates far past the file's size
+            yield kind, zlib.compress(b"\0" * (64 * len(data)), 9), "zlib"
+
+
+def bench_corrupt(tmp: Path, trials: int) -> dict[str, Any]:
+    rng = random.Random(29)
+    data = b"".join(b"row %d, value %d\n" % (i, i * 7) for i in range(4000))
+    zipped, other = zlib.compress(data, 1), os.urandom(len(data))
+    served: dict[str, bytes] = {}
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = served.get(self.path, b"")
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    sha = hashlib.sha256(data).hexdigest()
+    plan = {"dest": str(tmp / "d"), "manifest": "0" * 64, "uid": 0, "gid": 0, "files": []}
+    puller = stagein.Puller(plan, retries=0, timeout=5, parallel=1)
+    accepted, kinds = 0, dict[str, int]()
+    gen = _corruptions(rng, data, zipped, other)
+    try:
+        for i in range(trials):
+            kind, body, enc = next(gen)
+            served[f"/o{i}"] = body
+            kinds[kind] = kinds.get(kind, 0) + 1
+            f = {
+                "path": f"f{i}",
+                "size": len(data),
+                "sha256": sha,
+                "encoding": enc,
+                "executable": False,
+                "url": f"http://127.0.0.1:{server.server_port}/o{i}",
+            }
+            tmpfile = tmp / f"t{i}"
+            try:
+                puller._fetch(f, str(tmpfile))
+            except (stagein.Corrupt, zlib.error, OSError):
+                continue
+            finally:
+                served.pop(f"/o{i}", None)
+            if tmpfile.read_bytes() != data:
+                accepted += 1
+            tmpfile.unlink()
+    finally:
+        server.shutdown()
+    return {"corrupt_files_seen": accepted, "trials": trials, "corruptions": kinds}
+
+
+# -- throughput through a shaped link --------------------------------------------------
+
+
+def _ip(*args: str) -> None:
+    subprocess.run(["ip", *args], check=True, capture_output=True)
+
+
+@contextlib.contextmanager
+def shaped_link(mbit: int) -> Iterator[None]:
+    """A network namespace reached over a veth shaped to ``mbit`` each way."""
+    subprocess.run(["ip", "netns", "del", NETNS], capture_output=True, check=False)
+    _ip("netns", "add", NETNS)
+    try:
+        _ip("link", "add", HOST_IF, "type", "veth", "peer", "name", NS_IF)
+        _ip("link", "set", NS_IF, "netns", NETNS)
+        _ip("addr", "add", f"{HOST_IP}/30", "dev", HOST_IF)
+        _ip("link", "set", HOST_IF, "up")
+        _ip("-n", NETNS, "addr", "add", f"{NS_IP}/30", "dev", NS_IF)
+        _ip("-n", NETNS, "link", "set", NS_IF, "up")
+        _ip("-n", NETNS, "link", "set", "lo", "up")
+        for ns, dev in (([], HOST_IF), (["-n", NETNS], NS_IF)):
+            subprocess.run(
+                [
+                    "tc",
+                    *ns,
+                    "qdisc",
+                    "add",
+                    "dev",
+                    dev,
+                    "root",
+                    "tbf",
+                    "rate",
+                    f"{mbit}mbit",
+                    "burst",
+                    "256kb",
+                    "latency",
+                    "50ms",
+                ],
+                check=True,
+            )
+        yield
+    finally:
+        subprocess.run(["ip", "link", "del", HOST_IF], capture_output=True, check=False)
+        subprocess.run(["ip", "netns", "del", NETNS], capture_output=True, check=False)
+
+
+@contextlib.contextmanager
+def server_in_netns(root: Path) -> Iterator[str]:
+    (root / "stage").mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    cmd = [
+        "ip",
+        "netns",
+        "exec",
+        NETNS,
+        rclone(),
+        "serve",
+        "s3",
+        "--auth-key",
+        f"{KEY},{SECRET}",
+        "--addr",
+        f"{NS_IP}:{port}",
+        "--log-level",
+        "ERROR",
+        str(root),
+    ]
+    proc = subprocess.Popen(cmd, env={**os.environ, "RCLONE_CONFIG": "/dev/null"})
+    try:
+        for _ in range(200):
+            with contextlib.suppress(OSError):
+                import socket
+
+                socket.create_connection((NS_IP, port), timeout=0.2).close()
+                break
+            time.sleep(0.05)
+        yield f"{NS_IP}:{port}"
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def rclone_copy(src: Path, endpoint: str, dest: str) -> float:
+    env = {
+        **os.environ,
+        "RCLONE_CONFIG": "/dev/null",
+        "RCLONE_S3_PROVIDER": "Other",
+        "RCLONE_S3_ENDPOINT": f"http://{endpoint}",
+        "RCLONE_S3_ACCESS_KEY_ID": KEY,
+        "RCLONE_S3_SECRET_ACCESS_KEY": SECRET,
+        "RCLONE_S3_REGION": "us-east-1",
+    }
+    t = time.perf_counter()
+    subprocess.run([rclone(), "copy", str(src), f":s3:stage/{dest}"], env=env, check=True)
+    return time.perf_counter() - t
+
+
+def bench_throughput(tmp: Path, total: int, mbit: int) -> dict[str, Any]:
+    many, one = tmp / "many", tmp / "one"
+    write_tree(many, 512, total // 512)
+    one.mkdir()
+    with open(one / "big", "wb") as fh:
+        for _ in range(total // (4 << 20)):
+            fh.write(os.urandom(4 << 20))
+    out: dict[str, Any] = {"link_mbit": mbit, "bytes": total}
+    with shaped_link(mbit), server_in_netns(tmp / "s3") as endpoint:
+        for name, src in (("512_files", many), ("one_file", one)):
+            ours = stager(endpoint, prefix=f"{name}/").push(str(src), "bench")
+            theirs = rclone_copy(src, endpoint, f"rclone-{name}")
+            out[name] = {
+                "slurm_burst_s": ours.seconds,
+                "slurm_burst_mbit_s": round(total * 8 / ours.seconds / 1e6, 1),
+                "rclone_s": round(theirs, 3),
+                "rclone_mbit_s": round(total * 8 / theirs / 1e6, 1),
+                "ratio": round(theirs / ours.seconds, 3),
+            }
+    out["throughput_ratio_vs_rclone"] = min(out[k]["ratio"] for k in ("512_files", "one_file"))
+    return out
+
+
+def _burn(stop: Any) -> None:
+    while not stop.is_set():
+        sum(i * i for i in range(10000))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    ap.add_argument("--quick", action="store_true", help="256 MiB through the link, not 2 GiB")
+    ap.add_argument("--burners", action="store_true", help="two CPU burners alongside")
+    ap.add_argument("--trials", type=int, default=1000)
+    args = ap.parse_args()
+    stop = multiprocessing.Event()
+    burners = [
+        multiprocessing.Process(target=_burn, args=(stop,)) for _ in range(2 if args.burners else 0)
+    ]
+    for b in burners:
+        b.start()
+    out: dict[str, Any] = {"cpus": os.cpu_count(), "burners": len(burners)}
+    tmp = Path(tempfile.mkdtemp(prefix="sb-stagebench-"))
+    try:
+        out.update(bench_restage(tmp / "restage"))
+        out.update(bench_corrupt(tmp / "corrupt", args.trials))
+        if os.geteuid() == 0 and shutil.which("tc"):
+            out.update(bench_throughput(tmp / "link", (256 if args.quick else 2048) << 20, 200))
+        else:
+            out["throughput_ratio_vs_rclone"] = None
+        out.update(
+            {
+                "prestaged_sbatch_to_running_minus_boot_pull_s": None,
+                "submit_hook_p99_ms": None,
+                "ledger_bytes_error_ratio": None,
+                "not_measured": [
+                    "prestaged_sbatch_to_running_minus_boot_pull_s",
+                    "submit_hook_p99_ms",
+                    "ledger_bytes_error_ratio",
+                ],
+            }
+        )
+    finally:
+        stop.set()
+        for b in burners:
+            b.join()
+        shutil.rmtree(tmp, ignore_errors=True)
+    if args.json:
+        print(json.dumps(out, sort_keys=True))
+    else:
+        for k, v in sorted(out.items()):
+            print(f"{k:<48} {v}")
+
+
+if __name__ == "__main__":
+    main()
