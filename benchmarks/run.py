@@ -156,6 +156,9 @@ if __name__ == "__main__":
     subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu.py")], check=False)
     # one scrape of a 20,000-node daemon state: its series and its CPU
     subprocess.run([sys.executable, str(ROOT / "benchmarks" / "metrics.py")], check=False)
+    # staging: re-stage of an unchanged tree, corrupted fetches, push vs rclone copy
+    # through a 200 Mbit/s shaped link (root), one JSON object
+    subprocess.run([sys.executable, str(ROOT / "benchmarks" / "staging.py"), "--json"], check=False)
     import burst
 
     burst.bench_hooks()
