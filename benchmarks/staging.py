@@ -7,10 +7,11 @@
   flipped, cut short, grown, swapped for another object, a compressed stream broken or
   inflating past its size), each fetched by the node's puller: how many it accepted
   (goal 0).
-- ``throughput_ratio_vs_rclone``: pushing 2 GiB (512 files of 4 MiB, and one file)
-  through a 200 Mbit/s link (tc tbf on a veth into a network namespace of our own that
-  runs the S3 server), against ``rclone copy`` of the same data over the same link
-  (root; goal >= 0.9). ``--quick``: 256 MiB instead of 2 GiB.
+- ``throughput_ratio_vs_rclone``: the smallest of four ratios over a 200 Mbit/s link
+  (tc tbf on a veth into a network namespace of our own that runs the S3 server), 2 GiB
+  as 512 files of 4 MiB and as one file: the push (hash, send) against ``rclone copy``
+  up, and the node's pull (fetch, verify, rename) against ``rclone copy`` down (root;
+  goal >= 0.9). ``--quick``: 256 MiB instead of 2 GiB.
 
 Figures that need the rest of issue 29 (the Lua submit hook, the pre-staged
 sbatch-to-RUNNING, the transfers ledger) are reported as null and listed in
@@ -256,7 +257,7 @@ def server_in_netns(root: Path) -> Iterator[str]:
         proc.wait(10)
 
 
-def rclone_copy(src: Path, endpoint: str, dest: str) -> float:
+def rclone_copy(src: str, endpoint: str, dest: str) -> float:
     env = {
         **os.environ,
         "RCLONE_CONFIG": "/dev/null",
@@ -267,7 +268,7 @@ def rclone_copy(src: Path, endpoint: str, dest: str) -> float:
         "RCLONE_S3_REGION": "us-east-1",
     }
     t = time.perf_counter()
-    subprocess.run([rclone(), "copy", str(src), f":s3:stage/{dest}"], env=env, check=True)
+    subprocess.run([rclone(), "copy", src, dest], env=env, check=True)
     return time.perf_counter() - t
 
 
@@ -281,17 +282,34 @@ def bench_throughput(tmp: Path, total: int, mbit: int) -> dict[str, Any]:
     out: dict[str, Any] = {"link_mbit": mbit, "bytes": total}
     with shaped_link(mbit), server_in_netns(tmp / "s3") as endpoint:
         for name, src in (("512_files", many), ("one_file", one)):
-            ours = stager(endpoint, prefix=f"{name}/").push(str(src), "bench")
-            theirs = rclone_copy(src, endpoint, f"rclone-{name}")
-            out[name] = {
-                "slurm_burst_s": ours.seconds,
-                "slurm_burst_mbit_s": round(total * 8 / ours.seconds / 1e6, 1),
-                "rclone_s": round(theirs, 3),
-                "rclone_mbit_s": round(total * 8 / theirs / 1e6, 1),
-                "ratio": round(theirs / ours.seconds, 3),
-            }
-    out["throughput_ratio_vs_rclone"] = min(out[k]["ratio"] for k in ("512_files", "one_file"))
+            st = stager(endpoint, prefix=f"{name}/")
+            ours = st.push(str(src), "bench")
+            theirs = rclone_copy(str(src), endpoint, f":s3:stage/rclone-{name}")
+            out[f"push_{name}"] = _pair(total, ours.seconds, theirs)
+            # the node's side: the pull (verify, rename) against rclone copy down
+            manifest = st.manifest("bench", str(src))
+            assert manifest is not None
+            plan = st.node_plan("bench", manifest, str(tmp / "node" / name), 0, 0)
+            t = time.perf_counter()
+            stagein.Puller(plan, retries=3, timeout=60, parallel=4).run()
+            pulled = time.perf_counter() - t
+            theirs = rclone_copy(f":s3:stage/rclone-{name}", endpoint, str(tmp / "rc" / name))
+            out[f"pull_{name}"] = _pair(total, pulled, theirs)
+            shutil.rmtree(tmp / "node" / name, ignore_errors=True)
+            shutil.rmtree(tmp / "rc" / name, ignore_errors=True)
+    keys = [k for k in out if k.startswith(("push_", "pull_"))]
+    out["throughput_ratio_vs_rclone"] = min(out[k]["ratio"] for k in keys)
     return out
+
+
+def _pair(total: int, ours: float, theirs: float) -> dict[str, float]:
+    return {
+        "slurm_burst_s": round(ours, 3),
+        "slurm_burst_mbit_s": round(total * 8 / ours / 1e6, 1),
+        "rclone_s": round(theirs, 3),
+        "rclone_mbit_s": round(total * 8 / theirs / 1e6, 1),
+        "ratio": round(theirs / ours, 3),
+    }
 
 
 def _burn(stop: Any) -> None:
@@ -305,6 +323,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="256 MiB through the link, not 2 GiB")
     ap.add_argument("--burners", action="store_true", help="two CPU burners alongside")
     ap.add_argument("--trials", type=int, default=1000)
+    ap.add_argument("--link-only", action="store_true", help="only the shaped-link figures")
     args = ap.parse_args()
     stop = multiprocessing.Event()
     burners = [
@@ -315,8 +334,9 @@ def main() -> None:
     out: dict[str, Any] = {"cpus": os.cpu_count(), "burners": len(burners)}
     tmp = Path(tempfile.mkdtemp(prefix="sb-stagebench-"))
     try:
-        out.update(bench_restage(tmp / "restage"))
-        out.update(bench_corrupt(tmp / "corrupt", args.trials))
+        if not args.link_only:
+            out.update(bench_restage(tmp / "restage"))
+            out.update(bench_corrupt(tmp / "corrupt", args.trials))
         if os.geteuid() == 0 and shutil.which("tc"):
             out.update(bench_throughput(tmp / "link", (256 if args.quick else 2048) << 20, 200))
         else:

@@ -231,6 +231,31 @@ def test_sensitive_data_is_refused_before_a_byte_leaves(server: S3Server, tmp_pa
     assert server.objects() == before  # nothing left the site
 
 
+def test_a_directory_swapped_for_a_symlink_after_the_scan_is_not_followed(
+    tmp_path: Path,
+) -> None:
+    root = tmp_path / "data" / "swap"
+    tree(root)
+    secret = tmp_path / "secret"
+    (secret / "b").mkdir(parents=True)
+    (secret / "b" / "text.csv").write_bytes(b"patient records")
+    lt = LocalTree()
+    real = lt.resolve(str(root))
+    listing = {p: size for p, size, _ in lt.files(real)}
+    (root / "a").rename(tmp_path / "moved")
+    (root / "a").symlink_to(secret)  # the same names, somewhere the rules keep home
+    with pytest.raises(StagingError, match="symlink"):
+        lt.digest(real, "a/b/text.csv", listing["a/b/text.csv"])
+    with pytest.raises(StagingError, match="symlink"), lt.body(real, "a/b/text.csv", "0" * 64, ""):
+        pass
+    os.unlink(root / "a")
+    (tmp_path / "moved").rename(root / "a")
+    root.rename(tmp_path / "data" / "elsewhere")  # the source itself swapped: refused too
+    (tmp_path / "data" / "swap").symlink_to(secret)
+    with pytest.raises(StagingError, match="symlink"):
+        LocalTree().digest(real, "b/text.csv", 15)
+
+
 @pytest.mark.parametrize("kind", ["fifo", "symlink", "socket"])
 def test_a_tree_with_anything_but_files_and_directories_is_refused_by_name(
     server: S3Server, tmp_path: Path, kind: str
