@@ -95,15 +95,16 @@ class StageIn:
 
 def check_src(src: str, where: str = "src") -> str:
     """An absolute, normalized on-prem path of Slurm-safe characters; returned as is."""
+    shown = repr(src) if len(src) <= 120 else f"{src[:100]!r}... ({len(src)} characters)"
     if not _SRC.fullmatch(src) or len(src) > MAX_PATH:
         raise StagingError(
-            f"{where}={src!r}: an absolute path of letters, digits and ._+@/,=:~- "
+            f"{where}={shown}: an absolute path of letters, digits and ._+@/,=:~- "
             f"(no blanks or quotes), at most {MAX_PATH} bytes"
         )
     parts = src.split("/")[1:]
     if src != "/" and (src.endswith("/") or any(p in ("", ".", "..") for p in parts)):
         raise StagingError(
-            f"{where}={src!r}: not a normalized path (no //, '.', '..' or trailing /)"
+            f"{where}={shown}: not a normalized path (no //, '.', '..' or trailing /)"
         )
     return src
 
