@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import socket
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -317,6 +317,13 @@ def kept_home(cfg: Config) -> KeptHome:
         accounts=frozenset(n for n, o in p.accounts.items() if o.onprem_only),
         qos=frozenset(n for n, o in p.qos.items() if o.onprem_only),
     )
+
+
+def run_as(user: str, fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """``fn()`` in a child that is ``user`` (adapters/asuser.py)."""
+    from slurm_burst.adapters.asuser import run_as as child_as
+
+    return child_as(user, fn)
 
 
 def stager(cfg: Config, store: str = "", progress: Progress | None = None) -> Stager:

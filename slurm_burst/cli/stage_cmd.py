@@ -35,27 +35,42 @@ def group() -> None:
 @click.argument("src")
 @_account_option
 @click.option("--qos", default="", help="The QOS of the jobs that will use it (its rules).")
+@click.option(
+    "--as-user",
+    metavar="USER",
+    help="Read the data as USER (required as root: only what USER may read leaves).",
+)
 @_store_option
 @json_option
 @click.pass_context
-def push(ctx: click.Context, src: str, account: str, qos: str, store: str, as_json: bool) -> None:
+def push(
+    ctx: click.Context, src: str, account: str, qos: str, as_user: str | None, store: str,
+    as_json: bool,
+) -> None:  # fmt: skip
     """Stage SRC (an absolute directory or file) now, before any job asks for it.
 
     Progress goes to stderr; the result (files, bytes, what was sent, requests) to
     stdout. Exit 0 staged, 1 the store failed, 2 refused (bad path, sensitive data, a
     special file in the tree), 3 no store configured or reachable credentials."""
-    from slurm_burst.wiring import stager
+    import os
 
+    from slurm_burst.core.errors import BadInput
+    from slurm_burst.wiring import run_as, stager
+
+    if os.geteuid() == 0 and not as_user:
+        raise BadInput("as root, say whose data this is: --as-user USER (it is read as USER)")
     progress = _Progress(enabled=not as_json or sys.stderr.isatty())
-    pushed = stager(app(ctx).config, store, progress).push(src, account, qos)
+    st = stager(app(ctx).config, store, progress)  # the store's keys: read here, as root
+    out = run_as(as_user, lambda: st.push(src, account, qos).as_dict()) if as_user else (
+        st.push(src, account, qos).as_dict()
+    )  # fmt: skip
     progress.done()
-    out = pushed.as_dict()
     emit(
         out,
         as_json,
         columns=["SRC", "MANIFEST", "FILES", "BYTES", "SENT OBJECTS", "SENT BYTES", "SECONDS"],
         rows=lambda r: [_push_row(r)],
-        title="unchanged: nothing sent" if pushed.unchanged else None,
+        title="unchanged: nothing sent" if out["unchanged"] else None,
     )
 
 

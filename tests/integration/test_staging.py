@@ -8,6 +8,7 @@ import hashlib
 import io
 import json
 import os
+import pwd
 import socket
 import subprocess
 import sys
@@ -528,12 +529,13 @@ def test_the_command_line_pushes_and_reports_and_says_what_is_wrong(
     conf.chmod(0o600)
     env = {"SB_S3_KEY": KEY, "SB_S3_SECRET": SECRET}
     base = ["--config", str(conf), "stage"]
+    me = ["--as-user", pwd.getpwuid(os.geteuid()).pw_name]
     first = json.loads(
-        invoke([*base, "push", str(root), "-A", "physics", "--json"], env=env).stdout
+        invoke([*base, "push", str(root), "-A", "physics", *me, "--json"], env=env).stdout
     )
     assert first["files"] == 6 and first["objects_sent"] == 5 and not first["unchanged"]
     again = json.loads(
-        invoke([*base, "push", str(root), "-A", "physics", "--json"], env=env).stdout
+        invoke([*base, "push", str(root), "-A", "physics", *me, "--json"], env=env).stdout
     )
     assert again["unchanged"] and again["bytes_sent"] == 0 and again["requests"] == 2
     shown = json.loads(invoke([*base, "status", "-A", "physics", "--json"], env=env).stdout)
@@ -542,12 +544,22 @@ def test_the_command_line_pushes_and_reports_and_says_what_is_wrong(
     table = invoke([*base, "status", str(root), "-A", "physics"], env=env).stdout
     assert str(root) in table and first["manifest"][:16] in table
     refusals = [
-        (["push", "relative", "-A", "physics"], env, 2, "absolute path"),
-        (["push", str(root), "-A", "bad account"], env, 2, "not a Slurm account"),
-        (["push", str(root), "-A", "physics", "--store", "nope"], env, 3, "no store 'nope'"),
-        (["push", str(root), "-A", "physics"], {"SB_S3_KEY": KEY}, 2, "SB_S3_SECRET is not set"),
-        (["push", str(root), "-A", "physics"], {**env, "SB_S3_SECRET": "x"}, 1, "access denied"),
+        (["push", "relative", "-A", "physics", *me], env, 2, "absolute path"),
+        (["push", str(root), "-A", "bad account", *me], env, 2, "not a Slurm account"),
+        (["push", str(root), "-A", "physics", "--store", "nope", *me], env, 3, "no store 'nope'"),
+        (["push", str(root), "-A", "physics", *me], {"SB_S3_KEY": KEY}, 2, "SB_S3_SECRET is not"),
+        (["push", str(root), "-A", "physics", *me], {**env, "SB_S3_SECRET": "x"}, 1, "denied"),
+        (["push", str(root), "-A", "physics", "--as-user", "no-such-user"], env, 2, "no user"),
     ]
+    if os.geteuid() == 0:
+        refusals.append((["push", str(root), "-A", "physics"], env, 2, "--as-user USER"))
+        private = tmp_path / "data" / "private"
+        private.mkdir()
+        (private / "only-root").write_bytes(b"root's")
+        (private / "only-root").chmod(0o600)
+        refusals.append(
+            (["push", str(private), "-A", "physics", "--as-user", "nobody"], env, 2, "Permission")
+        )
     for args, environ, code, says in refusals:
         out = invoke([*base, *args], expect=code, env=environ)
         assert says in out.stderr and "Traceback" not in out.stderr, out.stderr
