@@ -311,11 +311,9 @@ def kept_home(cfg: Config) -> KeptHome:
     of the burst policy."""
     from slurm_burst.core.staging import KeptHome
 
-    p = cfg.policy
+    accounts, qos = cfg.policy.onprem_only()
     return KeptHome(
-        paths=cfg.staging.onprem_only_paths,
-        accounts=frozenset(n for n, o in p.accounts.items() if o.onprem_only),
-        qos=frozenset(n for n, o in p.qos.items() if o.onprem_only),
+        paths=cfg.staging.onprem_only_paths, accounts=frozenset(accounts), qos=frozenset(qos)
     )
 
 
@@ -336,15 +334,16 @@ def stager(cfg: Config, store: str = "", progress: Progress | None = None) -> St
     name = store or s.store
     if not name:
         raise StorageUnavailable("no store named: give --store, or set staging.store")
+    objects = object_store(cfg, name)  # StorageUnavailable when [stores] has no such store
     settings = StagingSettings(
-        prefix=cfg.stores[name].prefix if name in cfg.stores else "",
+        prefix=cfg.stores[name].prefix,
         transfers=s.transfers,
         bandwidth=s.bandwidth_mbit * 1e6 / 8,
         compress=s.compress,
         grant_seconds=s.grant_seconds,
     )
     return Stager(
-        settings=settings, store=object_store(cfg, name), tree=LocalTree(s.marker),
+        settings=settings, store=objects, tree=LocalTree(s.marker),
         clock=clock(), kept=kept_home(cfg), progress=progress,
     )  # fmt: skip
 

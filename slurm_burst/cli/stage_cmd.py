@@ -61,9 +61,11 @@ def push(
         raise BadInput("as root, say whose data this is: --as-user USER (it is read as USER)")
     progress = _Progress(enabled=not as_json or sys.stderr.isatty())
     st = stager(app(ctx).config, store, progress)  # the store's keys: read here, as root
-    out = run_as(as_user, lambda: st.push(src, account, qos).as_dict()) if as_user else (
-        st.push(src, account, qos).as_dict()
-    )  # fmt: skip
+
+    def work() -> dict[str, object]:
+        return st.push(src, account, qos).as_dict()
+
+    out = run_as(as_user, work) if as_user else work()
     progress.done()
     emit(
         out,

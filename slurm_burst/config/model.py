@@ -606,6 +606,13 @@ class PolicyConfig:
         "Per-partition settings.", default_factory=_empty
     )
 
+    def onprem_only(self) -> tuple[list[str], list[str]]:
+        """The accounts and the QOS whose jobs and data never leave the site, sorted."""
+        return (
+            sorted(a for a, o in self.accounts.items() if o.onprem_only),
+            sorted(q for q, o in self.qos.items() if o.onprem_only),
+        )
+
     def rule(self, account: str = "", qos: str = "", partition: str = "") -> Rule:
         """The policy a job of ``account``, ``qos`` and ``partition`` is decided by."""
         values: dict[str, Any] = {

@@ -89,9 +89,7 @@ def onprem_only_denials(cfg: Config) -> list[tuple[str, str]]:
     """What keeps on-prem-only accounts and QOS off every burst partition, enforced by
     Slurm itself (not only by the policy's judgement): a job of theirs submitted there,
     alone or in a partition list, cannot run there."""
-    pol = cfg.policy
-    accounts = sorted(a for a, o in pol.accounts.items() if o.onprem_only)
-    qos = sorted(q for q, o in pol.qos.items() if o.onprem_only)
+    accounts, qos = cfg.policy.onprem_only()
     return [
         *([("DenyAccounts", ",".join(accounts))] if accounts else []),
         *([("DenyQos", ",".join(qos))] if qos else []),

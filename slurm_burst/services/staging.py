@@ -27,7 +27,7 @@ from __future__ import annotations
 import contextlib
 import random
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -129,7 +129,7 @@ class Stager:
         before = self._previous(layout, old)
         manifest = self._manifest(src, real, listing, digests, before)
         if old is not None and old.manifest == manifest.id:
-            return self._pushed(src, real, account, manifest, [], 0, started, unchanged=True)
+            return self._pushed(src, real, account, manifest, 0, 0, started, unchanged=True)
         known = set(before.objects()) if before else set()
         candidates = to_send(manifest, known)
         missing = self._missing(layout, candidates)
@@ -148,7 +148,7 @@ class Stager:
         if not self._has(layout.manifest(manifest.id)):
             sent.append(self._write(layout.manifest(manifest.id), manifest.body))
         sent.append(self._write(layout.pointer(src), pointer_body(src, manifest, self.clock.now())))
-        return self._pushed(src, real, account, manifest, missing, sum(sent), started)
+        return self._pushed(src, real, account, manifest, len(missing), sum(sent), started)
 
     def _digests(self, real: str, listing: list[tuple[str, int, bool]]) -> list[str]:
         total = sum(size for _, size, _ in listing)
@@ -190,7 +190,8 @@ class Stager:
         return worth_compressing(size, sample, squeezed)
 
     def _previous(self, layout: Layout, old: Pointer | None) -> Manifest | None:
-        """The dataset's previous version (its objects are stored: they came before it)."""
+        """The manifest ``old`` names: the dataset's version before this push (its objects
+        are stored: they came before it)."""
         if old is None:
             return None
         body = self._read(layout.manifest(old.manifest), MAX_MANIFEST_BYTES)
@@ -252,11 +253,7 @@ class Stager:
 
     def manifest(self, account: str, src: str) -> Manifest | None:
         layout = Layout(self.settings.prefix, namespace(account))
-        p = self._pointer(layout, src)
-        if p is None:
-            return None
-        body = self._read(layout.manifest(p.manifest), MAX_MANIFEST_BYTES)
-        return parse_manifest(body, layout.manifest(p.manifest)) if body else None
+        return self._previous(layout, self._pointer(layout, src))
 
     def node_plan(
         self, account: str, manifest: Manifest, dest: str, uid: int, gid: int
@@ -329,14 +326,13 @@ class Stager:
             return list(pool.map(fn, items))
 
     def _pushed(
-        self, src: str, real: str, account: str, manifest: Manifest, sent: Iterable[Entry],
+        self, src: str, real: str, account: str, manifest: Manifest, objects_sent: int,
         bytes_sent: int, started: float, unchanged: bool = False,
     ) -> Pushed:  # fmt: skip
-        sent = list(sent)
         return Pushed(
             src=src, real_src=real, account=account, manifest=manifest.id,
             files=len(manifest.entries), bytes=manifest.size, objects=len(manifest.objects()),
-            objects_sent=len(sent), bytes_sent=bytes_sent, requests=self._requests,
+            objects_sent=objects_sent, bytes_sent=bytes_sent, requests=self._requests,
             seconds=round(self.clock.monotonic() - started, 3), unchanged=unchanged,
         )  # fmt: skip
 

@@ -74,21 +74,32 @@ class CredentialsError(BadInput):
 
 def resolve(prov: ProviderConfig, environ: Mapping[str, str] | None = None) -> dict[str, Any]:
     """Constructor arguments (``key``, ``secret``, …) for ``prov``'s driver."""
-    env = os.environ if environ is None else environ
-    creds = prov.credentials
     where = f"providers.{prov.name}.credentials"
+    return _resolve(prov.driver, prov.credentials, where, environ)
+
+
+def resolve_store(store: StoreConfig, environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """``key``, ``secret`` (and ``token``) of an S3 store, found as for the ec2 driver:
+    its credentials file, the variables it names, or AWS's standard environment."""
+    return _resolve("ec2", store.credentials, f"stores.{store.name}.credentials", environ)
+
+
+def _resolve(
+    driver: str, creds: Credentials | None, where: str, environ: Mapping[str, str] | None
+) -> dict[str, Any]:
+    env = os.environ if environ is None else environ
     if creds is not None and creds.file:
-        return _from_file(Path(creds.file), where, FILE_EXTRAS.get(prov.driver, ()))
+        return _from_file(Path(creds.file), where, FILE_EXTRAS.get(driver, ()))
     if creds is not None and (creds.key_env or creds.secret_env):
         return _named_env(creds, where, env)
-    if extensions.offers(prov.driver, NONE_NEEDED, lambda d: not d.credentials):
+    if extensions.offers(driver, NONE_NEEDED, lambda d: not d.credentials):
         return {}
-    if prov.driver == "gce":
+    if driver == "gce":
         return _gce_from_env(env, where)
-    wanted = STANDARD_ENV.get(prov.driver)
+    wanted = STANDARD_ENV.get(driver)
     if wanted is None:
         raise CredentialsError(
-            f"{where}: driver {prov.driver} has no standard environment; "
+            f"{where}: driver {driver} has no standard environment; "
             "set credentials.file or key_env/secret_env"
         )
     missing = [var for var in wanted.values() if not env.get(var)]
@@ -97,7 +108,7 @@ def resolve(prov: ProviderConfig, environ: Mapping[str, str] | None = None) -> d
             f"{where}: not configured, and the standard environment lacks {', '.join(missing)}"
         )
     out = {arg: env[var] for arg, var in wanted.items()}
-    out.update({a: env[v] for a, v in OPTIONAL_ENV.get(prov.driver, {}).items() if env.get(v)})
+    out.update({a: env[v] for a, v in OPTIONAL_ENV.get(driver, {}).items() if env.get(v)})
     return out
 
 
@@ -114,24 +125,6 @@ def check_private(path: Path, what: str) -> None:
     why = untrusted(path)
     if why:
         raise CredentialsError(f"{what} {path} can be changed by others: {why}")
-
-
-def resolve_store(store: StoreConfig, environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    """``key``, ``secret`` (and ``token``) of an S3 store: its credentials file, the
-    variables it names, or AWS's standard environment, as for the ec2 driver."""
-    env = os.environ if environ is None else environ
-    creds, where = store.credentials, f"stores.{store.name}.credentials"
-    if creds is not None and creds.file:
-        return _from_file(Path(creds.file), where, ("token",))
-    if creds is not None and (creds.key_env or creds.secret_env):
-        return _named_env(creds, where, env)
-    wanted = {**STANDARD_ENV["ec2"], **OPTIONAL_ENV["ec2"]}
-    missing = [v for a, v in wanted.items() if a != "token" and not env.get(v)]
-    if missing:
-        raise CredentialsError(
-            f"{where}: not configured, and the standard environment lacks {', '.join(missing)}"
-        )
-    return {arg: env[var] for arg, var in wanted.items() if env.get(var)}
 
 
 def _named_env(creds: Credentials, where: str, env: Mapping[str, str]) -> dict[str, Any]:

@@ -20,10 +20,12 @@ adds what staging needs on top:
 from __future__ import annotations
 
 import hashlib
+import io
 import re
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, BinaryIO
+from urllib.parse import quote
 
 from libcloud.common.exceptions import BaseHTTPError
 from libcloud.common.types import InvalidCredsError, LibcloudError
@@ -106,8 +108,6 @@ class S3Store:
         return reader.sent
 
     def write_bytes(self, key: str, body: bytes) -> int:
-        import io
-
         return self.write(key, io.BytesIO(body), len(body))
 
     def grant(self, key: str, seconds: int) -> str:
@@ -148,8 +148,6 @@ class S3Store:
         return f"{'https' if self.secure else 'http'}://{host}"
 
     def _path(self, key: str) -> str:
-        from urllib.parse import quote
-
         return f"/{self.bucket}/{quote(key, safe='/~')}"
 
     def _call(self, method: str, key: str, **kw: Any) -> Any:
