@@ -10,6 +10,7 @@ PACKAGES=(
   iproute2 util-linux procps                  # ip, nsenter/unshare/mount, pgrep
   mariadb-server mariadb-client               # the lab's slurmdbd keeps accounting here
   mmdebstrap                                  # root filesystems of other Slurm releases (trixie, sid)
+  lua5.1 lua-posix                            # burst_buffer.lua runs data_in with lua-posix; tests run it in lua5.1
   gcc libc6-dev                               # the lab's simulated NVML (libnvidia-ml.so.1)
   prometheus prometheus-alertmanager          # the lab's Prometheus; promtool and amtool check the shipped rules
 )

@@ -47,6 +47,7 @@ MAX_FILE_BYTES = 5 * 1024**4  # S3's largest object
 COMPRESS_MIN = 4096  # smaller files are stored as they are
 COMPRESS_RATIO = 0.9  # compressed where it saves at least a tenth
 
+_WORD = re.compile(r"[^ \t\n\r\v\f]+")  # a blank is what C's isspace says
 _DST = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}", re.ASCII)
 _SHA = re.compile(r"[0-9a-f]{64}", re.ASCII)
 _SRC = re.compile(r"/[A-Za-z0-9._+@/,=:~-]*", re.ASCII)  # no blank, quote or shell character
@@ -118,33 +119,44 @@ def check_dst(dst: str, where: str = "dst") -> str:
     return dst
 
 
+MAX_STAGES = 32  # stage_in directives in one job
+
+
 def parse_directives(script: str, directive: str = DIRECTIVE) -> list[StageIn]:
-    """Every ``stage_in`` of a batch script, in order. Like Slurm, only the header counts:
-    directives stop at the first line that is neither blank nor a comment. Other
-    burst-buffer words (``stage_out`` comes next) are refused by name, so a typo is not
-    a stage silently skipped. Raises :class:`StagingError` naming the line."""
+    """Every ``stage_in`` of a batch script, in order, read as Slurm reads its header:
+    lines split at newlines, empty ones skipped, directives stop at the first line that
+    does not start with '#'. A word that starts like the directive but is not it
+    (``#BB_LUAX``), or another burst-buffer word (``stage_out`` comes next), is refused
+    by name, so a typo is not a stage silently skipped. The Lua hook inside slurmctld
+    (``burst_buffer.lua``) applies the same rules. Raises :class:`StagingError` naming
+    the line."""
     found: list[StageIn] = []
     dsts: dict[str, int] = {}
-    for number, raw in enumerate(script.splitlines(), 1):
-        line = raw.strip()
-        if number > 1 and line and not line.startswith("#"):
-            break
-        head, _, rest = line.partition(" ")
-        head, _, more = head.partition("\t")
-        if head != directive:
+    for number, line in enumerate(script.split("\n"), 1):
+        if not line:
             continue
-        words = f"{more} {rest}".split()
+        if not line.startswith("#"):
+            break
+        words = _WORD.findall(line)
         where = f"line {number}"
-        if not words:
+        if words[0] != directive:
+            if words[0].startswith(directive):
+                raise StagingError(f"{where}: {words[0][:40]!r} is not {directive}")
+            continue
+        if len(words) == 1:
             raise StagingError(f"{where}: {directive} with nothing after it")
-        if words[0] != "stage_in":
-            raise StagingError(f"{where}: {words[0]!r} is not a stage slurm-burst knows (stage_in)")
-        args = _arguments(words[1:], where)
+        if words[1] != "stage_in":
+            raise StagingError(
+                f"{where}: {words[1][:40]!r} is not a stage slurm-burst knows (stage_in)"
+            )
+        args = _arguments(words[2:], where)
         stage = StageIn(
             check_src(args["src"], f"{where}: src"), check_dst(args["dst"], f"{where}: dst"), number
         )
         if stage.dst in dsts:
             raise StagingError(f"{where}: dst={stage.dst} is also line {dsts[stage.dst]}'s")
+        if len(found) == MAX_STAGES:
+            raise StagingError(f"{where}: more than {MAX_STAGES} stage_in directives")
         dsts[stage.dst] = number
         found.append(stage)
     return found
@@ -155,7 +167,7 @@ def _arguments(words: Sequence[str], where: str) -> dict[str, str]:
     for w in words:
         key, eq, value = w.partition("=")
         if not eq or key not in ("src", "dst"):
-            raise StagingError(f"{where}: {w!r}: stage_in takes src=PATH dst=NAME")
+            raise StagingError(f"{where}: {w[:60]!r}: stage_in takes src=PATH dst=NAME")
         if key in args:
             raise StagingError(f"{where}: {key}= given twice")
         args[key] = value

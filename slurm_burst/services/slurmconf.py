@@ -18,6 +18,8 @@ from slurm_burst.core.pricing import billing_weight
 from slurm_burst.core.slurm import SUPPORTED_RELEASES, release_key
 from slurm_burst.core.slurmsyntax import SlurmSyntaxError, comment, tokenize, word
 from slurm_burst.fileio import write_atomic
+from slurm_burst.services import burstbuffer as bb
+from slurm_burst.services.burstbuffer import BB_CONF, BB_KEYS, BB_LUA
 from slurm_burst.services.prolog import prolog_epilog_timeout
 
 FRAGMENT = "slurm-burst.conf"
@@ -182,7 +184,8 @@ def render(cfg: Config, release: str) -> dict[str, str]:
     try:
         files = _render(cfg, release)
         for name, text in files.items():
-            check_rendered(name, text)
+            if name != BB_LUA:  # Lua, built of escaped literals (services/burstbuffer.py)
+                check_rendered(name, text)
     except SlurmSyntaxError as exc:
         raise RenderError(f"{cfg.source}: not rendered: {exc}") from None
     return files
@@ -196,6 +199,7 @@ FRAGMENT_KEYS = frozenset({
     "SuspendRate", "SuspendExcParts", "SuspendExcNodes", "SlurmctldParameters",
     "PrivateData", "TreeWidth", "CommunicationParameters", "GresTypes",
     "HealthCheckProgram", "HealthCheckInterval", "HealthCheckNodeState", "EnforcePartLimits",
+    "BurstBufferType",
 })  # fmt: skip
 NODE_KEYS = frozenset({"NodeName", "State", "CPUs", "RealMemory", "Features", "Gres"})
 PARTITION_KEYS = frozenset({"PartitionName", "Nodes", "MaxTime", "Default", "SuspendTime",
@@ -212,6 +216,9 @@ def check_rendered(name: str, text: str) -> None:
         keys = [st.key for st in settings]
         if name == GRES:
             allowed = GRES_KEYS if head == "NodeName" else frozenset()
+        elif name == BB_CONF:
+            allowed = BB_KEYS if len(settings) == 1 and head not in seen else frozenset()
+            seen.add(head)
         elif head == "NodeName":
             allowed = NODE_KEYS
         elif head == "PartitionName":
@@ -262,13 +269,24 @@ def _render(cfg: Config, release: str) -> dict[str, str]:
         partition_lines="\n".join(partition_lines(cfg)),
         health_check=health_check_lines(cfg),
         enforce=enforce_lines(cfg),
+        burst_buffer=(
+            "# Stage-in (#BB_LUA stage_in): burst_buffer.conf and burst_buffer.lua beside this\n"
+            "# file. Slurm takes one BurstBufferType: docs/staging.md says what a site that\n"
+            "# has its own does.\nBurstBufferType=burst_buffer/lua"
+            if bb.enabled(cfg)
+            else "# no stage-in: staging.store is not set (BurstBufferType left to the site)"
+        ),
     )
     gpu_groups = [g for g in cfg.node_groups.values() if g.gpus]
     gres = Template((tdir / "gres.conf.in").read_text()).substitute(
         source=comment(cfg.source),
         gres_lines="\n".join(gres_line(g) for g in gpu_groups) or "# no GPU node groups",
     )
-    return {FRAGMENT: fragment, GRES: gres}
+    files = {FRAGMENT: fragment, GRES: gres}
+    if bb.enabled(cfg):
+        files[BB_CONF] = bb.render_conf(cfg)
+        files[BB_LUA] = bb.render_lua(cfg, (tdir / "burst_buffer.lua.in").read_text())
+    return files
 
 
 HOOKS = {
@@ -276,6 +294,7 @@ HOOKS = {
     "suspend": "slurm-burst-suspend",
     "resume-fail": "slurm-burst-resume-fail",
     "prolog-slurmctld": "slurm-burst-prolog-slurmctld",
+    "stage-in": bb.STAGE_IN_PROGRAM,  # burst_buffer.lua's data_in runs it
 }
 
 _SHIM = """#!{python}

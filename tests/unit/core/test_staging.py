@@ -41,7 +41,7 @@ SHA = "ab" * 32
          "#BB_LUA  stage_in\tsrc=/d/b dst=b.v2\n",
          [StageIn("/d/a", "a", 3), StageIn("/d/b", "b.v2", 4)]),
         ("#!/bin/sh\necho hi\n#BB_LUA stage_in src=/d/a dst=a\n", []),  # after the header
-        ("#!/bin/sh\n#BB_LUAX stage_in src=/d dst=a\n# BB_LUA stage_in src=/d dst=a\n", []),
+        ("#!/bin/sh\n# BB_LUA stage_in src=/d dst=a\n\n #BB_LUA stage_in src=/d dst=a\n", []),
     ],
     ids=["one", "two-and-sbatch", "after-header", "not-the-directive"],
 )  # fmt: skip
@@ -53,6 +53,7 @@ def test_directives_are_read_from_the_header(script: str, want: list[StageIn]) -
     ("line", "says"),
     [
         ("#BB_LUA", "nothing after"),
+        ("#BB_LUAX stage_in src=/a dst=b", "is not #BB_LUA"),
         ("#BB_LUA stage_out src=/a dst=b", "not a stage"),
         ("#BB_LUA stage_in src=/a", "needs dst="),
         ("#BB_LUA stage_in src=/a dst=b dst=c", "given twice"),

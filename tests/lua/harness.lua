@@ -1,0 +1,49 @@
+-- Runs a rendered burst_buffer.lua outside slurmctld, for tests/unit/test_burst_buffer_lua.py.
+-- usage: lua5.1 harness.lua SCRIPT COMMAND ARGS...
+--   process FILE [PARTITION ACCOUNT QOS]  each NUL-separated batch script of FILE through
+--        slurm_bb_job_process (22.05's arguments, or 24.11's with a job_info table when
+--        PARTITION is given); one line per script: "0" or "-1 message"
+--   paths JOB_ID SCRIPT PATH_FILE         slurm_bb_paths
+--   data_in JOB_ID SCRIPT                 slurm_bb_data_in; prints "rc message"
+--   call NAME                             any other hook, no arguments; prints rc
+slurm = {
+	SUCCESS = 0, ERROR = -1, SLURM_BB_BUSY = "BUSY",
+	log_info = function(...) end, log_error = function(...) end,
+	log_debug = function(...) end, log_verbose = function(...) end,
+}
+dofile(arg[1])
+local command = arg[2]
+
+local function say(rc, message)
+	message = (message or ""):gsub("\n", "\\n")
+	print(tostring(rc) .. (message ~= "" and (" " .. message) or ""))
+end
+
+if command == "process" then
+	local fh = assert(io.open(arg[3], "rb"))
+	local all = fh:read("*a")
+	fh:close()
+	local n = 0
+	for script in all:gmatch("([^%z]*)%z") do
+		n = n + 1
+		local path = os.tmpname()
+		local out = assert(io.open(path, "wb"))
+		out:write(script)
+		out:close()
+		local rc, message
+		if arg[4] then
+			local info = { partition = arg[4], account = arg[5], qos = arg[6] }
+			rc, message = slurm_bb_job_process(path, "1000", "1000", info)
+		else
+			rc, message = slurm_bb_job_process(path)
+		end
+		os.remove(path)
+		say(rc, message)
+	end
+elseif command == "paths" then
+	say(slurm_bb_paths(arg[3], arg[4], arg[5], "1000", "1000", {}))
+elseif command == "data_in" then
+	say(slurm_bb_data_in(arg[3], arg[4], "1000", "1000", {}))
+else
+	say(_G[arg[3]]())
+end
