@@ -19,7 +19,7 @@ from slurm_burst.core.cloud import Instance, LaunchSpec
 from slurm_burst.core.gpu import GpuSample, GpuUsage, GroupGpus
 from slurm_burst.core.mesh import Peer
 from slurm_burst.core.nodestate import NodeState
-from slurm_burst.core.records import GroupHealth, NodeRecord, Request, Spooled
+from slurm_burst.core.records import GroupHealth, NodeRecord, Request, Spooled, StageRecord
 from slurm_burst.core.slurm import QueuedJob, SlurmJob, SlurmNode, SlurmPartition
 from slurm_burst.core.usage import AssocUsage, ClosedInstance, InstanceEvent, JobUsage
 
@@ -218,6 +218,21 @@ class NodeStore(Protocol):
         ...
 
     def finish_request(self, request_id: int, now: float) -> None: ...
+
+    # stages: the stage-in hook writes, the daemon works them
+    def add_stage(self, rec: StageRecord) -> StageRecord:
+        """Record a job's stage-in; one already recorded stays, unless it failed."""
+        ...
+
+    def stage(self, job_id: int) -> StageRecord | None: ...
+
+    def stages(self, states: Sequence[str] = ()) -> list[StageRecord]: ...
+
+    def update_stage(
+        self, job_id: int, now: float, *, expect: Sequence[str] = (), **changes: Any
+    ) -> bool: ...
+
+    def forget_stages(self, before: float) -> int: ...
 
     # nodes: every state change checked against the state machine and logged as an event
     def node(self, name: str) -> NodeRecord | None: ...

@@ -8,7 +8,7 @@ store is another. Pure: no I/O.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from slurm_burst.core.errors import EXIT_PRECONDITION, BurstError
@@ -113,3 +113,37 @@ class GroupHealth:
 
     def protected(self, now: float) -> bool:
         return self.protected_until > now
+
+
+class StageState:
+    """Where a job's stage-in is (the ``stages`` table's ``state``)."""
+
+    REQUESTED = "requested"  # the hook asked; the daemon has not taken it yet
+    CHECKING = "checking"  # the daemon resolves its sources as the job's user
+    DEFERRED = "deferred"  # may leave, not sent: sent if Slurm gives the job cloud nodes
+    PUSHING = "pushing"
+    STAGED = "staged"  # every dataset in the store: nodes may pull
+    KEPT_HOME = "kept_home"  # sensitive: the job never runs on a cloud node
+    FAILED = "failed"
+
+    DONE = frozenset({STAGED, KEPT_HOME, FAILED})
+
+
+@dataclass(frozen=True)
+class StageRecord:
+    """A job's stage-in: who, what (``stages``: src/dst), and what came of it."""
+
+    job_id: int
+    user: str
+    uid: int
+    gid: int
+    account: str
+    qos: str
+    partitions: str  # the job's partition list, comma-separated
+    burst_only: bool  # every partition a burst partition: pushed at stage-in
+    stages: list[dict[str, Any]]  # [{"src", "dst"}]
+    state: str
+    message: str = ""
+    datasets: list[dict[str, Any]] = field(default_factory=list)  # per stage: its manifest
+    created_at: float = 0.0
+    updated_at: float = 0.0

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from slurm_burst.core.nodestate import NodeState, TransitionError, Want
-from slurm_burst.core.records import StoreError
+from slurm_burst.core.records import StageRecord, StageState, StoreError
 from slurm_burst.ports import NodeStore
 
 
@@ -151,3 +153,29 @@ class StoreContract:
         store.allocate_address("a", "10.9.0.0/30", 0)  # .1 hub, .2 a
         with pytest.raises(StoreError, match="no free address"):
             store.allocate_address("b", "10.9.0.0/30", 0)
+
+    def test_a_stage_is_recorded_once_and_moves_only_from_what_it_expects(
+        self, store: NodeStore
+    ) -> None:
+        rec = StageRecord(
+            job_id=42, user="alice", uid=1001, gid=1001, account="phys", qos="",
+            partitions="burst-gpu", burst_only=True, stages=[{"src": "/d/a", "dst": "a"}],
+            state=StageState.REQUESTED, created_at=1.0, updated_at=1.0,
+        )  # fmt: skip
+        assert store.add_stage(rec) == rec
+        # asked again (a slurmctld restart re-runs stage-in): the record stays as it is
+        assert store.update_stage(42, 2.0, state=StageState.PUSHING)
+        assert store.add_stage(replace(rec, state=StageState.REQUESTED)).state == "pushing"
+        assert not store.update_stage(42, 3.0, expect=[StageState.REQUESTED], state="staged")
+        datasets = [{"dst": "a", "manifest": "ab" * 32, "bytes": 3}]
+        assert store.update_stage(42, 4.0, expect=["pushing"], state="staged", datasets=datasets)
+        got = store.stage(42)
+        assert got is not None and got.datasets == datasets and got.updated_at == 4.0
+        assert [s.job_id for s in store.stages(["staged"])] == [42] and not store.stages(["failed"])
+        # a failed stage asked again starts over
+        assert store.update_stage(42, 5.0, state=StageState.FAILED, message="store down")
+        again = store.add_stage(replace(rec, updated_at=6.0))
+        assert again.state == StageState.REQUESTED and again.message == "" and not again.datasets
+        assert store.stage(7) is None
+        assert store.forget_stages(5.0) == 0 and store.forget_stages(7.0) == 1
+        assert store.stages() == []

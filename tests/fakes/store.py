@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import ipaddress
 import threading
 from collections.abc import Iterator, Mapping, Sequence
@@ -16,6 +17,7 @@ from slurm_burst.core.records import (
     NodeRecord,
     PoolExhausted,
     Request,
+    StageRecord,
     StoreError,
 )
 
@@ -24,7 +26,8 @@ class MemoryStore:
     """The NodeStore port: the SQLite store's rules (checked transitions, one event per
     transition, an address never held twice) without the file."""
 
-    _DATA = ("_nodes", "_meta", "_requests", "_groups", "_unavailable", "_events", "_addresses")
+    _DATA = ("_nodes", "_meta", "_requests", "_groups", "_unavailable", "_events", "_addresses",
+             "_stages")
 
     def __init__(self) -> None:
         self._nodes: dict[str, NodeRecord] = {}
@@ -35,6 +38,7 @@ class MemoryStore:
         self._unavailable: dict[tuple[str, str], tuple[float, str]] = {}
         self._events: list[dict[str, Any]] = []
         self._addresses: dict[str, str] = {}  # node -> address
+        self._stages: dict[int, StageRecord] = {}
         self._lock = threading.RLock()
 
     @contextmanager
@@ -135,6 +139,42 @@ class MemoryStore:
             ]
 
     # -- nodes --------------------------------------------------------------------------------
+    def add_stage(self, rec: StageRecord) -> StageRecord:
+        with self._lock:
+            old = self._stages.get(rec.job_id)
+            if old is not None and old.state != "failed":
+                return old
+            if old is not None:
+                rec = dataclasses.replace(rec, created_at=old.created_at)
+            self._stages[rec.job_id] = rec
+            return rec
+
+    def stage(self, job_id: int) -> StageRecord | None:
+        return self._stages.get(int(job_id))
+
+    def stages(self, states: Sequence[str] = ()) -> list[StageRecord]:
+        with self._lock:
+            return [s for _, s in sorted(self._stages.items()) if not states or s.state in states]
+
+    def update_stage(
+        self, job_id: int, now: float, *, expect: Sequence[str] = (), **changes: Any
+    ) -> bool:
+        if set(changes) - {"state", "message", "datasets"}:
+            raise ValueError(f"not a stage field: {sorted(changes)}")
+        with self._lock:
+            old = self._stages.get(int(job_id))
+            if old is None or (expect and old.state not in expect):
+                return False
+            self._stages[int(job_id)] = dataclasses.replace(old, updated_at=now, **changes)
+            return True
+
+    def forget_stages(self, before: float) -> int:
+        with self._lock:
+            gone = [j for j, s in self._stages.items() if s.updated_at < before]
+            for j in gone:
+                del self._stages[j]
+            return len(gone)
+
     def node(self, name: str) -> NodeRecord | None:
         with self._lock:
             return self._nodes.get(name)

@@ -33,6 +33,7 @@ from slurm_burst.core.records import (
     NodeRecord,
     PoolExhausted,
     Request,
+    StageRecord,
     StoreError,
 )
 from slurm_burst.fileio import (
@@ -98,6 +99,22 @@ CREATE TABLE IF NOT EXISTS unavailable (
     code     TEXT NOT NULL,
     PRIMARY KEY (provider, size)
 );
+CREATE TABLE IF NOT EXISTS stages (
+    job_id     INTEGER PRIMARY KEY,
+    user       TEXT NOT NULL,
+    uid        INTEGER NOT NULL,
+    gid        INTEGER NOT NULL,
+    account    TEXT NOT NULL,
+    qos        TEXT NOT NULL DEFAULT '',
+    partitions TEXT NOT NULL DEFAULT '',
+    burst_only INTEGER NOT NULL DEFAULT 0,
+    stages     TEXT NOT NULL,              -- JSON: [{"src", "dst"}]
+    state      TEXT NOT NULL,
+    message    TEXT NOT NULL DEFAULT '',
+    datasets   TEXT NOT NULL DEFAULT '[]', -- JSON: per stage, its manifest, files, bytes
+    created_at REAL NOT NULL,
+    updated_at REAL NOT NULL
+);
 CREATE TABLE IF NOT EXISTS events (
     id     INTEGER PRIMARY KEY,
     at     REAL NOT NULL,
@@ -113,6 +130,7 @@ MIGRATIONS: tuple[str, ...] = (
     "ALTER TABLE nodes RENAME COLUMN grp TO node_group",
     "ALTER TABLE nodes ADD COLUMN registered_at REAL NOT NULL DEFAULT 0",
     "ALTER TABLE requests ADD COLUMN uid TEXT",
+    "CREATE INDEX IF NOT EXISTS stages_state ON stages (state)",  # stages: made by SCHEMA
 )
 # Made after the migrations, on a new database and an upgraded one alike.
 INDEXES = (
@@ -131,6 +149,16 @@ _WANT = {str(w): w for w in Want}
 def _record(row: sqlite3.Row) -> NodeRecord:
     """A record from a row selected with ``NODE_SELECT`` (the columns in field order)."""
     return NodeRecord(row[0], row[1], _STATE[row[2]], _WANT[row[3]], *row[4:])
+
+
+def _stage(row: sqlite3.Row) -> StageRecord:
+    return StageRecord(
+        job_id=row["job_id"], user=row["user"], uid=row["uid"], gid=row["gid"],
+        account=row["account"], qos=row["qos"], partitions=row["partitions"],
+        burst_only=bool(row["burst_only"]), stages=json.loads(row["stages"]),
+        state=row["state"], message=row["message"], datasets=json.loads(row["datasets"]),
+        created_at=row["created_at"], updated_at=row["updated_at"],
+    )  # fmt: skip
 
 
 def _sets(changes: dict[str, Any]) -> tuple[str, list[Any]]:
@@ -427,6 +455,68 @@ class Store:
     def finish_request(self, request_id: int, now: float) -> None:
         with self.tx() as db:
             db.execute("UPDATE requests SET done_at = ? WHERE id = ?", (now, request_id))
+
+    # -- stages (the stage-in hook writes, the daemon works them) ---------------
+    def add_stage(self, rec: StageRecord) -> StageRecord:
+        """Record a job's stage-in; a job that has one already keeps it (Slurm runs its
+        stage-in again after a slurmctld restart), unless it failed: then it starts over
+        as ``rec``. Returns what is recorded."""
+        self._require_current()
+        row = (rec.job_id, rec.user, rec.uid, rec.gid, rec.account, rec.qos, rec.partitions,
+               int(rec.burst_only), json.dumps(rec.stages), rec.state, rec.message,
+               json.dumps(rec.datasets), rec.created_at, rec.updated_at)  # fmt: skip
+        with self.tx() as db:
+            db.execute(
+                "INSERT INTO stages VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+                " ON CONFLICT (job_id) DO UPDATE SET user = excluded.user, uid = excluded.uid,"
+                " gid = excluded.gid, account = excluded.account, qos = excluded.qos,"
+                " partitions = excluded.partitions, burst_only = excluded.burst_only,"
+                " stages = excluded.stages, state = excluded.state, message = '',"
+                " datasets = '[]', updated_at = excluded.updated_at"
+                " WHERE stages.state = 'failed'",
+                row,
+            )
+            got = db.execute("SELECT * FROM stages WHERE job_id = ?", (rec.job_id,)).fetchone()
+        return _stage(got)
+
+    def stage(self, job_id: int) -> StageRecord | None:
+        rows = self._read("SELECT * FROM stages WHERE job_id = ?", (int(job_id),))
+        return _stage(rows[0]) if rows else None
+
+    def stages(self, states: Sequence[str] = ()) -> list[StageRecord]:
+        if not states:
+            return [_stage(r) for r in self._read("SELECT * FROM stages ORDER BY job_id")]
+        marks = ", ".join("?" for _ in states)
+        return [
+            _stage(r)
+            for r in self._read(
+                f"SELECT * FROM stages WHERE state IN ({marks}) ORDER BY job_id",  # noqa: S608
+                list(states),
+            )
+        ]
+
+    def update_stage(
+        self, job_id: int, now: float, *, expect: Sequence[str] = (), **changes: Any
+    ) -> bool:
+        """Change a stage's ``state``, ``message`` or ``datasets``; with ``expect``, only
+        from one of those states (False: it was not in one)."""
+        cols = {k: (json.dumps(v) if k == "datasets" else v) for k, v in changes.items()}
+        unknown = set(cols) - {"state", "message", "datasets"}
+        if unknown:
+            raise ValueError(f"not a stage field: {sorted(unknown)}")
+        sets = ", ".join(f"{k} = ?" for k in cols)
+        where = " AND state IN (" + ", ".join("?" for _ in expect) + ")" if expect else ""
+        with self.tx() as db:
+            cur = db.execute(
+                f"UPDATE stages SET {sets}, updated_at = ? WHERE job_id = ?{where}",  # noqa: S608
+                [*cols.values(), now, int(job_id), *expect],
+            )
+            return cur.rowcount == 1
+
+    def forget_stages(self, before: float) -> int:
+        """Drop the records of stages last changed before ``before``; how many."""
+        with self.tx() as db:
+            return db.execute("DELETE FROM stages WHERE updated_at < ?", (before,)).rowcount
 
     # -- nodes ----------------------------------------------------------------
     def _require_current(self) -> None:
