@@ -20,7 +20,7 @@ from slurm_burst.core.gpu import GpuSample, GpuUsage, GroupGpus
 from slurm_burst.core.mesh import Peer
 from slurm_burst.core.nodestate import NodeState
 from slurm_burst.core.records import GroupHealth, NodeRecord, Request, Spooled, StageRecord
-from slurm_burst.core.slurm import QueuedJob, SlurmJob, SlurmNode, SlurmPartition
+from slurm_burst.core.slurm import JobOwner, QueuedJob, SlurmJob, SlurmNode, SlurmPartition
 from slurm_burst.core.usage import AssocUsage, ClosedInstance, InstanceEvent, JobUsage
 
 
@@ -43,6 +43,21 @@ class JobSteering(Protocol):
     def steer_jobs(
         self, job_ids: Sequence[str], partitions: Sequence[str], comment: str
     ) -> list[str]: ...
+
+
+class StagePusher(Protocol):
+    """Reads a dataset as a user and pushes it (or, with ``check``, only checks it may
+    leave); the result as ``slurm-burst stage push --json`` gives it. A refusal or a
+    failure raises a BurstError with its code (StageSensitive: kept home)."""
+
+    def push(self, user: str, src: str, account: str, qos: str, *, check: bool) -> dict[str, Any]:
+        ...
+
+
+class JobOwners(Protocol):
+    """Whose a job is (the stage-in hook's one question to Slurm; the CLI backend)."""
+
+    def job_owner(self, job_id: int) -> JobOwner: ...
 
 
 class Scheduler(Protocol):

@@ -49,6 +49,7 @@ if TYPE_CHECKING:
         ObjectStore,
         Scheduler,
         SpooledLedger,
+        StagePusher,
     )
     from slurm_burst.services.burstpolicy import PolicySettings
     from slurm_burst.services.chargeback import Chargeback, ChargebackSettings
@@ -419,6 +420,8 @@ class DaemonParts:
     slurm_release: str | None = None  # slurmctld's: a node's slurmd is checked against it
     steering: JobSteering | None = None  # the burst policy's view of the queue
     host: DaemonHost | None = None  # None: this host's lock and socket (daemon_host)
+    stager: Stager | None = None  # staging.store's: the nodes' pull plans (None: no staging)
+    pusher: StagePusher | None = None  # pushes as the jobs' users (with stager)
 
 
 # Each service's settings, from the config: the one place a service's knobs are read.
@@ -524,10 +527,12 @@ def assemble(cfg: Config, parts: DaemonParts) -> Daemon:
     from slurm_burst.services.chargeback import ChargebackLoop
     from slurm_burst.services.daemon import Daemon, DaemonPorts, DaemonServices
     from slurm_burst.services.gputelemetry import GpuTelemetry
+    from slurm_burst.services.nodestage import NodeStaging, NodeStagingSettings
     from slurm_burst.services.provisioner import Provisioner, ProvisionerPorts
     from slurm_burst.services.reconciler import NodeHands, ReconcilerPorts
     from slurm_burst.services.registration import Registrations
     from slurm_burst.services.simulation import cloud_groups
+    from slurm_burst.services.stagework import StageWork, StageWorkSettings
     from slurm_burst.services.warmpool import WarmKeeper
     from slurm_burst.services.workers import Workers
 
@@ -538,11 +543,18 @@ def assemble(cfg: Config, parts: DaemonParts) -> Daemon:
         p.store, p.scheduler, p.clock, stop, give_up=cfg.daemon.register_timeout,
         metrics=p.metrics,
     )  # fmt: skip
+    staging, stagework = None, None
+    if p.stager is not None and p.pusher is not None:
+        staging = NodeStaging(
+            NodeStagingSettings(node_dir=cfg.staging.node_dir), p.store, p.stager, p.clock
+        )
+        stagework = StageWork(StageWorkSettings(), p.store, p.pusher, p.clock)
     provisioner = Provisioner(
         provisioner_settings(cfg, p.slurm_release),
         ProvisionerPorts(
             store=p.store, clouds=clouds, mesh=p.mesh, connector=p.connector,
             scheduler=p.scheduler, ledger=p.ledger, clock=p.clock, metrics=p.metrics,
+            staging=staging,
         ),
         p.secrets,
         stopping=stop,
@@ -583,7 +595,7 @@ def assemble(cfg: Config, parts: DaemonParts) -> Daemon:
         DaemonServices(
             provisioner=provisioner, workers=workers, reconciler=reconcile,
             registrations=registrations, ledger_loop=ledger_loop, telemetry=telemetry,
-            policy=policy, warm=warm,
+            policy=policy, warm=warm, stagework=stagework,
         ),
         stop,
     )  # fmt: skip
@@ -592,6 +604,7 @@ def assemble(cfg: Config, parts: DaemonParts) -> Daemon:
 def daemon(cfg: Config) -> Daemon:
     """The daemon with every collaborator built from ``cfg`` (the hub is brought up)."""
     from slurm_burst.adapters.ssh.session import SshConnector, generate_key
+    from slurm_burst.adapters.stagepush import CliPusher
     from slurm_burst.services.provisioner import Secrets
 
     key_path = str(Path(cfg.daemon.state_dir) / "ssh" / "id_ed25519")
@@ -617,6 +630,8 @@ def daemon(cfg: Config) -> Daemon:
         chargeback=chargeback(cfg, sql, prom),
         slurm_release=_release_or_none(cfg),
         steering=slurm,
+        stager=stager(cfg) if cfg.staging.store else None,
+        pusher=CliPusher(str(Path(cfg.source).resolve())) if cfg.staging.store else None,
     )
     return assemble(cfg, parts)
 

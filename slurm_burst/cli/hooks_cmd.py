@@ -10,6 +10,7 @@ import click
 
 from slurm_burst.cli.common import app, redact_logs
 from slurm_burst.services.hooks import HOOK_EXIT_CODES, run_hook, setup_hook_logging
+from slurm_burst.services.stagehook import EXIT_FAILED, STAGE_IN_EXIT_CODES
 
 # A hook must not hold slurmctld's power-save thread: Slurm commands get seconds, not minutes.
 HOOK_SLURM_TIMEOUT = 5.0
@@ -111,4 +112,53 @@ def prolog_slurmctld(ctx: click.Context) -> None:
                 err=True,
             )
             sys.exit(1)
+    sys.exit(result.code)
+
+
+_STAGE_IN_EPILOG = "Exit codes (Slurm holds the job unless 0): " + "; ".join(
+    f"{code} {text}" for code, text in sorted(STAGE_IN_EXIT_CODES.items())
+) + ". One line on stdout says why: Slurm shows it as the job's reason."
+
+
+@click.command("stage-in", epilog=_STAGE_IN_EPILOG)
+@click.argument("job_id")
+@click.argument("script", type=click.Path(dir_okay=False))
+@click.pass_context
+def stage_in(ctx: click.Context, job_id: str, script: str) -> None:
+    """burst_buffer.lua's data_in: stage job JOB_ID's #BB_LUA stage_in data (SCRIPT is
+    its batch script, as Slurm keeps it).
+
+    A job bound to burst partitions only waits here until its data is in the store; any
+    other job only until the daemon has checked its data may leave (docs/staging.md).
+    """
+    from slurm_burst.core.errors import BurstError
+    from slurm_burst.core.slurmsyntax import visible
+    from slurm_burst.fileio import file_error, read_regular
+    from slurm_burst.services.burstbuffer import MAX_SCRIPT
+    from slurm_burst.services.hooks import wake
+    from slurm_burst.services.stagehook import run_stage_in
+    from slurm_burst.wiring import clock, node_store, scheduler, slurm_group
+
+    a = app(ctx)
+    a.check_drivers = False
+    cfg = a.config
+    setup_hook_logging(cfg.daemon.hook_log, slurm_group(cfg), cfg.daemon.syslog)
+    redact_logs()
+    try:  # what goes wrong is said on stdout: Slurm makes it the job's reason
+        text = read_regular(script, MAX_SCRIPT, head=True).decode("utf-8", "surrogateescape")
+        result = run_stage_in(
+            job_id,
+            text,
+            cfg,
+            store=node_store(cfg, timeout=cfg.daemon.hook_db_timeout),
+            owners=scheduler(cfg, timeout=HOOK_SLURM_TIMEOUT),
+            clock=clock(),
+            wake=lambda: wake(cfg.daemon.socket),
+        )
+    except (BurstError, OSError) as exc:
+        said = f"{exc.code}: {exc}" if isinstance(exc, BurstError) else file_error(exc)
+        click.echo(visible(said)[:1000])
+        sys.exit(EXIT_FAILED if isinstance(exc, BurstError) and exc.exit_code != 2 else 2)
+    if result.message:
+        click.echo(visible(result.message)[:1000])
     sys.exit(result.code)

@@ -28,6 +28,7 @@ COMMANDS = {
     "suspend": "slurm_burst.cli.hooks_cmd:suspend",
     "resume-fail": "slurm_burst.cli.hooks_cmd:resume_fail",
     "prolog-slurmctld": "slurm_burst.cli.hooks_cmd:prolog_slurmctld",
+    "stage-in": "slurm_burst.cli.hooks_cmd:stage_in",
     "daemon": "slurm_burst.cli.daemon_cmd:daemon",
     "nodes": "slurm_burst.cli.daemon_cmd:nodes",
     "events": "slurm_burst.cli.daemon_cmd:events",

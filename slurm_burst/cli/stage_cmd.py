@@ -40,33 +40,51 @@ def group() -> None:
     metavar="USER",
     help="Read the data as USER (required as root: only what USER may read leaves).",
 )
+@click.option(
+    "--check",
+    is_flag=True,
+    help="Only check that SRC may leave (resolved, the site's rules, markers): read and "
+    "send nothing.",
+)
 @_store_option
 @json_option
 @click.pass_context
 def push(
-    ctx: click.Context, src: str, account: str, qos: str, as_user: str | None, store: str,
-    as_json: bool,
+    ctx: click.Context, src: str, account: str, qos: str, as_user: str | None, check: bool,
+    store: str, as_json: bool,
 ) -> None:  # fmt: skip
     """Stage SRC (an absolute directory or file) now, before any job asks for it.
 
     Progress goes to stderr; the result (files, bytes, what was sent, requests) to
-    stdout. Exit 0 staged, 1 the store failed, 2 refused (bad path, sensitive data, a
-    special file in the tree), 3 no store configured or reachable credentials."""
+    stdout; with --json an error too, as {"ok": false, "code", "message"}. Exit 0
+    staged, 1 the store failed, 2 refused (bad path, sensitive data, a special file in
+    the tree), 3 no store configured or reachable credentials."""
     import os
 
-    from slurm_burst.core.errors import BadInput
+    from slurm_burst.core.errors import BadInput, BurstError
     from slurm_burst.wiring import run_as, stager
 
-    if os.geteuid() == 0 and not as_user:
-        raise BadInput("as root, say whose data this is: --as-user USER (it is read as USER)")
-    progress = _Progress(enabled=not as_json or sys.stderr.isatty())
-    st = stager(app(ctx).config, store, progress)  # the store's keys: read here, as root
+    try:
+        if os.geteuid() == 0 and not as_user:
+            raise BadInput("as root, say whose data this is: --as-user USER (it is read as USER)")
+        progress = _Progress(enabled=not check and (not as_json or sys.stderr.isatty()))
+        st = stager(app(ctx).config, store, progress)  # the store's keys: read here, as root
 
-    def work() -> dict[str, object]:
-        return st.push(src, account, qos).as_dict()
+        def work() -> dict[str, object]:
+            return st.check(src, account, qos) if check else st.push(src, account, qos).as_dict()
 
-    out = run_as(as_user, work) if as_user else work()
+        out = run_as(as_user, work) if as_user else work()
+    except BurstError as exc:
+        if not as_json:
+            raise
+        emit({"ok": False, "code": exc.code, "message": str(exc)}, True)
+        sys.exit(exc.exit_code)
     progress.done()
+    if check:
+        emit(out, as_json, columns=["SRC", "RESOLVED", "FILES", "BYTES"],
+             rows=lambda r: [[r["src"], r["real_src"], r["files"], r["bytes"]]],
+             title="may leave the site")  # fmt: skip
+        return
     emit(
         out,
         as_json,

@@ -251,6 +251,45 @@ QUEUE_FIELDS = (
 QUEUE_FORMAT = ",".join(f"{f}:|" for f in QUEUE_FIELDS)
 
 
+OWNER_FORMAT = "%i|%u|%U|%G|%a|%q|%P"  # squeue: none of these fields can hold a '|'
+_NAME = re.compile(r"[A-Za-z0-9._@+-]{1,128}", re.ASCII)
+
+
+@dataclass(frozen=True)
+class JobOwner:
+    """Whose a job is and where it may run: what a stage-in needs to act for it."""
+
+    job_id: int
+    user: str
+    uid: int
+    gid: int
+    account: str
+    qos: str
+    partitions: tuple[str, ...]
+
+
+def parse_job_owner(text: str, job_id: int) -> JobOwner:
+    """``squeue --noheader --jobs=ID --format=OWNER_FORMAT``; ValueError unless it is one
+    line of that job with names Slurm could have given (a user's job name or comment is
+    not among the fields: nothing of the user's can pose as one)."""
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    if len(lines) != 1:
+        raise ValueError(f"{len(lines)} lines for job {job_id}, not one")
+    fields = lines[0].strip().split("|")
+    if len(fields) != 7:
+        raise ValueError(f"{len(fields)} fields, not 7: {lines[0][:200]!r}")
+    jid, user, uid, gid, account, qos, parts = fields
+    if jid.split("_")[0] != str(job_id) and jid != str(job_id):
+        raise ValueError(f"job {jid[:40]!r}, not {job_id}")
+    if not (is_digits(uid) and is_digits(gid)):
+        raise ValueError(f"uid {uid[:20]!r} and gid {gid[:20]!r}: not numbers")
+    names = [user, account, *([qos] if qos else []), *parts.split(",")]
+    bad = [n for n in names if not _NAME.fullmatch(n)]
+    if bad:
+        raise ValueError(f"{bad[0][:60]!r} is not a Slurm name")
+    return JobOwner(job_id, user, int(uid), int(gid), account, qos, tuple(parts.split(",")))
+
+
 class QueuedJob(NamedTuple):
     """A pending job, as the burst policy needs it (a tuple: 100,000 are read a pass)."""
 

@@ -289,14 +289,28 @@ def _remove_tree(path: str) -> None:
     shutil.rmtree(path)
 
 
+def _plan_file(path: str) -> bytes:
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        with os.fdopen(fd, "rb", closefd=False) as fh:
+            return fh.read(MAX_PLAN + 1)[:MAX_PLAN]
+    finally:
+        os.close(fd)
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="Pull a staged dataset onto this node.")
     ap.add_argument("--retries", type=int, default=3, help="fetches again of a bad object")
     ap.add_argument("--timeout", type=float, default=60.0, help="seconds without data")
     ap.add_argument("--parallel", type=int, default=4, help="objects fetched at once")
+    ap.add_argument("--plan", help="read the plan from this file, then remove it (its URLs "
+                    "are grants), instead of from standard input")
     args = ap.parse_args(argv)
     try:
-        plan = load_plan(sys.stdin.buffer.read(MAX_PLAN + 1)[:MAX_PLAN])
+        plan = load_plan(_plan_file(args.plan) if args.plan else
+                         sys.stdin.buffer.read(MAX_PLAN + 1)[:MAX_PLAN])
         out = Puller(plan, args.retries, args.timeout, args.parallel).run()
         code = 0
     except Refused as exc:

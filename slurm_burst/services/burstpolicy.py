@@ -37,7 +37,7 @@ from typing import Any
 from slurm_burst.config import PolicyConfig
 from slurm_burst.core.errors import BurstError
 from slurm_burst.core.policy import Decision, Offer, Rule, Verdict, decide_all
-from slurm_burst.core.records import StoreError
+from slurm_burst.core.records import StageState, StoreError
 from slurm_burst.core.simulate import CloudGroup, cheapest
 from slurm_burst.core.slurm import QueuedJob, parse_time_limit
 from slurm_burst.ports import Clock, JobSteering, Metrics, NodeStore
@@ -234,10 +234,27 @@ class BurstPolicy:
         burst partition, for resources or priority), and those Slurm holds back."""
         eligible: list[QueuedJob] = []
         held: list[QueuedJob] = []
+        home = self._kept_home()
         for j in queue:
             if self._onprem_of(j.partitions):
-                (eligible if j.reason in ELIGIBLE_REASONS else held).append(j)
+                ok = j.reason in ELIGIBLE_REASONS and j.id not in home
+                (eligible if ok else held).append(j)
         return eligible, held
+
+    def _kept_home(self) -> set[str]:
+        """Jobs whose staged data may not leave, or is not yet cleared to (stage-in checks
+        it as the job's user): the policy never sends them (docs/staging.md)."""
+        try:
+            return {
+                str(s.job_id)
+                for s in self.store.stages(
+                    [StageState.REQUESTED, StageState.CHECKING, StageState.KEPT_HOME,
+                     StageState.FAILED]
+                )
+            }  # fmt: skip
+        except StoreError as exc:  # not knowing which: this pass sends nothing
+            log.warning("policy.stages_unread error=%s", exc)
+            raise
 
     def _onprem_of(self, partitions: tuple[str, ...]) -> str:
         """The first on-prem partition of a job's list; "" when the policy may not send it

@@ -37,6 +37,7 @@ from slurm_burst.services.periodic import contain
 from slurm_burst.services.provisioner import Provisioner
 from slurm_burst.services.reconciler import Reconciler
 from slurm_burst.services.registration import Registrations
+from slurm_burst.services.stagework import StageWork
 from slurm_burst.services.warmpool import WarmKeeper
 from slurm_burst.services.workers import Workers
 
@@ -76,6 +77,7 @@ class DaemonServices:
     telemetry: GpuTelemetry | None = None  # GPU samples of joined nodes, while leading
     policy: BurstPolicy | None = None  # the burst policy's passes (policy.enabled)
     warm: WarmKeeper | None = None  # keeps warm pools up by schedule, after each pass
+    stagework: StageWork | None = None  # jobs' stage-ins, as their users (staging.store)
 
 
 class Daemon:
@@ -102,6 +104,7 @@ class Daemon:
         self.telemetry = services.telemetry
         self.policy = services.policy
         self.warm = services.warm
+        self.stagework = services.stagework
         self.stop = stop  # set by a signal, or when leadership is lost; the workers see it
         self.node_id = ports.leader.node_id
         self._reconcile_thread: threading.Thread | None = None
@@ -132,6 +135,8 @@ class Daemon:
                     self.beat()
                     self.drain_spool()
                     self.handle_requests()
+                    if self.stagework is not None:
+                        self.stagework.pass_once()
                 except (StoreError, OSError) as exc:  # a full disk, a lock held too
                     # long: the requests wait (spool, database) for the next round
                     log.error("daemon.requests_waiting error=%s", exc)
@@ -210,6 +215,8 @@ class Daemon:
         if self.telemetry is not None:
             self.telemetry.join(timeout=SAMPLE_JOIN)  # its open usage periods are recorded
         self.workers.shutdown()
+        if self.stagework is not None:
+            self.stagework.shutdown()
         self.host.close()  # the wake-up socket, if this daemon led
 
     def beat(self) -> None:

@@ -55,6 +55,7 @@ from slurm_burst.ports import (
     Scheduler,
 )
 from slurm_burst.services.launcher import Launcher, LauncherSettings, timed
+from slurm_burst.services.nodestage import NodeStaging
 
 log = logging.getLogger(__name__)
 
@@ -122,6 +123,7 @@ class ProvisionerPorts:
     ledger: Ledger  # spools while the database is away: never blocks a step
     clock: Clock
     metrics: Metrics | None = None
+    staging: NodeStaging | None = None  # pulls jobs' staged data as a step of the join
 
 
 class Provisioner:
@@ -148,6 +150,7 @@ class Provisioner:
         self.clock = ports.clock
         self.stopping = stopping  # the daemon is stopping: waits end, state stays
         self.metrics = ports.metrics
+        self.staging = ports.staging
         self.launcher = Launcher(
             LauncherSettings(fleet=self.fleet, capacity_cooldown=settings.capacity_cooldown),
             ports,
@@ -372,6 +375,9 @@ class Provisioner:
                     sh, "health-check", gpu.health_check_program, gpu.health_check_chain,
                     *([gpu.node_python] if checked else []),
                 )  # fmt: skip
+            if self.staging is not None:  # the job's data, whole and verified, before slurmd
+                with self._timed(rec.name, "stage-in"):
+                    self.staging.pull(sh, rec, deadline, lambda: self._check_want(rec.name))
             with self._timed(rec.name, "slurmd"):
                 self._step(sh, "slurmd-start", rec.name, hub_ip)
         finally:

@@ -115,14 +115,26 @@ class Stager:
 
     # -- push --------------------------------------------------------------------------
 
-    def push(self, src: str, account: str, qos: str = "") -> Pushed:
-        started = self.clock.monotonic()
-        layout = Layout(self.settings.prefix, namespace(account))
+    def check(self, src: str, account: str, qos: str = "") -> dict[str, Any]:
+        """What :meth:`push` checks before it reads a byte: the source resolved, the
+        site's rules, and every directory of the tree for the marker (SensitiveData if
+        the data may not leave). Nothing is read or sent."""
+        namespace(account)
+        real, listing = self._cleared(src, account, qos)
+        return {"src": src, "real_src": real, "files": len(listing),
+                "bytes": sum(size for _, size, _ in listing)}  # fmt: skip
+
+    def _cleared(self, src: str, account: str, qos: str) -> tuple[str, list[tuple[str, int, bool]]]:
         real = self.tree.resolve(src)
         reason = kept_home(real, account, qos, self.kept)
         if reason:
             raise SensitiveData(f"stage of {src} refused: {reason}")
-        listing = self.tree.files(real)
+        return real, self.tree.files(real)
+
+    def push(self, src: str, account: str, qos: str = "") -> Pushed:
+        started = self.clock.monotonic()
+        layout = Layout(self.settings.prefix, namespace(account))
+        real, listing = self._cleared(src, account, qos)
         digests = self._digests(real, listing)
         self._requests = 0
         old = self._pointer(layout, src)
@@ -254,6 +266,16 @@ class Stager:
     def manifest(self, account: str, src: str) -> Manifest | None:
         layout = Layout(self.settings.prefix, namespace(account))
         return self._previous(layout, self._pointer(layout, src))
+
+    def manifest_of(self, account: str, manifest_id: str) -> Manifest:
+        """The manifest ``manifest_id`` of the account's namespace (what a stage stored);
+        StorageError if the store does not hold it."""
+        layout = Layout(self.settings.prefix, namespace(account))
+        key = layout.manifest(manifest_id)
+        body = self._read(key, MAX_MANIFEST_BYTES)
+        if not body:
+            raise StorageError(f"{key}: the manifest is not in the store", "StageMissing")
+        return parse_manifest(body, key)
 
     def node_plan(
         self, account: str, manifest: Manifest, dest: str, uid: int, gid: int

@@ -19,7 +19,9 @@ from slurm_burst.adapters.proc import CommandError, Result, run
 from slurm_burst.adapters.slurm.openapi import SchemaError, parse_jobs, parse_nodes, slurm_release
 from slurm_burst.core.hostlist import compress
 from slurm_burst.core.slurm import (
+    OWNER_FORMAT,
     QUEUE_FORMAT,
+    JobOwner,
     QueuedJob,
     SchedulerError,
     SlurmJob,
@@ -27,6 +29,7 @@ from slurm_burst.core.slurm import (
     SlurmPartition,
     check_update,
     parse_job_gpus,
+    parse_job_owner,
     parse_queue,
     parse_state_field,
 )
@@ -184,6 +187,16 @@ class SlurmCli:
             return parse_queue(text, self._queue_lines)
         except ValueError as exc:
             raise SchemaError(f"squeue --Format: {exc}") from exc
+
+    def job_owner(self, job_id: int) -> JobOwner:
+        """Whose job ``job_id`` is, its account, QOS and partitions (one ``squeue``)."""
+        text = self._cmd(
+            "squeue", "--noheader", f"--jobs={int(job_id)}", f"--format={OWNER_FORMAT}"
+        )
+        try:
+            return parse_job_owner(text, int(job_id))
+        except ValueError as exc:
+            raise SchemaError(f"squeue --jobs={job_id}: {exc}") from exc
 
     def steer_jobs(
         self, job_ids: Sequence[str], partitions: Sequence[str], comment: str
