@@ -45,7 +45,7 @@ onprem_only = true
 @pytest.fixture(scope="module")
 def cfg(tmp_path_factory: pytest.TempPathFactory) -> Config:
     tmp = tmp_path_factory.mktemp("bb")
-    text = GOOD.replace('[slurm]\n', f'[slurm]\nhook_dir = "{tmp}/bin"\n') + STAGING
+    text = GOOD.replace("[slurm]\n", f'[slurm]\nhook_dir = "{tmp}/bin"\n') + STAGING
     return load_config(write(tmp, text))
 
 

@@ -76,9 +76,17 @@ def stage_in(
     clock = RealClock()
     store.beat(time.time(), {})  # the daemon runs
     hook = threading.Thread(
-        target=lambda: out.append(run_stage_in(
-            "42", script, cfg, store=store, owners=owners, clock=clock, wake=lambda: None,
-        ))  # fmt: skip
+        target=lambda: out.append(
+            run_stage_in(
+                "42",
+                script,
+                cfg,
+                store=store,
+                owners=owners,
+                clock=clock,
+                wake=lambda: None,
+            )
+        )  # fmt: skip
     )
     hook.start()
     deadline = time.monotonic() + 10
