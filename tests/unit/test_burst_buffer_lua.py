@@ -119,8 +119,8 @@ def test_submit_keeps_sensitive_data_home_for_a_burst_only_job(
     secret = "#!/bin/sh\n#BB_LUA stage_in src=/srv/medical/scans dst=s\n"
     public = "#!/bin/sh\n#BB_LUA stage_in src=/srv/public dst=s\n"
     # 24.11 and later: the job's partitions, account and QOS come from Slurm
-    burst = process(script, tmp_path, [secret, public, "#!/bin/sh\n#BB_LUA stage_in "
-                                       "src=/srv/medical2 dst=s\n"], "burst-gpu", "phys", "")  # fmt: skip
+    near = "#!/bin/sh\n#BB_LUA stage_in src=/srv/medical2 dst=s\n"
+    burst = process(script, tmp_path, [secret, public, near], "burst-gpu", "phys", "")
     assert burst[0].startswith("-1 slurm-burst: line 2: stage of /srv/medical/scans refused: ")
     assert "under /srv/medical, which stays on-prem" in burst[0]
     assert burst[1:] == ["0", "0"]  # a prefix of a name is not the directory
@@ -207,7 +207,8 @@ def test_data_in_runs_the_program_without_a_shell_and_returns_what_it_says(
     program.write_text(
         "#!/bin/sh\n"
         f'printf "%s\\n" "$@" > {record}\n'
-        'case "$1" in 7) echo "stage of /d/a refused: QOS q keeps its data on-prem"; exit 1;; esac\n'
+        'case "$1" in 7) echo "stage of /d/a refused: QOS q keeps its data on-prem"; exit 1;;\n'
+        "esac\n"
     )
     program.chmod(0o755)
     odd = tmp_path / "job script; rm -rf x"  # a path that a shell would split

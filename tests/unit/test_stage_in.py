@@ -86,7 +86,7 @@ def stage_in(
                 clock=clock,
                 wake=lambda: None,
             )
-        )  # fmt: skip
+        )
     )
     hook.start()
     deadline = time.monotonic() + 10
