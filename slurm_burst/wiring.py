@@ -546,9 +546,10 @@ def assemble(cfg: Config, parts: DaemonParts) -> Daemon:
     staging, stagework = None, None
     if p.stager is not None and p.pusher is not None:
         staging = NodeStaging(
-            NodeStagingSettings(node_dir=cfg.staging.node_dir), p.store, p.stager, p.clock
-        )
-        stagework = StageWork(StageWorkSettings(), p.store, p.pusher, p.clock)
+            NodeStagingSettings(node_dir=cfg.staging.node_dir), p.store, p.stager, p.clock,
+            p.connector,
+        )  # fmt: skip
+        stagework = StageWork(StageWorkSettings(), p.store, p.pusher, p.clock, staging.pull_asked)
     provisioner = Provisioner(
         provisioner_settings(cfg, p.slurm_release),
         ProvisionerPorts(

@@ -63,6 +63,9 @@ def _sacctmgr_ok(cfg: Config, slurm_conf: Path) -> bool:
         return False
 
 
+JOB_USER = "nobody"  # a user of every Debian image, uid 65534 in each
+
+
 def ensure_associations(cfg: Config, slurm_conf: Path) -> None:
     """The cluster, the lab's accounts and root in each (default: the first). Idempotent."""
     lab = settings(cfg)
@@ -98,6 +101,15 @@ def ensure_associations(cfg: Config, slurm_conf: Path) -> None:
             f"account={','.join(missing)}",
             f"cluster={cluster}",
         )
+    # burst buffers are not root's (Slurm refuses them): stage-in jobs run as JOB_USER, a
+    # user every image has with the same uid
+    theirs = _sacctmgr(
+        cfg, slurm_conf, "show", "assoc", f"cluster={cluster}", f"user={JOB_USER}",
+        "format=account",
+    ).split()  # fmt: skip
+    if lab.accounts and [a for a in accounts if a not in theirs]:
+        _sacctmgr(cfg, slurm_conf, "add", "user", JOB_USER, f"account={','.join(accounts)}",
+                  f"cluster={cluster}", f"defaultaccount={lab.accounts[0]}")  # fmt: skip
     if lab.accounts:
         _sacctmgr(
             cfg,

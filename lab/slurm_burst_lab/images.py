@@ -47,6 +47,7 @@ PACKAGES = (
     "procps",  # the bootstrap's pgrep
     "python3",
     "mount",  # VMs mount their /run and /tmp (sid no longer installs it by default)
+    "lua-posix",  # burst_buffer.lua's data_in runs the stage-in program with it
 )
 # what the lab runs inside an image: a build without one of them is refused
 PROGRAMS = (

@@ -192,6 +192,10 @@ class Lab:
         cloud.ex_set_host_image(str(image) if image else None, (self.lab.shared_dir,))
         self._gpu_node_software()
         record["bridges"].append(cloud.bridge)
+        if self.cfg.staging.store:
+            self.progress("cloud: S3 object store for stage-in (rclone serve s3 on that bridge)")
+            record["processes"]["s3"] = vars(c.start_s3(self.cfg, self.paths))
+            self._write_record(record)
         if self.lab.ec2_provider:
             self.progress("cloud: EC2 emulator (its instances boot as VMs on that bridge)")
             record["processes"]["ec2"] = vars(c.start_ec2(self.cfg, self.paths))
@@ -292,7 +296,7 @@ class Lab:
         for name, info in (record.get("onprem") or {}).items():
             vm.halt(Path(info["vmdir"]), info.get("launcher_pid"), info.get("launcher_start"))
             removed.append(f"on-prem node {name}")
-        for name in ("prometheus", "slurmctld", "slurmdbd", "munged"):
+        for name in ("s3", "prometheus", "slurmctld", "slurmdbd", "munged"):
             info = (record.get("processes") or {}).get(name)
             if info:
                 c.stop(c.Proc(info["pid"], info["start"]))

@@ -91,6 +91,7 @@ def prolog_slurmctld(ctx: click.Context) -> None:
     """
     import os
 
+    from slurm_burst.services.hooks import wake
     from slurm_burst.services.prolog import chain, run_prolog
     from slurm_burst.wiring import node_store, slurm_group
 
@@ -99,7 +100,9 @@ def prolog_slurmctld(ctx: click.Context) -> None:
     cfg = a.config
     setup_hook_logging(cfg.daemon.hook_log, slurm_group(cfg), cfg.daemon.syslog)
     redact_logs()
-    result = run_prolog(os.environ, cfg, lambda: node_store(cfg, create=False))
+    result = run_prolog(
+        os.environ, cfg, lambda: node_store(cfg, create=False), wake=lambda: wake(cfg.daemon.socket)
+    )
     if result.message:
         click.echo(f"slurm-burst prolog-slurmctld: {result.message}", err=True)
     if result.code == 0 and cfg.slurm.prolog_chain:

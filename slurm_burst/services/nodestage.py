@@ -23,13 +23,17 @@ from slurm_burst.core.errors import BurstError, StepError
 from slurm_burst.core.jobs import job_ids
 from slurm_burst.core.records import NodeRecord, StageRecord, StageState
 from slurm_burst.core.remote import RemoteError
-from slurm_burst.ports import Clock, NodeStore, RemoteShell
+from slurm_burst.ports import Clock, Connector, NodeStore, RemoteShell
 from slurm_burst.services.staging import Stager
 
 log = logging.getLogger(__name__)
 
 REMOTE_PULLER = "/run/slurm-burst-stagein.py"
 POLL = 0.5
+ON_NODE = "staged.{job}.{node}"  # meta: the job's data is on the node (bytes, when)
+ASKED = "pull.{job}.{node}"  # meta: the prolog asks for a pull onto a node already up
+FAILED = "pullfail.{job}.{node}"  # meta: that pull failed (why)
+ASKED_WAIT = 600.0  # seconds a pull the prolog asked for may take
 
 
 @dataclass(frozen=True)
@@ -40,12 +44,18 @@ class NodeStagingSettings:
 
 class NodeStaging:
     def __init__(
-        self, settings: NodeStagingSettings, store: NodeStore, stager: Stager, clock: Clock
+        self,
+        settings: NodeStagingSettings,
+        store: NodeStore,
+        stager: Stager,
+        clock: Clock,
+        connector: Connector,
     ) -> None:
         self.settings = settings
         self.store = store
         self.stager = stager
         self.clock = clock
+        self.connector = connector
         self.puller = resources.files("slurm_burst.node").joinpath("stagein.py").read_bytes()
 
     def pull(
@@ -55,14 +65,45 @@ class NodeStaging:
         ``deadline`` is on the clock's monotonic time; ``check`` raises if the node is no
         longer wanted."""
         stages = [s for j in sorted(job_ids(node.job_list())) if (s := self.store.stage(j))]
+        return self._pull_stages(sh, node, stages, deadline, check)
+
+    def pull_asked(self, job_id: int, name: str) -> None:
+        """A pull the PrologSlurmctld asked for: job ``job_id`` landed on ``name``, a node
+        that had joined before (for another job, or warm). The answer is in the state
+        database (``ON_NODE`` or ``FAILED``), and the ask is removed."""
+        asked = ASKED.format(job=job_id, node=name)
+        try:
+            node = self.store.node(name)
+            st = self.store.stage(job_id)
+            if node is None or st is None or not node.ip:
+                raise StepError("StagePull", f"{name} or job {job_id}'s stage is not known")
+            deadline = self.clock.monotonic() + ASKED_WAIT
+            sh = self.connector.connect(node.ip, node.host_key_list(), deadline)
+            try:
+                self._pull_stages(sh, node, [st], deadline, lambda: None)
+            finally:
+                sh.close()
+        except BurstError as exc:
+            log.error("stage.pull_failed node=%s job=%s code=%s %s", name, job_id, exc.code, exc)
+            self.store.meta_set(FAILED.format(job=job_id, node=name), f"{exc.code}: {exc}"[:900])
+        self.store.meta_delete(asked)
+
+    def _pull_stages(
+        self, sh: RemoteShell, node: NodeRecord, stages: list[StageRecord], deadline: float,
+        check: Callable[[], None],
+    ) -> int:  # fmt: skip
         if not stages:
             return 0
         sh.put(self.puller, REMOTE_PULLER, 0o700)
         fetched = 0
         for st in stages:
             st = self._stored(st, deadline, check)
-            for d in st.datasets:
-                fetched += self._pull(sh, node, st, d, deadline)
+            got = sum(self._pull(sh, node, st, d, deadline) for d in st.datasets)
+            self.store.meta_set(
+                ON_NODE.format(job=st.job_id, node=node.name),
+                {"at": self.clock.now(), "fetched_bytes": got},
+            )
+            fetched += got
         return fetched
 
     def _stored(self, st: StageRecord, deadline: float, check: Callable[[], None]) -> StageRecord:

@@ -24,8 +24,9 @@ from dataclasses import dataclass
 from slurm_burst.config import Config
 from slurm_burst.core.hostlist import HostlistError, compress, expand_unique
 from slurm_burst.core.prolog import FAIL, READY, judge
-from slurm_burst.core.records import StoreError
+from slurm_burst.core.records import StageState, StoreError
 from slurm_burst.ports import NodeStore
+from slurm_burst.services.nodestage import ASKED, FAILED, ON_NODE
 
 log = logging.getLogger("slurm_burst.prolog")
 
@@ -61,6 +62,7 @@ def run_prolog(
     store: Callable[[], NodeStore],
     now: Callable[[], float] = time.time,
     sleep: Callable[[float], None] = time.sleep,
+    wake: Callable[[], object] = lambda: None,
 ) -> PrologResult:
     """Wait for the job's burst nodes; the state store is opened only for jobs with some."""
     job = env.get("SLURM_JOB_ID", "?")
@@ -76,7 +78,11 @@ def run_prolog(
         return PrologResult(EXIT_OK)
     started = now()
     try:
-        return _wait(job, ours, cfg, store(), started, now, sleep)
+        db = store()
+        result = _wait(job, ours, cfg, db, started, now, sleep)
+        if result.code == EXIT_OK and job.isdigit() and db.stage(int(job)) is not None:
+            return _staged(int(job), ours, cfg, db, started, now, sleep, wake)
+        return result
     except StoreError as exc:
         # Not knowing is no reason to requeue every burst job (an upgrade, a lost file):
         # the job goes on as it would without a prolog, started at Slurm's next check.
@@ -119,6 +125,50 @@ def _wait(
             )
             log.error("prolog.timeout job=%s %s", job, message)
             return PrologResult(EXIT_FAILED, message, ours, t - started)
+        sleep(POLL)
+
+
+def _staged(
+    job: int,
+    ours: tuple[str, ...],
+    cfg: Config,
+    db: NodeStore,
+    started: float,
+    now: Callable[[], float],
+    sleep: Callable[[float], None],
+    wake: Callable[[], object],
+) -> PrologResult:
+    """The job's staged data on each of its burst nodes. A node that joined for it pulled
+    it while joining; one that was up already (it ran another job, or is warm) is asked
+    to pull now, by the daemon, and the job starts once it has."""
+    rec = db.stage(job)
+    if rec is not None and rec.state == StageState.KEPT_HOME:
+        message = f"job {job}'s data stays on-prem ({rec.message}); it may not run on burst nodes"
+        log.error("prolog.kept_home job=%s nodes=%s", job, compress(list(ours)))
+        return PrologResult(EXIT_FAILED, message, ours, now() - started)
+    limit = started + deadline_seconds(cfg)
+    asked = False
+    while True:
+        missing = [n for n in ours if db.meta_get(ON_NODE.format(job=job, node=n)) is None]
+        if not missing:
+            log.info("prolog.staged job=%s count=%d", job, len(ours))
+            return PrologResult(EXIT_OK, nodes=ours, waited=now() - started)
+        for n in missing:
+            why = db.meta_get(FAILED.format(job=job, node=n))
+            if why:
+                log.error("prolog.stage_failed job=%s node=%s %s", job, n, why)
+                return PrologResult(EXIT_FAILED, f"{n}: {why}", ours, now() - started)
+        if not asked:
+            for n in missing:
+                db.meta_set(ASKED.format(job=job, node=n), now())
+            wake()
+            asked = True
+        if now() > limit:
+            message = (
+                f"job {job}'s data not on {compress(missing)} {deadline_seconds(cfg)} s after "
+                "the job was allocated"
+            )
+            return PrologResult(EXIT_FAILED, message, ours, now() - started)
         sleep(POLL)
 
 

@@ -284,7 +284,7 @@ def _render(cfg: Config, release: str) -> dict[str, str]:
     )
     files = {FRAGMENT: fragment, GRES: gres}
     if bb.enabled(cfg):
-        files[BB_CONF] = bb.render_conf(cfg)
+        files[BB_CONF] = bb.render_conf(cfg, release)
         files[BB_LUA] = bb.render_lua(cfg, (tdir / "burst_buffer.lua.in").read_text())
     return files
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -52,13 +52,16 @@ class StageWork:
         store: NodeStore,
         pusher: StagePusher,
         clock: Clock,
+        puller: Callable[[int, str], None] | None = None,
     ) -> None:
         self.settings = settings
+        self.puller = puller  # (job, node): a pull the prolog asked for, answered in meta
         self.store = store
         self.pusher = pusher
         self.clock = clock
         self._pool = ThreadPoolExecutor(max(1, settings.parallel), thread_name_prefix="stage")
         self._busy: set[int] = set()  # jobs whose stage a thread works on
+        self._pulls: set[tuple[str, int, str]] = set()  # pulls a thread works on
         self._lock = threading.Lock()
         self._forgot_at = 0.0
 
@@ -75,10 +78,19 @@ class StageWork:
             for rec in deferred:
                 if rec.job_id in bound:
                     started += self._start(rec, push=True)
+        if self.puller is not None:
+            for key in self.store.meta_items("pull."):
+                _, job, node = key.split(".", 2)
+                started += self._start_pull(int(job), node)
         now = self.clock.now()
         if now - self._forgot_at > 3600:
             self._forgot_at = now
             gone = self.store.forget_stages(now - self.settings.keep_days * 86400)
+            known = {str(s.job_id) for s in self.store.stages()}
+            for prefix in ("staged.", "pull.", "pullfail."):  # what the nodes' pulls left
+                for key in self.store.meta_items(prefix):
+                    if key.split(".", 2)[1] not in known:
+                        self.store.meta_delete(key)
             if gone:
                 log.info("stage.forgotten count=%d", gone)
         return started
@@ -98,6 +110,27 @@ class StageWork:
             if node.state in _ACTIVE:
                 jobs.update(job_ids(node.job_list()))
         return jobs
+
+    def _start_pull(self, job: int, node: str) -> int:
+        key = ("pull", job, node)
+        with self._lock:
+            if key in self._pulls:
+                return 0
+            self._pulls.add(key)
+        log.info("stage.pull_asked job=%s node=%s", job, node)
+
+        def work() -> None:
+            try:
+                assert self.puller is not None
+                self.puller(job, node)
+            except StoreError as exc:
+                log.error("stage.pull_unrecorded job=%s node=%s error=%s", job, node, exc)
+            finally:
+                with self._lock:
+                    self._pulls.discard(key)
+
+        self._pool.submit(work)
+        return 1
 
     def _start(self, rec: StageRecord, push: bool) -> int:
         with self._lock:

@@ -1,0 +1,169 @@
+"""Stage-in in the lab: Slurm's burst_buffer/lua, the lab's S3 server on the cloud side,
+and cloud nodes that pull, verify and hand the data to the job's user.
+
+The data lives under the lab's state directory, which no cloud VM can see (the lab cloud
+hides it): what a job on a burst node reads came through the store. Jobs run as
+``nobody`` (Slurm gives root no burst buffer; every image has that user).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from slurm_burst_lab.accounting import JOB_USER
+from slurm_burst_lab.service import Lab
+
+from slurm_burst.adapters.state.store import Store
+from slurm_burst.config import Config
+from tests.conftest import wait
+
+DATA = Path("/var/lib/slurm-burst-lab/data")
+BUCKET = Path("/var/lib/slurm-burst-lab/s3/stage")
+
+
+@pytest.fixture(scope="module")
+def out_dir(lab: Lab) -> Iterator[Path]:
+    """Where the jobs (as nobody) write their output: on the shared filesystem."""
+    d = Path(lab.lab.shared_dir) / "stage-jobs"
+    d.mkdir(exist_ok=True)
+    d.chmod(0o1777)
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def dataset(name: str, files: dict[str, bytes]) -> Path:
+    root = DATA / name
+    shutil.rmtree(root, ignore_errors=True)
+    for rel, body in files.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(body)
+    for p in [DATA, *root.rglob("*"), root]:
+        p.chmod(0o755 if p.is_dir() else 0o644)
+    return root
+
+
+def submit(
+    env: dict[str, str], out_dir: Path, script: str, *args: str
+) -> subprocess.CompletedProcess[str]:
+    path = out_dir / f"job-{time.monotonic_ns()}.sh"
+    path.write_text(script)
+    path.chmod(0o755)
+    return subprocess.run(
+        ["runuser", "-u", JOB_USER, "--", "sbatch", "--parsable", "-t", "5", "-A", "physics",
+         "-o", f"{out_dir}/%j.out", "-D", str(out_dir), *args, str(path)],
+        env=env, text=True, capture_output=True, timeout=60,
+    )  # fmt: skip
+
+
+def job(env: dict[str, str], job_id: int) -> dict[str, str]:
+    out = subprocess.run(["scontrol", "show", "job", "-o", str(job_id)], env=env, text=True,
+                         capture_output=True, timeout=30).stdout  # fmt: skip
+    return dict(tok.split("=", 1) for tok in out.split() if "=" in tok)
+
+
+def done(env: dict[str, str], job_id: int, timeout: float = 240) -> dict[str, str]:
+    wait(lambda: job(env, job_id).get("JobState") in ("COMPLETED", "FAILED", "CANCELLED"),
+         timeout, f"job {job_id} done")  # fmt: skip
+    return job(env, job_id)
+
+
+def bucket_bytes() -> int:
+    return sum(p.stat().st_size for p in BUCKET.rglob("*") if p.is_file())
+
+
+def test_a_burst_job_reads_its_data_on_the_cloud_node_verified_and_its_own(
+    lab: Lab, env: dict[str, str], store: Store, out_dir: Path
+) -> None:
+    files = {f"shard-{i}": os.urandom(200_000 + i) for i in range(4)}
+    files["meta/labels.txt"] = b"cat\ndog\n" * 2000  # compressible: stored zlib'd
+    src = dataset("imagenet-mini", files)
+    script = (
+        "#!/bin/sh\n#SBATCH -p burst-cpu\n"
+        f"#BB_LUA stage_in src={src} dst=imagenet\n"
+        'echo "STAGE=$SLURM_BURST_STAGE_IMAGENET"\n'
+        'cd "$SLURM_BURST_STAGE_IMAGENET" && find . -type f ! -name ".slurm-burst*" '
+        "-exec sha256sum {} + | sort -k2\n"
+        'stat -c "OWNER %U %a" . shard-0\n'
+        f'ls {src} >/dev/null 2>&1 && echo "SOURCE VISIBLE" || echo "SOURCE HIDDEN"\n'
+        '(echo x >> shard-0) 2>/dev/null && echo "WRITABLE" || echo "READ-ONLY"\n'
+    )
+    submitted = submit(env, out_dir, script)
+    assert submitted.returncode == 0, submitted.stderr
+    job_id = int(submitted.stdout.strip().split(";")[0])
+    info = done(env, job_id)
+    assert info["JobState"] == "COMPLETED", info
+    assert info["NodeList"].startswith("burst-cpu-")
+    out = (out_dir / f"{job_id}.out").read_text()
+    want = sorted(f"{hashlib.sha256(b).hexdigest()}  ./{rel}" for rel, b in files.items())
+    got = sorted(ln for ln in out.splitlines() if "  ./" in ln)
+    assert got == want, out  # every file, byte for byte
+    assert "OWNER nobody 555" in out and "OWNER nobody 444" in out
+    assert "SOURCE HIDDEN" in out and "READ-ONLY" in out
+    assert f"STAGE=/var/lib/slurm-burst/stage/{job_id}/imagenet" in out
+    rec = store.stage(job_id)
+    assert rec is not None and rec.state == "staged" and rec.burst_only
+    assert rec.datasets[0]["files"] == 5
+    # the labels went compressed: the store holds less than the dataset
+    assert rec.datasets[0]["bytes_sent"] < sum(len(b) for b in files.values())
+
+
+def test_a_job_that_may_run_on_prem_runs_there_without_an_upload(
+    lab: Lab, env: dict[str, str], store: Store, out_dir: Path
+) -> None:
+    src = dataset("onprem-only-run", {"x.bin": os.urandom(300_000)})
+    before = bucket_bytes()
+    script = (
+        f"#!/bin/sh\n#SBATCH -p onprem\n#BB_LUA stage_in src={src} dst=x\nsha256sum {src}/x.bin\n"
+    )
+    submitted = submit(env, out_dir, script)
+    assert submitted.returncode == 0, submitted.stderr
+    job_id = int(submitted.stdout.strip().split(";")[0])
+    info = done(env, job_id)
+    assert info["JobState"] == "COMPLETED" and info["NodeList"] == "onprem-1", info
+    rec = store.stage(job_id)
+    assert rec is not None and rec.state == "deferred" and not rec.burst_only
+    assert rec.datasets[0]["bytes"] == 300_000  # checked (as nobody), not sent
+    assert bucket_bytes() == before
+
+
+def test_sensitive_data_is_refused_at_submit_and_by_the_daemon_and_nothing_leaves(
+    lab: Lab, lab_config: Config, env: dict[str, str], store: Store, out_dir: Path
+) -> None:
+    clinical = dataset("clinical/study-7", {"scan.dcm": os.urandom(100_000)})
+    before = bucket_bytes()
+    # under staging.onprem_only_paths: Lua's job_process refuses the job at submit
+    refused = submit(env, out_dir, "#!/bin/sh\n#SBATCH -p burst-cpu\n"
+                     f"#BB_LUA stage_in src={clinical} dst=s\nhostname\n")  # fmt: skip
+    assert refused.returncode != 0
+    assert f"stage of {clinical} refused" in refused.stderr
+    assert "which stays on-prem" in refused.stderr
+    # a way around the path rule (a symlink) is resolved by the daemon, as the user
+    link = DATA / "innocent"
+    link.unlink(missing_ok=True)
+    link.symlink_to(clinical)
+    # and a data owner's marker keeps a directory home too
+    marked = dataset("marked", {"a.txt": b"private\n", ".slurm-burst-onprem-only": b""})
+    for src in (link, marked):
+        submitted = submit(env, out_dir, "#!/bin/sh\n#SBATCH -p burst-cpu\n"
+                           f"#BB_LUA stage_in src={src} dst=s\nhostname\n")  # fmt: skip
+        assert submitted.returncode == 0, submitted.stderr
+        job_id = int(submitted.stdout.strip().split(";")[0])
+        try:
+            wait(lambda: "StageSensitive" in job(env, job_id).get("Reason", ""), 60,
+                 f"job {job_id} held with the reason")  # fmt: skip
+            info = job(env, job_id)
+            assert info["JobState"] == "PENDING", info
+            rec = store.stage(job_id)
+            assert rec is not None and rec.state == "kept_home"
+        finally:
+            subprocess.run(["scancel", str(job_id)], env=env, timeout=30)
+    link.unlink()
+    assert bucket_bytes() == before  # zero bytes left the site
