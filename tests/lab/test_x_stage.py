@@ -14,6 +14,7 @@ import shutil
 import subprocess
 import time
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -75,6 +76,10 @@ def done(env: dict[str, str], job_id: int, timeout: float = 240) -> dict[str, st
     return job(env, job_id)
 
 
+def held(env: dict[str, str], job_id: int) -> bool:
+    return "StageSensitive" in job(env, job_id).get("Reason", "")
+
+
 def bucket_bytes() -> int:
     return sum(p.stat().st_size for p in BUCKET.rglob("*") if p.is_file())
 
@@ -113,6 +118,33 @@ def test_a_burst_job_reads_its_data_on_the_cloud_node_verified_and_its_own(
     assert rec.datasets[0]["files"] == 5
     # the labels went compressed: the store holds less than the dataset
     assert rec.datasets[0]["bytes_sent"] < sum(len(b) for b in files.values())
+
+
+def test_a_job_on_a_node_that_is_up_already_gets_its_data_there(
+    lab: Lab, env: dict[str, str], store: Store, out_dir: Path
+) -> None:
+    """The node joined for an earlier job: the PrologSlurmctld asks the daemon to pull
+    the new job's data onto it, and the job starts once it is there."""
+    node = "burst-cpu-9"
+    first = dataset("first", {"a": os.urandom(50_000)})
+    second = dataset("second", {"b": os.urandom(70_000)})
+    ids, instances = [], []
+    for src in (first, second):
+        script = (f"#!/bin/sh\n#SBATCH -p burst-cpu -w {node}\n"
+                  f"#BB_LUA stage_in src={src} dst=d\n"
+                  'sha256sum "$SLURM_BURST_STAGE_D"/*\n')  # fmt: skip
+        submitted = submit(env, out_dir, script)
+        assert submitted.returncode == 0, submitted.stderr
+        ids.append(int(submitted.stdout.strip().split(";")[0]))
+        info = done(env, ids[-1])
+        assert info["JobState"] == "COMPLETED", info
+        rec = store.node(node)
+        assert rec is not None
+        instances.append(rec.instance_id)
+    assert instances[0] == instances[1]  # the same instance: no second join
+    out = (out_dir / f"{ids[1]}.out").read_text()
+    assert hashlib.sha256((second / "b").read_bytes()).hexdigest() in out, out
+    assert store.meta_get(f"staged.{ids[1]}.{node}") is not None
 
 
 def test_a_job_that_may_run_on_prem_runs_there_without_an_upload(
@@ -157,8 +189,7 @@ def test_sensitive_data_is_refused_at_submit_and_by_the_daemon_and_nothing_leave
         assert submitted.returncode == 0, submitted.stderr
         job_id = int(submitted.stdout.strip().split(";")[0])
         try:
-            wait(lambda: "StageSensitive" in job(env, job_id).get("Reason", ""), 60,
-                 f"job {job_id} held with the reason")  # fmt: skip
+            wait(partial(held, env, job_id), 60, f"job {job_id} held with the reason")  # fmt: skip
             info = job(env, job_id)
             assert info["JobState"] == "PENDING", info
             rec = store.stage(job_id)
