@@ -129,18 +129,22 @@ def test_a_job_on_a_node_that_is_up_already_gets_its_data_there(
     first = dataset("first", {"a": os.urandom(50_000)})
     second = dataset("second", {"b": os.urandom(70_000)})
     ids, instances = [], []
-    for src in (first, second):
-        script = (f"#!/bin/sh\n#SBATCH -p burst-cpu -w {node}\n"
-                  f"#BB_LUA stage_in src={src} dst=d\n"
-                  'sha256sum "$SLURM_BURST_STAGE_D"/*\n')  # fmt: skip
+    for src, hold in ((first, 90), (second, 0)):  # the first runs on while the second comes
+        script = (
+            f"#!/bin/sh\n#SBATCH -p burst-cpu -w {node} -n1\n"
+            f"#BB_LUA stage_in src={src} dst=d\n"
+            f'sha256sum "$SLURM_BURST_STAGE_D"/*\nsleep {hold}\n'
+        )
         submitted = submit(env, out_dir, script)
         assert submitted.returncode == 0, submitted.stderr
         ids.append(int(submitted.stdout.strip().split(";")[0]))
-        info = done(env, ids[-1])
-        assert info["JobState"] == "COMPLETED", info
+        wait(lambda: job(env, ids[-1]).get("JobState") in ("RUNNING", "COMPLETED"), 240,
+             f"job {ids[-1]} runs")  # fmt: skip
         rec = store.node(node)
         assert rec is not None
         instances.append(rec.instance_id)
+    assert done(env, ids[1])["JobState"] == "COMPLETED"
+    subprocess.run(["scancel", str(ids[0])], env=env, timeout=30)
     assert instances[0] == instances[1]  # the same instance: no second join
     out = (out_dir / f"{ids[1]}.out").read_text()
     assert hashlib.sha256((second / "b").read_bytes()).hexdigest() in out, out
