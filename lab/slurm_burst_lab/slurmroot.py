@@ -59,6 +59,12 @@ try:
     os.chroot({root!r})
 except PermissionError:
     sys.exit("{name}: the lab's Slurm {release} commands run as root (they chroot)")
+as_user = os.environ.pop("SBLAB_AS_UID", "")  # "UID:GID": a user's command (tests)
+if as_user:
+    uid, gid = (int(x) for x in as_user.split(":"))
+    os.setgroups([])
+    os.setgid(gid)
+    os.setuid(uid)
 try:
     os.chdir(cwd)
 except OSError:

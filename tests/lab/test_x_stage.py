@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import pwd
 import shutil
 import subprocess
 import time
@@ -19,11 +20,13 @@ from pathlib import Path
 
 import pytest
 from slurm_burst_lab.accounting import JOB_USER
+from slurm_burst_lab.images import HOST_RELEASE
 from slurm_burst_lab.service import Lab
 
 from slurm_burst.adapters.state.store import Store
 from slurm_burst.config import Config
 from tests.conftest import wait
+from tests.lab.conftest import RELEASE
 
 DATA = Path("/var/lib/slurm-burst-lab/data")
 BUCKET = Path("/var/lib/slurm-burst-lab/s3/stage")
@@ -57,8 +60,14 @@ def submit(
     path = out_dir / f"job-{time.monotonic_ns()}.sh"
     path.write_text(script)
     path.chmod(0o755)
+    # the host's sbatch runs as the user; another release's wrapper chroots first, as
+    # root, then becomes the user
+    other = RELEASE != HOST_RELEASE
+    as_user = [] if other else ["runuser", "-u", JOB_USER, "--"]
+    pw = pwd.getpwnam(JOB_USER)
+    env = {**env, "SBLAB_AS_UID": f"{pw.pw_uid}:{pw.pw_gid}"} if other else env
     return subprocess.run(
-        ["runuser", "-u", JOB_USER, "--", "sbatch", "--parsable", "-t", "5", "-A", "physics",
+        [*as_user, "sbatch", "--parsable", "-t", "5", "-A", "physics",
          "-o", f"{out_dir}/%j.out", "-D", str(out_dir), *args, str(path)],
         env=env, text=True, capture_output=True, timeout=60,
     )  # fmt: skip

@@ -6,6 +6,8 @@
 --   paths JOB_ID SCRIPT PATH_FILE         slurm_bb_paths
 --   data_in JOB_ID SCRIPT                 slurm_bb_data_in; prints "rc message"
 --   call NAME                             any other hook, no arguments; prints rc
+--   time SCRIPTFILE N PARTITION ACCOUNT QOS  N calls of slurm_bb_job_process on one script
+--        (24.05's arguments), each timed on the monotonic clock: "p50 p99 max" in ms
 slurm = {
 	SUCCESS = 0, ERROR = -1, SLURM_BB_BUSY = "BUSY",
 	log_info = function(...) end, log_error = function(...) end,
@@ -44,6 +46,23 @@ elseif command == "paths" then
 	say(slurm_bb_paths(arg[3], arg[4], arg[5], "1000", "1000", {}))
 elseif command == "data_in" then
 	say(slurm_bb_data_in(arg[3], arg[4], "1000", "1000", {}))
+elseif command == "time" then
+	local clock = require("posix.time")
+	local function now()
+		local t = clock.clock_gettime(clock.CLOCK_MONOTONIC)
+		return t.tv_sec + t.tv_nsec / 1e9
+	end
+	local info = { partition = arg[5], account = arg[6], qos = arg[7] }
+	local took = {}
+	for i = 1, tonumber(arg[4]) do
+		local t0 = now()
+		local rc = slurm_bb_job_process(arg[3], "1000", "1000", info)
+		took[i] = (now() - t0) * 1000
+		assert(rc == 0, "job_process refused the benchmark's script")
+	end
+	table.sort(took)
+	local function at(q) return took[math.max(1, math.ceil(q * #took))] end
+	print(string.format("%.4f %.4f %.4f", at(0.5), at(0.99), took[#took]))
 else
 	say(_G[arg[3]]())
 end
