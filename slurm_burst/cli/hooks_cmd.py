@@ -125,7 +125,7 @@ _STAGE_IN_EPILOG = "Exit codes (Slurm holds the job unless 0): " + "; ".join(
 
 @click.command("stage-in", epilog=_STAGE_IN_EPILOG)
 @click.argument("job_id")
-@click.argument("script", type=click.Path(dir_okay=False))
+@click.argument("script")
 @click.pass_context
 def stage_in(ctx: click.Context, job_id: str, script: str) -> None:
     """burst_buffer.lua's data_in: stage job JOB_ID's #BB_LUA stage_in data (SCRIPT is
@@ -134,7 +134,7 @@ def stage_in(ctx: click.Context, job_id: str, script: str) -> None:
     A job bound to burst partitions only waits here until its data is in the store; any
     other job only until the daemon has checked its data may leave (docs/staging.md).
     """
-    from slurm_burst.core.errors import BurstError
+    from slurm_burst.core.errors import BadInput, BurstError
     from slurm_burst.core.slurmsyntax import visible
     from slurm_burst.fileio import file_error, read_regular
     from slurm_burst.services.burstbuffer import MAX_SCRIPT
@@ -148,6 +148,8 @@ def stage_in(ctx: click.Context, job_id: str, script: str) -> None:
     setup_hook_logging(cfg.daemon.hook_log, slurm_group(cfg), cfg.daemon.syslog)
     redact_logs()
     try:  # what goes wrong is said on stdout: Slurm makes it the job's reason
+        if "\0" in script:
+            raise BadInput("the job script's path holds a NUL byte")
         text = read_regular(script, MAX_SCRIPT, head=True).decode("utf-8", "surrogateescape")
         result = run_stage_in(
             job_id,
