@@ -166,13 +166,15 @@ def test_a_job_that_may_run_on_prem_runs_there_without_an_upload(
     src = dataset("onprem-only-run", {"x.bin": os.urandom(300_000)})
     before = bucket_bytes()
     script = (
-        f"#!/bin/sh\n#SBATCH -p onprem\n#BB_LUA stage_in src={src} dst=x\nsha256sum {src}/x.bin\n"
+        f"#!/bin/sh\n#SBATCH -p onprem\n#BB_LUA stage_in src={src} dst=x\n"
+        'test -e "$SLURM_BURST_STAGE_X" && echo STAGED || echo "NO COPY ON $(hostname)"\n'
     )
     submitted = submit(env, out_dir, script)
     assert submitted.returncode == 0, submitted.stderr
     job_id = int(submitted.stdout.strip().split(";")[0])
     info = done(env, job_id)
     assert info["JobState"] == "COMPLETED" and info["NodeList"] == "onprem-1", info
+    assert "NO COPY ON onprem-1" in (out_dir / f"{job_id}.out").read_text()
     rec = store.stage(job_id)
     assert rec is not None and rec.state == "deferred" and not rec.burst_only
     assert rec.datasets[0]["bytes"] == 300_000  # checked (as nobody), not sent
