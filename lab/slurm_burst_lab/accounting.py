@@ -63,7 +63,7 @@ def _sacctmgr_ok(cfg: Config, slurm_conf: Path) -> bool:
         return False
 
 
-JOB_USER = "nobody"  # a user of every Debian image, uid 65534 in each
+JOB_USER = "games"  # base-passwd gives it uid 5 in every Debian; 26.05 refuses "nobody" (65534)
 
 
 def ensure_associations(cfg: Config, slurm_conf: Path) -> None:

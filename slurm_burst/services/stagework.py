@@ -19,6 +19,7 @@ never fork with their locks held, and only what that user may read can leave. At
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from collections.abc import Callable, Sequence
@@ -31,6 +32,7 @@ from slurm_burst.core.jobs import job_ids
 from slurm_burst.core.nodestate import NodeState
 from slurm_burst.core.records import StageRecord, StageState, StoreError
 from slurm_burst.ports import Clock, NodeStore, StagePusher
+from slurm_burst.services.periodic import contain
 
 log = logging.getLogger(__name__)
 
@@ -125,6 +127,8 @@ class StageWork:
                 self.puller(job, node)
             except StoreError as exc:
                 log.error("stage.pull_unrecorded job=%s node=%s error=%s", job, node, exc)
+            except Exception as exc:  # boundary: a pool thread; the prolog times out
+                contain("stage.pull", exc, None)
             finally:
                 with self._lock:
                     self._pulls.discard(key)
@@ -158,6 +162,13 @@ class StageWork:
             )  # fmt: skip
         except StoreError as exc:  # the next pass finds it where it was and tries again
             log.error("stage.unrecorded job=%s error=%s", rec.job_id, exc)
+        except Exception as exc:  # boundary: a pool thread; a defect fails this stage only
+            contain("stage.work", exc, None)
+            with contextlib.suppress(StoreError):
+                why = f"internal error: {type(exc).__name__}"
+                self.store.update_stage(
+                    rec.job_id, self.clock.now(), state=StageState.FAILED, message=why
+                )
         finally:
             with self._lock:
                 self._busy.discard(rec.job_id)

@@ -3,7 +3,7 @@ and cloud nodes that pull, verify and hand the data to the job's user.
 
 The data lives under the lab's state directory, which no cloud VM can see (the lab cloud
 hides it): what a job on a burst node reads came through the store. Jobs run as
-``nobody`` (Slurm gives root no burst buffer; every image has that user).
+``games`` (Slurm gives root no burst buffer; base-passwd gives every image that user).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ BUCKET = Path("/var/lib/slurm-burst-lab/s3/stage")
 
 @pytest.fixture(scope="module")
 def out_dir(lab: Lab) -> Iterator[Path]:
-    """Where the jobs (as nobody) write their output: on the shared filesystem."""
+    """Where the jobs (as games) write their output: on the shared filesystem."""
     d = Path(lab.lab.shared_dir) / "stage-jobs"
     d.mkdir(exist_ok=True)
     d.chmod(0o1777)
@@ -119,7 +119,7 @@ def test_a_burst_job_reads_its_data_on_the_cloud_node_verified_and_its_own(
     want = sorted(f"{hashlib.sha256(b).hexdigest()}  ./{rel}" for rel, b in files.items())
     got = sorted(ln for ln in out.splitlines() if "  ./" in ln)
     assert got == want, out  # every file, byte for byte
-    assert "OWNER nobody 555" in out and "OWNER nobody 444" in out
+    assert f"OWNER {JOB_USER} 555" in out and f"OWNER {JOB_USER} 444" in out
     assert "SOURCE HIDDEN" in out and "READ-ONLY" in out
     assert f"STAGE=/var/lib/slurm-burst/stage/{job_id}/imagenet" in out
     rec = store.stage(job_id)
@@ -177,7 +177,7 @@ def test_a_job_that_may_run_on_prem_runs_there_without_an_upload(
     assert "NO COPY ON onprem-1" in (out_dir / f"{job_id}.out").read_text()
     rec = store.stage(job_id)
     assert rec is not None and rec.state == "deferred" and not rec.burst_only
-    assert rec.datasets[0]["bytes"] == 300_000  # checked (as nobody), not sent
+    assert rec.datasets[0]["bytes"] == 300_000  # checked (as games), not sent
     assert bucket_bytes() == before
 
 
