@@ -78,10 +78,10 @@ def run_prolog(
         return PrologResult(EXIT_OK)
     started = now()
     try:
-        db = store()
-        result = _wait(job, ours, cfg, db, started, now, sleep)
-        if result.code == EXIT_OK and job.isdigit() and db.stage(int(job)) is not None:
-            return _staged(int(job), ours, cfg, db, started, now, sleep, wake)
+        gate = _Gate(job, ours, cfg, store(), started, now, sleep)
+        result = gate.nodes_joined()
+        if result.code == EXIT_OK and job.isdigit() and gate.db.stage(int(job)) is not None:
+            return gate.data_on_nodes(int(job), wake)
         return result
     except StoreError as exc:
         # Not knowing is no reason to requeue every burst job (an upgrade, a lost file):
@@ -90,86 +90,89 @@ def run_prolog(
         return PrologResult(EXIT_OK, f"{exc}; job not held", ours, now() - started)
 
 
-def _wait(
-    job: str,
-    ours: tuple[str, ...],
-    cfg: Config,
-    db: NodeStore,
-    started: float,
-    now: Callable[[], float],
-    sleep: Callable[[float], None],
-) -> PrologResult:
-    limit = started + deadline_seconds(cfg)
-    log.info("prolog.waiting job=%s count=%d hostlist=%s", job, len(ours), compress(list(ours)))
-    while True:
-        beat = db.heartbeat()
-        t = now()
-        verdict = judge(
-            ours,
-            db.nodes_named(ours),
-            started,
-            None if beat is None else t - float(beat["at"]),
-            cfg.daemon.heartbeat_stale,
-        )
-        if verdict.kind == READY:
-            log.info("prolog.ready job=%s count=%d waited=%.2f", job, len(ours), t - started)
-            return PrologResult(EXIT_OK, nodes=ours, waited=t - started)
-        if verdict.kind == FAIL:
-            log.error("prolog.failed job=%s waited=%.1f %s", job, t - started, verdict.message)
-            return PrologResult(EXIT_FAILED, verdict.message, ours, t - started)
-        if t >= limit:
-            message = (
-                f"nodes {compress(list(verdict.waiting))} not ready "
-                f"{deadline_seconds(cfg)} s after the job was allocated "
-                f"(ResumeTimeout {cfg.slurm.resume_timeout} s + {MARGIN} s)"
+@dataclass(frozen=True)
+class _Gate:
+    """One job's wait: its burst nodes, the state database, the clock."""
+
+    job: str
+    ours: tuple[str, ...]
+    cfg: Config
+    db: NodeStore
+    started: float
+    now: Callable[[], float]
+    sleep: Callable[[float], None]
+
+    def _result(self, code: int, message: str = "") -> PrologResult:
+        return PrologResult(code, message, self.ours, self.now() - self.started)
+
+    def nodes_joined(self) -> PrologResult:
+        job, ours, cfg = self.job, self.ours, self.cfg
+        limit = self.started + deadline_seconds(cfg)
+        log.info("prolog.waiting job=%s count=%d hostlist=%s", job, len(ours), compress(list(ours)))
+        while True:
+            beat = self.db.heartbeat()
+            t = self.now()
+            verdict = judge(
+                ours,
+                self.db.nodes_named(ours),
+                self.started,
+                None if beat is None else t - float(beat["at"]),
+                cfg.daemon.heartbeat_stale,
             )
-            log.error("prolog.timeout job=%s %s", job, message)
-            return PrologResult(EXIT_FAILED, message, ours, t - started)
-        sleep(POLL)
+            if verdict.kind == READY:
+                log.info("prolog.ready job=%s count=%d waited=%.2f", job, len(ours),
+                         t - self.started)  # fmt: skip
+                return self._result(EXIT_OK)
+            if verdict.kind == FAIL:
+                log.error("prolog.failed job=%s waited=%.1f %s", job, t - self.started,
+                          verdict.message)  # fmt: skip
+                return self._result(EXIT_FAILED, verdict.message)
+            if t >= limit:
+                message = (
+                    f"nodes {compress(list(verdict.waiting))} not ready "
+                    f"{deadline_seconds(cfg)} s after the job was allocated "
+                    f"(ResumeTimeout {cfg.slurm.resume_timeout} s + {MARGIN} s)"
+                )
+                log.error("prolog.timeout job=%s %s", job, message)
+                return self._result(EXIT_FAILED, message)
+            self.sleep(POLL)
 
-
-def _staged(
-    job: int,
-    ours: tuple[str, ...],
-    cfg: Config,
-    db: NodeStore,
-    started: float,
-    now: Callable[[], float],
-    sleep: Callable[[float], None],
-    wake: Callable[[], object],
-) -> PrologResult:
-    """The job's staged data on each of its burst nodes. A node that joined for it pulled
-    it while joining; one that was up already (it ran another job, or is warm) is asked
-    to pull now, by the daemon, and the job starts once it has."""
-    rec = db.stage(job)
-    if rec is not None and rec.state == StageState.KEPT_HOME:
-        message = f"job {job}'s data stays on-prem ({rec.message}); it may not run on burst nodes"
-        log.error("prolog.kept_home job=%s nodes=%s", job, compress(list(ours)))
-        return PrologResult(EXIT_FAILED, message, ours, now() - started)
-    limit = started + deadline_seconds(cfg)
-    asked = False
-    while True:
-        missing = [n for n in ours if db.meta_get(ON_NODE.format(job=job, node=n)) is None]
-        if not missing:
-            log.info("prolog.staged job=%s count=%d", job, len(ours))
-            return PrologResult(EXIT_OK, nodes=ours, waited=now() - started)
-        for n in missing:
-            why = db.meta_get(FAILED.format(job=job, node=n))
-            if why:
-                log.error("prolog.stage_failed job=%s node=%s %s", job, n, why)
-                return PrologResult(EXIT_FAILED, f"{n}: {why}", ours, now() - started)
-        if not asked:
+    def data_on_nodes(self, job: int, wake: Callable[[], object]) -> PrologResult:
+        """The job's staged data on each of its burst nodes. A node that joined for it
+        pulled it while joining; one that was up already (it ran another job, or is
+        warm) is asked to pull now, by the daemon, and the job starts once it has."""
+        ours, db = self.ours, self.db
+        rec = db.stage(job)
+        if rec is not None and rec.state == StageState.KEPT_HOME:
+            log.error("prolog.kept_home job=%s nodes=%s", job, compress(list(ours)))
+            return self._result(
+                EXIT_FAILED,
+                f"job {job}'s data stays on-prem ({rec.message}); it may not run on burst nodes",
+            )
+        limit = self.started + deadline_seconds(self.cfg)
+        asked = False
+        while True:
+            missing = [n for n in ours if db.meta_get(ON_NODE.format(job=job, node=n)) is None]
+            if not missing:
+                log.info("prolog.staged job=%s count=%d", job, len(ours))
+                return self._result(EXIT_OK)
             for n in missing:
-                db.meta_set(ASKED.format(job=job, node=n), now())
-            wake()
-            asked = True
-        if now() > limit:
-            message = (
-                f"job {job}'s data not on {compress(missing)} {deadline_seconds(cfg)} s after "
-                "the job was allocated"
-            )
-            return PrologResult(EXIT_FAILED, message, ours, now() - started)
-        sleep(POLL)
+                why = db.meta_get(FAILED.format(job=job, node=n))
+                if why:
+                    log.error("prolog.stage_failed job=%s node=%s %s", job, n, why)
+                    return self._result(EXIT_FAILED, f"{n}: {why}")
+            if not asked:
+                for n in missing:
+                    db.meta_set(ASKED.format(job=job, node=n), self.now())
+                wake()
+                asked = True
+            if self.now() > limit:
+                return self._result(
+                    EXIT_FAILED,
+                    f"job {job}'s data not on {compress(missing)} "
+                    f"{deadline_seconds(self.cfg)} s after the job was allocated",
+                )
+            self.sleep(POLL)
 
 
 def chain(path: str, env: Mapping[str, str]) -> None:

@@ -11,7 +11,7 @@ import pytest
 from slurm_burst.adapters.slurm.cli import parse_oneliners
 from slurm_burst.core.nodestate import NodeState, Want
 from slurm_burst.core.prolog import FAIL, READY, WAIT, judge
-from slurm_burst.core.records import NodeRecord
+from slurm_burst.core.records import NodeRecord, StageRecord
 from slurm_burst.core.slurm import SlurmNode, parse_state_field
 from slurm_burst.services.prolog import EXIT_FAILED, EXIT_OK, deadline_seconds, run_prolog
 from slurm_burst.services.registration import Registrations
@@ -250,3 +250,41 @@ def test_a_state_store_it_cannot_read_does_not_hold_the_job(tmp_path: Path) -> N
     result = prolog(tmp_path, "burst-cpu-2", Unreadable(), FakeClock())
     assert result.code == EXIT_OK  # type: ignore[attr-defined]
     assert result.message.endswith("; job not held")  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(
+    ("state", "daemon_says", "code", "says"),
+    [("staged", "ok", EXIT_OK, ""),
+     ("staged", "fail", EXIT_FAILED, "burst-cpu-2: StagePull: disk full"),
+     ("staged", None, EXIT_FAILED, "job 7's data not on burst-cpu-2 150 s after"),
+     ("kept_home", None, EXIT_FAILED, "stays on-prem (StageSensitive: x); it may not run")],
+    ids=["pulled", "pull-failed", "never-pulled", "kept-home"],
+)  # fmt: skip
+def test_a_staged_job_on_a_node_up_already_waits_for_its_data_there(
+    tmp_path: Path, state: str, daemon_says: str | None, code: int, says: str
+) -> None:
+    """The node joined before (for another job): the prolog asks the daemon for the pull
+    (a meta key) and lets the job go once the data is there."""
+    clock = FakeClock()
+    store = Beating(clock, ready_after=1)
+    store.add_stage(StageRecord(
+        job_id=7, user="games", uid=5, gid=60, account="physics", qos="", partitions="burst-cpu",
+        burst_only=True, stages=[{"src": "/d", "dst": "d"}], state=state,
+        message="StageSensitive: x",
+    ))  # fmt: skip
+    woken: list[bool] = []
+
+    def daemon() -> None:  # what the daemon's stage thread does when woken
+        woken.append(True)
+        if store.meta_get("pull.7.burst-cpu-2") is None:
+            return
+        if daemon_says == "ok":
+            store.meta_set("staged.7.burst-cpu-2", {"at": clock.now(), "fetched_bytes": 3})
+        elif daemon_says == "fail":
+            store.meta_set("pullfail.7.burst-cpu-2", "StagePull: disk full")
+
+    env = {"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "burst-cpu-2"}
+    result = run_prolog(env, lab_config_in(tmp_path), lambda: store, now=clock.now,
+                        sleep=clock.sleep, wake=daemon)  # fmt: skip
+    assert result.code == code and says in result.message, result
+    assert woken == ([] if state == "kept_home" else [True])
