@@ -20,7 +20,8 @@ def group() -> None:
     "--output-dir",
     "-o",
     type=click.Path(file_okay=False, path_type=Path),
-    help="Write slurm-burst.conf and gres.conf here instead of printing them.",
+    help="Write slurm-burst.conf and gres.conf (with staging.store, also burst_buffer.conf "
+    "and burst_buffer.lua) here instead of printing them.",
 )
 @click.option(
     "--slurm-release",
@@ -61,12 +62,14 @@ def render_cmd(ctx: click.Context, output_dir: Path | None, slurm_release: str |
 @click.option("--dir", "hook_dir", help="Install here instead of slurm.hook_dir.")
 @click.pass_context
 def install_hooks_cmd(ctx: click.Context, hook_dir: str | None) -> None:
-    """Install slurm-burst-resume, -suspend and -resume-fail into slurm.hook_dir.
+    """Install slurm-burst-resume, -suspend, -resume-fail, -prolog-slurmctld and
+    -stage-in into slurm.hook_dir.
 
     \b
-    They are what the rendered fragment's ResumeProgram, SuspendProgram and
-    ResumeFailProgram name; each runs 'slurm-burst --config THIS_CONFIG resume|...'
-    with this Python, so slurmctld needs no environment of ours.
+    They are what the rendered fragment's ResumeProgram, SuspendProgram,
+    ResumeFailProgram and PrologSlurmctld name, and what burst_buffer.lua's data_in
+    runs; each runs 'slurm-burst --config THIS_CONFIG resume|...' with this Python,
+    so slurmctld needs no environment of ours.
     """
     from slurm_burst.services.slurmconf import install_hooks
 
