@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 import time
+from typing import Any
 
 import click
 
@@ -122,6 +123,50 @@ def status(ctx: click.Context, src: str | None, account: str, store: str, as_jso
         ],
         title=f"datasets of account {account}",
     )
+
+
+@group.command("jobs")
+@click.option(
+    "--state",
+    "states",
+    multiple=True,
+    type=click.Choice(["requested", "checking", "deferred", "pushing", "staged", "kept_home",
+                       "failed"]),
+    help="Only stages in this state (repeatable).",
+)  # fmt: skip
+@json_option
+@click.pass_context
+def jobs(ctx: click.Context, states: tuple[str, ...], as_json: bool) -> None:
+    """Jobs' stage-ins as the daemon keeps them: whose, what, where each is, and why one
+    failed or stayed home (records are kept a week). Reads the state database only."""
+    from slurm_burst.wiring import node_store
+
+    store = node_store(app(ctx).config, create=False)
+    try:
+        recs = store.stages(list(states))
+    finally:
+        store.close()
+    out = [
+        {"job_id": r.job_id, "user": r.user, "account": r.account, "qos": r.qos,
+         "partitions": r.partitions, "burst_only": r.burst_only, "state": r.state,
+         "message": r.message, "stages": r.stages, "datasets": r.datasets,
+         "bytes": sum(int(d.get("bytes", 0)) for d in r.datasets),
+         "bytes_sent": sum(int(d.get("bytes_sent", 0)) for d in r.datasets),
+         "created_at": r.created_at, "updated_at": r.updated_at}
+        for r in recs
+    ]  # fmt: skip
+    emit(
+        {"stages": out},
+        as_json,
+        columns=["JOB", "USER", "ACCOUNT", "STATE", "STAGES", "BYTES", "SENT", "SINCE", "WHY"],
+        rows=lambda d: [_stage_row(r) for r in d["stages"]],
+        title="stage-ins",
+    )
+
+
+def _stage_row(r: dict[str, Any]) -> list[object]:
+    return [r["job_id"], r["user"], r["account"], r["state"], len(r["stages"]), r["bytes"],
+            r["bytes_sent"], ts(r["updated_at"]), r["message"][:60]]  # fmt: skip
 
 
 def _push_row(r: dict[str, object]) -> list[object]:

@@ -6,6 +6,7 @@ and in the lab)."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from pathlib import Path
@@ -15,11 +16,13 @@ import pytest
 
 from slurm_burst.config import Config, load_config
 from slurm_burst.core.nodestate import NodeState
-from slurm_burst.core.records import StageState
+from slurm_burst.core.records import StageRecord, StageState
 from slurm_burst.core.slurm import JobOwner, parse_job_owner
 from slurm_burst.core.staging import SensitiveData
 from slurm_burst.services.stagehook import StageInResult, run_stage_in
 from slurm_burst.services.stagework import StageWork, StageWorkSettings
+from slurm_burst.wiring import node_store
+from tests.conftest import invoke, lab_config_in
 from tests.fakes.store import MemoryStore
 from tests.unit.test_burst_buffer_lua import STAGING
 from tests.unit.test_config import GOOD, write
@@ -210,3 +213,24 @@ def test_whose_job_is_read_from_fields_a_user_cannot_write(text: str, says: str 
     else:
         with pytest.raises(ValueError, match=says):
             parse_job_owner(text, 42)
+
+
+def test_stage_jobs_shows_each_stage_and_why(tmp_path: Path) -> None:
+    """The operator's view: `slurm-burst stage jobs`, as a table and as JSON."""
+    cfg = lab_config_in(tmp_path)
+    store = node_store(cfg)
+    for job_id, state, message in ((41, "staged", "stored; 300 bytes sent"),
+                                   (42, "kept_home", "StageSensitive: under /secret")):  # fmt: skip
+        store.add_stage(StageRecord(
+            job_id=job_id, user="alice", uid=1001, gid=1001, account="phys", qos="",
+            partitions="burst-cpu", burst_only=True, stages=[{"src": "/d", "dst": "d"}],
+            state=state, message=message, datasets=[{"dst": "d", "bytes": 300, "bytes_sent": 300}],
+            created_at=1.0, updated_at=2.0,
+        ))  # fmt: skip
+    store.close()
+    base = ["--config", cfg.source, "stage", "jobs"]
+    doc = json.loads(invoke([*base, "--json", "--state", "kept_home"]).stdout)
+    assert [s["job_id"] for s in doc["stages"]] == [42]
+    assert doc["stages"][0]["message"] == "StageSensitive: under /secret"
+    table = invoke(base).stdout
+    assert "41" in table and "kept_home" in table and "StageSensitive" in table
