@@ -61,6 +61,7 @@ STUB = "#!/bin/sh\n# stands in for a slurm-burst program in a versioned check\ne
 FIRST_START_NOISE = (
     "Could not open ",  # job, node, reservation, trigger state files: none yet
     "Trying backup state save file",
+    "Trying backup burst buffer state save file",  # burst_buffer/lua's (stage-in)
     "No fed_mgr state file",
     "slurm_send_node_msg: ",  # our scontrol ping gave up while slurmctld started
 )
