@@ -147,8 +147,9 @@ def jobs(ctx: click.Context, states: tuple[str, ...], as_json: bool) -> None:
     finally:
         store.close()
     out = [
-        {"job_id": r.job_id, "user": r.user, "account": r.account, "qos": r.qos,
-         "partitions": r.partitions, "burst_only": r.burst_only, "state": r.state,
+        {"job_id": r.job_id, "user": r.owner.user, "account": r.owner.account,
+         "qos": r.owner.qos, "partitions": ",".join(r.owner.partitions),
+         "burst_only": r.burst_only, "state": r.state,
          "message": r.message, "stages": r.stages, "datasets": r.datasets,
          "bytes": sum(int(d.get("bytes", 0)) for d in r.datasets),
          "bytes_sent": sum(int(d.get("bytes_sent", 0)) for d in r.datasets),

@@ -13,6 +13,7 @@ from typing import Any, NamedTuple
 
 from slurm_burst.core.errors import EXIT_PRECONDITION, BurstError
 from slurm_burst.core.nodestate import NodeState, Want
+from slurm_burst.core.slurm import JobOwner
 
 
 class StoreError(BurstError):
@@ -126,20 +127,13 @@ class StageState:
     KEPT_HOME = "kept_home"  # sensitive: the job never runs on a cloud node
     FAILED = "failed"
 
-    DONE = frozenset({STAGED, KEPT_HOME, FAILED})
-
 
 @dataclass(frozen=True)
 class StageRecord:
-    """A job's stage-in: who, what (``stages``: src/dst), and what came of it."""
+    """A job's stage-in: whose job (``owner``), what (``stages``: src/dst), and what
+    came of it."""
 
-    job_id: int
-    user: str
-    uid: int
-    gid: int
-    account: str
-    qos: str
-    partitions: str  # the job's partition list, comma-separated
+    owner: JobOwner
     burst_only: bool  # every partition a burst partition: pushed at stage-in
     stages: list[dict[str, Any]]  # [{"src", "dst"}]
     state: str
@@ -147,3 +141,7 @@ class StageRecord:
     datasets: list[dict[str, Any]] = field(default_factory=list)  # per stage: its manifest
     created_at: float = 0.0
     updated_at: float = 0.0
+
+    @property
+    def job_id(self) -> int:
+        return self.owner.job_id

@@ -132,8 +132,9 @@ class NodeStaging:
         dst = str(d["dst"])
         dest = f"{self.settings.node_dir}/{st.job_id}/{dst}"
         try:
-            manifest = self.stager.manifest_of(st.account, str(d["manifest"]))
-            plan = self.stager.node_plan(st.account, manifest, dest, st.uid, st.gid)
+            who = st.owner
+            manifest = self.stager.manifest_of(who.account, str(d["manifest"]))
+            plan = self.stager.node_plan(who.account, manifest, dest, who.uid, who.gid)
         except BurstError as exc:
             raise StepError("StagePull", f"job {st.job_id} {dst}: {exc}") from exc
         path = f"/run/slurm-burst-plan-{st.job_id}-{dst}.json"

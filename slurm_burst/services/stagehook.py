@@ -58,13 +58,7 @@ def burst_only(partitions: Sequence[str], cfg: Config) -> bool:
 
 def record(owner: JobOwner, stages: Sequence[StageIn], cfg: Config, now: float) -> StageRecord:
     return StageRecord(
-        job_id=owner.job_id,
-        user=owner.user,
-        uid=owner.uid,
-        gid=owner.gid,
-        account=owner.account,
-        qos=owner.qos,
-        partitions=",".join(owner.partitions),
+        owner=owner,
         burst_only=burst_only(owner.partitions, cfg),
         stages=[{"src": s.src, "dst": s.dst} for s in stages],
         state=StageState.REQUESTED,
@@ -98,7 +92,7 @@ def run_stage_in(
     wake()
     log.info(
         "stage_in.recorded job=%s user=%s account=%s burst_only=%s state=%s stages=%d",
-        job_id, rec.user, rec.account, rec.burst_only, rec.state, len(stages),
+        job_id, rec.owner.user, rec.owner.account, rec.burst_only, rec.state, len(stages),
     )  # fmt: skip
     return _wait(rec, cfg, store, clock)
 

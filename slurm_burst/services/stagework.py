@@ -145,7 +145,7 @@ class StageWork:
         if rec.state != state:
             self.store.update_stage(rec.job_id, self.clock.now(), expect=[rec.state], state=state)
         log.info("stage.%s job=%s user=%s account=%s stages=%d",
-                 "push" if push else "check", rec.job_id, rec.user, rec.account,
+                 "push" if push else "check", rec.job_id, rec.owner.user, rec.owner.account,
                  len(rec.stages))  # fmt: skip
         self._pool.submit(self._work, rec, push)
         return 1
@@ -175,9 +175,10 @@ class StageWork:
 
     def _move(self, rec: StageRecord, push: bool) -> tuple[str, str, list[dict[str, Any]]]:
         datasets: list[dict[str, Any]] = []
+        who = rec.owner
         for s in rec.stages:
             try:
-                out = self.pusher.push(rec.user, s["src"], rec.account, rec.qos, check=not push)
+                out = self.pusher.push(who.user, s["src"], who.account, who.qos, check=not push)
             except BurstError as exc:
                 state = StageState.KEPT_HOME if exc.code == SENSITIVE else StageState.FAILED
                 return state, f"{exc.code}: {exc}"[:900], datasets

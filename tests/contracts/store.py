@@ -8,6 +8,7 @@ import pytest
 
 from slurm_burst.core.nodestate import NodeState, TransitionError, Want
 from slurm_burst.core.records import StageRecord, StageState, StoreError
+from slurm_burst.core.slurm import JobOwner
 from slurm_burst.ports import NodeStore
 
 
@@ -158,8 +159,8 @@ class StoreContract:
         self, store: NodeStore
     ) -> None:
         rec = StageRecord(
-            job_id=42, user="alice", uid=1001, gid=1001, account="phys", qos="",
-            partitions="burst-gpu", burst_only=True, stages=[{"src": "/d/a", "dst": "a"}],
+            owner=JobOwner(42, "alice", 1001, 1001, "phys", "", ("burst-gpu",)), burst_only=True,
+            stages=[{"src": "/d/a", "dst": "a"}],
             state=StageState.REQUESTED, created_at=1.0, updated_at=1.0,
         )  # fmt: skip
         assert store.add_stage(rec) == rec

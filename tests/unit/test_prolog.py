@@ -12,7 +12,7 @@ from slurm_burst.adapters.slurm.cli import parse_oneliners
 from slurm_burst.core.nodestate import NodeState, Want
 from slurm_burst.core.prolog import FAIL, READY, WAIT, judge
 from slurm_burst.core.records import NodeRecord, StageRecord
-from slurm_burst.core.slurm import SlurmNode, parse_state_field
+from slurm_burst.core.slurm import JobOwner, SlurmNode, parse_state_field
 from slurm_burst.services.prolog import EXIT_FAILED, EXIT_OK, deadline_seconds, run_prolog
 from slurm_burst.services.registration import Registrations
 from tests.conftest import lab_config_in
@@ -268,8 +268,8 @@ def test_a_staged_job_on_a_node_up_already_waits_for_its_data_there(
     clock = FakeClock()
     store = Beating(clock, ready_after=1)
     store.add_stage(StageRecord(
-        job_id=7, user="games", uid=5, gid=60, account="physics", qos="", partitions="burst-cpu",
-        burst_only=True, stages=[{"src": "/d", "dst": "d"}], state=state,
+        owner=JobOwner(7, "games", 5, 60, "physics", "", ("burst-cpu",)), burst_only=True,
+        stages=[{"src": "/d", "dst": "d"}], state=state,
         message="StageSensitive: x",
     ))  # fmt: skip
     woken: list[bool] = []

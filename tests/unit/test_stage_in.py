@@ -222,8 +222,8 @@ def test_stage_jobs_shows_each_stage_and_why(tmp_path: Path) -> None:
     for job_id, state, message in ((41, "staged", "stored; 300 bytes sent"),
                                    (42, "kept_home", "StageSensitive: under /secret")):  # fmt: skip
         store.add_stage(StageRecord(
-            job_id=job_id, user="alice", uid=1001, gid=1001, account="phys", qos="",
-            partitions="burst-cpu", burst_only=True, stages=[{"src": "/d", "dst": "d"}],
+            owner=JobOwner(job_id, "alice", 1001, 1001, "phys", "", ("burst-cpu",)),
+            burst_only=True, stages=[{"src": "/d", "dst": "d"}],
             state=state, message=message, datasets=[{"dst": "d", "bytes": 300, "bytes_sent": 300}],
             created_at=1.0, updated_at=2.0,
         ))  # fmt: skip

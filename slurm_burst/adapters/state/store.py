@@ -36,6 +36,7 @@ from slurm_burst.core.records import (
     StageRecord,
     StoreError,
 )
+from slurm_burst.core.slurm import JobOwner
 from slurm_burst.fileio import (
     FileRefused,
     check_sqlite_files,
@@ -152,10 +153,12 @@ def _record(row: sqlite3.Row) -> NodeRecord:
 
 
 def _stage(row: sqlite3.Row) -> StageRecord:
+    owner = JobOwner(
+        row["job_id"], row["user"], row["uid"], row["gid"], row["account"], row["qos"],
+        tuple(row["partitions"].split(",")) if row["partitions"] else (),
+    )
     return StageRecord(
-        job_id=row["job_id"], user=row["user"], uid=row["uid"], gid=row["gid"],
-        account=row["account"], qos=row["qos"], partitions=row["partitions"],
-        burst_only=bool(row["burst_only"]), stages=json.loads(row["stages"]),
+        owner=owner, burst_only=bool(row["burst_only"]), stages=json.loads(row["stages"]),
         state=row["state"], message=row["message"], datasets=json.loads(row["datasets"]),
         created_at=row["created_at"], updated_at=row["updated_at"],
     )  # fmt: skip
@@ -462,7 +465,8 @@ class Store:
         stage-in again after a slurmctld restart), unless it failed: then it starts over
         as ``rec``. Returns what is recorded."""
         self._require_current()
-        row = (rec.job_id, rec.user, rec.uid, rec.gid, rec.account, rec.qos, rec.partitions,
+        o = rec.owner
+        row = (o.job_id, o.user, o.uid, o.gid, o.account, o.qos, ",".join(o.partitions),
                int(rec.burst_only), json.dumps(rec.stages), rec.state, rec.message,
                json.dumps(rec.datasets), rec.created_at, rec.updated_at)  # fmt: skip
         with self.tx() as db:
