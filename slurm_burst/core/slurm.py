@@ -279,7 +279,7 @@ def parse_job_owner(text: str, job_id: int) -> JobOwner:
     if len(fields) != 7:
         raise ValueError(f"{len(fields)} fields, not 7: {lines[0][:200]!r}")
     jid, user, uid, gid, account, qos, parts = fields
-    if jid.split("_")[0] != str(job_id) and jid != str(job_id):
+    if jid.split("_")[0] != str(job_id):
         raise ValueError(f"job {jid[:40]!r}, not {job_id}")
     if not (is_digits(uid) and is_digits(gid)):
         raise ValueError(f"uid {uid[:20]!r} and gid {gid[:20]!r}: not numbers")

@@ -118,7 +118,7 @@ def run_hook(
     if not accepted:
         return HookResult(EXIT_BAD_INPUT, (), unknown, "no node of the request is ours")
 
-    age, db_error = _heartbeat_age(store, now, store_error)
+    age, db_error = heartbeat_age(store, now, store_error)
     stale = db_error == "" and (age is None or age > cfg.daemon.heartbeat_stale)
     said = "never ran" if age is None else f"heartbeat {age:.0f} s old"
     if stale and kind == "resume":
@@ -173,8 +173,8 @@ def run_hook(
     return _not_recorded(kind, accepted, unknown, scheduler, db_error)
 
 
-def _heartbeat_age(
-    store: NodeStore | None, now: float, store_error: str
+def heartbeat_age(
+    store: NodeStore | None, now: float, store_error: str = ""
 ) -> tuple[float | None, str]:
     """(seconds since the daemon's heartbeat or None if it never ran, '') or, when the
     state database cannot be read, (None, why): then nobody can tell the daemon's state."""

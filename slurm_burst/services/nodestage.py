@@ -36,6 +36,11 @@ FAILED = "pullfail.{job}.{node}"  # meta: that pull failed (why)
 ASKED_WAIT = 600.0  # seconds a pull the prolog asked for may take
 
 
+def meta_prefix(template: str) -> str:
+    """The part of a meta key template before its job: what lists every key of it."""
+    return template.split("{", 1)[0]
+
+
 @dataclass(frozen=True)
 class NodeStagingSettings:
     node_dir: str  # staging.node_dir

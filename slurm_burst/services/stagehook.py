@@ -29,10 +29,11 @@ from dataclasses import dataclass
 
 from slurm_burst.config import Config
 from slurm_burst.core.errors import BadInput
-from slurm_burst.core.records import StageRecord, StageState, StoreError
+from slurm_burst.core.records import StageRecord, StageState
 from slurm_burst.core.slurm import JobOwner
 from slurm_burst.core.staging import StageIn, parse_directives
 from slurm_burst.ports import Clock, JobOwners, NodeStore
+from slurm_burst.services.hooks import heartbeat_age
 
 log = logging.getLogger("slurm_burst.stage_in")
 
@@ -125,11 +126,9 @@ def _wait(rec: StageRecord, cfg: Config, store: NodeStore, clock: Clock) -> Stag
 
 
 def _daemon_stale(store: NodeStore, cfg: Config, now: float) -> str:
-    try:
-        beat = store.heartbeat()
-    except StoreError as exc:
-        return f"heartbeat unreadable: {exc}"
-    if beat is None:
+    age, unreadable = heartbeat_age(store, now)
+    if unreadable:
+        return f"heartbeat unreadable: {unreadable}"
+    if age is None:
         return "the daemon never ran"
-    age = now - float(beat["at"])
     return f"heartbeat {age:.0f} s old" if age > cfg.daemon.heartbeat_stale else ""

@@ -31,12 +31,13 @@ from slurm_burst.core.errors import BurstError
 from slurm_burst.core.jobs import job_ids
 from slurm_burst.core.nodestate import NodeState
 from slurm_burst.core.records import StageRecord, StageState, StoreError
+from slurm_burst.core.staging import SensitiveData
 from slurm_burst.ports import Clock, NodeStore, StagePusher
+from slurm_burst.services.nodestage import ASKED, FAILED, ON_NODE, meta_prefix
 from slurm_burst.services.periodic import contain
 
 log = logging.getLogger(__name__)
 
-SENSITIVE = "StageSensitive"  # the code of core.staging.SensitiveData
 _ACTIVE = frozenset({NodeState.REQUESTED, NodeState.LAUNCHING, NodeState.BOOTING,
                      NodeState.BOOTSTRAPPING, NodeState.JOINED})  # fmt: skip
 
@@ -63,25 +64,27 @@ class StageWork:
         self.clock = clock
         self._pool = ThreadPoolExecutor(max(1, settings.parallel), thread_name_prefix="stage")
         self._busy: set[int] = set()  # jobs whose stage a thread works on
-        self._pulls: set[tuple[str, int, str]] = set()  # pulls a thread works on
+        self._pulls: set[tuple[int, str]] = set()  # (job, node): pulls a thread works on
         self._lock = threading.Lock()
         self._forgot_at = 0.0
 
     def pass_once(self) -> int:
         """Start what is due; returns how many stages were started."""
         started = 0
-        for rec in self.store.stages([StageState.REQUESTED, StageState.CHECKING,
-                                      StageState.PUSHING]):  # fmt: skip
-            push = rec.burst_only or rec.state == StageState.PUSHING
-            started += self._start(rec, push)
-        deferred = self.store.stages([StageState.DEFERRED])
-        if deferred:
-            bound = self._jobs_with_cloud_nodes()
-            for rec in deferred:
-                if rec.job_id in bound:
-                    started += self._start(rec, push=True)
+        due = self.store.stages([StageState.REQUESTED, StageState.CHECKING,
+                                 StageState.PUSHING, StageState.DEFERRED])  # fmt: skip
+        bound = (
+            self._jobs_with_cloud_nodes()
+            if any(r.state == StageState.DEFERRED for r in due)
+            else set()
+        )
+        for rec in due:
+            if rec.state != StageState.DEFERRED:
+                started += self._start(rec, rec.burst_only or rec.state == StageState.PUSHING)
+            elif rec.job_id in bound:
+                started += self._start(rec, push=True)
         if self.puller is not None:
-            for key in self.store.meta_items("pull."):
+            for key in self.store.meta_items(meta_prefix(ASKED)):
                 _, job, node = key.split(".", 2)
                 started += self._start_pull(int(job), node)
         now = self.clock.now()
@@ -89,8 +92,8 @@ class StageWork:
             self._forgot_at = now
             gone = self.store.forget_stages(now - self.settings.keep_days * 86400)
             known = {str(s.job_id) for s in self.store.stages()}
-            for prefix in ("staged.", "pull.", "pullfail."):  # what the nodes' pulls left
-                for key in self.store.meta_items(prefix):
+            for template in (ON_NODE, ASKED, FAILED):  # what the nodes' pulls left
+                for key in self.store.meta_items(meta_prefix(template)):
                     if key.split(".", 2)[1] not in known:
                         self.store.meta_delete(key)
             if gone:
@@ -99,10 +102,6 @@ class StageWork:
 
     def shutdown(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
-
-    def busy(self) -> int:
-        with self._lock:
-            return len(self._busy)
 
     # -- helpers -----------------------------------------------------------------------
 
@@ -114,7 +113,7 @@ class StageWork:
         return jobs
 
     def _start_pull(self, job: int, node: str) -> int:
-        key = ("pull", job, node)
+        key = (job, node)
         with self._lock:
             if key in self._pulls:
                 return 0
@@ -180,8 +179,9 @@ class StageWork:
             try:
                 out = self.pusher.push(who.user, s["src"], who.account, who.qos, check=not push)
             except BurstError as exc:
-                state = StageState.KEPT_HOME if exc.code == SENSITIVE else StageState.FAILED
-                return state, f"{exc.code}: {exc}"[:900], datasets
+                home = exc.code == SensitiveData.code
+                return (StageState.KEPT_HOME if home else StageState.FAILED,
+                        f"{exc.code}: {exc}"[:900], datasets)  # fmt: skip
             datasets.append({"dst": s["dst"], **_kept(out)})
         if not push:
             total = sum(int(d.get("bytes", 0)) for d in datasets)

@@ -73,6 +73,13 @@ def submit(
     )  # fmt: skip
 
 
+def submit_ok(env: dict[str, str], out_dir: Path, script: str) -> int:
+    """``submit``, which must succeed: the job's id."""
+    submitted = submit(env, out_dir, script)
+    assert submitted.returncode == 0, submitted.stderr
+    return int(submitted.stdout.strip().split(";")[0])
+
+
 def job(env: dict[str, str], job_id: int) -> dict[str, str]:
     out = subprocess.run(["scontrol", "show", "job", "-o", str(job_id)], env=env, text=True,
                          capture_output=True, timeout=30).stdout  # fmt: skip
@@ -109,9 +116,7 @@ def test_a_burst_job_reads_its_data_on_the_cloud_node_verified_and_its_own(
         f'ls {src} >/dev/null 2>&1 && echo "SOURCE VISIBLE" || echo "SOURCE HIDDEN"\n'
         '(echo x >> shard-0) 2>/dev/null && echo "WRITABLE" || echo "READ-ONLY"\n'
     )
-    submitted = submit(env, out_dir, script)
-    assert submitted.returncode == 0, submitted.stderr
-    job_id = int(submitted.stdout.strip().split(";")[0])
+    job_id = submit_ok(env, out_dir, script)
     info = done(env, job_id)
     assert info["JobState"] == "COMPLETED", info
     assert info["NodeList"].startswith("burst-cpu-")
@@ -144,9 +149,7 @@ def test_a_job_on_a_node_that_is_up_already_gets_its_data_there(
             f"#BB_LUA stage_in src={src} dst=d\n"
             f'sha256sum "$SLURM_BURST_STAGE_D"/*\nsleep {hold}\n'
         )
-        submitted = submit(env, out_dir, script)
-        assert submitted.returncode == 0, submitted.stderr
-        ids.append(int(submitted.stdout.strip().split(";")[0]))
+        ids.append(submit_ok(env, out_dir, script))
         wait(lambda: job(env, ids[-1]).get("JobState") in ("RUNNING", "COMPLETED"), 240,
              f"job {ids[-1]} runs")  # fmt: skip
         rec = store.node(node)
@@ -169,9 +172,7 @@ def test_a_job_that_may_run_on_prem_runs_there_without_an_upload(
         f"#!/bin/sh\n#SBATCH -p onprem\n#BB_LUA stage_in src={src} dst=x\n"
         'test -e "$SLURM_BURST_STAGE_X" && echo STAGED || echo "NO COPY ON $(hostname)"\n'
     )
-    submitted = submit(env, out_dir, script)
-    assert submitted.returncode == 0, submitted.stderr
-    job_id = int(submitted.stdout.strip().split(";")[0])
+    job_id = submit_ok(env, out_dir, script)
     info = done(env, job_id)
     assert info["JobState"] == "COMPLETED" and info["NodeList"] == "onprem-1", info
     assert "NO COPY ON onprem-1" in (out_dir / f"{job_id}.out").read_text()
@@ -199,10 +200,8 @@ def test_sensitive_data_is_refused_at_submit_and_by_the_daemon_and_nothing_leave
     # and a data owner's marker keeps a directory home too
     marked = dataset("marked", {"a.txt": b"private\n", ".slurm-burst-onprem-only": b""})
     for src in (link, marked):
-        submitted = submit(env, out_dir, "#!/bin/sh\n#SBATCH -p burst-cpu\n"
+        job_id = submit_ok(env, out_dir, "#!/bin/sh\n#SBATCH -p burst-cpu\n"
                            f"#BB_LUA stage_in src={src} dst=s\nhostname\n")  # fmt: skip
-        assert submitted.returncode == 0, submitted.stderr
-        job_id = int(submitted.stdout.strip().split(";")[0])
         try:
             wait(partial(held, env, job_id), 60, f"job {job_id} held with the reason")  # fmt: skip
             info = job(env, job_id)
