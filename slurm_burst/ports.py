@@ -21,7 +21,7 @@ from slurm_burst.core.mesh import Peer
 from slurm_burst.core.nodestate import NodeState
 from slurm_burst.core.records import GroupHealth, NodeRecord, Request, Spooled, StageRecord
 from slurm_burst.core.slurm import JobOwner, QueuedJob, SlurmJob, SlurmNode, SlurmPartition
-from slurm_burst.core.usage import AssocUsage, ClosedInstance, InstanceEvent, JobUsage
+from slurm_burst.core.usage import AssocUsage, ClosedInstance, InstanceEvent, JobUsage, Transfer
 
 
 class Clock(Protocol):
@@ -350,13 +350,21 @@ class Metrics(Protocol):
         per_gpu: Mapping[str, Sequence[GpuSample]] | None,
     ) -> None: ...
 
+    # a dataset moved (direction: in, pull, out) or a move that failed (bytes 0)
+    def transfer(
+        self, direction: str, store: str, ok: bool, bytes_sent: int, seconds: float
+    ) -> None: ...
+
     def serve(self, listen: str) -> None: ...
 
 
 class Ledger(Protocol):
-    """Append-only cost records: instance events (the provisioner writes them)."""
+    """Append-only cost records: instance events (the provisioner writes them) and
+    transfers (staging writes them); each recorded once, however often it is written."""
 
     def instance_event(self, ev: InstanceEvent) -> None: ...
+
+    def transfer(self, t: Transfer) -> None: ...
 
 
 class SpooledLedger(Ledger, Protocol):

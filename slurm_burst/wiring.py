@@ -43,6 +43,7 @@ if TYPE_CHECKING:
         DaemonHost,
         JobSteering,
         LeaderElection,
+        Ledger,
         Mesh,
         Metrics,
         NodeStore,
@@ -65,6 +66,7 @@ if TYPE_CHECKING:
         ReconcilerSettings,
     )
     from slurm_burst.services.staging import Progress, Stager
+    from slurm_burst.services.transfers import TransferBook
     from slurm_burst.services.warmpool import WarmSettings
 
 
@@ -349,6 +351,21 @@ def stager(cfg: Config, store: str = "", progress: Progress | None = None) -> St
     )  # fmt: skip
 
 
+def transfer_book(
+    cfg: Config, store: str, clock: Clock, ledger: Ledger | None, metrics: Metrics | None = None
+) -> TransferBook:
+    """What staging's transfers cost, into ``ledger`` (the store's prices)."""
+    from slurm_burst.services.transfers import StorePrices, TransferBook
+
+    st = cfg.stores[store]
+    prices = StorePrices(
+        store=store, provider=st.providers[0] if len(st.providers) == 1 else "",
+        upload_per_gb=st.upload_per_gb, download_per_gb=st.download_per_gb,
+        egress_per_gb=st.egress_per_gb, storage_per_gb_month=st.storage_per_gb_month,
+    )  # fmt: skip
+    return TransferBook(cfg.cluster.name, prices, clock, ledger, metrics)
+
+
 # -- the ledger ------------------------------------------------------------------------
 def plot_simulation(rows: list[Comparison], title: str, directory: str) -> list[str]:
     """The simulator's plots (matplotlib, imported here: only ``simulate --plot`` needs it)."""
@@ -545,11 +562,14 @@ def assemble(cfg: Config, parts: DaemonParts) -> Daemon:
     )  # fmt: skip
     staging, stagework = None, None
     if p.stager is not None and p.pusher is not None:
+        book = transfer_book(cfg, p.stager.store.name, p.clock, p.ledger, p.metrics)
         staging = NodeStaging(
             NodeStagingSettings(node_dir=cfg.staging.node_dir), p.store, p.stager, p.clock,
-            p.connector,
+            p.connector, book,
         )  # fmt: skip
-        stagework = StageWork(StageWorkSettings(), p.store, p.pusher, p.clock, staging.pull_asked)
+        stagework = StageWork(
+            StageWorkSettings(), p.store, p.pusher, p.clock, staging.pull_asked, book
+        )
     provisioner = Provisioner(
         provisioner_settings(cfg, p.slurm_release),
         ProvisionerPorts(

@@ -26,7 +26,7 @@ class CliPusher:
     def push(self, user: str, src: str, account: str, qos: str, *, check: bool) -> dict[str, Any]:
         argv = [
             self.python, "-m", "slurm_burst", "--config", self.config_path, "stage", "push",
-            src, "--account", account, "--as-user", user, "--json",
+            src, "--account", account, "--as-user", user, "--json", "--no-ledger",
             *(["--qos", qos] if qos else []), *(["--check"] if check else []),
         ]  # fmt: skip
         try:

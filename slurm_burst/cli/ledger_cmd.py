@@ -128,9 +128,10 @@ def instances(ctx: click.Context, as_json: bool) -> None:
 def report(
     ctx: click.Context, by: str, start: str | None, end: str | None, fmt: str, as_json: bool
 ) -> None:
-    """Chargeback: instance-hours, GPU-hours, allocated, overhead, total, idle share,
-    and the idle GPU cost (allocated cost of GPU jobs times the share of their GPU time
-    their GPUs were idle, from NVML samples); --by job adds each job's GPU utilization.
+    """Chargeback: instance-hours, GPU-hours, allocated, overhead, staging (datasets
+    moved for jobs: `ledger transfers`), total, idle share, and the idle GPU cost
+    (allocated cost of GPU jobs times the share of their GPU time their GPUs were idle,
+    from NVML samples); --by job adds each job's GPU utilization.
 
     \b
     Examples:
@@ -150,7 +151,8 @@ def report(
     led = _ledger(ctx)
     rows = led.report(keys, first, after)
     head = ["job", "account", "user", "partition", "state"] if keys == ["job"] else keys
-    nums = ["instance_hours", "gpu_hours", "allocated", "overhead", "total", "idle_share"]
+    nums = ["instance_hours", "gpu_hours", "allocated", "overhead", "staging", "total",
+            "idle_share"]  # fmt: skip
     nums += [*(["gpu_util"] if keys == ["job"] else []), "idle_gpu"]
     if as_json or fmt == "json":
         click.echo(
@@ -184,6 +186,7 @@ def report(
                 f"{r['gpu_hours']:.3f}",
                 f"{r['allocated']:.6f}",
                 f"{r['overhead']:.6f}",
+                f"{r['staging']:.6f}",
                 f"{r['total']:.6f}",
                 f"{r['idle_share']:.1%}",
                 *([_percent(r["gpu_util"])] if keys == ["job"] else []),
@@ -199,6 +202,7 @@ def report(
                 f"{t['gpu_hours']:.3f}",
                 f"{t['allocated']:.6f}",
                 f"{t['overhead']:.6f}",
+                f"{t['staging']:.6f}",
                 f"{t['total']:.6f}",
                 "",
                 *([""] if keys == ["job"] else []),
@@ -216,6 +220,7 @@ def report(
             "GPU-H",
             "ALLOCATED $",
             "OVERHEAD $",
+            "STAGING $",
             "TOTAL $",
             "IDLE",
             *(["GPU UTIL"] if keys == ["job"] else []),
@@ -228,6 +233,43 @@ def report(
 
 def _percent(value: float | None) -> str:
     return "-" if value is None else f"{value:.0%}"
+
+
+@group.command("transfers")
+@with_period
+@click.option("--account", default="", help="Only this account's transfers.")
+@click.option(
+    "--job", type=click.IntRange(1, 2**53), default=None, metavar="JOBID", help="Only this job's."
+)
+@json_option
+@click.pass_context
+def transfers_cmd(
+    ctx: click.Context, start: str | None, end: str | None, account: str, job: int | None,
+    as_json: bool,
+) -> None:  # fmt: skip
+    """Datasets moved for jobs, newest first: pushes to a store (in), nodes' pulls
+    (pull), with bytes, time, the prices that applied and the cost.
+
+    \b
+    Examples:
+      slurm-burst ledger transfers --account physics
+      slurm-burst ledger transfers --job 4242 --json
+    """
+    first, after = _period(start, end)
+    rows = _ledger(ctx).transfers(first, after, account, job or 0)
+    emit(
+        rows,
+        as_json,
+        columns=["ENDED", "JOB", "ACCOUNT", "USER", "DIR", "STORE", "NODE", "DATASET",
+                 "BYTES", "SENT", "SECONDS", "COST $"],
+        rows=lambda rs: [
+            [r["at"][:19], r["job"] or "-", r["account"], r["user"], r["direction"], r["store"],
+             r["node"] or "-", r["dataset"][-40:], r["logical_bytes"], r["bytes_sent"],
+             f"{r['seconds']:.1f}", f"{r['cost']:.6f}"]
+            for r in rs
+        ],
+        title=f"slurm-burst transfers {first} .. {after - timedelta(days=1)}",
+    )  # fmt: skip
 
 
 @group.command("export")

@@ -47,12 +47,19 @@ def group() -> None:
     help="Only check that SRC may leave (resolved, the site's rules, markers): read and "
     "send nothing.",
 )
+@click.option(
+    "--ledger/--no-ledger",
+    "record",
+    default=True,
+    hidden=True,  # the daemon's child pushes say --no-ledger: the daemon records them
+    help="Record the push in the ledger's transfers.",
+)
 @_store_option
 @json_option
 @click.pass_context
 def push(
     ctx: click.Context, src: str, account: str, qos: str, as_user: str | None, check: bool,
-    store: str, as_json: bool,
+    record: bool, store: str, as_json: bool,
 ) -> None:  # fmt: skip
     """Stage SRC (an absolute directory or file) now, before any job asks for it.
 
@@ -81,6 +88,8 @@ def push(
         emit({"ok": False, "code": exc.code, "message": str(exc)}, True)
         sys.exit(exc.exit_code)
     progress.done()
+    if record and not check:
+        _record_push(app(ctx).config, st.store.name, out, account, as_user)
     if check:
         emit(out, as_json, columns=["SRC", "RESOLVED", "FILES", "BYTES"],
              rows=lambda r: [[r["src"], r["real_src"], r["files"], r["bytes"]]],
@@ -168,6 +177,25 @@ def jobs(ctx: click.Context, states: tuple[str, ...], as_json: bool) -> None:
 def _stage_row(r: dict[str, Any]) -> list[object]:
     return [r["job_id"], r["user"], r["account"], r["state"], len(r["stages"]), r["bytes"],
             r["bytes_sent"], ts(r["updated_at"]), r["message"][:60]]  # fmt: skip
+
+
+def _record_push(
+    cfg: Any, store: str, out: dict[str, object], account: str, as_user: str | None
+) -> None:
+    """An admin's push in the ledger's transfers (job 0), through the daemon's spool if
+    the database is away; a ledger that cannot take it is said, the push stands."""
+    import getpass
+
+    from slurm_burst.core.errors import BurstError
+    from slurm_burst.wiring import clock, daemon_ledger, transfer_book
+
+    try:
+        user = as_user or getpass.getuser()
+        transfer_book(cfg, store, clock(), daemon_ledger(cfg)).pushed(
+            out, account=account, user=user
+        )
+    except (BurstError, OSError, KeyError) as exc:  # staged all the same: said, not fatal
+        click.echo(f"slurm-burst: warning: push not recorded in the ledger: {exc}", err=True)
 
 
 def _push_row(r: dict[str, object]) -> list[object]:

@@ -661,6 +661,24 @@ class StoreConfig:
         "Provider profiles whose nodes pull from this store (one store per provider).",
         default=(),
     )
+    upload_per_gb: float = doc(
+        "Dollars per GB (2^30 bytes) the provider charges for data sent into the store "
+        "(stage-in's push; most charge none). Recorded with each transfer in the ledger.",
+        default=0.0,
+    )
+    download_per_gb: float = doc(
+        "Dollars per GB a cloud node's pull from the store costs (none within the "
+        "store's region on the major providers; set it for a node in another region).",
+        default=0.0,
+    )
+    egress_per_gb: float = doc(
+        "Dollars per GB leaving the provider for the site (stage-out).", default=0.0
+    )
+    storage_per_gb_month: float = doc(
+        "Dollars per GB-month stored; a push is charged the first month of the bytes it "
+        "newly stores.",
+        default=0.0,
+    )
 
 
 @dataclass(frozen=True)

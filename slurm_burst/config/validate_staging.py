@@ -9,6 +9,7 @@ from slurm_burst.config.model import Config
 from slurm_burst.config.schema import Problem
 from slurm_burst.core.staging import StagingError, check_src
 
+PRICES = ("upload_per_gb", "download_per_gb", "egress_per_gb", "storage_per_gb_month")
 DRIVERS = ("s3",)  # google_storage and azure_blobs follow with stage-out (issue 30)
 _BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]", re.ASCII)  # S3's bucket names
 _HOST = re.compile(r"[A-Za-z0-9]([A-Za-z0-9.-]{0,251}[A-Za-z0-9])?", re.ASCII)
@@ -35,6 +36,10 @@ def staging_problems(cfg: Config) -> list[Problem]:
         creds = st.credentials
         if creds is not None and creds.file and (creds.key_env or creds.secret_env):
             out.append(Problem(f"{base}.credentials", "give either 'file' or key_env/secret_env"))
+        for key in PRICES:
+            price = getattr(st, key)
+            if not (isinstance(price, int | float) and math.isfinite(price) and 0 <= price < 1e4):
+                out.append(Problem(f"{base}.{key}", "must be dollars per GB, 0 to 10,000"))
         for prov in st.providers:
             if prov not in cfg.providers:
                 out.append(Problem(f"{base}.providers", f"no provider profile {prov!r}"))

@@ -80,6 +80,19 @@ def cost_micros(price_micros_per_hour: int, elapsed_ms: int) -> int:
     return q
 
 
+GB = 1 << 30  # providers bill data "per GB" of 2^30 bytes
+
+
+def bytes_cost_micros(n: int, micros_per_gb: int) -> int:
+    """Cost of ``n`` bytes at a price per GB (2^30 bytes), rounded half-even to a
+    micro-dollar."""
+    q, r = divmod(max(0, n) * micros_per_gb, GB)
+    twice = 2 * r
+    if twice > GB or (twice == GB and q % 2):
+        q += 1
+    return q
+
+
 def parse_instant(text: str, what: str) -> datetime:
     """``YYYY-MM-DD`` (midnight UTC) or an ISO 8601 time (UTC if no zone given)."""
     try:

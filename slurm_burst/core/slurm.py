@@ -251,7 +251,9 @@ QUEUE_FIELDS = (
 QUEUE_FORMAT = ",".join(f"{f}:|" for f in QUEUE_FIELDS)
 
 
-OWNER_FORMAT = "%i|%u|%U|%G|%a|%q|%P"  # squeue: none of these fields can hold a '|'
+# squeue: none of these fields can hold a '|'. %A is the job's own id, unique for each
+# task of an array (%i would show an array task as ARRAYID_TASK, not its own id)
+OWNER_FORMAT = "%A|%u|%U|%G|%a|%q|%P"
 _NAME = re.compile(r"[A-Za-z0-9._@+-]{1,128}", re.ASCII)
 
 
@@ -279,7 +281,7 @@ def parse_job_owner(text: str, job_id: int) -> JobOwner:
     if len(fields) != 7:
         raise ValueError(f"{len(fields)} fields, not 7: {lines[0][:200]!r}")
     jid, user, uid, gid, account, qos, parts = fields
-    if jid.split("_")[0] != str(job_id):
+    if jid != str(job_id):
         raise ValueError(f"job {jid[:40]!r}, not {job_id}")
     if not (is_digits(uid) and is_digits(gid)):
         raise ValueError(f"uid {uid[:20]!r} and gid {gid[:20]!r}: not numbers")

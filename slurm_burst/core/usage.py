@@ -80,6 +80,48 @@ class InstanceEvent:
     price_version: str = ""
 
 
+class TransferDirection:
+    """Which way a transfer's bytes went."""
+
+    IN = "in"  # the site's side to the store (stage-in's push)
+    PULL = "pull"  # the store to a cloud node (the node's pull, part of its join)
+    OUT = "out"  # a cloud node or the store back to the site (stage-out)
+
+    ALL = (IN, PULL, OUT)
+
+
+@dataclass(frozen=True)
+class Transfer:
+    """One transfer of a dataset, as the ledger records it (append-only).
+
+    ``key`` makes a replayed or repeated write add nothing. ``per_gb`` is the price per
+    GB sent that applied to this direction (the store's ``upload_per_gb``,
+    ``download_per_gb`` or ``egress_per_gb``); ``cost_micros`` is the bytes sent at that
+    price, plus, for bytes a push newly stored, their first month at
+    ``storage_per_gb_month``. The field names are the spool's on-disk format: keep them.
+    """
+
+    key: str
+    direction: str
+    store: str
+    provider: str
+    account: str
+    user: str
+    job_id: int  # 0: no job (an admin's pre-stage)
+    node: str  # a pull's node; "" for a push
+    dataset: str  # the source path (in) or the job's name for it (pull)
+    manifest: str
+    logical_bytes: int  # the dataset's size
+    bytes_sent: int  # on the wire (compressed where stored so)
+    objects: int
+    objects_sent: int
+    seconds: float
+    at: float  # unix time the transfer ended
+    per_gb: float = 0.0
+    storage_per_gb_month: float = 0.0
+    cost_micros: int = 0
+
+
 @dataclass(frozen=True)
 class ClosedInstance:
     """An instance with a terminated event and no allocation yet."""
@@ -117,14 +159,17 @@ def report_totals(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     allocated = sum(int(r["allocated_micros"]) for r in rows)
     overhead = sum(int(r["overhead_micros"]) for r in rows)
     idle_gpu = sum(int(r.get("idle_gpu_micros", 0)) for r in rows)
+    staging = sum(int(r.get("staging_micros", 0)) for r in rows)
     return {
         "idle_gpu": float(dollars(idle_gpu)),
         "instance_hours": round(sum(r["instance_hours"] for r in rows), 6),
         "gpu_hours": round(sum(r["gpu_hours"] for r in rows), 6),
         "allocated": float(dollars(allocated)),
         "overhead": float(dollars(overhead)),
-        "total": float(dollars(allocated + overhead)),
-        "total_micros": allocated + overhead,
+        "staging": float(dollars(staging)),
+        "staged_bytes": sum(int(r.get("staged_bytes", 0)) for r in rows),
+        "total": float(dollars(allocated + overhead + staging)),
+        "total_micros": allocated + overhead + staging,
     }
 
 

@@ -18,8 +18,11 @@ the node never holds the site's storage keys). It needs only the standard librar
 4. when every file is verified: modes 0444 (0555 executables and directories), owner
    ``uid:gid``, and one rename makes the work directory ``dest``.
 
-Output: one JSON object on stdout. Exit 0 staged (or already there), 1 a file could not
-be fetched whole, 2 a bad plan or usage, 3 not enough disk.
+Output: one JSON object on stdout, with ``exit``; on failure ``error``, and ``corrupt``:
+the digests whose every fetch came back with wrong bytes (the store's copy is bad, so
+the daemon drops it and pushes it again). Exit 0 staged (or already there), 1 a file
+could not be fetched whole, 2 a bad plan or usage, 3 not enough disk; with
+``--exit-zero`` always 0 (the JSON says which).
 """
 
 from __future__ import annotations
@@ -116,6 +119,7 @@ class Puller:
         self.fetched = 0  # bytes received
         self.refetched = 0  # objects fetched again after a bad copy
         self.kept = 0  # files verified from an earlier, interrupted pull
+        self.corrupt: set[str] = set()  # digests whose every fetch came back wrong
 
     def run(self) -> dict[str, Any]:
         started = time.monotonic()
@@ -178,7 +182,7 @@ class Puller:
 
     def _pull(self, f: dict[str, Any]) -> None:
         tmp = os.path.join(self.work, ".tmp", f"{f['sha256']}-{threading.get_ident()}")
-        last = ""
+        last, wrong = "", 0
         for attempt in range(self.retries + 1):
             if attempt:
                 with self.lock:
@@ -188,12 +192,16 @@ class Puller:
                 self._fetch(f, tmp)
             except (Corrupt, OSError, urllib.error.URLError, zlib.error) as exc:
                 last = f"{type(exc).__name__}: {exc}"
+                wrong += isinstance(exc, (Corrupt, zlib.error))
                 _remove(tmp)
                 continue
             target = self._target(f)
             os.makedirs(os.path.dirname(target), 0o700, exist_ok=True)
             os.replace(tmp, target)
             return
+        if wrong == self.retries + 1:  # the store's copy itself is bad, not the way there
+            with self.lock:
+                self.corrupt.add(f["sha256"])
         raise Refused(f"{f['path']}: not fetched whole in {self.retries + 1} tries ({last})", 1)
 
     def _fetch(self, f: dict[str, Any], tmp: str) -> None:
@@ -307,18 +315,26 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--parallel", type=int, default=4, help="objects fetched at once")
     ap.add_argument("--plan", help="read the plan from this file, then remove it (its URLs "
                     "are grants), instead of from standard input")
+    ap.add_argument("--exit-zero", action="store_true", help="exit 0 whatever happened; the "
+                    "JSON's 'exit' is the exit code (the daemon reads the answer whole)")
     args = ap.parse_args(argv)
+    puller = None
     try:
         plan = load_plan(_plan_file(args.plan) if args.plan else
                          sys.stdin.buffer.read(MAX_PLAN + 1)[:MAX_PLAN])
-        out = Puller(plan, args.retries, args.timeout, args.parallel).run()
+        puller = Puller(plan, args.retries, args.timeout, args.parallel)
+        out = puller.run()
         code = 0
     except Refused as exc:
         out, code = {"ok": False, "error": str(exc)}, exc.code
     except OSError as exc:
         out, code = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}, 1
-    print(json.dumps(out, sort_keys=True))
-    return code
+    if puller is not None and puller.corrupt:
+        out["corrupt"] = sorted(puller.corrupt)[:1000]  # objects to drop from the store
+    if code and puller is not None:
+        out["fetched_bytes"] = puller.fetched
+    print(json.dumps({**out, "exit": code}, sort_keys=True))
+    return 0 if args.exit_zero else code
 
 
 if __name__ == "__main__":

@@ -18,13 +18,17 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
+from typing import Any
 
 from slurm_burst.core.errors import BurstError, StepError
 from slurm_burst.core.jobs import job_ids
 from slurm_burst.core.records import NodeRecord, StageRecord, StageState
 from slurm_burst.core.remote import RemoteError
+from slurm_burst.core.staging import Manifest
+from slurm_burst.core.usage import TransferDirection
 from slurm_burst.ports import Clock, Connector, NodeStore, RemoteShell
 from slurm_burst.services.staging import Stager
+from slurm_burst.services.transfers import TransferBook
 
 log = logging.getLogger(__name__)
 
@@ -55,8 +59,10 @@ class NodeStaging:
         stager: Stager,
         clock: Clock,
         connector: Connector,
+        book: TransferBook | None = None,
     ) -> None:
         self.settings = settings
+        self.book = book  # each pull into the ledger and the metrics
         self.store = store
         self.stager = stager
         self.clock = clock
@@ -143,19 +149,58 @@ class NodeStaging:
         except BurstError as exc:
             raise StepError("StagePull", f"job {st.job_id} {dst}: {exc}") from exc
         path = f"/run/slurm-burst-plan-{st.job_id}-{dst}.json"
+        out: dict[str, Any] = {}
         sh.put(json.dumps(plan).encode(), path, 0o600)  # its URLs are grants: root's only
         timeout = max(5.0, deadline - self.clock.monotonic())
+        argv = [self.settings.node_python, REMOTE_PULLER, "--plan", path, "--exit-zero"]
         try:
-            said = sh.run([self.settings.node_python, REMOTE_PULLER, "--plan", path], timeout)
+            out = _answer(sh.run(argv, timeout))
+            if out.get("exit") != 0:
+                raise RemoteError(str(out.get("error", "no answer"))[:500], "RemoteCommand")
         except RemoteError as exc:
+            if self.book is not None:
+                self.book.failed(TransferDirection.PULL)
+            bad = [x for x in out.get("corrupt", []) if isinstance(x, str)]
+            if bad and exc.code == "RemoteCommand":
+                self._drop(st, d, manifest, bad)
             raise StepError("StagePull", f"job {st.job_id} {dst} -> {node.name}: {exc}") from exc
-        try:
-            out = json.loads(said.strip().splitlines()[-1])
-        except (ValueError, IndexError):
-            out = {}
-        got = int(out.get("fetched_bytes", 0) or 0)
+        got = _count(out.get("fetched_bytes"))
+        if self.book is not None:
+            self.book.pulled(
+                out, account=st.owner.account, user=st.owner.user, job_id=st.job_id, dst=dst,
+                node=node.name, provider=node.provider, manifest=manifest.id,
+                stage_id=str(st.created_at),
+            )  # fmt: skip
         log.info(
             "stage.pulled node=%s job=%s dst=%s files=%s fetched_bytes=%d refetched=%s",
             node.name, st.job_id, dst, out.get("files"), got, out.get("refetched", 0),
         )  # fmt: skip
         return got
+
+    def _drop(self, st: StageRecord, d: dict[str, object], manifest: Manifest,
+              bad: list[str]) -> None:  # fmt: skip
+        """Objects whose every fetch came back wrong are bad in the store: drop them (and
+        the dataset's pointer, so a push does not take it as unchanged) and push the
+        stage again; the job, requeued, finds its data whole on its next node."""
+        try:
+            n = self.stager.drop(st.owner.account, str(d.get("src", "")), manifest, bad)
+            self.store.update_stage(
+                st.job_id, self.clock.now(), expect=[StageState.STAGED], state=StageState.PUSHING,
+                message=f"{n} objects were corrupt in the store: pushing again",
+            )  # fmt: skip
+            log.error("stage.corrupt_in_store job=%s objects=%d pushing_again", st.job_id, n)
+        except BurstError as exc:
+            log.error("stage.corrupt_not_dropped job=%s error=%s", st.job_id, exc)
+
+
+def _answer(said: str) -> dict[str, Any]:
+    """The puller's one JSON line (its last), or {} if it said something else."""
+    try:
+        out = json.loads(said.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return {}
+    return out if isinstance(out, dict) else {}
+
+
+def _count(v: object) -> int:
+    return v if isinstance(v, int) and v >= 0 else 0

@@ -32,9 +32,11 @@ from slurm_burst.core.jobs import job_ids
 from slurm_burst.core.nodestate import NodeState
 from slurm_burst.core.records import StageRecord, StageState, StoreError
 from slurm_burst.core.staging import SensitiveData
+from slurm_burst.core.usage import TransferDirection
 from slurm_burst.ports import Clock, NodeStore, StagePusher
 from slurm_burst.services.nodestage import ASKED, FAILED, ON_NODE, meta_prefix
 from slurm_burst.services.periodic import contain
+from slurm_burst.services.transfers import TransferBook
 
 log = logging.getLogger(__name__)
 
@@ -56,8 +58,10 @@ class StageWork:
         pusher: StagePusher,
         clock: Clock,
         puller: Callable[[int, str], None] | None = None,
+        book: TransferBook | None = None,
     ) -> None:
         self.settings = settings
+        self.book = book  # each push into the ledger and the metrics
         self.puller = puller  # (job, node): a pull the prolog asked for, answered in meta
         self.store = store
         self.pusher = pusher
@@ -180,8 +184,13 @@ class StageWork:
                 out = self.pusher.push(who.user, s["src"], who.account, who.qos, check=not push)
             except BurstError as exc:
                 home = exc.code == SensitiveData.code
+                if push and not home and self.book is not None:
+                    self.book.failed(TransferDirection.IN)
                 return (StageState.KEPT_HOME if home else StageState.FAILED,
                         f"{exc.code}: {exc}"[:900], datasets)  # fmt: skip
+            if push and self.book is not None:
+                self.book.pushed(out, account=who.account, user=who.user, job_id=rec.job_id,
+                                 dst=s["dst"], stage_id=str(rec.created_at))  # fmt: skip
             datasets.append({"dst": s["dst"], **_kept(out)})
         if not push:
             total = sum(int(d.get("bytes", 0)) for d in datasets)

@@ -25,6 +25,7 @@ manifest's files, each with a read-only URL for its object, valid ``grant_second
 from __future__ import annotations
 
 import contextlib
+import functools
 import random
 import threading
 from collections.abc import Callable, Sequence
@@ -305,6 +306,20 @@ class Stager:
                 for e in manifest.entries
             ],
         }
+
+    def drop(self, account: str, src: str, manifest: Manifest, digests: Sequence[str]) -> int:
+        """Delete the objects of ``manifest`` holding ``digests`` (found bad in the store)
+        and ``src``'s pointer if it names this version, so the next push sends them again
+        rather than finding the dataset unchanged. Returns the objects deleted."""
+        layout = Layout(self.settings.prefix, namespace(account))
+        bad = set(digests)
+        names = sorted({e.object_name() for e in manifest.entries if e.sha256 in bad})
+        for name in names:
+            self._again(functools.partial(self.store.delete, layout.object(name)))
+        old = self._pointer(layout, src) if src else None
+        if old is not None and old.manifest == manifest.id:
+            self._again(lambda: self.store.delete(layout.pointer(src)))
+        return len(names)
 
     # -- helpers -----------------------------------------------------------------------
 

@@ -1,10 +1,12 @@
-"""The ledger in memory: instance events, once each."""
+"""The ledger in memory: instance events and transfers, once each."""
 
 from __future__ import annotations
 
 import threading
+from datetime import UTC, date, datetime
+from typing import Any
 
-from slurm_burst.core.usage import InstanceEvent, LedgerUnavailable
+from slurm_burst.core.usage import InstanceEvent, LedgerUnavailable, Transfer
 
 
 class FakeLedger:
@@ -14,6 +16,7 @@ class FakeLedger:
 
     def __init__(self) -> None:
         self.events: list[InstanceEvent] = []
+        self.moved: dict[str, Transfer] = {}  # by key
         self.away = False
         self._lock = threading.Lock()
 
@@ -23,6 +26,23 @@ class FakeLedger:
         with self._lock:
             if not any((e.instance_id, e.event) == (ev.instance_id, ev.event) for e in self.events):
                 self.events.append(ev)
+
+    def transfer(self, t: Transfer) -> None:
+        if self.away:
+            raise LedgerUnavailable("ledger database unreachable")
+        with self._lock:
+            self.moved.setdefault(t.key, t)
+
+    def transfers(
+        self, start: date, end: date, account: str = "", job: int = 0
+    ) -> list[dict[str, Any]]:
+        with self._lock:
+            found = [
+                t for t in self.moved.values()
+                if start <= datetime.fromtimestamp(t.at, UTC).date() < end
+                and (not account or t.account == account) and (not job or t.job_id == job)
+            ]  # fmt: skip
+        return [dict(t.__dict__) for t in sorted(found, key=lambda t: -t.at)]
 
     def open_instances(self) -> dict[str, str]:
         with self._lock:

@@ -15,6 +15,7 @@ import uuid
 from collections.abc import Iterator
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import create_engine, func, select, text
@@ -28,7 +29,13 @@ from slurm_burst.adapters.ledger.spool import Spool, SpoolingLedger
 from slurm_burst.adapters.ledger.sql import SqlLedger
 from slurm_burst.core.allocation import Allocation, InstanceSpan, JobSpan, allocate
 from slurm_burst.core.gpu import GpuUsage
-from slurm_burst.core.usage import InstanceEvent, JobUsage, LedgerUnavailable, SchemaOutdated
+from slurm_burst.core.usage import (
+    InstanceEvent,
+    JobUsage,
+    LedgerUnavailable,
+    SchemaOutdated,
+    Transfer,
+)
 from slurm_burst.wiring import chargeback_settings
 from tests.contracts.ledger import LedgerContract
 
@@ -439,5 +446,51 @@ class SpooledSql:
     def instance_event(self, ev: InstanceEvent) -> None:
         self.spooling.instance_event(ev)
 
+    def transfer(self, t: Transfer) -> None:
+        self.spooling.transfer(t)
+
+    def transfers(
+        self, start: date, end: date, account: str = "", job: int = 0
+    ) -> list[dict[str, Any]]:
+        return self.sql.transfers(start, end, account, job)
+
     def open_instances(self) -> dict[str, str]:
         return self.sql.open_instances()
+
+
+def test_staging_is_in_the_chargeback_by_account_and_by_job(led: SqlLedger) -> None:
+    """Transfers (pushes, pulls, an admin's pre-stage) add a staging column to reports
+    and to their totals; by job, a job's transfers go to its row."""
+    acct = f"stg{uuid.uuid4().hex[:8]}"
+    day, _inst, key = _split_one_job(led, account=acct)
+    first, nxt = day.date(), day.date() + timedelta(days=1)
+    job_row = {r["job_key"]: r for r in report(led.engine, ["job"], first, nxt)}[key]
+    jid, user = int(key.split(":")[1]), job_row["user"]
+    at = (day + timedelta(minutes=5)).timestamp()
+
+    def moved(direction: str, job: int, cost: int, sent: int, node: str = "") -> Transfer:
+        return Transfer(
+            key=f"{direction}:{acct}:{job}:{node}", direction=direction, store="s3-lab",
+            provider="lab", account=acct, user=user, job_id=job, node=node, dataset="/d",
+            manifest="ab" * 32, logical_bytes=sent, bytes_sent=sent, objects=1,
+            objects_sent=1, seconds=1.0, at=at, per_gb=0.5, storage_per_gb_month=0.25,
+            cost_micros=cost,
+        )  # fmt: skip
+
+    for t in (moved("in", jid, 3_000, 1 << 20), moved("pull", jid, 700, 1 << 20, "n1"),
+              moved("in", 0, 5_000, 2 << 20)):  # fmt: skip
+        led.transfer(t)
+        led.transfer(t)  # once each
+    by_account = {r["account"]: r for r in report(led.engine, ["account"], first, nxt)}
+    assert by_account[acct]["staging_micros"] == 8_700
+    assert by_account[acct]["total_micros"] == 85_000 + 8_700
+    assert by_account[acct]["staged_bytes"] == 4 << 20
+    by_job = {r["job"]: r for r in report(led.engine, ["job"], first, nxt) if r["account"] == acct}
+    assert by_job[str(jid)]["staging_micros"] == 3_700
+    assert by_job[str(jid)]["total_micros"] == 85_000 + 3_700
+    assert by_job["(pre-stage)"]["staging_micros"] == 5_000
+    assert by_job["(pre-stage)"]["total_micros"] == 5_000
+    listed = led.transfers(first, nxt, account=acct)
+    assert sorted((t["direction"], t["job"], t["cost_micros"]) for t in listed) == [
+        ("in", 0, 5_000), ("in", jid, 3_000), ("pull", jid, 700)
+    ]  # fmt: skip

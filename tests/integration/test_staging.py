@@ -349,6 +349,18 @@ def test_a_corrupt_or_truncated_object_is_never_accepted(server: S3Server, tmp_p
     code, out = pull(plan)
     assert code == 1 and not out["ok"] and "not fetched whole" in out["error"], out
     assert not dest.exists()  # the dataset never appears partly
+    # every fetch of both came back wrong: the store's copies are bad, named for the daemon
+    assert out["corrupt"] == sorted(f["sha256"] for f in plan["files"]) and out["exit"] == 1
+    code, said = pull(plan, "--exit-zero")  # the daemon's way: the JSON says how it ended
+    assert code == 0 and said["exit"] == 1 and said["corrupt"] == out["corrupt"]
+    # dropped from the store, the next push sends them again and the pull succeeds
+    st = stager(server)
+    manifest = st.manifest("corrupt", str(root))
+    assert manifest is not None and st.drop("corrupt", str(root), manifest, out["corrupt"]) == 2
+    again = st.push(str(root), "corrupt")
+    assert not again.unchanged and again.objects_sent == 2
+    code, out = pull(plan)
+    assert code == 0 and (dest / "f").read_bytes() == (root / "f").read_bytes(), out
 
 
 def test_bytes_flipped_on_the_way_are_fetched_again(server: S3Server, tmp_path: Path) -> None:
@@ -524,10 +536,14 @@ def test_the_command_line_pushes_and_reports_and_says_what_is_wrong(
         f'[stores.lab]\nbucket = "{server.bucket}"\nendpoint = "{server.endpoint}"\n'
         'secure = false\nprefix = "cli/"\n'
         'credentials = { key_env = "SB_S3_KEY", secret_env = "SB_S3_SECRET" }\n'
+        'upload_per_gb = 0.5\nstorage_per_gb_month = 0.25\n'
         '[staging]\nstore = "lab"\nonprem_only_paths = ["/srv/medical"]\n'
+        f'[ledger]\nurl = "sqlite:///{tmp_path}/ledger.db"\n'
+        f'[daemon]\nstate_dir = "{tmp_path}/state"\n'
     )
     conf.chmod(0o600)
     env = {"SB_S3_KEY": KEY, "SB_S3_SECRET": SECRET}
+    invoke(["--config", str(conf), "db", "upgrade"])
     base = ["--config", str(conf), "stage"]
     me = ["--as-user", pwd.getpwuid(os.geteuid()).pw_name]
     first = json.loads(
@@ -538,6 +554,14 @@ def test_the_command_line_pushes_and_reports_and_says_what_is_wrong(
         invoke([*base, "push", str(root), "-A", "physics", *me, "--json"], env=env).stdout
     )
     assert again["unchanged"] and again["bytes_sent"] == 0 and again["requests"] == 2
+    # an admin's pushes are in the ledger's transfers (job 0): the first paid its bytes at
+    # the upload price and their first month stored; the unchanged one, nothing
+    moved = json.loads(invoke(["--config", str(conf), "ledger", "transfers", "--json"]).stdout)
+    assert sorted((t["bytes_sent"], t["cost_micros"], t["job"]) for t in moved) == [
+        (0, 0, 0), (sent := first["bytes_sent"], round(sent * 0.5e6 / 2**30)
+                     + round(sent * 0.25e6 / 2**30), 0)
+    ]  # fmt: skip
+    assert {(t["direction"], t["store"], t["account"]) for t in moved} == {("in", "lab", "physics")}
     shown = json.loads(invoke([*base, "status", "-A", "physics", "--json"], env=env).stdout)
     assert [d["src"] for d in shown["datasets"]] == [str(root)]
     assert shown["datasets"][0]["manifest"] == first["manifest"]

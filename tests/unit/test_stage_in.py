@@ -203,6 +203,7 @@ def test_bad_input_is_said_and_nothing_recorded(
      ("", "0 lines"),
      ("42|alice|x|1001|phys|normal|p\n", "not numbers"),
      ("43|alice|1001|1001|phys|normal|p\n", "not 42"),
+     ("40_2|alice|1001|1001|phys|normal|p\n", "not 42"),  # %A is an id, never TASK form
      ("42|al ice|1001|1001|phys|normal|p\n", "not a Slurm name"),
      ("42|alice|1001|1001|phys|normal|p|x\n", "8 fields")],
 )  # fmt: skip

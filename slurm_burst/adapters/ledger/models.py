@@ -12,6 +12,8 @@
   and partition for each allocation pass, so month x account reports read
   thousands of rows, not millions.
 - ``budgets``: each ``budget set`` is a row; the latest per account is in force.
+- ``transfers``: one row per dataset moved (a push to a store, a node's pull, a
+  stage-out), unique per transfer key, with the prices that applied and its cost.
 
 The schema is created and changed only by the Alembic migrations in
 ``migrations/versions``; these models are what the code reads and writes.
@@ -312,4 +314,57 @@ class GpuUsageRow(Base):
     )
     memory_used_max_bytes: Mapped[bigint] = mapped_column(
         comment="Most GPU memory the job's GPUs held at a sample, bytes."
+    )
+
+
+class TransferDirection(enum.StrEnum):
+    IN = "in"
+    PULL = "pull"
+    OUT = "out"
+
+
+class TransferRow(Base):
+    __tablename__ = "transfers"
+    __table_args__ = (
+        CheckConstraint(
+            "logical_bytes >= 0 AND bytes_sent >= 0 AND objects >= 0 AND objects_sent >= 0",
+            name="ck_transfers_counts",
+        ),
+        CheckConstraint("cost_micros >= 0 AND seconds >= 0", name="ck_transfers_cost"),
+        {"comment": "Datasets moved for jobs: pushes, node pulls, stage-outs (append-only)."},
+    )
+
+    id: Mapped[intpk] = mapped_column(comment="Surrogate key.")
+    transfer_key: Mapped[str] = mapped_column(
+        String(200), unique=True, comment="What the transfer was; the idempotency key."
+    )
+    cluster: Mapped[str] = mapped_column(String(64), comment="Slurm ClusterName.")
+    job_id: Mapped[int] = mapped_column(
+        BigInteger, index=True, comment="Slurm job id (0: an admin's pre-stage)."
+    )
+    account: Mapped[str] = mapped_column(String(64), index=True, comment="Slurm account.")
+    user: Mapped[str] = mapped_column(String(64), comment="User whose data it is.")
+    direction: Mapped[TransferDirection] = mapped_column(
+        by_value(TransferDirection, "transfer_direction"),
+        comment="in (site to store), pull (store to node) or out (back to the site).",
+    )
+    store: Mapped[str] = mapped_column(String(64), comment="slurm-burst store name.")
+    provider: Mapped[str] = mapped_column(String(64), comment="Provider profile.")
+    node: Mapped[str] = mapped_column(String(128), comment="A pull's node ('' for a push).")
+    dataset: Mapped[str] = mapped_column(Text, comment="Source path, or the job's name for it.")
+    manifest: Mapped[str] = mapped_column(String(64), comment="Dataset version (manifest id).")
+    logical_bytes: Mapped[bigint] = mapped_column(comment="The dataset's size, bytes.")
+    bytes_sent: Mapped[bigint] = mapped_column(comment="Bytes on the wire (compressed as sent).")
+    objects: Mapped[int] = mapped_column(comment="Distinct objects of the dataset.")
+    objects_sent: Mapped[int] = mapped_column(comment="Objects sent by this transfer.")
+    seconds: Mapped[float] = mapped_column(Double, comment="Wall time of the transfer.")
+    at: Mapped[utc] = mapped_column(index=True, comment="When it ended (UTC).")
+    per_gb: Mapped[float] = mapped_column(
+        Numeric(12, 6), comment="Dollars per GB sent that applied to this direction."
+    )
+    storage_per_gb_month: Mapped[float] = mapped_column(
+        Numeric(12, 6), comment="Dollars per GB-month stored, at the time."
+    )
+    cost_micros: Mapped[bigint] = mapped_column(
+        comment="Bytes sent at per_gb, plus the first month of bytes newly stored."
     )

@@ -8,6 +8,10 @@ through its day index. Money stays integer micro-dollars until it is printed.
 GPU use comes from ``gpu_usage`` (NVML samples per job and node): a job's
 ``gpu_util`` is the mean utilization of the GPUs it held, and its ``idle_gpu`` cost
 is its allocated cost times the idle share; reports by other keys add those up.
+
+Staging (``transfers``: pushes, node pulls) adds a ``staging`` column to every report
+and to its total; a transfer belongs to no partition (``''`` in a report by partition),
+and in a report by job it goes to the job's first run.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from typing import Any
 
 from sqlalchemy import Engine, case, func, select
 
+from slurm_burst.adapters.ledger import transfers
 from slurm_burst.adapters.ledger.engine import translated
 from slurm_burst.adapters.ledger.models import (
     OVERHEAD_KINDS,
@@ -72,7 +77,12 @@ def report(engine: Engine, by: Sequence[str], start: date, end: date) -> list[di
         sums = acc[tuple(key)]
         for i, v in enumerate(vals[len(cols) :]):
             sums[i] += int(v or 0)
+    moved = transfers.costs(engine, by, start, end)
+    for extra in moved.keys() - acc.keys():
+        acc[extra] = [0, 0, 0, 0, 0]  # staging alone: a job whose nodes are not billed yet
     rows = [_row(dict(zip(by, key, strict=True)), *v) for key, v in acc.items()]
+    for line in rows:
+        _staging(line, *moved.get(tuple(line[k] for k in by), (0, 0)))
     idle = _idle_gpu(engine, by, start, end)
     for line in rows:
         line["idle_gpu_micros"] = idle.get(tuple(line[k] for k in by), 0)
@@ -168,6 +178,21 @@ def _by_job(engine: Engine, start: date, end: date) -> list[dict[str, Any]]:
         line["idle_gpu_micros"] = idle
         line["idle_gpu"] = float(dollars(idle))
         rows.append(line)
+    moved = transfers.costs(engine, ("job", "account", "user"), start, end)
+    seen: set[str] = set()
+    for line in sorted(rows, key=lambda x: x["start"] or ""):
+        key = (line["job"], line["account"], line["user"])
+        if line["job_key"] and key in moved and line["job"] not in seen:
+            seen.add(line["job"])  # a requeued job's transfers go to its first run
+            _staging(line, *moved.pop(key))
+        else:
+            _staging(line, 0, 0)
+    for (job, account, user), (micros, sent) in moved.items():
+        head = {"job": job if job != "0" else "(pre-stage)", "job_key": "", "account": account,
+                "user": user, "partition": "", "state": "", "start": None, "end": None}  # fmt: skip
+        line = _row(head, 0, 0, 0, 0, 0)
+        line |= {"gpu_util": None, "idle_gpu_micros": 0, "idle_gpu": 0.0}
+        rows.append(_staging(line, micros, sent))
     return sorted(rows, key=lambda x: (-x["total_micros"], x["job_key"], x["account"]))
 
 
@@ -187,6 +212,16 @@ def _row(
         "overhead_micros": overhead,
         "total_micros": total,
     }
+
+
+def _staging(line: dict[str, Any], micros: int, sent: int) -> dict[str, Any]:
+    """Add a line's staging cost (transfers) to it and to its total."""
+    line["staging_micros"] = micros
+    line["staging"] = float(dollars(micros))
+    line["staged_bytes"] = sent
+    line["total_micros"] += micros
+    line["total"] = float(dollars(line["total_micros"]))
+    return line
 
 
 def _as_date(v: Any) -> date:

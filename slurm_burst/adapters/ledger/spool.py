@@ -4,7 +4,7 @@ Provisioning never waits for the ledger. A write that fails is kept as one
 JSON file per write in ``ledger.spool_dir`` (written to a temporary name,
 fsynced, renamed, directory fsynced: it survives a crash or power loss), and
 replayed in order on the next pass. Writes are idempotent in the ledger (unique
-per instance and event), so a replay after a crash between "inserted" and
+per instance and event, or per transfer key), so a replay after a crash between "inserted" and
 "spool file removed" adds nothing. A write the database rejects for another
 reason than being unreachable is retried a few times, then moved to
 ``rejected/`` with the error logged, so one bad record cannot block the rest.
@@ -18,16 +18,23 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from slurm_burst.core.usage import InstanceEvent, LedgerError, LedgerUnavailable
+from slurm_burst.core.usage import InstanceEvent, LedgerError, LedgerUnavailable, Transfer
 from slurm_burst.fileio import ensure_dir, write_durable
 from slurm_burst.ports import Ledger
 
 log = logging.getLogger(__name__)
 
 MAX_ATTEMPTS = 5
+
+# what a spool file's kind holds, and how the ledger takes it
+_KINDS: dict[str, tuple[type[Any], Callable[[Ledger, Any], None]]] = {
+    "instance_event": (InstanceEvent, lambda led, r: led.instance_event(r)),
+    "transfer": (Transfer, lambda led, r: led.transfer(r)),
+}
 
 
 class Spool:
@@ -60,26 +67,25 @@ class SpoolingLedger:
         self._replay_lock = threading.Lock()
 
     def instance_event(self, ev: InstanceEvent) -> None:
-        if len(self.spool):  # keep order: nothing overtakes what is already waiting
-            self._put(ev, "spool not empty")
-            return
-        try:
-            self.ledger.instance_event(ev)
-        except LedgerError as exc:
-            self._put(ev, str(exc))
+        self._write("instance_event", ev, f"node={ev.node} event={ev.event}")
+
+    def transfer(self, t: Transfer) -> None:
+        self._write("transfer", t, f"job={t.job_id} direction={t.direction}")
 
     def pending(self) -> int:
         """Writes waiting in the spool."""
         return len(self.spool)
 
-    def _put(self, ev: InstanceEvent, why: str) -> None:
-        self.spool.put("instance_event", dataclasses.asdict(ev))
-        log.warning(
-            "ledger.spooled kind=instance_event node=%s event=%s reason=%s",
-            ev.node,
-            ev.event,
-            why,
-        )
+    def _write(self, kind: str, record: InstanceEvent | Transfer, what: str) -> None:
+        why = "spool not empty"  # keep order: nothing overtakes what is already waiting
+        if not len(self.spool):
+            try:
+                _KINDS[kind][1](self.ledger, record)
+                return
+            except LedgerError as exc:
+                why = str(exc)
+        self.spool.put(kind, dataclasses.asdict(record))
+        log.warning("ledger.spooled kind=%s %s reason=%s", kind, what, why)
 
     def replay(self) -> int:
         """Write spooled records in order; stop at the first sign the database is away."""
@@ -92,9 +98,10 @@ class SpoolingLedger:
                     self._reject(path, f"unreadable spool file: {exc}")
                     continue
                 try:
-                    if item.get("kind") != "instance_event":
+                    kind = _KINDS.get(str(item.get("kind")))
+                    if kind is None:
                         raise LedgerError(f"unknown spooled kind {item.get('kind')!r}")
-                    self.ledger.instance_event(InstanceEvent(**item["payload"]))
+                    kind[1](self.ledger, kind[0](**item["payload"]))
                 except LedgerUnavailable as exc:
                     log.info(
                         "ledger.replay.waiting pending=%d reason=%s", len(self.spool.pending()), exc

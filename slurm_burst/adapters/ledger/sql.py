@@ -20,7 +20,7 @@ from typing import Any
 from sqlalchemy import Engine, func, select
 from sqlalchemy.orm import Session
 
-from slurm_burst.adapters.ledger import migrate, reports
+from slurm_burst.adapters.ledger import migrate, reports, transfers
 from slurm_burst.adapters.ledger.engine import bulk_insert, insert_ignore, make_engine, translated
 from slurm_burst.adapters.ledger.models import (
     OVERHEAD_KINDS,
@@ -38,7 +38,13 @@ from slurm_burst.adapters.ledger.models import (
 from slurm_burst.core.allocation import OVERHEAD, Allocation, Charge
 from slurm_burst.core.gpu import GpuUsage
 from slurm_burst.core.pricing import cost_micros, dollars, epoch_ms, to_micros
-from slurm_burst.core.usage import ClosedInstance, InstanceEvent, JobUsage, LedgerConflict
+from slurm_burst.core.usage import (
+    ClosedInstance,
+    InstanceEvent,
+    JobUsage,
+    LedgerConflict,
+    Transfer,
+)
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +85,19 @@ class SqlLedger:
     def charge_lines(self, start: date, end: date) -> Iterator[tuple[Any, ...]]:
         """Every charge line on days in [start, end), streamed (``reports.EXPORT_COLUMNS``)."""
         return reports.charge_lines(self.engine, start, end)
+
+    # -- transfers --------------------------------------------------------------
+    def transfer(self, t: Transfer) -> None:
+        """Record a dataset moved (once: a replay of the same key adds nothing)."""
+        transfers.record(self.engine, self.cluster, t)
+        log.info("ledger.transfer.%s job=%s account=%s bytes_sent=%d cost_micros=%d",
+                 t.direction, t.job_id, t.account, t.bytes_sent, t.cost_micros)  # fmt: skip
+
+    def transfers(
+        self, start: date, end: date, account: str = "", job: int = 0
+    ) -> list[dict[str, Any]]:
+        """Transfers that ended on days in [start, end), newest first."""
+        return transfers.listing(self.engine, start, end, account, job)
 
     # -- instances --------------------------------------------------------------
     def instance_event(self, ev: InstanceEvent) -> None:

@@ -241,6 +241,27 @@ class Metrics:
         self.gpu_power = Gauge(
             "slurm_burst_gpu_power_watts", "GPU power draw, summed.", g, registry=r
         )
+        d = ["direction", "store"]
+        self.stage_transfers = Counter(
+            "slurm_burst_stage_transfers_total",
+            "Dataset transfers (in: site to store, pull: store to node, out: to the site), "
+            "by direction, store and result (ok, failed).",
+            [*d, "result"],
+            registry=r,
+        )
+        self.stage_bytes = Counter(
+            "slurm_burst_stage_bytes_total",
+            "Bytes sent by dataset transfers that completed (on the wire), by direction and store.",
+            d,
+            registry=r,
+        )
+        self.stage_seconds = Histogram(
+            "slurm_burst_stage_transfer_duration_seconds",
+            "Wall time of dataset transfers that completed, by direction.",
+            ["direction"],
+            buckets=(0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600, 7200),
+            registry=r,
+        )
         n = ["node", "gpu"]  # only with gpu.per_gpu_metrics: grows with the fleet
         self.node_gpu_util = Gauge(
             "slurm_burst_node_gpu_utilization_ratio", "Utilization (0-1) of one GPU.", n, registry=r
@@ -379,6 +400,14 @@ class Metrics:
                     self.node_gpu_memory.labels(node, i).set(s.memory_used_bytes)
                 if s.power_watts is not None:
                     self.node_gpu_power.labels(node, i).set(s.power_watts)
+
+    def transfer(
+        self, direction: str, store: str, ok: bool, bytes_sent: int, seconds: float
+    ) -> None:
+        self.stage_transfers.labels(direction, store, "ok" if ok else "failed").inc()
+        if ok:
+            self.stage_bytes.labels(direction, store).inc(max(0, bytes_sent))
+            self.stage_seconds.labels(direction).observe(max(0.0, seconds))
 
     def text(self) -> bytes:
         return generate_latest(self.registry)

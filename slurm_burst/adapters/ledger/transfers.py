@@ -1,0 +1,134 @@
+"""The ledger's transfers: every dataset moved for a job, recorded once, and read back
+for chargeback reports and ``slurm-burst ledger transfers``.
+
+A transfer is keyed by what it was (``Transfer.key``): the daemon's write, replayed from
+the spool or repeated after a crash, adds nothing. Money stays integer micro-dollars.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from datetime import UTC, date, datetime, time
+from typing import Any
+
+from sqlalchemy import Engine, func, select
+
+from slurm_burst.adapters.ledger.engine import insert_ignore, translated
+from slurm_burst.adapters.ledger.models import TransferDirection, TransferRow
+from slurm_burst.core.pricing import dollars
+from slurm_burst.core.usage import Transfer
+
+MAX_ROWS = 100_000  # what one listing returns at most
+
+
+def record(engine: Engine, cluster: str, t: Transfer) -> None:
+    """Record ``t`` once (a replay of the same key adds nothing)."""
+    row = {
+        "transfer_key": t.key[:200],
+        "cluster": cluster,
+        "job_id": t.job_id,
+        "account": t.account[:64],
+        "user": t.user[:64],
+        "direction": TransferDirection(t.direction).value,
+        "store": t.store[:64],
+        "provider": t.provider[:64],
+        "node": t.node[:128],
+        "dataset": t.dataset[:4096],
+        "manifest": t.manifest[:64],
+        "logical_bytes": max(0, t.logical_bytes),
+        "bytes_sent": max(0, t.bytes_sent),
+        "objects": max(0, t.objects),
+        "objects_sent": max(0, t.objects_sent),
+        "seconds": max(0.0, t.seconds),
+        "at": datetime.fromtimestamp(t.at, UTC),
+        "per_gb": t.per_gb,
+        "storage_per_gb_month": t.storage_per_gb_month,
+        "cost_micros": max(0, t.cost_micros),
+    }
+    with translated(f"ledger transfer {t.direction}"), engine.begin() as conn:
+        conn.execute(insert_ignore(engine, TransferRow.__table__), [row])  # type: ignore[arg-type]
+
+
+def listing(
+    engine: Engine, start: date, end: date, account: str = "", job: int = 0
+) -> list[dict[str, Any]]:
+    """Transfers that ended on days in [start, end), newest first (at most MAX_ROWS)."""
+    t = TransferRow
+    q = select(t).where(t.at >= _day(start), t.at < _day(end))
+    if account:
+        q = q.where(t.account == account)
+    if job:
+        q = q.where(t.job_id == job)
+    q = q.order_by(t.at.desc(), t.id.desc()).limit(MAX_ROWS)
+    with translated("ledger transfers"), engine.connect() as conn:
+        rows = conn.execute(q).all()
+    return [
+        {
+            "at": _utc(r.at).isoformat(),
+            "job": r.job_id,
+            "account": r.account,
+            "user": r.user,
+            "direction": getattr(r.direction, "value", r.direction),
+            "store": r.store,
+            "provider": r.provider,
+            "node": r.node,
+            "dataset": r.dataset,
+            "manifest": r.manifest,
+            "logical_bytes": int(r.logical_bytes),
+            "bytes_sent": int(r.bytes_sent),
+            "objects": r.objects,
+            "objects_sent": r.objects_sent,
+            "seconds": float(r.seconds),
+            "per_gb": float(r.per_gb),
+            "storage_per_gb_month": float(r.storage_per_gb_month),
+            "cost": float(dollars(int(r.cost_micros))),
+            "cost_micros": int(r.cost_micros),
+        }
+        for r in rows
+    ]
+
+
+def costs(
+    engine: Engine, by: Sequence[str], start: date, end: date
+) -> dict[tuple[str, ...], tuple[int, int]]:
+    """Transfer cost and bytes sent by ``by`` keys (account, user, month, day, job;
+    partition is '' : a transfer belongs to no partition) for days in [start, end)."""
+    t = TransferRow
+    q = (
+        select(t.at, t.account, t.user, t.job_id, t.cost_micros, t.bytes_sent)
+        .where(t.at >= _day(start), t.at < _day(end))
+    )  # fmt: skip
+    out: dict[tuple[str, ...], list[int]] = defaultdict(lambda: [0, 0])
+    with translated("ledger report"), engine.connect() as conn:
+        for at, account, user, job_id, cost, sent in conn.execute(q):
+            d = _utc(at).date()
+            named = {
+                "account": account, "user": user, "partition": "", "job": str(job_id),
+                "month": d.strftime("%Y-%m"), "day": d.isoformat(),
+            }  # fmt: skip
+            sums = out[tuple(named[k] for k in by)]
+            sums[0] += int(cost)
+            sums[1] += int(sent)
+    return {k: (v[0], v[1]) for k, v in out.items()}
+
+
+def totals(engine: Engine) -> dict[tuple[str, str], tuple[int, int, int]]:
+    """All-time (transfers, bytes sent, cost micro-dollars) by (direction, store)."""
+    t = TransferRow
+    q = select(
+        t.direction, t.store, func.count(), func.sum(t.bytes_sent), func.sum(t.cost_micros)
+    ).group_by(t.direction, t.store)
+    with translated("ledger transfers"), engine.connect() as conn:
+        return {
+            (getattr(d, "value", d), s): (int(n), int(b or 0), int(c or 0))
+            for d, s, n, b, c in conn.execute(q)
+        }
+
+
+def _day(d: date) -> datetime:
+    return datetime.combine(d, time(0), UTC)
+
+
+def _utc(t: datetime) -> datetime:
+    return t.replace(tzinfo=UTC) if t.tzinfo is None else t.astimezone(UTC)
