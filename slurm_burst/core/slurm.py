@@ -274,15 +274,19 @@ def parse_job_owner(text: str, job_id: int) -> JobOwner:
     """``squeue --noheader --jobs=ID --format=OWNER_FORMAT``; ValueError unless it is one
     line of that job with names Slurm could have given (a user's job name or comment is
     not among the fields: nothing of the user's can pose as one)."""
-    lines = [ln for ln in text.splitlines() if ln.strip()]
-    if len(lines) != 1:
-        raise ValueError(f"{len(lines)} lines for job {job_id}, not one")
-    fields = lines[0].strip().split("|")
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    if not lines:
+        raise ValueError(f"0 lines for job {job_id}, not one")
+    # --jobs=ID of an array's own job id lists all its tasks: the job is the line whose
+    # own id (%A) is ID
+    mine = [ln for ln in lines if ln.split("|", 1)[0] == str(job_id)]
+    if len(mine) != 1:
+        first = lines[0].split("|", 1)[0][:40]
+        raise ValueError(f"{len(mine)} lines of job {job_id} (first: {first!r}), not one")
+    fields = mine[0].split("|")
     if len(fields) != 7:
-        raise ValueError(f"{len(fields)} fields, not 7: {lines[0][:200]!r}")
-    jid, user, uid, gid, account, qos, parts = fields
-    if jid != str(job_id):
-        raise ValueError(f"job {jid[:40]!r}, not {job_id}")
+        raise ValueError(f"{len(fields)} fields, not 7: {mine[0][:200]!r}")
+    _jid, user, uid, gid, account, qos, parts = fields
     if not (is_digits(uid) and is_digits(gid)):
         raise ValueError(f"uid {uid[:20]!r} and gid {gid[:20]!r}: not numbers")
     names = [user, account, *([qos] if qos else []), *parts.split(",")]

@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import hashlib
+import http.client
 import json
 import os
 import re
@@ -108,8 +109,14 @@ def load_plan(text: bytes) -> dict[str, Any]:
 
 
 class Puller:
-    def __init__(self, plan: dict[str, Any], retries: int, timeout: float, parallel: int) -> None:
+    def __init__(
+        self, plan: dict[str, Any], retries: int, timeout: float, parallel: int,
+        deadline: float = 0.0,
+    ) -> None:  # fmt: skip
         self.plan = plan
+        # no new fetch starts past this (time.monotonic()); 0: none. A pull out of time
+        # still answers, so the daemon learns which objects came back wrong
+        self.deadline = deadline
         self.dest: str = plan["dest"]
         parent, name = os.path.split(self.dest)
         self.parent = parent
@@ -182,12 +189,15 @@ class Puller:
 
     def _pull(self, f: dict[str, Any]) -> None:
         tmp = os.path.join(self.work, ".tmp", f"{f['sha256']}-{threading.get_ident()}")
-        last, wrong = "", 0
+        last, wrong, tries = "", 0, 0
         for attempt in range(self.retries + 1):
             if attempt:
+                if self.deadline and time.monotonic() + 1.0 > self.deadline:
+                    break
                 with self.lock:
                     self.refetched += 1
                 time.sleep(min(2.0, 0.1 * 2**attempt))
+            tries += 1
             try:
                 self._fetch(f, tmp)
             except (Corrupt, OSError, urllib.error.URLError, zlib.error) as exc:
@@ -199,10 +209,10 @@ class Puller:
             os.makedirs(os.path.dirname(target), 0o700, exist_ok=True)
             os.replace(tmp, target)
             return
-        if wrong == self.retries + 1:  # the store's copy itself is bad, not the way there
+        if wrong == tries:  # every answer the store gave was wrong: its copy is bad
             with self.lock:
                 self.corrupt.add(f["sha256"])
-        raise Refused(f"{f['path']}: not fetched whole in {self.retries + 1} tries ({last})", 1)
+        raise Refused(f"{f['path']}: not fetched whole in {tries} tries ({last})", 1)
 
     def _fetch(self, f: dict[str, Any], tmp: str) -> None:
         size, zipped = f["size"], f["encoding"] == "zlib"
@@ -215,9 +225,9 @@ class Puller:
         )
         with (
             os.fdopen(fd, "wb") as out,
-            urllib.request.urlopen(f["url"], timeout=self.timeout) as r,  # noqa: S310 (http(s) only: load_plan)
+            urllib.request.urlopen(f["url"], timeout=self._timeout()) as r,  # noqa: S310 (http(s) only: load_plan)
         ):
-            while chunk := r.read(CHUNK):
+            while chunk := self._read(r, f["path"], read):
                 read += len(chunk)
                 with self.lock:
                     self.fetched += len(chunk)
@@ -245,6 +255,20 @@ class Puller:
             raise Corrupt(f"{f['path']}: {got} of {size} bytes")
         if sha.hexdigest() != f["sha256"]:
             raise Corrupt(f"{f['path']}: SHA-256 differs")
+
+    def _timeout(self) -> float:
+        if not self.deadline:
+            return self.timeout
+        return max(1.0, min(self.timeout, self.deadline - time.monotonic()))
+
+    @staticmethod
+    def _read(r: Any, path: str, read: int) -> bytes:
+        """The next chunk of an answer that began: a body cut short, or that stops
+        coming, is the store's answer gone wrong (as bad bytes are), not a refusal."""
+        try:
+            return bytes(r.read(CHUNK))
+        except (OSError, http.client.HTTPException) as exc:
+            raise Corrupt(f"{path}: the answer stopped after {read} bytes ({exc!r})") from exc
 
     def _seal(self, files: list[dict[str, Any]]) -> None:
         """Read-only, the user's, then one rename makes it ``dest``."""
@@ -315,6 +339,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--parallel", type=int, default=4, help="objects fetched at once")
     ap.add_argument("--plan", help="read the plan from this file, then remove it (its URLs "
                     "are grants), instead of from standard input")
+    ap.add_argument("--deadline", type=float, default=0.0, help="seconds from now after "
+                    "which no fetch starts (the answer still comes); 0: none")
     ap.add_argument("--exit-zero", action="store_true", help="exit 0 whatever happened; the "
                     "JSON's 'exit' is the exit code (the daemon reads the answer whole)")
     args = ap.parse_args(argv)
@@ -322,7 +348,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         plan = load_plan(_plan_file(args.plan) if args.plan else
                          sys.stdin.buffer.read(MAX_PLAN + 1)[:MAX_PLAN])
-        puller = Puller(plan, args.retries, args.timeout, args.parallel)
+        until = time.monotonic() + args.deadline if args.deadline > 0 else 0.0
+        puller = Puller(plan, args.retries, args.timeout, args.parallel, until)
         out = puller.run()
         code = 0
     except Refused as exc:

@@ -5,10 +5,12 @@ have a stage are waited for until the daemon has stored their data (a job that m
 on-prem is pushed only now: ``services/stagework.py``), then each dataset is pulled by
 ``node/stagein.py`` on the node, as root over SSH: read-only URLs valid
 ``grant_seconds``, every file verified (SHA-256) under a temporary name, the dataset
-renamed into place whole, read-only and the job user's. A stage that failed or was kept
-home, a pull that fails, or a wait past the join's deadline fails the node's join: the
-job is requeued onto a new node (the PrologSlurmctld sees the failure), and the node's
-reason names the cause.
+renamed into place whole, read-only and the job user's. An object that comes back wrong
+on every fetch is bad in the store: it is dropped, the stage pushed again, and the node
+pulls once more (the job waits; Slurm requeues a burst-buffer job badly, see
+docs/staging.md). A stage that failed or was kept home, a pull that fails otherwise, or
+a wait past the join's deadline fails the node's join: the job is requeued (the
+PrologSlurmctld sees the failure), and the node's reason names the cause.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ ON_NODE = "staged.{job}.{node}"  # meta: the job's data is on the node (bytes, w
 ASKED = "pull.{job}.{node}"  # meta: the prolog asks for a pull onto a node already up
 FAILED = "pullfail.{job}.{node}"  # meta: that pull failed (why)
 ASKED_WAIT = 600.0  # seconds a pull the prolog asked for may take
+FETCH_STALL = 15  # seconds without a byte after which a fetch has failed
 
 
 def meta_prefix(template: str) -> str:
@@ -109,7 +112,16 @@ class NodeStaging:
         fetched = 0
         for st in stages:
             st = self._stored(st, deadline, check)
-            got = sum(self._pull(sh, node, st, d, deadline) for d in st.datasets)
+            got = 0
+            for d in st.datasets:
+                try:
+                    got += self._pull(sh, node, st, d, deadline, heal=True)
+                except _Dropped:  # bad in the store, dropped, pushed again: once more
+                    st = self._stored(self._again(st), deadline, check)
+                    again = [x for x in st.datasets if x.get("dst") == d["dst"]]
+                    if not again:
+                        raise StepError("StagePull", f"job {st.job_id}: {d['dst']} gone") from None
+                    got += self._pull(sh, node, st, again[0], deadline, heal=False)
             self.store.meta_set(
                 ON_NODE.format(job=st.job_id, node=node.name),
                 {"at": self.clock.now(), "fetched_bytes": got},
@@ -136,9 +148,15 @@ class NodeStaging:
                 raise StepError("StageFailed", f"job {st.job_id}'s stage record vanished")
             st = again
 
+    def _again(self, st: StageRecord) -> StageRecord:
+        rec = self.store.stage(st.job_id)
+        if rec is None:
+            raise StepError("StageFailed", f"job {st.job_id}'s stage record vanished")
+        return rec
+
     def _pull(
         self, sh: RemoteShell, node: NodeRecord, st: StageRecord, d: dict[str, object],
-        deadline: float,
+        deadline: float, heal: bool = False,
     ) -> int:  # fmt: skip
         dst = str(d["dst"])
         dest = f"{self.settings.node_dir}/{st.job_id}/{dst}"
@@ -152,7 +170,11 @@ class NodeStaging:
         out: dict[str, Any] = {}
         sh.put(json.dumps(plan).encode(), path, 0o600)  # its URLs are grants: root's only
         timeout = max(5.0, deadline - self.clock.monotonic())
-        argv = [self.settings.node_python, REMOTE_PULLER, "--plan", path, "--exit-zero"]
+        # a fetch with no data for FETCH_STALL s is a failed one; the puller stops starting
+        # fetches before SSH gives up on it, so its answer (which objects were bad) comes
+        until = f"{max(1.0, timeout - 5):.0f}"
+        argv = [self.settings.node_python, REMOTE_PULLER, "--plan", path, "--exit-zero",
+                "--timeout", str(FETCH_STALL), "--deadline", until]  # fmt: skip
         try:
             out = _answer(sh.run(argv, timeout))
             if out.get("exit") != 0:
@@ -161,8 +183,8 @@ class NodeStaging:
             if self.book is not None:
                 self.book.failed(TransferDirection.PULL)
             bad = [x for x in out.get("corrupt", []) if isinstance(x, str)]
-            if bad and exc.code == "RemoteCommand":
-                self._drop(st, d, manifest, bad)
+            if bad and heal and exc.code == "RemoteCommand" and self._drop(st, d, manifest, bad):
+                raise _Dropped from exc
             raise StepError("StagePull", f"job {st.job_id} {dst} -> {node.name}: {exc}") from exc
         got = _count(out.get("fetched_bytes"))
         if self.book is not None:
@@ -178,19 +200,27 @@ class NodeStaging:
         return got
 
     def _drop(self, st: StageRecord, d: dict[str, object], manifest: Manifest,
-              bad: list[str]) -> None:  # fmt: skip
+              bad: list[str]) -> bool:  # fmt: skip
         """Objects whose every fetch came back wrong are bad in the store: drop them (and
         the dataset's pointer, so a push does not take it as unchanged) and push the
-        stage again; the job, requeued, finds its data whole on its next node."""
+        stage again (the daemon's stage work, as the job's user); the node then pulls
+        once more, keeping what it had verified. True if the stage is pushed again."""
         try:
             n = self.stager.drop(st.owner.account, str(d.get("src", "")), manifest, bad)
-            self.store.update_stage(
+            again = self.store.update_stage(
                 st.job_id, self.clock.now(), expect=[StageState.STAGED], state=StageState.PUSHING,
                 message=f"{n} objects were corrupt in the store: pushing again",
             )  # fmt: skip
-            log.error("stage.corrupt_in_store job=%s objects=%d pushing_again", st.job_id, n)
         except BurstError as exc:
             log.error("stage.corrupt_not_dropped job=%s error=%s", st.job_id, exc)
+            return False
+        log.error("stage.corrupt_in_store job=%s objects=%d pushing_again=%s",
+                  st.job_id, n, again)  # fmt: skip
+        return again
+
+
+class _Dropped(Exception):
+    """A pull found objects bad in the store, which were dropped and are pushed again."""
 
 
 def _answer(said: str) -> dict[str, Any]:

@@ -188,9 +188,10 @@ class StageWork:
                     self.book.failed(TransferDirection.IN)
                 return (StageState.KEPT_HOME if home else StageState.FAILED,
                         f"{exc.code}: {exc}"[:900], datasets)  # fmt: skip
-            if push and self.book is not None:
+            if push and self.book is not None:  # one row per push: a push again is new
+                attempt = f"{rec.created_at}:{rec.updated_at}"
                 self.book.pushed(out, account=who.account, user=who.user, job_id=rec.job_id,
-                                 dst=s["dst"], stage_id=str(rec.created_at))  # fmt: skip
+                                 dst=s["dst"], stage_id=attempt)  # fmt: skip
             datasets.append({"dst": s["dst"], **_kept(out)})
         if not push:
             total = sum(int(d.get("bytes", 0)) for d in datasets)

@@ -5,6 +5,7 @@ signature): push, dedup, resume, refusals, and the node's pull with its verifica
 from __future__ import annotations
 
 import hashlib
+import http.server
 import io
 import json
 import os
@@ -13,6 +14,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -377,6 +379,46 @@ def test_bytes_flipped_on_the_way_are_fetched_again(server: S3Server, tmp_path: 
     assert code == 0 and out["refetched"] == 4 and proxy.flipped == 4, out
     for i in range(4):
         assert (dest / f"f{i}").read_bytes() == (root / f"f{i}").read_bytes()
+
+
+def test_an_answer_that_stops_coming_is_a_bad_copy_and_the_pull_answers_in_time(
+    tmp_path: Path,
+) -> None:
+    """A store that promises the whole object, sends a little and stalls (a copy cut
+    short behind a stale size): each fetch gives up after --timeout, every answer was
+    wrong, so the object is named bad; --deadline stops new fetches so the answer comes
+    before the daemon's SSH session gives up."""
+    body = os.urandom(200_000)
+
+    class Stalls(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body[:1000])
+            self.wfile.flush()
+            time.sleep(3)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Stalls)
+    srv.daemon_threads = True
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    sha = hashlib.sha256(body).hexdigest()
+    plan = {"v": 1, "dest": str(tmp_path / "node" / "stall"), "manifest": "0" * 64,
+            "uid": os.geteuid(), "gid": os.getegid(),
+            "files": [{"path": "f", "size": len(body), "sha256": sha, "executable": False,
+                       "encoding": "", "url": f"http://127.0.0.1:{srv.server_port}/"}]}  # fmt: skip
+    try:
+        t = time.monotonic()
+        code, out = pull(plan, "--timeout", "0.5", "--deadline", "2")
+        took = time.monotonic() - t
+    finally:
+        srv.shutdown()
+    assert code == 1 and out["corrupt"] == [sha] and "the answer stopped" in out["error"], out
+    assert took < 6, took  # not 3 tries x 3 s of stalling
+    assert not (tmp_path / "node" / "stall").exists()
 
 
 def test_a_grant_that_expired_or_was_altered_is_refused_by_the_store(

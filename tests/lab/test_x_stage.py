@@ -9,6 +9,7 @@ hides it): what a job on a burst node reads came through the store. Jobs run as
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import pwd
 import shutil
@@ -20,12 +21,13 @@ from pathlib import Path
 
 import pytest
 from slurm_burst_lab.accounting import JOB_USER
+from slurm_burst_lab.components import lab_env
 from slurm_burst_lab.images import HOST_RELEASE
 from slurm_burst_lab.service import Lab
 
 from slurm_burst.adapters.state.store import Store
 from slurm_burst.config import Config
-from tests.conftest import wait
+from tests.conftest import LAB_CONFIG, invoke, wait
 from tests.lab.conftest import RELEASE
 
 DATA = Path("/var/lib/slurm-burst-lab/data")
@@ -212,3 +214,76 @@ def test_sensitive_data_is_refused_at_submit_and_by_the_daemon_and_nothing_leave
             subprocess.run(["scancel", str(job_id)], env=env, timeout=30)
     link.unlink()
     assert bucket_bytes() == before  # zero bytes left the site
+
+
+def test_a_corrupt_object_in_the_store_never_reaches_the_job_and_is_sent_again(
+    lab: Lab, lab_config: Config, env: dict[str, str], store: Store, out_dir: Path
+) -> None:
+    """The dataset was pre-staged, then one of its objects was cut short in the bucket.
+    The node's pull fetches it again and again and never accepts it; the daemon drops
+    the bad object, pushes the stage again (as the job's user), and the node pulls once
+    more: the job runs on whole data, on the same instance, never requeued. Each
+    transfer is in the ledger."""
+    files = {"a.bin": os.urandom(400_000), "b.bin": os.urandom(300_000)}
+    src = dataset("corrupted", files)
+    keys = lab_env(lab_config)  # the store's keys, as the lab's daemon has them
+    push = ["--config", str(LAB_CONFIG), "stage", "push", str(src), "-A", "physics",
+            "--as-user", JOB_USER, "--json"]  # fmt: skip
+    pushed = json.loads(invoke(push, env=keys).stdout)
+    sha = hashlib.sha256(files["a.bin"]).hexdigest()
+    [obj] = [p for p in BUCKET.rglob(f"{sha}*") if p.is_file()]
+    obj.write_bytes(obj.read_bytes()[:1000])  # cut short where it is stored
+    node = "burst-cpu-11"  # of its own
+    script = (f"#!/bin/sh\n#SBATCH -p burst-cpu -w {node} -n1\n"
+              f"#BB_LUA stage_in src={src} dst=d\n"
+              'cd "$SLURM_BURST_STAGE_D" && sha256sum a.bin b.bin\n'
+              'stat -c "OWNER %U %a" . a.bin\n'
+              f'ls {src} >/dev/null 2>&1 && echo "SOURCE VISIBLE" || echo "SOURCE HIDDEN"\n'
+              '(echo x >> a.bin) 2>/dev/null && echo "WRITABLE" || echo "READ-ONLY"\n')  # fmt: skip
+    job_id = submit_ok(env, out_dir, script)
+    first = wait(lambda: (store.node(node) or None) and store.node(node).instance_id, 120,  # type: ignore[union-attr]
+                 "the first instance")  # fmt: skip
+    info = done(env, job_id)
+    assert info["JobState"] == "COMPLETED" and info.get("Restarts") == "0", info
+    out = (out_dir / f"{job_id}.out").read_text()
+    for name, body in files.items():
+        assert f"{hashlib.sha256(body).hexdigest()}  {name}" in out, out
+    assert f"OWNER {JOB_USER} 555" in out and f"OWNER {JOB_USER} 444" in out
+    assert "SOURCE HIDDEN" in out and "READ-ONLY" in out
+    assert store.node(node).instance_id == first  # type: ignore[union-attr]
+    assert obj.stat().st_size > 1000  # sent again, whole
+    rec = store.stage(job_id)
+    assert rec is not None and rec.state == "staged"
+    moved = json.loads(invoke(["--config", str(LAB_CONFIG), "ledger", "transfers", "--job",
+                               str(job_id), "--json"]).stdout)  # fmt: skip
+    by = sorted((t["direction"], t["node"]) for t in moved)
+    # the first push found the pre-staged dataset (nothing sent), the second sent the
+    # object again; the one pull that succeeded (the failed one is a metric, not a row)
+    assert by == [("in", ""), ("in", ""), ("pull", node)], moved
+    assert sum(t["bytes_sent"] for t in moved if t["direction"] == "in") >= len(files["a.bin"])
+    assert pushed["objects_sent"] == 2
+
+
+def test_each_task_of_an_array_gets_its_data(
+    lab: Lab, env: dict[str, str], store: Store, out_dir: Path
+) -> None:
+    """squeue --jobs=ID of an array's own id lists every task: each task's stage-in finds
+    its own line (its own job id, %A), and each task reads the data on its node."""
+    src = dataset("array-input", {"x.txt": b"for every task\n"})
+    script = ("#!/bin/sh\n#SBATCH -p burst-cpu -w burst-cpu-10 -n1\n"
+              f"#BB_LUA stage_in src={src} dst=x\n"
+              'echo "TASK $SLURM_ARRAY_TASK_ID $(cat "$SLURM_BURST_STAGE_X/x.txt")"\n')  # fmt: skip
+    submitted = submit(env, out_dir, script, "--array=1-3")
+    assert submitted.returncode == 0, submitted.stderr
+    array = int(submitted.stdout.strip().split(";")[0])
+    tasks = lambda: subprocess.run(  # noqa: E731
+        ["sacct", "-X", "-n", "-P", "-j", str(array), "-o", "JobIDRaw,State"], env=env,
+        text=True, capture_output=True, timeout=30).stdout.split()  # fmt: skip
+    wait(lambda: len(tasks()) == 3 and all(t.endswith("|COMPLETED") for t in tasks()), 300,
+         f"array {array}'s 3 tasks done")  # fmt: skip
+    said = "".join(p.read_text() for p in out_dir.glob("*.out") if p.stem.isdigit()
+                   and int(p.stem) in {int(t.split("|")[0]) for t in tasks()})  # fmt: skip
+    assert sorted(ln for ln in said.splitlines() if ln.startswith("TASK")) == [
+        f"TASK {i} for every task" for i in (1, 2, 3)
+    ], said
+    assert {store.stage(int(t.split("|")[0])).state for t in tasks()} == {"staged"}  # type: ignore[union-attr]

@@ -201,9 +201,13 @@ def test_bad_input_is_said_and_nothing_recorded(
     [("42|alice|1001|1001|phys|normal|burst-cpu,batch\n", None),
      ("42|alice|1001|1001|phys||burst-cpu\n", None),
      ("", "0 lines"),
+     # an array's own id lists its tasks too: the job is the line of its own id (%A)
+     ("43|bob|1002|1002|phys|normal|p\n42|alice|1001|1001|phys|normal|burst-cpu\n"
+      "44|carol|1003|1003|phys|normal|p\n", None),
+     ("42|alice|1001|1001|phys|normal|p\n42|mallory|1|1|phys|normal|p\n", "2 lines of job 42"),
      ("42|alice|x|1001|phys|normal|p\n", "not numbers"),
-     ("43|alice|1001|1001|phys|normal|p\n", "not 42"),
-     ("40_2|alice|1001|1001|phys|normal|p\n", "not 42"),  # %A is an id, never TASK form
+     ("43|alice|1001|1001|phys|normal|p\n", "0 lines of job 42"),
+     ("42_2|alice|1001|1001|phys|normal|p\n", "0 lines of job 42"),  # %A: an id, not TASK
      ("42|al ice|1001|1001|phys|normal|p\n", "not a Slurm name"),
      ("42|alice|1001|1001|phys|normal|p|x\n", "8 fields")],
 )  # fmt: skip

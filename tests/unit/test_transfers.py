@@ -194,20 +194,35 @@ class MemoryObjects:
 
 
 class Shell:
-    """A node's SSH session that answers the puller with ``answer``."""
+    """A node's SSH session that answers the puller with each of ``answers`` in turn."""
 
-    def __init__(self, answer: dict[str, Any]) -> None:
-        self.answer, self.ran = answer, list[Sequence[str]]()
+    def __init__(self, *answers: dict[str, Any]) -> None:
+        self.answers, self.ran = list(answers), list[Sequence[str]]()
 
     def run(self, argv: Sequence[str], timeout: float = 60.0) -> str:
         self.ran.append(list(argv))
-        return json.dumps(self.answer) + "\n"
+        return json.dumps(self.answers.pop(0)) + "\n"
 
     def put(self, data: bytes, path: str, mode: int, owner: Any = None) -> None:
         pass
 
     def close(self) -> None:
         pass
+
+
+class Pushing(Fixed):
+    """The daemon meanwhile: a stage sent back to be pushed is stored again."""
+
+    def __init__(self, store: MemoryStore) -> None:
+        super().__init__()
+        self.store, self.seen = store, list[str]()
+
+    def sleep(self, seconds: float) -> None:
+        super().sleep(seconds)
+        rec = self.store.stage(42)
+        assert rec is not None
+        self.seen.append(rec.state)
+        self.store.update_stage(42, self.t, state=StageState.STAGED)
 
 
 def _staged(objects: MemoryObjects, store: MemoryStore) -> tuple[Manifest, Layout]:
@@ -229,24 +244,24 @@ def _staged(objects: MemoryObjects, store: MemoryStore) -> tuple[Manifest, Layou
 
 
 def _staging(
-    objects: MemoryObjects, store: MemoryStore, led: FakeLedger, said: Said
+    objects: MemoryObjects, store: MemoryStore, led: FakeLedger, said: Said, clock: Fixed
 ) -> NodeStaging:
     stager = Stager(settings=StagingSettings(prefix="sb/"), store=objects, tree=None,  # type: ignore[arg-type]
-                    clock=Fixed())  # fmt: skip
-    book = TransferBook("c", PRICES, Fixed(), led, said)  # type: ignore[arg-type]
+                    clock=clock)  # fmt: skip
+    book = TransferBook("c", PRICES, clock, led, said)  # type: ignore[arg-type]
     return NodeStaging(NodeStagingSettings(node_dir="/var/lib/sb/stage"), store, stager,
-                       Fixed(), connector=None, book=book)  # type: ignore[arg-type]  # fmt: skip
+                       clock, connector=None, book=book)  # type: ignore[arg-type]  # fmt: skip
 
 
 def test_a_nodes_pull_is_in_the_ledger_at_the_download_price() -> None:
-    objects, store, led, said = MemoryObjects(), MemoryStore(), FakeLedger(), Said()
+    objects, store, led, said, clock = MemoryObjects(), MemoryStore(), FakeLedger(), Said(), Fixed()
     manifest, _ = _staged(objects, store)
-    staging = _staging(objects, store, led, said)
+    staging = _staging(objects, store, led, said, clock)
     sh = Shell({"ok": True, "exit": 0, "files": 3, "bytes": 300, "fetched_bytes": 250,
                 "seconds": 0.4})  # fmt: skip
     node = store.node("gpu-01")
     assert node is not None
-    assert staging.pull(sh, node, time.monotonic() + 30, lambda: None) == 250
+    assert staging.pull(sh, node, clock.t + 30, lambda: None) == 250
     [t] = led.moved.values()
     assert (t.direction, t.node, t.provider, t.job_id, t.manifest, t.bytes_sent) == (
         "pull", "gpu-01", "aws", 42, manifest.id, 250)  # fmt: skip
@@ -256,38 +271,57 @@ def test_a_nodes_pull_is_in_the_ledger_at_the_download_price() -> None:
     assert "--exit-zero" in sh.ran[-1]  # the answer is read whole, whatever the exit
 
 
-def test_objects_bad_in_the_store_are_dropped_and_the_stage_pushed_again() -> None:
-    """Every fetch of two objects came back wrong: the node's join fails (the job is
-    requeued), the store loses those objects and the dataset's pointer, and the stage
-    goes back to the daemon's push, which sends them again."""
+CORRUPT = {"ok": False, "exit": 1, "error": "f0: not fetched whole in 4 tries",
+           "fetched_bytes": 800}  # fmt: skip
+
+
+def test_objects_bad_in_the_store_are_dropped_pushed_again_and_pulled_on_the_same_node() -> None:
+    """Every fetch of two objects came back wrong: the store loses those objects and the
+    dataset's pointer (so the push does not find it unchanged), the stage goes back to
+    the daemon's push, and once it is stored again the node pulls once more. The job
+    never waits on a requeue (Slurm strands a requeued burst-buffer job: docs/staging.md)."""
     objects, store, led, said = MemoryObjects(), MemoryStore(), FakeLedger(), Said()
+    clock = Pushing(store)
     manifest, layout = _staged(objects, store)
-    staging = _staging(objects, store, led, said)
+    staging = _staging(objects, store, led, said, clock)
     bad = [e.sha256 for e in manifest.entries[:2]]
-    sh = Shell({"ok": False, "exit": 1, "error": "f0: not fetched whole in 4 tries",
-                "corrupt": bad, "fetched_bytes": 800})  # fmt: skip
+    sh = Shell({**CORRUPT, "corrupt": bad}, {"ok": True, "exit": 0, "files": 3, "bytes": 300,
+                                            "fetched_bytes": 200, "kept": 1})  # fmt: skip
+    node = store.node("gpu-01")
+    assert node is not None
+    assert staging.pull(sh, node, clock.t + 30, lambda: None) == 200
+    left = {e.sha256 for e in manifest.entries if layout.object(e.object_name()) in objects.objects}
+    assert left == {manifest.entries[2].sha256}  # the push that follows sends them again
+    assert layout.pointer("/data/set") not in objects.objects
+    assert layout.manifest(manifest.id) in objects.objects
+    assert clock.seen[0] == StageState.PUSHING and len(sh.ran) == 2
+    assert [t.bytes_sent for t in led.moved.values()] == [200]
+    assert said.calls == [("pull", "s3-lab", False, 0), ("pull", "s3-lab", True, 200)]
+
+
+def test_objects_bad_again_after_they_were_sent_again_fail_the_join() -> None:
+    objects, store, led, said = MemoryObjects(), MemoryStore(), FakeLedger(), Said()
+    clock = Pushing(store)
+    manifest, _ = _staged(objects, store)
+    staging = _staging(objects, store, led, said, clock)
+    bad = [manifest.entries[0].sha256]
+    sh = Shell({**CORRUPT, "corrupt": bad}, {**CORRUPT, "corrupt": bad})
     node = store.node("gpu-01")
     assert node is not None
     with pytest.raises(StepError, match="not fetched whole") as failed:
-        staging.pull(sh, node, time.monotonic() + 30, lambda: None)
-    assert failed.value.code == "StagePull"
-    left = {e.sha256 for e in manifest.entries if layout.object(e.object_name()) in objects.objects}
-    assert left == {manifest.entries[2].sha256}
-    assert layout.pointer("/data/set") not in objects.objects  # a push will not skip it
-    assert layout.manifest(manifest.id) in objects.objects
-    rec = store.stage(42)
-    assert rec is not None and rec.state == StageState.PUSHING and "2 objects" in rec.message
-    assert led.moved == {} and said.calls == [("pull", "s3-lab", False, 0)]
+        staging.pull(sh, node, clock.t + 30, lambda: None)
+    assert failed.value.code == "StagePull" and len(sh.ran) == 2 and led.moved == {}
+    assert clock.seen == [StageState.PUSHING]  # dropped and pushed again once, not twice
 
 
 def test_a_pull_that_failed_on_the_way_drops_nothing() -> None:
-    objects, store, led, said = MemoryObjects(), MemoryStore(), FakeLedger(), Said()
+    objects, store, led, said, clock = MemoryObjects(), MemoryStore(), FakeLedger(), Said(), Fixed()
     _staged(objects, store)
     before = dict(objects.objects)
-    staging = _staging(objects, store, led, said)
+    staging = _staging(objects, store, led, said, clock)
     sh = Shell({"ok": False, "exit": 3, "error": "/var/lib: 5 bytes free"})
     node = store.node("gpu-01")
     assert node is not None
     with pytest.raises(StepError, match="bytes free"):
-        staging.pull(sh, node, time.monotonic() + 30, lambda: None)
+        staging.pull(sh, node, clock.t + 30, lambda: None)
     assert objects.objects == before and store.stage(42).state == StageState.STAGED  # type: ignore[union-attr]
