@@ -48,7 +48,9 @@ lab-down: venv
 # On each other Slurm release the lab runs (from its image; docs/slurm-versions.md): the
 # burst end to end, the burst policy's read and update of the queue, the ledger and
 # budget, a requeue through the prolog, the faults that touch Slurm's states, and
-# stage-in through burst_buffer/lua (whose hooks' arguments differ by release). The
+# stage-in through burst_buffer/lua (whose hooks' arguments differ by release: a job on
+# a cold node reads its data whole and its own after a bad copy in the store was sent
+# again; an array's tasks; sensitive data refused). The
 # whole suite runs on the host's release first.
 LAB_RELEASES := 24.11 26.05
 VERSION_TESTS := tests/lab/test_lab.py tests/lab/test_x_burst.py \
@@ -59,7 +61,8 @@ VERSION_TESTS := tests/lab/test_lab.py tests/lab/test_x_burst.py \
 	tests/lab/test_y_faults.py::test_suspend_during_bootstrap \
 	tests/lab/test_y_faults.py::test_slurmctld_restarted_mid_resume \
 	'tests/lab/test_y_faults.py::test_node_failure_is_named_and_the_job_requeued[slurmd-never-registers]' \
-	tests/lab/test_x_stage.py::test_a_burst_job_reads_its_data_on_the_cloud_node_verified_and_its_own \
+	tests/lab/test_x_stage.py::test_a_corrupt_object_in_the_store_never_reaches_the_job_and_is_sent_again \
+	tests/lab/test_x_stage.py::test_each_task_of_an_array_gets_its_data \
 	tests/lab/test_x_stage.py::test_sensitive_data_is_refused_at_submit_and_by_the_daemon_and_nothing_leaves \
 	tests/lab/test_zz_lab_down.py::test_down_removes_everything
 

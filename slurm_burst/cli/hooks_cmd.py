@@ -135,6 +135,7 @@ def stage_in(ctx: click.Context, job_id: str, script: str) -> None:
     other job only until the daemon has checked its data may leave (docs/staging.md).
     """
     from slurm_burst.core.errors import BadInput, BurstError
+    from slurm_burst.core.slurm import array_script
     from slurm_burst.core.slurmsyntax import visible
     from slurm_burst.fileio import file_error, read_regular
     from slurm_burst.services.burstbuffer import MAX_SCRIPT
@@ -150,13 +151,20 @@ def stage_in(ctx: click.Context, job_id: str, script: str) -> None:
     try:  # what goes wrong is said on stdout: Slurm makes it the job's reason
         if "\0" in script:
             raise BadInput("the job script's path holds a NUL byte")
-        text = read_regular(script, MAX_SCRIPT, head=True).decode("utf-8", "surrogateescape")
+        owners = scheduler(cfg, timeout=HOOK_SLURM_TIMEOUT)
+        try:
+            raw = read_regular(script, MAX_SCRIPT, head=True)
+        except FileNotFoundError:  # 24.11+: an array task is handed its own id's path
+            kept = array_script(script, int(job_id), owners.job_owner(int(job_id)).array_job_id)
+            if kept is None:
+                raise
+            raw = read_regular(kept, MAX_SCRIPT, head=True)
         result = run_stage_in(
             job_id,
-            text,
+            raw.decode("utf-8", "surrogateescape"),
             cfg,
             store=node_store(cfg, timeout=cfg.daemon.hook_db_timeout),
-            owners=scheduler(cfg, timeout=HOOK_SLURM_TIMEOUT),
+            owners=owners,
             clock=clock(),
             wake=lambda: wake(cfg.daemon.socket),
         )

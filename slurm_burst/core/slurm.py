@@ -252,8 +252,9 @@ QUEUE_FORMAT = ",".join(f"{f}:|" for f in QUEUE_FIELDS)
 
 
 # squeue: none of these fields can hold a '|'. %A is the job's own id, unique for each
-# task of an array (%i would show an array task as ARRAYID_TASK, not its own id)
-OWNER_FORMAT = "%A|%u|%U|%G|%a|%q|%P"
+# task of an array (%i would show an array task as ARRAYID_TASK, not its own id); %F the
+# array's id (a job that is no array task: its own)
+OWNER_FORMAT = "%A|%u|%U|%G|%a|%q|%P|%F"
 _NAME = re.compile(r"[A-Za-z0-9._@+-]{1,128}", re.ASCII)
 
 
@@ -268,6 +269,21 @@ class JobOwner:
     account: str
     qos: str
     partitions: tuple[str, ...]
+    array_job_id: int = 0  # the array's own job id, if this is a task of another's
+
+
+def array_script(path: str, job_id: int, array_job_id: int) -> str | None:
+    """Where Slurm keeps an array task's batch script when ``path`` (what it handed the
+    task's burst-buffer hook: ``STATE/hash.N/job.JOBID/script``, from 24.11 under the
+    task's own id) is not it: under the array's id. None unless ``path`` has that shape
+    for this job and the job is a task of another's array."""
+    m = _SCRIPT_PATH.fullmatch(path)
+    if m is None or int(m["job"]) != job_id or array_job_id in (0, job_id):
+        return None
+    return f"{m['root']}/hash.{array_job_id % 10}/job.{array_job_id}/script"
+
+
+_SCRIPT_PATH = re.compile(r"(?P<root>/[^\0]*)/hash\.\d/job\.(?P<job>\d{1,10})/script", re.ASCII)
 
 
 def parse_job_owner(text: str, job_id: int) -> JobOwner:
@@ -284,16 +300,18 @@ def parse_job_owner(text: str, job_id: int) -> JobOwner:
         first = lines[0].split("|", 1)[0][:40]
         raise ValueError(f"{len(mine)} lines of job {job_id} (first: {first!r}), not one")
     fields = mine[0].split("|")
-    if len(fields) != 7:
-        raise ValueError(f"{len(fields)} fields, not 7: {mine[0][:200]!r}")
-    _jid, user, uid, gid, account, qos, parts = fields
-    if not (is_digits(uid) and is_digits(gid)):
-        raise ValueError(f"uid {uid[:20]!r} and gid {gid[:20]!r}: not numbers")
+    if len(fields) != 8:
+        raise ValueError(f"{len(fields)} fields, not 8: {mine[0][:200]!r}")
+    _jid, user, uid, gid, account, qos, parts, array = fields
+    if not (is_digits(uid) and is_digits(gid) and is_digits(array)):
+        raise ValueError(f"uid {uid[:20]!r}, gid {gid[:20]!r}, array {array[:20]!r}: "
+                         "not numbers")  # fmt: skip
     names = [user, account, *([qos] if qos else []), *parts.split(",")]
     bad = [n for n in names if not _NAME.fullmatch(n)]
     if bad:
         raise ValueError(f"{bad[0][:60]!r} is not a Slurm name")
-    return JobOwner(job_id, user, int(uid), int(gid), account, qos, tuple(parts.split(",")))
+    return JobOwner(job_id, user, int(uid), int(gid), account, qos, tuple(parts.split(",")),
+                    int(array) if int(array) != job_id else 0)  # fmt: skip
 
 
 class QueuedJob(NamedTuple):

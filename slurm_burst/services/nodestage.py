@@ -219,8 +219,11 @@ class NodeStaging:
         return again
 
 
-class _Dropped(Exception):
-    """A pull found objects bad in the store, which were dropped and are pushed again."""
+class _Dropped(BurstError):
+    """A pull found objects bad in the store, which were dropped and are pushed again
+    (caught here: the node pulls once more; it never reaches a user)."""
+
+    code = "StagePull"
 
 
 def _answer(said: str) -> dict[str, Any]:

@@ -233,7 +233,7 @@ def test_a_corrupt_object_in_the_store_never_reaches_the_job_and_is_sent_again(
     sha = hashlib.sha256(files["a.bin"]).hexdigest()
     [obj] = [p for p in BUCKET.rglob(f"{sha}*") if p.is_file()]
     obj.write_bytes(obj.read_bytes()[:1000])  # cut short where it is stored
-    node = "burst-cpu-11"  # of its own
+    node = "burst-cpu-10"  # of its own
     script = (f"#!/bin/sh\n#SBATCH -p burst-cpu -w {node} -n1\n"
               f"#BB_LUA stage_in src={src} dst=d\n"
               'cd "$SLURM_BURST_STAGE_D" && sha256sum a.bin b.bin\n'
@@ -276,9 +276,11 @@ def test_each_task_of_an_array_gets_its_data(
     submitted = submit(env, out_dir, script, "--array=1-3")
     assert submitted.returncode == 0, submitted.stderr
     array = int(submitted.stdout.strip().split(";")[0])
-    tasks = lambda: subprocess.run(  # noqa: E731
-        ["sacct", "-X", "-n", "-P", "-j", str(array), "-o", "JobIDRaw,State"], env=env,
-        text=True, capture_output=True, timeout=30).stdout.split()  # fmt: skip
+    def tasks() -> list[str]:
+        return subprocess.run(
+            ["sacct", "-X", "-n", "-P", "-j", str(array), "-o", "JobIDRaw,State"], env=env,
+            text=True, capture_output=True, timeout=30).stdout.split()  # fmt: skip
+
     wait(lambda: len(tasks()) == 3 and all(t.endswith("|COMPLETED") for t in tasks()), 300,
          f"array {array}'s 3 tasks done")  # fmt: skip
     said = "".join(p.read_text() for p in out_dir.glob("*.out") if p.stem.isdigit()
@@ -287,3 +289,30 @@ def test_each_task_of_an_array_gets_its_data(
         f"TASK {i} for every task" for i in (1, 2, 3)
     ], said
     assert {store.stage(int(t.split("|")[0])).state for t in tasks()} == {"staged"}  # type: ignore[union-attr]
+
+
+def test_a_failed_stage_in_holds_the_job_until_released_then_runs_it_again(
+    lab: Lab, env: dict[str, str], store: Store, out_dir: Path
+) -> None:
+    """The source is not there yet: stage-in fails, Slurm holds the job with the reason;
+    once the data is there, `scontrol release` runs stage-in again (burst_buffer.conf's
+    Flags=TeardownFailure) and the job runs with it."""
+    src = DATA / "arrives-late"
+    shutil.rmtree(src, ignore_errors=True)
+    script = ("#!/bin/sh\n#SBATCH -p burst-cpu -w burst-cpu-10 -n1\n"
+              f"#BB_LUA stage_in src={src} dst=n\n"
+              'cat "$SLURM_BURST_STAGE_N/late.txt"\n')  # fmt: skip
+    job_id = submit_ok(env, out_dir, script)
+    try:
+        wait(lambda: (rec := store.stage(job_id)) is not None and rec.state == "failed", 60,
+             f"job {job_id}'s stage to fail")  # fmt: skip
+        wait(lambda: "slurm-burst: Stage" in job(env, job_id).get("Reason", "")
+             and job(env, job_id).get("Priority") == "0", 60, f"job {job_id} held")  # fmt: skip
+        dataset("arrives-late", {"late.txt": b"the data arrived\n"})
+        subprocess.run(["scontrol", "release", str(job_id)], env=env, check=True, timeout=30)
+        info = done(env, job_id)
+    finally:
+        subprocess.run(["scancel", str(job_id)], env=env, timeout=30)
+    assert info["JobState"] == "COMPLETED", info
+    assert "the data arrived" in (out_dir / f"{job_id}.out").read_text()
+    assert store.stage(job_id).state == "staged"  # type: ignore[union-attr]

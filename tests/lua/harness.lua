@@ -3,7 +3,7 @@
 --   process FILE [PARTITION ACCOUNT QOS]  each NUL-separated batch script of FILE through
 --        slurm_bb_job_process (22.05's arguments, or 24.11's with a job_info table when
 --        PARTITION is given); one line per script: "0" or "-1 message"
---   paths JOB_ID SCRIPT PATH_FILE         slurm_bb_paths
+--   paths JOB_ID SCRIPT PATH_FILE [ARRAY_JOB_ID]  slurm_bb_paths (job_info.array_job_id)
 --   data_in JOB_ID SCRIPT                 slurm_bb_data_in; prints "rc message"
 --   call NAME                             any other hook, no arguments; prints rc
 --   time SCRIPTFILE N PARTITION ACCOUNT QOS  N calls of slurm_bb_job_process on one script
@@ -43,7 +43,8 @@ if command == "process" then
 		say(rc, message)
 	end
 elseif command == "paths" then
-	say(slurm_bb_paths(arg[3], arg[4], arg[5], "1000", "1000", {}))
+	say(slurm_bb_paths(arg[3], arg[4], arg[5], "1000", "1000",
+		{ array_job_id = tonumber(arg[6] or "0") }))
 elseif command == "data_in" then
 	say(slurm_bb_data_in(arg[3], arg[4], "1000", "1000", {}))
 elseif command == "time" then

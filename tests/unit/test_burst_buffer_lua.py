@@ -200,6 +200,24 @@ def test_paths_give_the_job_its_stage_directories(script: Path, tmp_path: Path) 
     ]
 
 
+def test_an_array_tasks_paths_read_the_arrays_script(script: Path, tmp_path: Path) -> None:
+    """From 24.11 Slurm hands an array task's hooks a path under the task's own id, but
+    keeps the script under the array's: paths reads that one (job_info.array_job_id)."""
+    kept = tmp_path / "state" / "hash.7" / "job.17" / "script"
+    kept.parent.mkdir(parents=True)
+    kept.write_text("#!/bin/sh\n#BB_LUA stage_in src=/d/a dst=x\n")
+    given = tmp_path / "state" / "hash.9" / "job.19" / "script"  # task 19 of array 17
+    env = tmp_path / "env"
+    assert lua(script, "paths", "19", str(given), str(env), "17") == ["0"]
+    assert env.read_text().splitlines() == [
+        "SLURM_BURST_STAGE=/scratch/stage/19", "SLURM_BURST_STAGE_X=/scratch/stage/19/x"
+    ]
+    # not an array task, or a path of another shape: nothing else is read
+    for args in (("19", str(given), str(env), "0"), ("19", str(tmp_path / "x"), str(env), "17")):
+        assert lua(script, "paths", *args) == ["0"]
+        assert env.read_text().splitlines() == ["SLURM_BURST_STAGE=/scratch/stage/19"]
+
+
 def test_data_in_runs_the_program_without_a_shell_and_returns_what_it_says(
     cfg: Config, script: Path, tmp_path: Path
 ) -> None:

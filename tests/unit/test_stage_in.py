@@ -17,7 +17,7 @@ import pytest
 from slurm_burst.config import Config, load_config
 from slurm_burst.core.nodestate import NodeState
 from slurm_burst.core.records import StageRecord, StageState
-from slurm_burst.core.slurm import JobOwner, parse_job_owner
+from slurm_burst.core.slurm import JobOwner, array_script, parse_job_owner
 from slurm_burst.core.staging import SensitiveData
 from slurm_burst.services.stagehook import StageInResult, run_stage_in
 from slurm_burst.services.stagework import StageWork, StageWorkSettings
@@ -198,26 +198,39 @@ def test_bad_input_is_said_and_nothing_recorded(
 
 @pytest.mark.parametrize(
     ("text", "says"),
-    [("42|alice|1001|1001|phys|normal|burst-cpu,batch\n", None),
-     ("42|alice|1001|1001|phys||burst-cpu\n", None),
+    [("42|alice|1001|1001|phys|normal|burst-cpu,batch|42\n", None),
+     ("42|alice|1001|1001|phys||burst-cpu|42\n", None),
      ("", "0 lines"),
      # an array's own id lists its tasks too: the job is the line of its own id (%A)
-     ("43|bob|1002|1002|phys|normal|p\n42|alice|1001|1001|phys|normal|burst-cpu\n"
-      "44|carol|1003|1003|phys|normal|p\n", None),
-     ("42|alice|1001|1001|phys|normal|p\n42|mallory|1|1|phys|normal|p\n", "2 lines of job 42"),
-     ("42|alice|x|1001|phys|normal|p\n", "not numbers"),
-     ("43|alice|1001|1001|phys|normal|p\n", "0 lines of job 42"),
-     ("42_2|alice|1001|1001|phys|normal|p\n", "0 lines of job 42"),  # %A: an id, not TASK
-     ("42|al ice|1001|1001|phys|normal|p\n", "not a Slurm name"),
-     ("42|alice|1001|1001|phys|normal|p|x\n", "8 fields")],
+     ("43|bob|1002|1002|phys|normal|p|43\n42|alice|1001|1001|phys|normal|burst-cpu|42\n"
+      "44|carol|1003|1003|phys|normal|p|44\n", None),
+     ("42|alice|1001|1001|phys|normal|p|42\n42|mallory|1|1|phys|normal|p|42\n",
+      "2 lines of job 42"),
+     ("42|alice|x|1001|phys|normal|p|42\n", "not numbers"),
+     ("43|alice|1001|1001|phys|normal|p|43\n", "0 lines of job 42"),
+     ("42_2|alice|1001|1001|phys|normal|p|42\n", "0 lines of job 42"),  # %A: an id, not TASK
+     ("42|al ice|1001|1001|phys|normal|p|42\n", "not a Slurm name"),
+     ("42|alice|1001|1001|phys|normal|p|x|42\n", "9 fields")],
 )  # fmt: skip
 def test_whose_job_is_read_from_fields_a_user_cannot_write(text: str, says: str | None) -> None:
     if says is None:
         owner = parse_job_owner(text, 42)
         assert owner.uid == 1001 and owner.partitions[0] == "burst-cpu"
+        assert owner.array_job_id == 0  # no array task (%F is its own id)
     else:
         with pytest.raises(ValueError, match=says):
             parse_job_owner(text, 42)
+
+
+def test_an_array_task_knows_its_array_and_where_slurm_keeps_its_script() -> None:
+    owner = parse_job_owner("44|alice|1001|1001|phys|normal|burst-cpu|42\n", 44)
+    assert owner.array_job_id == 42
+    given = "/var/spool/slurmctld/hash.4/job.44/script"  # what 24.11 hands task 44
+    assert array_script(given, 44, 42) == "/var/spool/slurmctld/hash.2/job.42/script"
+    assert array_script(given, 44, 0) is None  # no array task
+    assert array_script(given, 45, 42) is None  # another job's path
+    assert array_script("/tmp/../etc/passwd", 44, 42) is None  # not Slurm's shape
+    assert array_script("/s/hash.4/job.44/script/../../x", 44, 42) is None
 
 
 def test_stage_jobs_shows_each_stage_and_why(tmp_path: Path) -> None:
