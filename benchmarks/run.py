@@ -159,6 +159,10 @@ if __name__ == "__main__":
     # staging: re-stage of an unchanged tree, corrupted fetches, push vs rclone copy
     # through a 200 Mbit/s shaped link (root), one JSON object
     subprocess.run([sys.executable, str(ROOT / "benchmarks" / "staging.py"), "--json"], check=False)
+    # staging in the lab (root, no lab up): pre-staged data, sbatch -> RUNNING minus
+    # boot and pull, on a node up already and on a cold one
+    subprocess.run([sys.executable, str(ROOT / "benchmarks" / "prestaged.py"), "--json"],
+                   check=False)  # fmt: skip
     import burst
 
     burst.bench_hooks()
