@@ -210,6 +210,9 @@ class NodeStaging:
             again = self.store.update_stage(
                 st.job_id, self.clock.now(), expect=[StageState.STAGED], state=StageState.PUSHING,
                 message=f"{n} objects were corrupt in the store: pushing again",
+            ) or (  # another node of the job found them first: its push serves this one
+                (now := self.store.stage(st.job_id)) is not None
+                and now.state == StageState.PUSHING
             )  # fmt: skip
         except BurstError as exc:
             log.error("stage.corrupt_not_dropped job=%s error=%s", st.job_id, exc)

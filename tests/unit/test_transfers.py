@@ -314,6 +314,26 @@ def test_objects_bad_again_after_they_were_sent_again_fail_the_join() -> None:
     assert clock.seen == [StageState.PUSHING]  # dropped and pushed again once, not twice
 
 
+def test_a_second_node_of_the_job_finding_the_same_bad_copy_waits_for_the_same_push() -> None:
+    objects, store, led, said = MemoryObjects(), MemoryStore(), FakeLedger(), Said()
+    clock = Pushing(store)
+    manifest, _ = _staged(objects, store)
+    staging = _staging(objects, store, led, said, clock)
+
+    class Meanwhile(Shell):
+        def run(self, argv: Sequence[str], timeout: float = 60.0) -> str:
+            if not self.ran:  # while this node pulls, the job's other node drops the copy
+                store.update_stage(42, clock.t, state=StageState.PUSHING)
+            return super().run(argv, timeout)
+
+    sh = Meanwhile({**CORRUPT, "corrupt": [manifest.entries[0].sha256]},
+                   {"ok": True, "exit": 0, "files": 3, "bytes": 300, "fetched_bytes": 100})
+    node = store.node("gpu-01")
+    assert node is not None
+    assert staging.pull(sh, node, clock.t + 30, lambda: None) == 100
+    assert clock.seen == [StageState.PUSHING] and len(sh.ran) == 2
+
+
 def test_a_pull_that_failed_on_the_way_drops_nothing() -> None:
     objects, store, led, said, clock = MemoryObjects(), MemoryStore(), FakeLedger(), Said(), Fixed()
     _staged(objects, store)
