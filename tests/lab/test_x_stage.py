@@ -306,7 +306,7 @@ def test_a_failed_stage_in_holds_the_job_until_released_then_runs_it_again(
     try:
         wait(lambda: (rec := store.stage(job_id)) is not None and rec.state == "failed", 60,
              f"job {job_id}'s stage to fail")  # fmt: skip
-        wait(lambda: "slurm-burst: Stage" in job(env, job_id).get("Reason", "")
+        wait(lambda: "StageBadInput" in job(env, job_id).get("Reason", "")
              and job(env, job_id).get("Priority") == "0", 60, f"job {job_id} held")  # fmt: skip
         dataset("arrives-late", {"late.txt": b"the data arrived\n"})
         subprocess.run(["scontrol", "release", str(job_id)], env=env, check=True, timeout=30)

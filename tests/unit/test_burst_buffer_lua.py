@@ -207,12 +207,17 @@ def test_an_array_tasks_paths_read_the_arrays_script(script: Path, tmp_path: Pat
     kept.parent.mkdir(parents=True)
     kept.write_text("#!/bin/sh\n#BB_LUA stage_in src=/d/a dst=x\n")
     given = tmp_path / "state" / "hash.9" / "job.19" / "script"  # task 19 of array 17
-    env = tmp_path / "env"
+    given.parent.parent.mkdir()  # Slurm makes hash.N; job.19 it never makes
+    env = given.parent / "path"
     assert lua(script, "paths", "19", str(given), str(env), "17") == ["0"]
+    assert env.parent.stat().st_mode & 0o777 == 0o700
     assert env.read_text().splitlines() == [
         "SLURM_BURST_STAGE=/scratch/stage/19", "SLURM_BURST_STAGE_X=/scratch/stage/19/x"
     ]
     # not an array task, or a path of another shape: nothing else is read
+    nowhere = tmp_path / "elsewhere" / "path"  # not Slurm's shape: no directory is made
+    assert lua(script, "paths", "19", str(given), str(nowhere), "17") == ["0"]
+    assert not nowhere.parent.exists()
     for args in (("19", str(given), str(env), "0"), ("19", str(tmp_path / "x"), str(env), "17")):
         assert lua(script, "paths", *args) == ["0"]
         assert env.read_text().splitlines() == ["SLURM_BURST_STAGE=/scratch/stage/19"]
