@@ -40,7 +40,7 @@ ON_NODE = "staged.{job}.{node}"  # meta: the job's data is on the node (bytes, w
 ASKED = "pull.{job}.{node}"  # meta: the prolog asks for a pull onto a node already up
 FAILED = "pullfail.{job}.{node}"  # meta: that pull failed (why)
 ASKED_WAIT = 600.0  # seconds a pull the prolog asked for may take
-FETCH_STALL = 15  # seconds without a byte after which a fetch has failed
+FETCH_STALL = 10  # seconds without a byte after which a fetch has failed
 
 
 def meta_prefix(template: str) -> str:
@@ -171,8 +171,10 @@ class NodeStaging:
         sh.put(json.dumps(plan).encode(), path, 0o600)  # its URLs are grants: root's only
         timeout = max(5.0, deadline - self.clock.monotonic())
         # a fetch with no data for FETCH_STALL s is a failed one; the puller stops starting
-        # fetches before SSH gives up on it, so its answer (which objects were bad) comes
-        until = f"{max(1.0, timeout - 5):.0f}"
+        # fetches before SSH gives up on it, so its answer (which objects were bad) comes;
+        # a first pull keeps half the time for a push again and a second pull
+        left = timeout - 5
+        until = f"{max(1.0, left / 2 if heal else left):.0f}"
         argv = [self.settings.node_python, REMOTE_PULLER, "--plan", path, "--exit-zero",
                 "--timeout", str(FETCH_STALL), "--deadline", until]  # fmt: skip
         try:

@@ -295,6 +295,9 @@ def test_objects_bad_in_the_store_are_dropped_pushed_again_and_pulled_on_the_sam
     assert layout.pointer("/data/set") not in objects.objects
     assert layout.manifest(manifest.id) in objects.objects
     assert clock.seen[0] == StageState.PUSHING and len(sh.ran) == 2
+    # the first pull kept half the time left for the push again and the second pull
+    first, second = (float(argv[argv.index("--deadline") + 1]) for argv in sh.ran)
+    assert first <= 13 and second >= 20, sh.ran
     assert [t.bytes_sent for t in led.moved.values()] == [200]
     assert said.calls == [("pull", "s3-lab", False, 0), ("pull", "s3-lab", True, 200)]
 
