@@ -45,11 +45,20 @@ def _job(env: dict[str, str], job: str) -> dict[str, str]:
     return dict(t.split("=", 1) for t in out.split() if "=" in t)
 
 
-def _submit(env: dict[str, str], user: str, shared: Path, script: str, node: str) -> str:
+def _submit(
+    env: dict[str, str], user: str, shared: Path, script: str, node: str, other: bool
+) -> str:
+    """sbatch as ``user``: the host's sbatch through runuser; another release's wrapper
+    chroots first, as root, then becomes the user (SBLAB_AS_UID)."""
+    import pwd
+
     path = shared / f"prestaged-{time.monotonic_ns()}.sh"
     path.write_text(script)
     path.chmod(0o755)
-    return _run(["runuser", "-u", user, "--", "sbatch", "--parsable", "-p", "burst-cpu",
+    pw = pwd.getpwnam(user)
+    as_user = [] if other else ["runuser", "-u", user, "--"]
+    env = {**env, "SBLAB_AS_UID": f"{pw.pw_uid}:{pw.pw_gid}"} if other else env
+    return _run([*as_user, "sbatch", "--parsable", "-p", "burst-cpu",
                  "-w", node, "-n1", "-t", "5", "-A", "physics", "-D", str(shared),
                  "-o", "/dev/null", str(path)], env).strip().split(";")[0]  # fmt: skip
 
@@ -117,6 +126,7 @@ def bench(release: str | None) -> dict[str, Any]:
     lab.up(timeout=180)
     try:
         env = lab.env()
+        other = (release or HOST_RELEASE) != HOST_RELEASE
         shared = Path(lab.lab.shared_dir) / "prestaged-bench"
         shared.mkdir(exist_ok=True)
         shared.chmod(0o1777)
@@ -135,11 +145,11 @@ def bench(release: str | None) -> dict[str, Any]:
         warm: list[dict[str, Any]] = []
         cold: list[dict[str, Any]] = []
         node = "burst-cpu-30"
-        first = _submit(env, JOB_USER, shared, "#!/bin/sh\ntrue\n", node)  # brings it up
+        first = _submit(env, JOB_USER, shared, "#!/bin/sh\ntrue\n", node, other)  # brings it up
         _done(env, first, timeout=300)
         for _ in range(3):
             t0 = time.monotonic()
-            job = _submit(env, JOB_USER, shared, script, node)
+            job = _submit(env, JOB_USER, shared, script, node, other)
             took = _to_running(env, job, t0)
             _done(env, job)
             pull = _pull_seconds(job)
@@ -150,7 +160,7 @@ def bench(release: str | None) -> dict[str, Any]:
             seen = _events_after(store, 0)
             since = int(seen[-1]["id"]) if seen else 0
             t0 = time.monotonic()
-            job = _submit(env, JOB_USER, shared, script, node)
+            job = _submit(env, JOB_USER, shared, script, node, other)
             took = _to_running(env, job, t0)
             _done(env, job)
             joined = _join_seconds(store, node, since)
