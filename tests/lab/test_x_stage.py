@@ -241,16 +241,15 @@ def test_a_corrupt_object_in_the_store_never_reaches_the_job_and_is_sent_again(
               f'ls {src} >/dev/null 2>&1 && echo "SOURCE VISIBLE" || echo "SOURCE HIDDEN"\n'
               '(echo x >> a.bin) 2>/dev/null && echo "WRITABLE" || echo "READ-ONLY"\n')  # fmt: skip
     job_id = submit_ok(env, out_dir, script)
-    first = wait(lambda: (store.node(node) or None) and store.node(node).instance_id, 120,  # type: ignore[union-attr]
-                 "the first instance")  # fmt: skip
     info = done(env, job_id)
+    # never requeued: the node it was given pulled again (a node of another test may
+    # still be up: then the prolog's pull does the same)
     assert info["JobState"] == "COMPLETED" and info.get("Restarts") == "0", info
     out = (out_dir / f"{job_id}.out").read_text()
     for name, body in files.items():
         assert f"{hashlib.sha256(body).hexdigest()}  {name}" in out, out
     assert f"OWNER {JOB_USER} 555" in out and f"OWNER {JOB_USER} 444" in out
     assert "SOURCE HIDDEN" in out and "READ-ONLY" in out
-    assert store.node(node).instance_id == first  # type: ignore[union-attr]
     assert obj.stat().st_size > 1000  # sent again, whole
     rec = store.stage(job_id)
     assert rec is not None and rec.state == "staged"
@@ -259,7 +258,7 @@ def test_a_corrupt_object_in_the_store_never_reaches_the_job_and_is_sent_again(
     by = sorted((t["direction"], t["node"]) for t in moved)
     # the first push found the pre-staged dataset (nothing sent), the second sent the
     # object again; the one pull that succeeded (the failed one is a metric, not a row)
-    assert by == [("in", ""), ("in", ""), ("pull", node)], moved
+    assert by == [("in", ""), ("in", ""), ("pull", node)], moved  # one node, one pull
     assert sum(t["bytes_sent"] for t in moved if t["direction"] == "in") >= len(files["a.bin"])
     assert pushed["objects_sent"] == 2
 
