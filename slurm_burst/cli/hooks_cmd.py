@@ -155,6 +155,8 @@ def stage_in(ctx: click.Context, job_id: str, script: str) -> None:
         try:
             raw = read_regular(script, MAX_SCRIPT, head=True)
         except FileNotFoundError:  # 24.11+: an array task is handed its own id's path
+            if not (job_id.isascii() and job_id.isdigit() and len(job_id) <= 10):
+                raise  # said as the missing file; a bad id is said by run_stage_in otherwise
             kept = array_script(script, int(job_id), owners.job_owner(int(job_id)).array_job_id)
             if kept is None:
                 raise
