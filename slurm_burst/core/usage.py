@@ -5,6 +5,7 @@ Pure: the values of the ledger and accounting ports (``slurm_burst.ports``).
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -80,14 +81,12 @@ class InstanceEvent:
     price_version: str = ""
 
 
-class TransferDirection:
-    """Which way a transfer's bytes went."""
+class TransferDirection(enum.StrEnum):
+    """Which way a transfer's bytes went (the ledger stores these values)."""
 
     IN = "in"  # the site's side to the store (stage-in's push)
     PULL = "pull"  # the store to a cloud node (the node's pull, part of its join)
     OUT = "out"  # a cloud node or the store back to the site (stage-out)
-
-    ALL = (IN, PULL, OUT)
 
 
 @dataclass(frozen=True)

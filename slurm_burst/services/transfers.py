@@ -39,7 +39,7 @@ class StorePrices:
     egress_per_gb: float = 0.0
     storage_per_gb_month: float = 0.0
 
-    def per_gb(self, direction: str) -> float:
+    def per_gb(self, direction: TransferDirection) -> float:
         return {
             TransferDirection.IN: self.upload_per_gb,
             TransferDirection.PULL: self.download_per_gb,
@@ -92,13 +92,13 @@ class TransferBook:
         self._record(t)
         return t
 
-    def failed(self, direction: str) -> None:
+    def failed(self, direction: TransferDirection) -> None:
         if self.metrics is not None:
             self.metrics.transfer(direction, self.prices.store, False, 0, 0.0)
 
     def _transfer(
-        self, direction: str, out: Mapping[str, Any], *, account: str, user: str, job_id: int,
-        dataset: str, node: str, sent: int, stored: int, parts: tuple[object, ...],
+        self, direction: TransferDirection, out: Mapping[str, Any], *, account: str, user: str,
+        job_id: int, dataset: str, node: str, sent: int, stored: int, parts: tuple[object, ...],
         provider: str = "",
     ) -> Transfer:  # fmt: skip
         p = self.prices

@@ -43,6 +43,8 @@ from sqlalchemy import (
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
+from slurm_burst.core.usage import TransferDirection
+
 
 class UTCDateTime(TypeDecorator[datetime]):
     """Timestamps stored in UTC and read back timezone-aware (SQLite keeps no zone)."""
@@ -315,12 +317,6 @@ class GpuUsageRow(Base):
     memory_used_max_bytes: Mapped[bigint] = mapped_column(
         comment="Most GPU memory the job's GPUs held at a sample, bytes."
     )
-
-
-class TransferDirection(enum.StrEnum):
-    IN = "in"
-    PULL = "pull"
-    OUT = "out"
 
 
 class TransferRow(Base):

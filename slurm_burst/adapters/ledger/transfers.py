@@ -12,12 +12,12 @@ from collections.abc import Sequence
 from datetime import UTC, date, datetime, time
 from typing import Any
 
-from sqlalchemy import Engine, func, select
+from sqlalchemy import Engine, select
 
 from slurm_burst.adapters.ledger.engine import insert_ignore, translated
-from slurm_burst.adapters.ledger.models import TransferDirection, TransferRow
+from slurm_burst.adapters.ledger.models import TransferRow
 from slurm_burst.core.pricing import dollars
-from slurm_burst.core.usage import Transfer
+from slurm_burst.core.usage import Transfer, TransferDirection
 
 MAX_ROWS = 100_000  # what one listing returns at most
 
@@ -65,7 +65,7 @@ def listing(
         rows = conn.execute(q).all()
     return [
         {
-            "at": _utc(r.at).isoformat(),
+            "at": r.at.isoformat(),
             "job": r.job_id,
             "account": r.account,
             "user": r.user,
@@ -102,7 +102,7 @@ def costs(
     out: dict[tuple[str, ...], list[int]] = defaultdict(lambda: [0, 0])
     with translated("ledger report"), engine.connect() as conn:
         for at, account, user, job_id, cost, sent in conn.execute(q):
-            d = _utc(at).date()
+            d = at.date()  # UTCDateTime: read back UTC-aware
             named = {
                 "account": account, "user": user, "partition": "", "job": str(job_id),
                 "month": d.strftime("%Y-%m"), "day": d.isoformat(),
@@ -113,22 +113,6 @@ def costs(
     return {k: (v[0], v[1]) for k, v in out.items()}
 
 
-def totals(engine: Engine) -> dict[tuple[str, str], tuple[int, int, int]]:
-    """All-time (transfers, bytes sent, cost micro-dollars) by (direction, store)."""
-    t = TransferRow
-    q = select(
-        t.direction, t.store, func.count(), func.sum(t.bytes_sent), func.sum(t.cost_micros)
-    ).group_by(t.direction, t.store)
-    with translated("ledger transfers"), engine.connect() as conn:
-        return {
-            (getattr(d, "value", d), s): (int(n), int(b or 0), int(c or 0))
-            for d, s, n, b, c in conn.execute(q)
-        }
-
-
 def _day(d: date) -> datetime:
     return datetime.combine(d, time(0), UTC)
 
-
-def _utc(t: datetime) -> datetime:
-    return t.replace(tzinfo=UTC) if t.tzinfo is None else t.astimezone(UTC)
