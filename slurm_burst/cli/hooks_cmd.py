@@ -135,7 +135,7 @@ def stage_in(ctx: click.Context, job_id: str, script: str) -> None:
     other job only until the daemon has checked its data may leave (docs/staging.md).
     """
     from slurm_burst.core.errors import BadInput, BurstError
-    from slurm_burst.core.slurm import array_script
+    from slurm_burst.core.slurm import array_script, is_job_id
     from slurm_burst.core.slurmsyntax import visible
     from slurm_burst.fileio import file_error, read_regular
     from slurm_burst.services.burstbuffer import MAX_SCRIPT
@@ -155,7 +155,7 @@ def stage_in(ctx: click.Context, job_id: str, script: str) -> None:
         try:
             raw = read_regular(script, MAX_SCRIPT, head=True)
         except FileNotFoundError:  # 24.11+: an array task is handed its own id's path
-            if not (job_id.isascii() and job_id.isdigit() and len(job_id) <= 10):
+            if not is_job_id(job_id):
                 raise  # said as the missing file; a bad id is said by run_stage_in otherwise
             kept = array_script(script, int(job_id), owners.job_owner(int(job_id)).array_job_id)
             if kept is None:

@@ -29,3 +29,9 @@ def whole(text: str, low: int, high: int, what: str, signed: bool = False) -> in
     if not low <= value <= high:
         raise ValueError(f"{what} {value:,} is not between {low:,} and {high:,}")
     return value
+
+
+def json_count(v: object) -> int:
+    """A count from a parsed JSON answer (a child's, a node's): a non-negative integer,
+    anything else (a string, a bool, a float, a negative number) counts as 0."""
+    return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else 0

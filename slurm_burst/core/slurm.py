@@ -272,6 +272,11 @@ class JobOwner:
     array_job_id: int = 0  # the array's own job id, if this is a task of another's
 
 
+def is_job_id(text: str) -> bool:
+    """``text`` is a Slurm job id as a hook is handed one: ASCII digits, 10 at most."""
+    return is_digits(text) and len(text) <= 10
+
+
 def array_script(path: str, job_id: int, array_job_id: int) -> str | None:
     """Where Slurm keeps an array task's batch script when ``path`` (what it handed the
     task's burst-buffer hook: ``STATE/hash.N/job.JOBID/script``, from 24.11 under the

@@ -24,6 +24,7 @@ from typing import Any
 
 from slurm_burst.core.errors import BurstError, StepError
 from slurm_burst.core.jobs import job_ids
+from slurm_burst.core.numbers import json_count
 from slurm_burst.core.records import NodeRecord, StageRecord, StageState
 from slurm_burst.core.remote import RemoteError
 from slurm_burst.core.staging import Manifest
@@ -143,12 +144,10 @@ class NodeStaging:
                 )
             check()
             self.clock.sleep(POLL)
-            again = self.store.stage(st.job_id)
-            if again is None:
-                raise StepError("StageFailed", f"job {st.job_id}'s stage record vanished")
-            st = again
+            st = self._again(st)
 
     def _again(self, st: StageRecord) -> StageRecord:
+        """``st`` as the state database holds it now."""
         rec = self.store.stage(st.job_id)
         if rec is None:
             raise StepError("StageFailed", f"job {st.job_id}'s stage record vanished")
@@ -188,7 +187,7 @@ class NodeStaging:
             if bad and heal and exc.code == "RemoteCommand" and self._drop(st, d, manifest, bad):
                 raise _Dropped from exc
             raise StepError("StagePull", f"job {st.job_id} {dst} -> {node.name}: {exc}") from exc
-        got = _count(out.get("fetched_bytes"))
+        got = json_count(out.get("fetched_bytes"))
         if self.book is not None:
             self.book.pulled(
                 out, account=st.owner.account, user=st.owner.user, job_id=st.job_id, dst=dst,
@@ -239,6 +238,3 @@ def _answer(said: str) -> dict[str, Any]:
         return {}
     return out if isinstance(out, dict) else {}
 
-
-def _count(v: object) -> int:
-    return v if isinstance(v, int) and v >= 0 else 0

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from slurm_burst.config import Config
 from slurm_burst.core.errors import BadInput
 from slurm_burst.core.records import StageRecord, StageState
-from slurm_burst.core.slurm import JobOwner
+from slurm_burst.core.slurm import JobOwner, is_job_id
 from slurm_burst.core.staging import StageIn, parse_directives
 from slurm_burst.ports import Clock, JobOwners, NodeStore
 from slurm_burst.services.hooks import heartbeat_age
@@ -80,7 +80,7 @@ def run_stage_in(
 ) -> StageInResult:
     """Record the stage of job ``job_id`` (its batch script's text is ``script``) and
     wait for the daemon's verdict on it."""
-    if not job_id.isascii() or not job_id.isdigit() or len(job_id) > 10:
+    if not is_job_id(job_id):
         return StageInResult(EXIT_BAD_INPUT, f"job id {job_id[:20]!r} is not a number")
     try:
         stages = parse_directives(script)

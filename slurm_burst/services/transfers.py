@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from slurm_burst.core.errors import BurstError
+from slurm_burst.core.numbers import json_count
 from slurm_burst.core.pricing import PricingError, bytes_cost_micros, to_micros
 from slurm_burst.core.usage import Transfer, TransferDirection
 from slurm_burst.ports import Clock, Ledger, Metrics
@@ -67,7 +68,7 @@ class TransferBook:
         dst: str = "", stage_id: str = "",
     ) -> Transfer:  # fmt: skip
         """A push that completed (``out``: ``Pushed.as_dict()``, or what the child said)."""
-        sent = _int(out.get("bytes_sent"))
+        sent = json_count(out.get("bytes_sent"))
         stored = 0 if out.get("unchanged") else sent
         t = self._transfer(
             TransferDirection.IN, out, account=account, user=user, job_id=job_id,
@@ -83,7 +84,7 @@ class TransferBook:
         node: str, provider: str, manifest: str, stage_id: str = "",
     ) -> Transfer:  # fmt: skip
         """A node's pull that completed (``out``: what ``node/stagein.py`` said)."""
-        got = _int(out.get("fetched_bytes"))
+        got = json_count(out.get("fetched_bytes"))
         t = self._transfer(
             TransferDirection.PULL, {**out, "manifest": manifest}, account=account, user=user,
             job_id=job_id, dataset=dst, node=node, sent=got, stored=0,
@@ -110,9 +111,9 @@ class TransferBook:
             key=f"{direction}:{hashlib.sha256(what).hexdigest()}", direction=direction,
             store=p.store, provider=provider or p.provider, account=account, user=user,
             job_id=job_id, node=node, dataset=dataset, manifest=str(out.get("manifest", "")),
-            logical_bytes=_int(out.get("bytes")), bytes_sent=sent,
-            objects=_int(out.get("objects", out.get("files"))),
-            objects_sent=_int(out.get("objects_sent", out.get("files"))) if sent else 0,
+            logical_bytes=json_count(out.get("bytes")), bytes_sent=sent,
+            objects=json_count(out.get("objects", out.get("files"))),
+            objects_sent=json_count(out.get("objects_sent", out.get("files"))) if sent else 0,
             seconds=max(0.0, _float(out.get("seconds"))), at=self.clock.now(), per_gb=per_gb,
             storage_per_gb_month=p.storage_per_gb_month, cost_micros=cost,
         )  # fmt: skip
@@ -134,11 +135,6 @@ def _micros(dollars: float) -> int:
         return max(0, to_micros(dollars))
     except PricingError:  # config validation refuses these; a bad price charges nothing
         return 0
-
-
-def _int(v: object) -> int:
-    """A count from a child's or a node's JSON answer (anything else: 0)."""
-    return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else 0
 
 
 def _float(v: object) -> float:
