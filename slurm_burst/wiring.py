@@ -455,6 +455,7 @@ def provisioner_settings(cfg: Config, slurm_release: str | None) -> ProvisionerS
         bootstrap_timeout=cfg.daemon.bootstrap_timeout,
         capacity_cooldown=cfg.daemon.capacity_cooldown,
         gpu=cfg.gpu,
+        resume_timeout=float(cfg.slurm.resume_timeout),
         slurm_release=slurm_release,
     )
 

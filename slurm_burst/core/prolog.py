@@ -51,11 +51,14 @@ def judge(
     ``started`` is when the prolog began (the job's allocation, give or take): a node
     that ended (failed, torn down) since then failed this job; one that ended before
     is the end of an earlier life, and its resume for this job is still to come.
-    ``daemon_age`` is the age of the daemon's heartbeat (None: it never ran).
+    ``daemon_age`` is the age of the daemon's heartbeat (None: it never ran). A node
+    torn down while still wanted up is getting a new instance (a burst-buffer job's
+    node, ``Provisioner._replace``): not an end.
     """
     for name in names:
         rec = records.get(name)
-        if rec is not None and rec.state in ENDED and rec.state_since >= started:
+        replacing = rec is not None and rec.state != NodeState.FAILED and rec.want == Want.UP
+        if rec is not None and rec.state in ENDED and rec.state_since >= started and not replacing:
             what = rec.error or str(rec.state)
             detail = f": {rec.message}" if rec.message else ""
             return Verdict(FAIL, f"node {name} {what}{detail}")

@@ -17,7 +17,10 @@ point (after a crash, a duplicate resume, a suspend arriving mid-bootstrap):
 
 A failed step records an error code, sets the Slurm node DOWN with
 ``(Code:...)`` in its reason (Slurm requeues the job), tears down, and powers
-the node down so Slurm may try again.
+the node down so Slurm may try again. One exception: a node of a burst-buffer
+job whose instance fails while it comes up gets one new instance under its name
+instead (:meth:`Provisioner._replace`), because Slurm never runs such a job
+again once requeued.
 """
 
 from __future__ import annotations
@@ -75,6 +78,17 @@ JOB_FAILED = "JobFailed"
 # Failures that say nothing about the group's health: not counted towards protected mode.
 NOT_LAUNCH_FAILURES = frozenset({"GroupProtected", "SlurmPoweredDown", "ResumeLost"})
 
+# Failures of one instance that a new one may well not have (and any ``Bootstrap.STEP``):
+# what a burst-buffer job's node gets replaced for. Not among them: what any instance of
+# the request would meet again (credentials, the config, a slurmd of another release, a
+# full address pool, the hub) and a host key that does not match (an attack to look at).
+INSTANCE_FAULTS = frozenset({
+    "BootTimeout", "HostKeyTimeout", "InstanceVanished", "InstanceError",
+    "InsufficientInstanceCapacity", "SshUnreachable", "RemoteCommand", "WireGuardKey",
+    "WireGuardHandshake", "GpuUnhealthy", "StagePull",
+})  # fmt: skip
+REPLACED = "replaced.{node}"  # meta: when the node's request came, and its new instance
+
 
 @contextmanager
 def _as_step(code: str, *errors: type[Exception]) -> Iterator[None]:
@@ -110,6 +124,7 @@ class ProvisionerSettings:
     bootstrap_timeout: float
     capacity_cooldown: float  # a size that ran out of capacity waits this long
     gpu: GpuConfig
+    resume_timeout: float = 0.0  # Slurm's ResumeTimeout; 0: never replace an instance
     slurm_release: str | None = None  # slurmctld's; None: slurmd's is not checked
 
 
@@ -207,7 +222,8 @@ class Provisioner:
             except (TransitionError, BadInput):  # a bug or a race, not this node's fault:
                 raise  # the worker's boundary logs it; the node is looked at again
             except BurstError as exc:  # cloud, SSH, hub, Slurm, state store, a step
-                self._fail(rec, exc.code, str(exc))
+                if not self._replace(rec, exc.code, str(exc)):
+                    self._fail(rec, exc.code, str(exc))
             except OSError as exc:  # the controller's own disk, sockets, processes
                 self._fail(rec, "InternalError", f"{type(exc).__name__}: {exc}")
 
@@ -478,12 +494,13 @@ class Provisioner:
         raise StepError("WireGuardHandshake", f"{name}: no WireGuard handshake with the hub")
 
     # -- teardown -----------------------------------------------------------------
-    def _teardown(self, rec: NodeRecord) -> None:
+    def _teardown(self, rec: NodeRecord, replacing: bool = False) -> None:
+        """Everything of the node's instance let go; ``replacing``: its want (up, unless
+        a suspend came meanwhile) stays, for a new instance."""
         name = rec.name
         if rec.state != NodeState.TERMINATING:
-            rec = self.store.transition(
-                name, NodeState.TERMINATING, self.clock.now(), want=Want.DOWN
-            )
+            wants = {} if replacing else {"want": Want.DOWN}
+            rec = self.store.transition(name, NodeState.TERMINATING, self.clock.now(), **wants)
         if rec.error in DIAGNOSED and rec.ip:
             self._diagnose(rec)
         with self._timed(name, "teardown"):
@@ -539,6 +556,60 @@ class Provisioner:
         group = self.fleet.group_of(rec.name)
         if group is not None and group.all_or_nothing == "job":
             self._release_job_of(rec, code)
+
+    def _replace(self, rec: NodeRecord, code: str, message: str) -> bool:
+        """Give ``rec`` a new instance under its name instead of failing it; True if so.
+
+        Only for a node one of whose jobs has a stage record (a burst-buffer job),
+        whose instance ran and then failed with one of ``INSTANCE_FAULTS``, once per
+        resume, and only while half of Slurm's ResumeTimeout is left (the new instance
+        gets as long as the first took). Slurm then sees nothing fail: the node stays
+        powering up, its job configuring. Failing the node instead would requeue the
+        job, and Slurm's burst_buffer/lua never starts a requeued job whose stage-in
+        thread was waiting for its nodes (docs/staging.md). The failed instance still
+        counts: in the ledger, the metrics, the group's failures in a row."""
+        limit = self.settings.resume_timeout
+        if (
+            limit <= 0
+            or rec.state not in (NodeState.BOOTING, NodeState.BOOTSTRAPPING)
+            or not (code in INSTANCE_FAULTS or code.startswith("Bootstrap."))
+            or not any(self.store.stage(j) for j in job_ids(rec.job_list()))
+        ):
+            return False
+        key = REPLACED.format(node=rec.name)
+        was = self.store.meta_get(key)
+        if isinstance(was, dict) and was.get("again") == rec.requested_at:
+            return False  # this is the new instance already: once per resume
+        spent = self.clock.now() - (rec.requested_at or rec.state_since)
+        if 2 * spent > limit:
+            return False
+        log.error("node.replaced node=%s state=%s code=%s seconds=%.1f error=%s",
+                  rec.name, rec.state, code, spent, message)  # fmt: skip
+        self.store.event(self.clock.now(), "node.replaced", rec.name, f"{code}: {message}"[:500])
+        self.store.update(rec.name, error=code, message=message[:500])
+        rec = self.store.node(rec.name) or rec
+        if rec.instance_id:
+            self._record(rec, rec.instance_id, "failed", self.clock.now(), code)
+        failures = self.store.group_launch_result(rec.group, ok=False)
+        log.info("group.failures group=%s in_a_row=%d", rec.group, failures)
+        if self.metrics is not None:
+            self.metrics.failed(rec.group, code)
+        self._teardown(rec, replacing=True)
+        now = self.store.node(rec.name)
+        if now is None or now.want != Want.UP:  # suspended meanwhile: it stays down
+            return True
+        again = self.clock.now()  # the new instance is billed from now, the old one until now
+        self.store.meta_set(key, {"first": rec.requested_at, "again": again})
+        self.store.transition(
+            rec.name,
+            NodeState.REQUESTED,
+            again,
+            launch_seq=rec.launch_seq + 1,
+            requested_at=again,
+            error="",
+            message="",
+        )
+        return True
 
     def _release_job_of(self, failed: NodeRecord, code: str) -> None:
         """Let go of the other nodes of ``failed``'s jobs: the job is requeued (or, if it

@@ -46,9 +46,12 @@ JOINED_REGISTERED = rec("a", NodeState.JOINED, registered_at=T0 + 3)
         ({"a": rec("a", NodeState.TERMINATING, since=T0 + 5, want=Want.DOWN)}, FAIL,
          "node a terminating"),
         ({"a": rec("a", NodeState.JOINED, registered_at=T0, want=Want.DOWN)}, WAIT, ""),
+        # torn down and still wanted up: a new instance comes (Provisioner._replace)
+        ({"a": rec("a", NodeState.TERMINATING, since=T0 + 5, want=Want.UP)}, WAIT, ""),
+        ({"a": rec("a", NodeState.TERMINATED, since=T0 + 5, want=Want.UP)}, WAIT, ""),
     ],
     ids=["ready", "not-registered", "no-record", "bootstrapping", "old-life", "failed",
-         "suspended-meanwhile", "joined-but-wanted-down"],
+         "suspended-meanwhile", "joined-but-wanted-down", "replacing", "replaced"],
 )  # fmt: skip
 def test_verdict_on_one_node(records: dict[str, NodeRecord], expected: str, says: str) -> None:
     v = judge(["a"], records, T0, daemon_age=1.0, stale_after=30)

@@ -20,9 +20,9 @@ from slurm_burst.core.cloud import AuthError, CloudError, ThrottledError
 from slurm_burst.core.errors import BurstError
 from slurm_burst.core.mesh import MeshError, parking_address
 from slurm_burst.core.nodestate import NodeState, Want
-from slurm_burst.core.records import StoreError
+from slurm_burst.core.records import StageRecord, StoreError
 from slurm_burst.core.remote import RemoteError
-from slurm_burst.core.slurm import SchedulerError
+from slurm_burst.core.slurm import JobOwner, SchedulerError
 from slurm_burst.services.provisioner import REMOTE_SCRIPT
 from tests.fakes.ssh import MUNGE_IDS
 from tests.fakes.world import MUNGE_KEY, World, make_world
@@ -566,3 +566,116 @@ def test_a_gpu_node_that_fails_its_check_never_joins(
     if "said" not in reason:
         events = [e for e in w.store.events() if e["event"] == "node.gpu_unhealthy"]
         assert [(e["node"], e["detail"]) for e in events] == [(G, reason)]
+
+
+# -- a burst-buffer job's node: a new instance instead of a requeue ----------------------
+
+
+def _staged_job_on(w: World, name: str, job_id: int = 7) -> None:
+    """``name`` comes up for a job with a stage record (a ``#BB_LUA`` job)."""
+    w.store.add_stage(StageRecord(
+        owner=JobOwner(job_id, "games", 5, 60, "physics", "", ("burst-cpu",)), burst_only=True,
+        stages=[{"src": "/d", "dst": "d"}], state="staged",
+    ))  # fmt: skip
+    w.store.update(name, jobs=json.dumps([{"job_id": job_id, "nodes": name}]))
+
+
+def _first_node_only(w: World, inject: Inject) -> None:
+    """``inject`` holds for the first instance the connector meets, not the next ones."""
+    inject(w)
+    made = w.connector.node_at
+    seen: set[str] = set()
+
+    def node_at(host: str, keys: list[tuple[str, str]]) -> Any:
+        if seen and host not in seen:  # a second instance: it has none of the fault
+            w.connector.fail_steps.clear()
+            w.mesh.silent = False
+        seen.add(host)
+        return made(host, keys)
+
+    w.connector.node_at = node_at  # type: ignore[method-assign,assignment]
+
+
+@pytest.mark.parametrize(
+    ("inject", "code"),
+    [
+        (_no_handshake, "WireGuardHandshake"),
+        (_step_fails("slurmd-start"), "Bootstrap.slurmd-start"),
+    ],
+    ids=["no-handshake", "slurmd-start"],
+)
+def test_a_staged_jobs_node_that_fails_while_it_comes_up_gets_a_new_instance(
+    w: World, inject: Inject, code: str
+) -> None:
+    """Slurm sees nothing fail (no DOWN, no power down: the job is never requeued, which
+    would strand it); the first instance is recorded as failed and counted."""
+    w.request(N)
+    _staged_job_on(w, N)
+    _first_node_only(w, inject)
+    rec = w.prov.drive(N)
+    assert rec is not None and rec.state == NodeState.JOINED and rec.error == ""
+    assert "down" not in w.slurm.states_set(N) and "power_down_force" not in w.slurm.states_set(N)
+    assert rec.launch_seq == 2 and len(w.cloud.of_node(N)) == 1  # the first one terminated
+    assert w.ledger.of(N) == ["requested", "running", "failed", "terminated",
+                              "requested", "running", "joined"]  # fmt: skip
+    [ev] = [e for e in w.store.events() if e["event"] == "node.replaced"]
+    assert ev["node"] == N and ev["detail"].startswith(f"{code}: ")
+    assert w.store.groups()["cpu"].failures == 0  # counted, then the join reset it
+    (peer,) = w.mesh.peers()
+    assert peer.public_key == rec.wg_pubkey  # the first instance's peer is gone
+
+
+def test_a_staged_jobs_node_is_replaced_once_then_fails_as_any_node(w: World) -> None:
+    w.request(N)
+    _staged_job_on(w, N)
+    _no_handshake(w)
+    w.prov.drive(N)
+    assert_released(w, N, "WireGuardHandshake")
+    assert w.ledger.of(N).count("failed") == 2 and w.rec(N).launch_seq == 2
+    assert w.store.groups()["cpu"].failures == 2
+
+
+def test_a_node_without_a_staged_job_fails_at_once(w: World) -> None:
+    w.request(N)
+    w.store.update(N, jobs=json.dumps([{"job_id": 8, "nodes": N}]))  # no stage record
+    _no_handshake(w)
+    w.prov.drive(N)
+    assert_released(w, N, "WireGuardHandshake")
+    assert w.ledger.of(N).count("failed") == 1
+
+
+def test_no_new_instance_past_half_the_resume_timeout(tmp_path: Path) -> None:
+    """The lab's boot timeout (30 s) is more than half a ResumeTimeout of 50 s: a new
+    instance would not make it, so the node fails as any would."""
+    w = make_world(tmp_path, edits=[("resume_timeout = 120", "resume_timeout = 50")])
+    w.cloud.never_boot.add(N)
+    w.request(N)
+    _staged_job_on(w, N)
+    w.prov.drive(N)
+    assert_released(w, N, "BootTimeout")
+    assert len([e for e in w.store.events() if e["event"] == "node.replaced"]) == 0
+
+
+def test_what_a_new_instance_would_meet_again_is_not_replaced(w: World) -> None:
+    w.request(N)
+    _staged_job_on(w, N)
+    _slurmd_says(w, "24.11.5")  # the group's image: every instance has it
+    w.prov.drive(N)
+    assert_released(w, N, "SlurmdVersion")
+    assert w.rec(N).launch_seq == 1
+
+
+def test_a_suspend_while_replacing_leaves_the_node_down(w: World) -> None:
+    w.request(N)
+    _staged_job_on(w, N)
+    _no_handshake(w)
+    teardown = w.prov._teardown
+
+    def suspended_meanwhile(rec: Any, replacing: bool = False) -> None:
+        w.store.update(N, want=Want.DOWN)
+        teardown(rec, replacing)
+
+    w.prov._teardown = suspended_meanwhile  # type: ignore[method-assign]
+    rec = w.prov.drive(N)
+    assert rec is not None and (rec.state, rec.want) == (NodeState.TERMINATED, Want.DOWN)
+    assert w.cloud.of_node(N) == [] and rec.launch_seq == 1
