@@ -494,3 +494,14 @@ def test_staging_is_in_the_chargeback_by_account_and_by_job(led: SqlLedger) -> N
     assert sorted((t["direction"], t["job"], t["cost_micros"]) for t in listed) == [
         ("in", 0, 5_000), ("in", jid, 3_000), ("pull", jid, 700)
     ]  # fmt: skip
+    # the finance export: a line per transfer, after the day's instance charges
+    lines = [ln for ln in led.charge_lines(first, nxt) if ln[1] == acct]
+    staged = [ln for ln in lines if ln[6].startswith("staging-")]
+    cluster = key.split(":")[0]
+    assert sorted((ln[4], ln[6], ln[8], ln[5], ln[3]) for ln in staged) == sorted([
+        (f"{cluster}:{jid}", "staging-in", 3_000, "", ""),
+        (f"{cluster}:{jid}", "staging-pull", 700, "", ""),
+        ("", "staging-in", 5_000, "", ""),
+    ])  # fmt: skip
+    assert sum(ln[8] for ln in lines) == 85_000 + 8_700  # the report's total, line by line
+    assert [ln[0] for ln in lines] == sorted(ln[0] for ln in lines)

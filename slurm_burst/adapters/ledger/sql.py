@@ -10,6 +10,7 @@ caller spools) or :class:`LedgerError`; nothing above this module sees SQLAlchem
 from __future__ import annotations
 
 import getpass
+import heapq
 import logging
 import uuid
 from collections import defaultdict
@@ -83,8 +84,13 @@ class SqlLedger:
         return reports.report(self.engine, by, start, end)
 
     def charge_lines(self, start: date, end: date) -> Iterator[tuple[Any, ...]]:
-        """Every charge line on days in [start, end), streamed (``reports.EXPORT_COLUMNS``)."""
-        return reports.charge_lines(self.engine, start, end)
+        """Every charge line on days in [start, end), streamed by day
+        (``usage.EXPORT_COLUMNS``): instances' charges, then the day's transfers."""
+        return heapq.merge(
+            reports.charge_lines(self.engine, start, end),
+            transfers.export_lines(self.engine, start, end),
+            key=lambda line: str(line[0]),
+        )
 
     # -- transfers --------------------------------------------------------------
     def transfer(self, t: Transfer) -> None:

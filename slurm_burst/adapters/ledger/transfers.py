@@ -8,7 +8,7 @@ the spool or repeated after a crash, adds nothing. Money stays integer micro-dol
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from datetime import UTC, date, datetime, time
 from typing import Any
 
@@ -111,6 +111,27 @@ def costs(
             sums[0] += int(cost)
             sums[1] += int(sent)
     return {k: (v[0], v[1]) for k, v in out.items()}
+
+
+def export_lines(engine: Engine, start: date, end: date) -> Iterator[tuple[Any, ...]]:
+    """Each transfer that ended on days in [start, end) as a charge line
+    (``usage.EXPORT_COLUMNS``), streamed in (day, id) order: kind ``staging-in`` (a push)
+    or ``staging-pull`` (a node's pull), job_key ``cluster:jobid`` (a transfer is the
+    job's, not one run's; '' for an admin's pre-stage), no partition, no instance."""
+    t = TransferRow
+    q = (
+        select(t.at, t.cluster, t.account, t.user, t.job_id, t.direction, t.cost_micros)
+        .where(t.at >= _day(start), t.at < _day(end))
+        .order_by(t.at, t.id)
+    )  # fmt: skip
+    with translated("ledger export"), engine.connect() as conn:
+        result = conn.execution_options(yield_per=10_000).execute(q)
+        for at, cluster, account, user, job, direction, cost in result:
+            yield (
+                at.date().isoformat(), account, user, "", f"{cluster}:{job}" if job else "",
+                "", f"staging-{getattr(direction, 'value', direction)}",
+                str(dollars(int(cost))), int(cost), f"{0:.6f}", f"{0:.6f}",
+            )  # fmt: skip
 
 
 def _day(d: date) -> datetime:
