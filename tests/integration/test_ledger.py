@@ -485,6 +485,9 @@ def test_staging_is_in_the_chargeback_by_account_and_by_job(led: SqlLedger) -> N
     assert by_account[acct]["staging_micros"] == 8_700
     assert by_account[acct]["total_micros"] == 85_000 + 8_700
     assert by_account[acct]["staged_bytes"] == 4 << 20
+    month = date(first.year, first.month, 1)
+    after = date(month.year + month.month // 12, month.month % 12 + 1, 1)
+    assert led.spent(month, after)[acct] == 85_000 + 8_700  # budgets count staging too
     by_job = {r["job"]: r for r in report(led.engine, ["job"], first, nxt) if r["account"] == acct}
     assert by_job[str(jid)]["staging_micros"] == 3_700
     assert by_job[str(jid)]["total_micros"] == 85_000 + 3_700

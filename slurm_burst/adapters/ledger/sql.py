@@ -463,7 +463,8 @@ class SqlLedger:
         return last, out
 
     def spent(self, start: date, end: date) -> dict[str, int]:
-        """``{account: micro-dollars}`` charged on days in [start, end)."""
+        """``{account: micro-dollars}`` charged on days in [start, end): instances'
+        charges and data transfers (what budgets and the spend cap count)."""
         r = ChargeRollup
         q = (
             select(r.account, func.sum(r.usage_micros + r.overhead_micros))
@@ -471,7 +472,11 @@ class SqlLedger:
             .group_by(r.account)
         )
         with translated("ledger spend"), self.engine.connect() as conn:
-            return {a: int(v or 0) for a, v in conn.execute(q)}
+            out = {a: int(v or 0) for a, v in conn.execute(q)}
+        moved = transfers.costs(self.engine, ("account",), start, end)
+        for (account,), (micros, _sent) in moved.items():
+            out[account] = out.get(account, 0) + micros
+        return out
 
 
 def rollup(lines: Iterable[Charge], batch: str) -> list[dict[str, Any]]:
