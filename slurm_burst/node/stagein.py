@@ -271,7 +271,7 @@ class Puller:
             raise Corrupt(f"{path}: the answer stopped after {read} bytes ({exc!r})") from exc
 
     def _seal(self, files: list[dict[str, Any]]) -> None:
-        """Read-only, the user's, then one rename makes it ``dest``."""
+        """Read-only, the user's alone, then one rename makes it ``dest``."""
         shutil.rmtree(os.path.join(self.work, ".tmp"))
         with open(os.path.join(self.work, MARK), "w") as fh:
             fh.write(self.plan["manifest"] + "\n")
@@ -288,7 +288,9 @@ class Puller:
                 os.lchown(path, uid, gid)
                 os.chmod(path, 0o555, follow_symlinks=False)  # noqa: S103 (read-only)
         os.lchown(self.work, uid, gid)
-        os.chmod(self.work, 0o555)  # noqa: S103 (read-only, the job user's)
+        # the top closed to everyone else: the node may run another user's job next, or
+        # beside it, and the files' own bits (0444) would let that user read them
+        os.chmod(self.work, 0o500)
         if os.path.lexists(self.dest):  # an older version of the dataset: replaced whole
             old = f"{self.work}.old"
             os.rename(self.dest, old)

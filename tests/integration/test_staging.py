@@ -315,7 +315,13 @@ def test_a_node_pulls_every_file_verified_read_only_and_the_users(
     server: S3Server, dataset: tuple[Path, dict[str, bytes]], tmp_path: Path
 ) -> None:
     root, files = dataset
-    dest = tmp_path / "node" / "job1" / "set1"
+    node = tmp_path / "node"  # open to all, as a node's stage directory is
+    node.mkdir(mode=0o755)
+    node.chmod(0o755)
+    for p in (tmp_path, *tmp_path.parents):  # pytest's own are root's alone: let others by
+        if p.stat().st_mode & 0o001 == 0:
+            p.chmod(p.stat().st_mode | 0o001)
+    dest = node / "job1" / "set1"
     plan = plan_for(server, root, dest)
     assert all("X-Amz-Signature=" in f["url"] and SECRET not in f["url"] for f in plan["files"])
     code, out = pull(plan)
@@ -327,6 +333,13 @@ def test_a_node_pulls_every_file_verified_read_only_and_the_users(
         assert st.st_mode & 0o777 == (0o555 if rel == "bin/run.sh" else 0o444), rel
         assert st.st_uid == plan["uid"]
     assert (dest / "a").stat().st_mode & 0o777 == 0o555
+    top = dest.stat()
+    assert (top.st_mode & 0o777, top.st_uid) == (0o500, plan["uid"])  # the user's alone
+    if os.geteuid() == 0:  # another user on the node (the next job's) cannot look in
+        rel = next(r for r in files if "/" not in r)
+        as_other = ["setpriv", "--reuid=1", "--regid=1", "--clear-groups", "cat", str(dest / rel)]
+        other = subprocess.run(as_other, capture_output=True, text=True, timeout=30)
+        assert other.returncode != 0 and "Permission denied" in other.stderr, other
     assert not [p for p in dest.parent.iterdir() if p.name != "set1"]  # no work dir left
     code, again = pull(plan)  # asked again (a slurmctld restart re-runs stage-in)
     assert code == 0 and again["present"], again

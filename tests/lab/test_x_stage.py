@@ -139,7 +139,7 @@ def test_a_burst_job_reads_its_data_on_the_cloud_node_verified_and_its_own(
     want = sorted(f"{hashlib.sha256(b).hexdigest()}  ./{rel}" for rel, b in files.items())
     got = sorted(ln for ln in out.splitlines() if "  ./" in ln)
     assert got == want, out  # every file, byte for byte
-    assert f"OWNER {JOB_USER} 555" in out and f"OWNER {JOB_USER} 444" in out
+    assert f"OWNER {JOB_USER} 500" in out and f"OWNER {JOB_USER} 444" in out
     assert "SOURCE HIDDEN" in out and "READ-ONLY" in out
     assert f"STAGE=/var/lib/slurm-burst/stage/{job_id}/imagenet" in out
     rec = store.stage(job_id)
@@ -261,7 +261,7 @@ def test_a_corrupt_object_in_the_store_never_reaches_the_job_and_is_sent_again(
     out = (out_dir / f"{job_id}.out").read_text()
     for name, body in files.items():
         assert f"{hashlib.sha256(body).hexdigest()}  {name}" in out, out
-    assert f"OWNER {JOB_USER} 555" in out and f"OWNER {JOB_USER} 444" in out
+    assert f"OWNER {JOB_USER} 500" in out and f"OWNER {JOB_USER} 444" in out
     assert "SOURCE HIDDEN" in out and "READ-ONLY" in out
     assert obj.stat().st_size > 1000  # sent again, whole
     rec = store.stage(job_id)
