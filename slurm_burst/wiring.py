@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from slurm_burst.adapters.slurm.cli import SlurmCli
     from slurm_burst.adapters.state.requestspool import RequestSpool
     from slurm_burst.adapters.state.store import Store
+    from slurm_burst.config.model import StoreConfig
     from slurm_burst.core.simulate import Comparison
     from slurm_burst.core.staging import KeptHome
     from slurm_burst.ports import (
@@ -66,7 +67,7 @@ if TYPE_CHECKING:
         ReconcilerSettings,
     )
     from slurm_burst.services.staging import Progress, Stager
-    from slurm_burst.services.transfers import TransferBook
+    from slurm_burst.services.transfers import StorePrices, TransferBook
     from slurm_burst.services.warmpool import WarmSettings
 
 
@@ -355,15 +356,20 @@ def transfer_book(
     cfg: Config, store: str, clock: Clock, ledger: Ledger | None, metrics: Metrics | None = None
 ) -> TransferBook:
     """What staging's transfers cost, into ``ledger`` (the store's prices)."""
-    from slurm_burst.services.transfers import StorePrices, TransferBook
+    from slurm_burst.services.transfers import TransferBook
 
-    st = cfg.stores[store]
-    prices = StorePrices(
-        store=store, provider=st.providers[0] if len(st.providers) == 1 else "",
+    return TransferBook(cfg.cluster.name, _prices(store, cfg.stores[store]), clock, ledger, metrics)
+
+
+def _prices(name: str, st: StoreConfig) -> StorePrices:
+    """A store's prices, as staging's book and the burst policy count them."""
+    from slurm_burst.services.transfers import StorePrices
+
+    return StorePrices(
+        store=name, provider=st.providers[0] if len(st.providers) == 1 else "",
         upload_per_gb=st.upload_per_gb, download_per_gb=st.download_per_gb,
         egress_per_gb=st.egress_per_gb, storage_per_gb_month=st.storage_per_gb_month,
     )  # fmt: skip
-    return TransferBook(cfg.cluster.name, prices, clock, ledger, metrics)
 
 
 # -- the ledger ------------------------------------------------------------------------
@@ -501,8 +507,15 @@ def policy_settings(cfg: Config) -> PolicySettings:
     from slurm_burst.services.burstpolicy import PolicySettings
 
     groups = cfg.node_groups.values()
+    st = cfg.staging
+    mbit = st.link_mbit  # 0: staged data not counted; the push's own limit when lower
+    if mbit > 0 and 0 < st.bandwidth_mbit < mbit:
+        mbit = st.bandwidth_mbit
+    store = cfg.stores.get(st.store) if st.store else None
     return PolicySettings(
         policy=cfg.policy,
+        data_mbit=mbit if store is not None else 0.0,
+        data_prices=_prices(st.store, store) if store is not None else None,
         partition_of={g.name: g.partition for g in groups},
         max_time={
             g.name: cfg.partitions[g.partition].max_time

@@ -692,6 +692,12 @@ class StagingConfig:
         "Megabits a second for all uploads together (the site's WAN share); 0: no limit.",
         default=0.0,
     )
+    link_mbit: float = doc(
+        "Megabits a second the burst policy expects a job's data to cross the site's link "
+        "at (bandwidth_mbit, when set and lower, wins): the time to move it is added to "
+        "the wait a job must save; 0: the policy does not count staged data.",
+        default=1000.0,
+    )
     compress: bool = doc(
         "Store a file zlib-compressed when a sample of it shrinks by a tenth.", default=True
     )

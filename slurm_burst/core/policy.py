@@ -11,7 +11,10 @@ when the wait it saves is long.
 
 Inputs per job: its request (CPUs, GPUs, time limit, account, QOS, partitions), the
 expected on-prem start (Slurm's backfill estimate or the simulator's own), the cheapest
-cloud offer for its shape (price, boot delay), and the money left. A job that waits is
+cloud offer for its shape (price, boot delay), the money left, and for a job with
+staged data what moving it takes (:class:`DataMove`): its time is added to the
+threshold (a job whose data takes longer to move than it would wait on-prem stays
+home), its dollars (and the nodes' time waiting for it) to the job's cost. A job that waits is
 looked at again when its wait would cross its threshold. When money binds, the jobs
 that still burst are chosen in Slurm's priority order (:func:`decide_all`), not by
 arrival.
@@ -73,6 +76,39 @@ class Offer(NamedTuple):
         return self.price_per_hour * (self.boot + seconds) / 3600
 
 
+class DataMove(NamedTuple):
+    """A job's staged data as the policy counts it: ``seconds`` before the job can start
+    in the cloud (its data still to cross the site's link), ``cost`` in dollars (sending,
+    storing and pulling it), ``bytes`` still to send (for the reason)."""
+
+    seconds: float
+    cost: float
+    bytes: int = 0
+
+
+GIB = float(1 << 30)  # data is priced per GB of 2^30 bytes, as providers bill it
+
+
+def data_move(
+    to_send: int,
+    size: int,
+    nodes: int,
+    mbit: float,
+    upload_per_gb: float = 0.0,
+    download_per_gb: float = 0.0,
+    storage_per_gb_month: float = 0.0,
+) -> DataMove:
+    """What a job's staged data costs the burst: ``to_send`` bytes still to cross the
+    site's link at ``mbit`` megabits a second (the push: sent and stored a month), and
+    its whole ``size`` pulled by each of its ``nodes`` (in the cloud, each node at once:
+    its time is the node's join, counted in the offer's boot)."""
+    send = max(0, to_send)
+    seconds = send * 8 / (mbit * 1e6) if mbit > 0 else 0.0
+    cost = (send * (upload_per_gb + storage_per_gb_month)
+            + max(0, size) * max(1, nodes) * download_per_gb) / GIB  # fmt: skip
+    return DataMove(seconds, cost, send)
+
+
 class Decision(NamedTuple):
     job: str
     verdict: Verdict
@@ -83,6 +119,7 @@ class Decision(NamedTuple):
     wait: float = 0.0  # seconds: the expected (or, with no estimate, so far) on-prem wait
     threshold: float = 0.0  # seconds: the wait above which the job bursts
     estimated: bool = True  # the wait is an estimate (False: the wait so far)
+    moving: float = 0.0  # seconds of the threshold that are the job's data moving
 
     @property
     def reason(self) -> str:
@@ -90,9 +127,11 @@ class Decision(NamedTuple):
         if self.note:
             return self.note
         what = "expected on-prem wait" if self.estimated else "no on-prem estimate; waited"
+        data = f" (with {_span(self.moving)} to move its data)" if self.moving else ""
         if self.verdict == Verdict.BURST:
-            return f"{what} {_span(self.wait)} > {_span(self.threshold)}; cloud {_usd(self.cost)}"
-        return f"{what} {_span(self.wait)} <= {_span(self.threshold)}"
+            return (f"{what} {_span(self.wait)} > {_span(self.threshold)}{data}; "
+                    f"cloud {_usd(self.cost)}")  # fmt: skip
+        return f"{what} {_span(self.wait)} <= {_span(self.threshold)}{data}"
 
     @property
     def held(self) -> bool:
@@ -136,17 +175,23 @@ def decide(
     offer: Offer | None,
     rule: Rule,
     money_left: float | None = None,
+    data: DataMove | None = None,
 ) -> Decision:
     """One job's decision. The wait is the job's whole on-prem wait, from its submission
     to ``expected_start`` (``math.inf``: it can never start on-prem). ``expected_start``
     None: no estimate yet (Slurm's backfill has not reached the job); the wait so far
     counts, so the job bursts once it has waited past its threshold. ``money_left``
-    None: no budget applies."""
+    None: no budget applies. ``data``: the job's staged data (None: it has none); its
+    nodes are paid for while they wait for it."""
     if rule.onprem_only:
         return Decision(job.id, NEVER_, "on-prem only")
     if offer is None:
         return Decision(job.id, NEVER_, "no node group fits the job")
     cost = offer.cost(job.limit)
+    moving = 0.0
+    if data is not None:
+        moving = data.seconds
+        cost += data.cost + offer.price_per_hour * moving / 3600
     if rule.max_job_cost is not None and cost > rule.max_job_cost:
         return Decision(
             job.id, NEVER_, f"cloud cost {_usd(cost)} over the {_usd(rule.max_job_cost)} cap"
@@ -157,7 +202,7 @@ def decide(
         wait = now - since
     else:
         wait = (expected_start if expected_start > now else now) - since
-    limit = threshold(job, rule, cost)
+    limit = threshold(job, rule, cost) + moving
     if wait <= limit:
         # without an estimate the wait grows as time passes: look again when it would
         # cross the threshold, or at the next recheck (an estimate may change meanwhile)
@@ -165,7 +210,7 @@ def decide(
         if expected_start is None and limit - wait + 1.0 < again:
             again = limit - wait + 1.0 if limit - wait > 0.0 else 1.0
         return Decision(job.id, WAIT_, "", now + again, None, 0.0, wait, limit,
-                        expected_start is not None)  # fmt: skip
+                        expected_start is not None, moving)  # fmt: skip
     if money_left is not None and cost > money_left:
         return Decision(
             job.id,
@@ -173,7 +218,8 @@ def decide(
             f"budget: {_usd(cost)} needed, {_usd(max(money_left, 0))} left",
             now + rule.recheck,
         )
-    return Decision(job.id, BURST_, "", None, offer, cost, wait, limit, expected_start is not None)
+    return Decision(job.id, BURST_, "", None, offer, cost, wait, limit,
+                    expected_start is not None, moving)  # fmt: skip
 
 
 def decide_all(
@@ -185,10 +231,13 @@ def decide_all(
     default: Rule = Rule(),
     budgets: Mapping[str, float] | None = None,
     spend_cap: float | None = None,
+    data: Mapping[str, DataMove] | None = None,
 ) -> list[Decision]:
     """One pass over ``jobs``, in Slurm's priority order (highest first, then as given):
     each burst takes its cost from its account's budget and from the cluster's cap, so
-    that when money binds the jobs that still burst are the ones Slurm would run first."""
+    that when money binds the jobs that still burst are the ones Slurm would run first.
+    ``data``: the staged data of the jobs that have some."""
+    moves = data or {}
     left = dict(budgets or {})
     cap = spend_cap
     # highest priority first; the sort is stable, so then as given
@@ -201,7 +250,8 @@ def decide_all(
         money = left.get(job.account)
         if cap is not None:
             money = cap if money is None else min(money, cap)
-        d = decide(job, now, expected_start.get(job.id), offers.get(job.id), rule, money)
+        d = decide(job, now, expected_start.get(job.id), offers.get(job.id), rule, money,
+                   moves.get(job.id))  # fmt: skip
         if d.verdict is BURST_:
             if job.account in left:
                 left[job.account] -= d.cost

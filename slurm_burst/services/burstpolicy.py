@@ -36,12 +36,21 @@ from typing import Any
 
 from slurm_burst.config import PolicyConfig
 from slurm_burst.core.errors import BurstError
-from slurm_burst.core.policy import Decision, Offer, Rule, Verdict, decide_all
-from slurm_burst.core.records import StageState, StoreError
+from slurm_burst.core.policy import (
+    DataMove,
+    Decision,
+    Offer,
+    Rule,
+    Verdict,
+    data_move,
+    decide_all,
+)
+from slurm_burst.core.records import StageRecord, StageState, StoreError
 from slurm_burst.core.simulate import CloudGroup, cheapest
 from slurm_burst.core.slurm import QueuedJob, parse_time_limit
 from slurm_burst.ports import Clock, JobSteering, Metrics, NodeStore
 from slurm_burst.services.periodic import every
+from slurm_burst.services.transfers import StorePrices
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +96,9 @@ class PolicySettings:
     max_time: Mapping[str, str]  # node group -> its partition's MaxTime ('' none)
     onprem: frozenset[str]  # the on-prem partitions a job may be steered from
     burst: frozenset[str]  # the burst partitions
+    # staged data: the link's megabits a second (0: not counted) and the store's prices
+    data_mbit: float = 0.0
+    data_prices: StorePrices | None = None
 
 
 class BurstPolicy:
@@ -114,6 +126,9 @@ class BurstPolicy:
         self.stop = stop or threading.Event()
         self.onprem = settings.onprem
         self.burst = settings.burst
+        self.data_mbit = settings.data_mbit
+        self.data_prices = settings.data_prices
+        self._moving: dict[str, StageRecord] = {}  # job -> its stage, data not on nodes yet
         self.look_again: dict[str, float] = {}  # job -> when its next look is due
         self._ours: dict[tuple[str, ...], str] = {}  # partition list -> its on-prem one
         self._rules: dict[tuple[str, str, str], Rule] = {}
@@ -243,18 +258,44 @@ class BurstPolicy:
 
     def _kept_home(self) -> set[str]:
         """Jobs whose staged data may not leave, or is not yet cleared to (stage-in checks
-        it as the job's user): the policy never sends them (docs/staging.md)."""
+        it as the job's user): the policy never sends them (docs/staging.md). The others
+        with a stage are kept for their data's move (``_data``)."""
         try:
-            return {
-                str(s.job_id)
-                for s in self.store.stages(
-                    [StageState.REQUESTED, StageState.CHECKING, StageState.KEPT_HOME,
-                     StageState.FAILED]
-                )
-            }  # fmt: skip
+            stages = self.store.stages()
         except StoreError as exc:  # not knowing which: this pass sends nothing
             log.warning("policy.stages_unread error=%s", exc)
             raise
+        home: set[str] = set()
+        self._moving = {}
+        for s in stages:
+            if s.state in _NOT_CLEARED:
+                home.add(str(s.job_id))
+            else:
+                self._moving[str(s.job_id)] = s
+        return home
+
+    def _data(self, jobs: list[QueuedJob]) -> dict[str, DataMove]:
+        """What moving each job's staged data takes, for the jobs that have some: a
+        cleared stage (``deferred``) or one being pushed sends its whole size (at most:
+        what the store holds already is not sent again), a stored one nothing; each of
+        the job's nodes pulls all of it."""
+        prices, moving = self.data_prices, self._moving
+        if self.data_mbit <= 0 or not moving:
+            return {}
+        out: dict[str, DataMove] = {}
+        for j in jobs:
+            rec = moving.get(j.id)
+            if rec is None:
+                continue
+            size = sum(_count_of(d.get("bytes")) for d in rec.datasets)
+            to_send = 0 if rec.state == StageState.STAGED else size
+            out[j.id] = data_move(
+                to_send, size, j.nodes, self.data_mbit,
+                prices.upload_per_gb if prices else 0.0,
+                prices.download_per_gb if prices else 0.0,
+                prices.storage_per_gb_month if prices else 0.0,
+            )  # fmt: skip
+        return out
 
     def _onprem_of(self, partitions: tuple[str, ...]) -> str:
         """The first on-prem partition of a job's list; "" when the policy may not send it
@@ -294,7 +335,8 @@ class BurstPolicy:
             if rule is None:
                 rule = known[which] = self.policy.rule(*which)
             rules[j.id] = rule
-        return decide_all(jobs, now, starts, offers, rules, budgets=budgets, spend_cap=cap)
+        return decide_all(jobs, now, starts, offers, rules, budgets=budgets, spend_cap=cap,
+                          data=self._data(jobs))  # fmt: skip
 
     def _offer(self, cpus: int, gpus: int, nodes: int, limit: float) -> Offer | None:
         """The cheapest open group that fits the job, in a partition whose MaxTime it
@@ -336,6 +378,15 @@ class BurstPolicy:
             self.store.meta_set("policy", doc)
         except StoreError as exc:  # the pass's work is done; only its summary is lost
             log.warning("policy.save_failed error=%s", exc)
+
+
+_NOT_CLEARED = frozenset({StageState.REQUESTED, StageState.CHECKING, StageState.KEPT_HOME,
+                          StageState.FAILED})  # fmt: skip
+
+
+def _count_of(value: object) -> int:
+    """A byte count from a stage record's JSON (anything else: 0)."""
+    return value if type(value) is int and value > 0 else 0
 
 
 def _count(decisions: Any) -> dict[str, int]:

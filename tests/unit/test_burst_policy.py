@@ -7,15 +7,18 @@ only)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 
 import pytest
 
 from slurm_burst.config.load import load_config
-from slurm_burst.core.slurm import QueuedJob, SchedulerError
+from slurm_burst.core.records import StageRecord
+from slurm_burst.core.slurm import JobOwner, QueuedJob, SchedulerError
 from slurm_burst.services.burstpolicy import BurstPolicy
 from slurm_burst.services.simulation import cloud_groups
+from slurm_burst.services.transfers import StorePrices
 from slurm_burst.wiring import policy_settings
-from tests.conftest import LAB_CONFIG
+from tests.conftest import LAB_CONFIG, lab_config_in
 from tests.fakes.clock import FakeClock
 from tests.fakes.store import MemoryStore
 
@@ -176,3 +179,72 @@ def test_a_protected_group_is_skipped_for_the_next_cheapest() -> None:
     store.unprotect_group("cpu")
     p.clock.advance(10)  # type: ignore[attr-defined]
     assert p.pass_once().steered == 1
+
+
+# -- staged data: its move is part of the decision ----------------------------------------
+
+
+def _staged(store: MemoryStore, job_id: int, size: int, state: str = "deferred") -> None:
+    """Job ``job_id`` asked for ``size`` bytes of data, cleared to leave (or stored)."""
+    store.add_stage(StageRecord(
+        owner=JobOwner(job_id, "games", 5, 60, "physics", "", ("onprem",)), burst_only=False,
+        stages=[{"src": "/d", "dst": "d"}], state=state,
+        datasets=[{"dst": "d", "bytes": size}],
+    ))  # fmt: skip
+
+
+def test_a_job_whose_data_takes_longer_to_move_than_its_wait_stays_home() -> None:
+    """The lab's link: 1,000 Mbit/s. 1 TiB takes 2.4 h to send: more than the 2-h wait
+    job 1 would save (its threshold adds the nodes paid for meanwhile); job 2's 10 GiB
+    takes 86 s and it bursts; job 3's data is in the store already (only pulled)."""
+    q = Queue([job(1), job(2), job(3), job(4)])
+    p, store = policy(q)
+    _staged(store, 1, 1 << 40)
+    _staged(store, 2, 10 << 30)
+    _staged(store, 3, 1 << 40, state="staged")
+    r = p.pass_once()
+    assert r.verdicts == {"burst": 3, "wait": 1}
+    rows = {row["job"]: row for row in store.meta_get("policy")["jobs"]}
+    assert rows["1"]["verdict"] == "wait"
+    assert rows["1"]["reason"] == (
+        "expected on-prem wait 2.0 h <= 2.7 h (with 2.4 h to move its data)"
+    )
+    assert rows["2"]["reason"] == (
+        "expected on-prem wait 2.0 h > 11 min (with 86 s to move its data); cloud $0.0164"
+    )
+    assert "move its data" not in rows["3"]["reason"] and "move its data" not in rows["4"]["reason"]
+
+
+def test_moving_a_jobs_data_is_paid_for_out_of_its_budget() -> None:
+    """At the store's prices ($0.09/GB in, $0.02/GB a month stored, $0.01/GB pulled),
+    100 GiB cost $12 to move: more than the $5 physics has left, while the same job
+    without data ($0.0144) bursts. (A day's wait: past the $12's threshold of 12 h.)"""
+    from dataclasses import replace
+
+    prices = StorePrices(store="lab", upload_per_gb=0.09, storage_per_gb_month=0.02,
+                         download_per_gb=0.01)  # fmt: skip
+    settings = replace(policy_settings(CFG), data_prices=prices)
+    q = Queue([job(1, start=T0 + 86400), job(2, start=T0 + 86400)])
+    store = MemoryStore()
+    p = BurstPolicy(settings, q, store, FakeClock(T0), cloud_groups(CFG),
+                    lambda: ({"physics": 5.0}, None))  # fmt: skip
+    _staged(store, 1, 100 << 30)
+    r = p.pass_once()
+    assert r.verdicts == {"burst": 1, "wait": 1}
+    rows = {row["job"]: row for row in store.meta_get("policy")["jobs"]}
+    assert rows["1"]["reason"].startswith("budget: $12.0"), rows["1"]
+    assert rows["2"]["verdict"] == "burst"
+
+
+def test_without_a_store_or_with_link_mbit_0_staged_data_is_not_counted(tmp_path: Path) -> None:
+    at = "grant_seconds = 300"
+    cfg = lab_config_in(tmp_path, "", [(at, f"{at}\nlink_mbit = 0")])
+    settings = policy_settings(cfg)
+    assert settings.data_mbit == 0
+    q = Queue([job(1)])
+    store = MemoryStore()
+    p = BurstPolicy(settings, q, store, FakeClock(T0), cloud_groups(cfg), lambda: ({}, None))
+    _staged(store, 1, 1 << 40)
+    assert p.pass_once().verdicts == {"burst": 1}
+    slow = lab_config_in(tmp_path, "", [(at, f"{at}\nbandwidth_mbit = 200")])
+    assert policy_settings(slow).data_mbit == 200  # the push's own limit, lower, wins

@@ -10,11 +10,13 @@ import pytest
 from slurm_burst.core.policy import (
     ALWAYS,
     NEVER,
+    DataMove,
     Decision,
     Offer,
     PendingJob,
     Rule,
     Verdict,
+    data_move,
     decide,
     decide_all,
 )
@@ -67,6 +69,42 @@ def test_decide(
     assert (d.verdict, d.reason) == (verdict, reason)
     if verdict == Verdict.WAIT:
         assert d.look_again is not None and NOW < d.look_again <= NOW + rule.recheck
+
+
+def test_a_jobs_data_adds_its_move_to_the_threshold_and_its_dollars_to_the_cost() -> None:
+    """20 min to move its data, $1 to move it: the threshold is the wait for $0.372 + $1
+    + 20 min of the node ($0.12): 89 min, plus the 20 min; the budget sees $1.49."""
+    data = DataMove(seconds=1200, cost=1.0, bytes=150 << 30)
+    d = decide(JOB, NOW, NOW + 6000, OFFER, Rule(), None, data)
+    assert (d.verdict, d.reason) == (
+        Verdict.WAIT, "expected on-prem wait 1.7 h <= 1.8 h (with 20 min to move its data)"
+    )
+    d = decide(JOB, NOW, NOW + 7000, OFFER, Rule(), None, data)
+    assert (d.verdict, d.reason) == (
+        Verdict.BURST,
+        "expected on-prem wait 1.9 h > 1.8 h (with 20 min to move its data); cloud $1.49",
+    )
+    d = decide(JOB, NOW, NOW + 7000, OFFER, Rule(), 1.0, data)
+    assert (d.verdict, d.reason) == (Verdict.WAIT, "budget: $1.49 needed, $1.00 left")
+    # data that takes longer to move than the whole wait: never worth it, whatever the rule
+    slow = DataMove(seconds=9000, cost=0.0)
+    assert decide(JOB, NOW, NOW + 8000, OFFER, ALWAYS, None, slow).verdict == Verdict.WAIT
+    [d] = decide_all([JOB], NOW, {"7": NOW + 8000}, {"7": OFFER}, default=ALWAYS,
+                     data={"7": slow})  # fmt: skip
+    assert d.verdict == Verdict.WAIT
+
+
+def test_what_moving_data_takes() -> None:
+    gib = 1 << 30
+    # 100 GiB at 1,000 Mbit/s, sent at $0.09/GB and stored a month at $0.02/GB; pulled
+    # whole by each of 4 nodes at $0.01/GB
+    m = data_move(100 * gib, 100 * gib, 4, 1000.0, 0.09, 0.01, 0.02)
+    assert m.seconds == pytest.approx(100 * gib * 8 / 1e9)
+    assert m.cost == pytest.approx(100 * (0.09 + 0.02) + 400 * 0.01)
+    assert m.bytes == 100 * gib
+    stored = data_move(0, 100 * gib, 1, 1000.0, 0.09, 0.01, 0.02)  # pulled only
+    assert stored.seconds == 0.0 and stored.cost == pytest.approx(1.0)
+    assert data_move(-5, -5, 0, 0.0) == DataMove(0.0, 0.0, 0)  # nonsense counts as nothing
 
 
 def test_a_waiting_job_is_looked_at_again_when_its_wait_would_cross_the_threshold() -> None:
