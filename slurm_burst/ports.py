@@ -442,7 +442,8 @@ class ObjectStore(Protocol):
     # a read-only URL for one object, valid ``seconds``; made locally, no request
     def grant(self, key: str, seconds: int) -> str: ...
 
-    def keys(self, prefix: str) -> Iterator[tuple[str, int]]: ...  # (key, size), in order
+    # (key, size, last modified as unix time, math.inf if not said), in key order
+    def keys(self, prefix: str) -> Iterator[tuple[str, int, float]]: ...
 
     def delete(self, key: str) -> None: ...  # gone already: no error
 

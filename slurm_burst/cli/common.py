@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -139,6 +140,16 @@ def state_store(ctx: click.Context) -> NodeStore:
         return node_store(app(ctx).config, create=False)
     except StoreError as exc:
         fail(str(exc), EXIT_PRECONDITION)
+
+
+class FiniteRange(click.FloatRange):
+    """click's FloatRange, refusing NaN and the infinities (which it lets through)."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number.", param, ctx)
+        return number
 
 
 def ts(t: float) -> str:

@@ -14,7 +14,15 @@ from typing import IO
 
 import click
 
-from slurm_burst.cli.common import EXIT_BAD_INPUT, EXIT_PRECONDITION, app, emit, fail, json_option
+from slurm_burst.cli.common import (
+    EXIT_BAD_INPUT,
+    EXIT_PRECONDITION,
+    FiniteRange,
+    app,
+    emit,
+    fail,
+    json_option,
+)
 from slurm_burst.config import Config, ConfigError, load_config
 
 COLUMNS = ["POLICY", "MEAN WAIT", "MEDIAN", "P95", "BSLD", "BURST JOBS", "CLOUD $", "NODE-H",
@@ -148,7 +156,7 @@ def _format(lines: Iterator[str], given: str) -> tuple[str, Iterator[str]]:
 )
 @click.option(
     "--limit-factor",
-    type=click.FloatRange(1, 1000),
+    type=FiniteRange(1, 1000),
     default=2.0,
     show_default=True,
     help="A job's time limit where the trace has none: its run time times this.",

@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from slurm_burst.cli.common import app, emit, json_option, ts
+from slurm_burst.cli.common import FiniteRange, app, emit, json_option, ts
 
 _store_option = click.option(
     "--store", default="", metavar="NAME", help="A store of [stores] (default: staging.store)."
@@ -134,6 +134,92 @@ def status(ctx: click.Context, src: str | None, account: str, store: str, as_jso
     )
 
 
+@group.command("gc")
+@click.option(
+    "--keep-days",
+    type=FiniteRange(1, 36500),
+    default=None,
+    metavar="DAYS",
+    help="Keep versions pushed within DAYS (default: staging.keep_days).",
+)
+@click.option(
+    "--grace-hours",
+    type=FiniteRange(1, 24 * 365),
+    default=24.0,
+    show_default=True,
+    help="Never remove a manifest or object written within this many hours (a push in "
+    "flight writes objects before the manifest that names them).",
+)
+@click.option("--dry-run", is_flag=True, help="Say what would go; remove nothing.")
+@_store_option
+@json_option
+@click.pass_context
+def gc(
+    ctx: click.Context, keep_days: float | None, grace_hours: float, dry_run: bool, store: str,
+    as_json: bool,
+) -> None:  # fmt: skip
+    """Remove what no dataset needs from the store: versions pushed more than
+    --keep-days ago that no job the daemon knows of holds (its state database, read
+    only), then manifests and objects nothing kept names. Every account's namespace;
+    keys under the store's prefix that are not staging's are never touched. Exit 0
+    when done (problems, such as a manifest that cannot be read, are listed: that
+    namespace keeps all its objects)."""
+    from slurm_burst.wiring import stager
+
+    cfg = app(ctx).config
+    live = _live_manifests(cfg)
+    progress = _Progress(enabled=not as_json or sys.stderr.isatty(), counts=True)
+    report = stager(cfg, store, progress).gc(
+        keep_days if keep_days is not None else cfg.staging.keep_days,
+        live, grace_hours * 3600, dry_run,
+    )  # fmt: skip
+    progress.done()
+    out = report.as_dict()
+    emit(
+        out,
+        as_json,
+        columns=["NAMESPACE", "POINTERS", "MANIFESTS", "OBJECTS", "BYTES FREED", "OBJECTS KEPT",
+                 "BYTES KEPT"],
+        rows=lambda d: [
+            [r["namespace"], r["pointers"], r["manifests"], r["objects"], r["bytes_freed"],
+             r["objects_kept"], r["bytes_kept"]]
+            for r in [*d["namespaces"], {"namespace": "total", **d["total"]}]
+        ],
+        title=("would remove (dry run)" if dry_run else "removed")
+        + f": {out['keys']} keys listed",
+    )  # fmt: skip
+    for problem in out["problems"]:
+        click.echo(f"slurm-burst: {problem}", err=True)
+
+
+def _live_manifests(cfg: Any) -> dict[str, set[str]]:
+    """The versions the daemon's jobs hold, by namespace (its state database, read only;
+    without one there are none, and that is said)."""
+    from slurm_burst.core.errors import BurstError
+    from slurm_burst.core.staging import StagingError, namespace
+    from slurm_burst.wiring import node_store
+
+    try:
+        db = node_store(cfg, create=False)
+    except (BurstError, OSError) as exc:
+        click.echo(f"slurm-burst: warning: no state database ({exc}): only age keeps a "
+                   "version", err=True)  # fmt: skip
+        return {}
+    try:
+        live: dict[str, set[str]] = {}
+        for rec in db.stages():
+            try:
+                ns = namespace(rec.owner.account)
+            except StagingError:
+                continue
+            for d in rec.datasets:
+                if isinstance(d.get("manifest"), str):
+                    live.setdefault(ns, set()).add(d["manifest"])
+        return live
+    finally:
+        db.close()
+
+
 @group.command("jobs")
 @click.option(
     "--state",
@@ -205,10 +291,12 @@ def _push_row(r: dict[str, object]) -> list[object]:
 
 
 class _Progress:
-    """One line on stderr, rewritten at most five times a second: step, share, bytes."""
+    """One line on stderr, rewritten at most five times a second: step, share, bytes
+    (``counts``: step, done of total)."""
 
-    def __init__(self, enabled: bool) -> None:
+    def __init__(self, enabled: bool, counts: bool = False) -> None:
         self.enabled = enabled
+        self.counts = counts
         self.last = 0.0
         self.shown = False
 
@@ -218,7 +306,9 @@ class _Progress:
             return
         self.last = now
         share = 100.0 * done / total if total else 100.0
-        click.echo(f"\r{step}: {share:5.1f}% of {total / 1e6:,.1f} MB", nl=False, err=True)
+        mb = f"{share:5.1f}% of {total / 1e6:,.1f} MB"
+        said = f"{done:,} of {total:,}" if self.counts else mb
+        click.echo(f"\r{f'{step}: {said}':<72}", nl=False, err=True)
         self.shown = True
 
     def done(self) -> None:

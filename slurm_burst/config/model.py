@@ -718,6 +718,11 @@ class StagingConfig:
         "Directory on cloud nodes under which each job's staged data appears.",
         default="/var/lib/slurm-burst/stage",
     )
+    keep_days: float = doc(
+        "'slurm-burst stage gc' removes a dataset version pushed more than this many days "
+        "ago that no job the daemon knows of holds (it is sent again when next asked for).",
+        default=30.0,
+    )
 
 
 def burst_partitions(groups: Mapping[str, NodeGroup]) -> list[str]:

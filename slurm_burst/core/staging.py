@@ -321,6 +321,29 @@ class Layout:
         return f"{self.prefix}{self.ns}/d/"
 
 
+_STORED = re.compile(
+    r"(acct-[a-z0-9][a-z0-9_-]{0,62})/"
+    r"(?:(o/[0-9a-f]{2}/[0-9a-f]{64}(?:\.z)?)|m/([0-9a-f]{64})\.json|(d/[0-9a-f]{32}\.json))",
+    re.ASCII,
+)
+
+
+def stored_kind(key: str, prefix: str) -> tuple[str, str, str] | None:
+    """What a key of the bucket is to staging: (namespace, kind, name) with kind ``o``
+    (an object; name its object name), ``m`` (a manifest; its id) or ``d`` (a pointer;
+    its name); None for any other key, which staging never touches."""
+    if not key.startswith(prefix):
+        return None
+    m = _STORED.fullmatch(key[len(prefix):])
+    if m is None:
+        return None
+    if m[2]:
+        return m[1], "o", m[2]
+    if m[3]:
+        return m[1], "m", m[3]
+    return m[1], "d", m[4]
+
+
 def pointer_body(src: str, manifest: Manifest, at: float) -> bytes:
     doc = {"src": src, "manifest": manifest.id, "files": len(manifest.entries),
            "bytes": manifest.size, "at": round(at, 3)}  # fmt: skip

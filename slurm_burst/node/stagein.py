@@ -202,14 +202,18 @@ class Puller:
                 self._fetch(f, tmp)
             except (Corrupt, OSError, urllib.error.URLError, zlib.error) as exc:
                 last = f"{type(exc).__name__}: {exc}"
-                wrong += isinstance(exc, (Corrupt, zlib.error))
+                # wrong bytes, or none where the manifest says an object is: the store's
+                # copy is bad (a 404 from a grant is an object gone, e.g. collected)
+                wrong += isinstance(exc, (Corrupt, zlib.error)) or (
+                    isinstance(exc, urllib.error.HTTPError) and exc.code == 404
+                )
                 _remove(tmp)
                 continue
             target = self._target(f)
             os.makedirs(os.path.dirname(target), 0o700, exist_ok=True)
             os.replace(tmp, target)
             return
-        if wrong == tries:  # every answer the store gave was wrong: its copy is bad
+        if wrong == tries:  # every answer the store gave was wrong or "not there": bad
             with self.lock:
                 self.corrupt.add(f["sha256"])
         raise Refused(f"{f['path']}: not fetched whole in {tries} tries ({last})", 1)

@@ -28,9 +28,9 @@ import contextlib
 import functools
 import random
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from slurm_burst.core.cloud import backoff
@@ -44,12 +44,14 @@ from slurm_burst.core.staging import (
     Manifest,
     Pointer,
     SensitiveData,
+    StagingError,
     StorageError,
     kept_home,
     namespace,
     parse_manifest,
     parse_pointer,
     pointer_body,
+    stored_kind,
     to_send,
     worth_compressing,
 )
@@ -68,6 +70,33 @@ class StagingSettings:
     bandwidth: float = 0.0  # bytes per second for all uploads together; 0: no limit
     compress: bool = True  # zlib where a sample shrinks by a tenth
     grant_seconds: int = 900  # how long a node's read-only URLs last
+
+
+_KINDS = {"d": "pointers", "m": "manifests", "o": "objects"}
+
+
+@dataclass
+class GcReport:
+    """What :meth:`Stager.gc` removed (or, with ``dry_run``, would), per namespace."""
+
+    dry_run: bool
+    keys: int = 0  # keys listed under the store's prefix
+    namespaces: dict[str, dict[str, int]] = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)
+
+    def namespace(self, ns: str) -> dict[str, int]:
+        return self.namespaces.setdefault(ns, dict.fromkeys(
+            ("pointers", "manifests", "objects", "bytes_freed", "objects_kept", "bytes_kept"), 0
+        ))  # fmt: skip
+
+    def as_dict(self) -> dict[str, Any]:
+        total = {k: sum(n[k] for n in self.namespaces.values())
+                 for k in ("pointers", "manifests", "objects", "bytes_freed", "objects_kept",
+                           "bytes_kept")}  # fmt: skip
+        return {"dry_run": self.dry_run, "keys": self.keys, "total": total,
+                "namespaces": [{"namespace": ns, **row} for ns, row in
+                               sorted(self.namespaces.items())],
+                "problems": self.problems}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -321,6 +350,98 @@ class Stager:
             self._again(lambda: self.store.delete(layout.pointer(src)))
         return len(names)
 
+    # -- garbage collection ---------------------------------------------------------------
+
+    def gc(
+        self, keep_days: float, live: Mapping[str, set[str]], grace: float, dry_run: bool = False
+    ) -> GcReport:
+        """Remove what no dataset needs any more, namespace by namespace (mark, then sweep).
+
+        A pointer written more than ``keep_days`` ago whose version no job still holds
+        (``live``: namespace -> the manifest ids of the jobs the state database knows)
+        goes: its dataset is sent again when next asked for. Then a manifest no pointer
+        and no job names, and an object no kept manifest names, each only if written
+        more than ``grace`` seconds ago (a push writes its objects, then its manifest,
+        then its pointer: ``grace`` is longer than a push). Deleted pointers first, then
+        manifests, then objects, so nothing left ever names what is gone. A namespace
+        with a manifest that cannot be read keeps all its objects (and says so). A node
+        that finds an object gone anyway (a push racing a sweep) has it sent again."""
+        now = self.clock.now()
+        cutoff, settled = now - keep_days * 86400, now - grace
+        prefix = self.settings.prefix
+        self.progress("listing", 0, 0)
+        listing = self._again(lambda: list(self.store.keys(prefix)))
+        by_ns: dict[str, dict[str, list[tuple[str, str, int, float]]]] = {}
+        for key, size, modified in listing:
+            found = stored_kind(key, prefix)
+            if found is not None:
+                ns, kind, name = found
+                kinds = by_ns.setdefault(ns, {"o": [], "m": [], "d": []})
+                kinds[kind].append((key, name, size, modified))
+        report = GcReport(dry_run=dry_run, keys=len(listing))
+        doomed: dict[str, list[tuple[str, int]]] = {"d": [], "m": [], "o": []}
+        for ns, kinds in sorted(by_ns.items()):
+            layout = Layout(prefix, ns)
+            held = live.get(ns, set())
+            row = report.namespace(ns)
+            keep = set(held)
+            for key, _name, size, modified in kinds["d"]:
+                body = self._read(key, 65536)
+                try:
+                    p = parse_pointer(body, key) if body else None
+                except StagingError:
+                    p = None
+                stale = p is None and modified < settled  # not a pointer: once settled
+                expired = (p is not None and p.at < cutoff and modified < cutoff
+                           and p.manifest not in held)  # fmt: skip
+                if stale or expired:
+                    doomed["d"].append((key, size))
+                    row["pointers"] += 1
+                elif p is not None:
+                    keep.add(p.manifest)
+            present = {name for _key, name, _size, _at in kinds["m"]}
+            for key, name, size, modified in kinds["m"]:
+                if name not in keep and modified < settled:
+                    doomed["m"].append((key, size))
+                    row["manifests"] += 1
+            needed: set[str] = set()
+            unreadable = []
+            for i, mid in enumerate(sorted(keep & present)):
+                self.progress(f"reading {ns}'s manifests", i, len(keep & present))
+                key = layout.manifest(mid)
+                try:
+                    body = self._read(key, MAX_MANIFEST_BYTES)
+                    if body:
+                        needed.update(parse_manifest(body, key).objects())
+                except StagingError as exc:
+                    unreadable.append(str(exc)[:200])
+            if unreadable:
+                report.problems.extend(unreadable)
+            for key, name, size, modified in kinds["o"]:
+                if not unreadable and name not in needed and modified < settled:
+                    doomed["o"].append((key, size))
+                    row["objects"] += 1
+                    row["bytes_freed"] += size
+                else:
+                    row["objects_kept"] += 1
+                    row["bytes_kept"] += size
+        if not dry_run:
+            for kind in ("d", "m", "o"):  # what names comes down before what it names
+                self._delete_all(_KINDS[kind], [key for key, _size in doomed[kind]])
+        return report
+
+    def _delete_all(self, what: str, keys: list[str]) -> None:
+        done = 0
+
+        def delete(key: str) -> None:
+            nonlocal done
+            self._again(functools.partial(self.store.delete, key))
+            with self._lock:
+                done += 1
+                self.progress(f"deleting {what}", done, len(keys))
+
+        self._map(delete, keys)
+
     # -- helpers -----------------------------------------------------------------------
 
     def _pointer(self, layout: Layout, src: str) -> Pointer | None:
@@ -331,7 +452,7 @@ class Stager:
         return self._again(lambda: self.store.read(key, limit))
 
     def _keys(self, prefix: str) -> list[str]:
-        keys = self._again(lambda: [k for k, _ in self.store.keys(prefix)])
+        keys = self._again(lambda: [k for k, _, _ in self.store.keys(prefix)])
         with self._lock:
             self._requests += len(keys) // 1000  # S3 lists 1,000 keys a page
         return keys

@@ -622,6 +622,13 @@ def test_the_command_line_pushes_and_reports_and_says_what_is_wrong(
     assert shown["datasets"][0]["manifest"] == first["manifest"]
     table = invoke([*base, "status", str(root), "-A", "physics"], env=env).stdout
     assert str(root) in table and first["manifest"][:16] in table
+    # gc: nothing is garbage yet (one version, just pushed); no daemon here: that is said
+    gc = invoke([*base, "gc", "--dry-run", "--json"], env=env)
+    swept = json.loads(gc.stdout)
+    assert swept["dry_run"] and swept["total"]["objects"] == 0, swept
+    assert swept["total"]["objects_kept"] == 5 and "no state database" in gc.stderr
+    table = invoke([*base, "gc"], env=env).stdout
+    assert "removed" in table and "acct-physics" in table
     refusals = [
         (["push", "relative", "-A", "physics", *me], env, 2, "absolute path"),
         (["push", str(root), "-A", "bad account", *me], env, 2, "not a Slurm account"),
@@ -629,6 +636,8 @@ def test_the_command_line_pushes_and_reports_and_says_what_is_wrong(
         (["push", str(root), "-A", "physics", *me], {"SB_S3_KEY": KEY}, 2, "SB_S3_SECRET is not"),
         (["push", str(root), "-A", "physics", *me], {**env, "SB_S3_SECRET": "x"}, 1, "denied"),
         (["push", str(root), "-A", "physics", "--as-user", "no-such-user"], env, 2, "no user"),
+        (["gc", "--keep-days", "0"], env, 2, "--keep-days"),
+        (["gc", "--grace-hours", "nan"], env, 2, "--grace-hours"),
     ]
     if os.geteuid() == 0:
         refusals.append((["push", str(root), "-A", "physics"], env, 2, "--as-user USER"))
@@ -643,3 +652,86 @@ def test_the_command_line_pushes_and_reports_and_says_what_is_wrong(
         out = invoke([*base, *args], expect=code, env=environ)
         assert says in out.stderr and "Traceback" not in out.stderr, out.stderr
         assert SECRET not in out.stderr + out.stdout
+
+
+def test_an_object_gone_from_the_store_is_named_for_the_daemon_to_send_again(
+    server: S3Server, tmp_path: Path
+) -> None:
+    """A grant that answers 404 (the object collected, or lost) is a bad copy like a
+    corrupt one: the pull names it, the daemon drops and pushes it again."""
+    root = tmp_path / "data" / "gone"
+    root.mkdir(parents=True)
+    (root / "f").write_bytes(os.urandom(40_000))
+    dest = tmp_path / "node" / "gone"
+    plan = plan_for(server, root, dest, account="gone")
+    [f] = plan["files"]
+    store(server).delete(Layout(PREFIX, namespace("gone")).object(
+        f"o/{f['sha256'][:2]}/{f['sha256']}"))  # deleted as gc does: through the API
+    code, out = pull(plan)
+    assert code == 1 and out.get("corrupt") == [f["sha256"]], out
+
+
+def gc_stager(server: S3Server, clock: Any) -> Stager:
+    """A stager of its own prefix (the module's server holds the other tests' data)."""
+    return Stager(settings=StagingSettings(prefix="gc/"), store=store(server),
+                  tree=LocalTree(), clock=clock)  # fmt: skip
+
+
+def test_gc_removes_what_no_kept_version_names_and_nothing_else(
+    server: S3Server, tmp_path: Path
+) -> None:
+    from tests.fakes.clock import FakeClock
+
+    now = time.time()
+    pushing = gc_stager(server, SystemClock())
+    a, b = tmp_path / "a", tmp_path / "b"
+    for d in (a, b):
+        d.mkdir()
+    shared = os.urandom(20_000)
+    (a / "shared").write_bytes(shared)
+    (a / "old").write_bytes(os.urandom(30_000))
+    (b / "shared").write_bytes(shared)  # the same bytes: one object for both
+    (b / "only-b").write_bytes(os.urandom(10_000))
+    first = pushing.push(str(a), "gcacct")
+    pushing.push(str(b), "gcacct")
+    (a / "old").unlink()
+    (a / "new").write_bytes(os.urandom(25_000))
+    second = pushing.push(str(a), "gcacct")  # a's new version: its old one is garbage
+    foreign = "gc/not-staging/readme.txt"
+    store(server).write_bytes(foreign, b"someone else's")
+    bucket = set(server.objects())
+    layout = Layout("gc/", namespace("gcacct"))
+    old_object = layout.object(next(
+        e.object_name() for e in pushing.manifest_of("gcacct", first.manifest).entries
+        if e.path == "old"))  # fmt: skip
+    # an hour on, within keep_days: a's old manifest and its own object go; the rest stays
+    later = gc_stager(server, FakeClock(now + 3600))
+    dry = later.gc(keep_days=30, live={}, grace=60, dry_run=True).as_dict()
+    assert set(server.objects()) == bucket  # a dry run removes nothing
+    report = later.gc(keep_days=30, live={}, grace=60).as_dict()
+    assert report["total"] == dry["total"]
+    assert (report["total"]["pointers"], report["total"]["manifests"],
+            report["total"]["objects"]) == (0, 1, 1), report  # fmt: skip
+    assert report["total"]["bytes_freed"] == 30_000 and report["problems"] == []
+    assert set(server.objects()) == bucket - {layout.manifest(first.manifest), old_object}
+    assert foreign in server.objects()
+    # forty days on: a is past keep_days, but a job still holds b's version: a goes whole
+    b_manifest = pushing.manifest("gcacct", str(b))
+    assert b_manifest is not None
+    far = gc_stager(server, FakeClock(now + 40 * 86400))
+    report = far.gc(keep_days=30, live={layout.ns: {b_manifest.id}}, grace=60).as_dict()
+    assert (report["total"]["pointers"], report["total"]["manifests"],
+            report["total"]["objects"]) == (1, 1, 1), report  # fmt: skip
+    assert pushing.status("gcacct") == [p for p in pushing.status("gcacct") if p.src == str(b)]
+    assert [p.src for p in pushing.status("gcacct")] == [str(b)]
+    assert layout.manifest(second.manifest) not in server.objects()
+    # b pulls whole still (its shared object was kept), and a is simply pushed again
+    plan = pushing.node_plan("gcacct", b_manifest, str(tmp_path / "node" / "b"), 65534, 65534)
+    code, out = pull(plan)
+    assert code == 0, out
+    again = pushing.push(str(a), "gcacct")
+    assert not again.unchanged and again.objects_sent == 1  # "new"; "shared" is b's too
+    # with nothing held any more, everything of the namespace goes; the foreign key stays
+    report = far.gc(keep_days=30, live={}, grace=60).as_dict()
+    assert report["total"]["pointers"] == 2 and report["total"]["objects_kept"] == 0, report
+    assert [k for k in server.objects() if k.startswith("gc/")] == [foreign]

@@ -71,8 +71,10 @@ def test_the_baselines_and_the_policy(cfg: Path, tmp_path: Path) -> None:
         (b"\x1f\x8b\x08garbage", [], "cannot read it"),
         (b"\xff\xfe\x00", [], "not UTF-8"),
         ("; only a header\n", [], "no job that ran"),
+        (SWF, ["--limit-factor", "nan"], "not a finite number"),
     ],
-    ids=["sweep-word", "sweep-inf", "fields", "no-pool", "format", "bad-gzip", "binary", "empty"],
+    ids=["sweep-word", "sweep-inf", "fields", "no-pool", "format", "bad-gzip", "binary", "empty",
+         "limit-factor-nan"],
 )
 def test_bad_input_is_named_and_exits_2(
     cfg: Path, tmp_path: Path, content: str | bytes, args: list[str], message: str

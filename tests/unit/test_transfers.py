@@ -186,8 +186,9 @@ class MemoryObjects:
     def grant(self, key: str, seconds: int) -> str:
         return f"http://store.invalid/{key}?X-Amz-Expires={seconds}"
 
-    def keys(self, prefix: str) -> Iterator[tuple[str, int]]:
-        return iter(sorted((k, len(v)) for k, v in self.objects.items() if k.startswith(prefix)))
+    def keys(self, prefix: str) -> Iterator[tuple[str, int, float]]:
+        return iter(sorted((k, len(v), 0.0) for k, v in self.objects.items()
+                           if k.startswith(prefix)))  # fmt: skip
 
     def delete(self, key: str) -> None:
         self.objects.pop(key, None)

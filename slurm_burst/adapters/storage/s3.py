@@ -21,9 +21,11 @@ from __future__ import annotations
 
 import hashlib
 import io
+import math
 import re
 import threading
 from collections.abc import Callable, Iterator, Mapping
+from datetime import UTC, datetime
 from typing import Any, BinaryIO
 from urllib.parse import quote
 
@@ -116,12 +118,12 @@ class S3Store:
             key=self._key, secret=self._secret, seconds=seconds, token=self._token,
         )  # fmt: skip
 
-    def keys(self, prefix: str) -> Iterator[tuple[str, int]]:
+    def keys(self, prefix: str) -> Iterator[tuple[str, int, float]]:
         driver = self._driver()
         container = Container(name=self.bucket, extra={}, driver=driver)
         try:
             for obj in driver.iterate_container_objects(container, prefix=prefix):
-                yield obj.name, int(obj.size)
+                yield obj.name, int(obj.size), _modified(obj.extra.get("last_modified"))
         except _ERRORS as exc:
             raise self._error(exc, "LIST", prefix) from None
 
@@ -185,6 +187,18 @@ class S3Store:
         return StorageError(
             f"store {self.name}: {method} {key}: {type(exc).__name__}: {exc}", retryable=again
         )
+
+
+def _modified(said: object) -> float:
+    """A listing's LastModified (ISO 8601, UTC) as unix time; math.inf if it says none:
+    an object of unknown age is never old enough to be collected."""
+    if not isinstance(said, str):
+        return math.inf
+    try:
+        at = datetime.fromisoformat(said)
+    except ValueError:
+        return math.inf
+    return (at if at.tzinfo else at.replace(tzinfo=UTC)).timestamp()
 
 
 class _Reader:
