@@ -28,6 +28,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
+from slurm_burst.core.pricing import GB
+
 
 class Verdict(enum.StrEnum):
     BURST = "burst"
@@ -86,9 +88,6 @@ class DataMove(NamedTuple):
     bytes: int = 0
 
 
-GIB = float(1 << 30)  # data is priced per GB of 2^30 bytes, as providers bill it
-
-
 def data_move(
     to_send: int,
     size: int,
@@ -105,7 +104,7 @@ def data_move(
     send = max(0, to_send)
     seconds = send * 8 / (mbit * 1e6) if mbit > 0 else 0.0
     cost = (send * (upload_per_gb + storage_per_gb_month)
-            + max(0, size) * max(1, nodes) * download_per_gb) / GIB  # fmt: skip
+            + max(0, size) * max(1, nodes) * download_per_gb) / GB  # fmt: skip
     return DataMove(seconds, cost, send)
 
 

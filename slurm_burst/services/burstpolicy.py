@@ -36,6 +36,7 @@ from typing import Any
 
 from slurm_burst.config import PolicyConfig
 from slurm_burst.core.errors import BurstError
+from slurm_burst.core.numbers import json_count
 from slurm_burst.core.policy import (
     DataMove,
     Decision,
@@ -287,7 +288,7 @@ class BurstPolicy:
             rec = moving.get(j.id)
             if rec is None:
                 continue
-            size = sum(_count_of(d.get("bytes")) for d in rec.datasets)
+            size = sum(json_count(d.get("bytes")) for d in rec.datasets)
             to_send = 0 if rec.state == StageState.STAGED else size
             out[j.id] = data_move(
                 to_send, size, j.nodes, self.data_mbit,
@@ -382,11 +383,6 @@ class BurstPolicy:
 
 _NOT_CLEARED = frozenset({StageState.REQUESTED, StageState.CHECKING, StageState.KEPT_HOME,
                           StageState.FAILED})  # fmt: skip
-
-
-def _count_of(value: object) -> int:
-    """A byte count from a stage record's JSON (anything else: 0)."""
-    return value if type(value) is int and value > 0 else 0
 
 
 def _count(decisions: Any) -> dict[str, int]:

@@ -196,16 +196,7 @@ class Provisioner:
             if rec.state == NodeState.JOINED:
                 return rec
             if rec.state == NodeState.TERMINATED:
-                now = self.clock.now()
-                self.store.transition(
-                    name,
-                    NodeState.REQUESTED,
-                    now,
-                    launch_seq=rec.launch_seq + 1,
-                    requested_at=now,
-                    error="",
-                    message="",
-                )
+                self._request_again(rec)
                 continue
             try:
                 if rec.state in (NodeState.REQUESTED, NodeState.LAUNCHING):
@@ -598,18 +589,24 @@ class Provisioner:
         now = self.store.node(rec.name)
         if now is None or now.want != Want.UP:  # suspended meanwhile: it stays down
             return True
-        again = self.clock.now()  # the new instance is billed from now, the old one until now
+        # the new instance is billed from now, the old one until now
+        again = self._request_again(rec)
         self.store.meta_set(key, {"first": rec.requested_at, "again": again})
+        return True
+
+    def _request_again(self, rec: NodeRecord) -> float:
+        """A torn-down node still wanted up, asked for anew (a new launch token); when."""
+        now = self.clock.now()
         self.store.transition(
             rec.name,
             NodeState.REQUESTED,
-            again,
+            now,
             launch_seq=rec.launch_seq + 1,
-            requested_at=again,
+            requested_at=now,
             error="",
             message="",
         )
-        return True
+        return now
 
     def _release_job_of(self, failed: NodeRecord, code: str) -> None:
         """Let go of the other nodes of ``failed``'s jobs: the job is requeued (or, if it
