@@ -19,7 +19,14 @@ from slurm_burst.core.cloud import Instance, LaunchSpec
 from slurm_burst.core.gpu import GpuSample, GpuUsage, GroupGpus
 from slurm_burst.core.mesh import Peer
 from slurm_burst.core.nodestate import NodeState
-from slurm_burst.core.records import GroupHealth, NodeRecord, Request, Spooled, StageRecord
+from slurm_burst.core.records import (
+    GroupHealth,
+    NodeRecord,
+    OutputRecord,
+    Request,
+    Spooled,
+    StageRecord,
+)
 from slurm_burst.core.slurm import JobOwner, QueuedJob, SlurmJob, SlurmNode, SlurmPartition
 from slurm_burst.core.usage import AssocUsage, ClosedInstance, InstanceEvent, JobUsage, Transfer
 
@@ -247,7 +254,18 @@ class NodeStore(Protocol):
         self, job_id: int, now: float, *, expect: Sequence[str] = (), **changes: Any
     ) -> bool: ...
 
-    def forget_stages(self, before: float) -> int: ...
+    def forget_stages(self, before: float) -> int: ...  # and sealed or lost outputs
+
+    # outputs: the stage-in hook records them, the daemon syncs and seals them
+    def add_outputs(self, recs: Sequence[OutputRecord]) -> None: ...  # known ones stay
+
+    def outputs(
+        self, job_id: int | None = None, states: Sequence[str] = ()
+    ) -> list[OutputRecord]: ...
+
+    def update_output(
+        self, job_id: int, name: str, now: float, *, expect: Sequence[str] = (), **changes: Any
+    ) -> bool: ...
 
     # nodes: every state change checked against the state machine and logged as an event
     def node(self, name: str) -> NodeRecord | None: ...
@@ -439,13 +457,31 @@ class ObjectStore(Protocol):
 
     def write_bytes(self, key: str, body: bytes) -> int: ...
 
-    # a read-only URL for one object, valid ``seconds``; made locally, no request
-    def grant(self, key: str, seconds: int) -> str: ...
+    # a URL for one method on one object (GET: read it; PUT: write it), valid
+    # ``seconds``; made locally, no request
+    def grant(self, key: str, seconds: int, method: str = "GET") -> str: ...
+
+    # an object of any size, each chunk handed to ``sink`` as it comes; its size, None
+    # if it is not there
+    def read_into(self, key: str, sink: Callable[[bytes], None]) -> int | None: ...
 
     # (key, size, last modified as unix time, math.inf if not said), in key order
     def keys(self, prefix: str) -> Iterator[tuple[str, int, float]]: ...
 
     def delete(self, key: str) -> None: ...  # gone already: no error
+
+
+class OutputHome(Protocol):
+    """Where a job's outputs land on-prem (adapters/storage/home.py), as the job's user:
+    a work directory beside the destination, then swapped in whole."""
+
+    def begin(self, home: str) -> str: ...  # a new, empty work directory beside ``home``
+
+    def open_file(self, work: str, path: str, executable: bool) -> BinaryIO: ...
+
+    def finish(self, work: str, home: str) -> bool: ...  # True: one atomic exchange
+
+    def abandon(self, work: str) -> None: ...
 
 
 class DatasetTree(Protocol):

@@ -145,3 +145,33 @@ class StageRecord:
     @property
     def job_id(self) -> int:
         return self.owner.job_id
+
+
+class OutputState:
+    """Where a job's stage-out is (the ``outputs`` table's ``state``)."""
+
+    WAITING = "waiting"  # nothing synced yet
+    SYNCED = "synced"  # a version in the store (``manifest``); the job may still change it
+    SEALED = "sealed"  # the job ended and its last version is home, verified
+    LOST = "lost"  # the job ended and not all of it came home: ``message`` says what
+
+    OPEN = (WAITING, SYNCED)
+
+
+@dataclass(frozen=True)
+class OutputRecord:
+    """One ``stage_out`` of a job: its directory ``name`` on the job's first node, and
+    where it goes home (``home``, ``%j`` expanded)."""
+
+    job_id: int
+    name: str
+    home: str
+    sync: int = 0  # seconds between syncs while the job runs; 0: at its end only
+    state: str = OutputState.WAITING
+    node: str = ""  # the job's first node, once it ran on a cloud node
+    manifest: str = ""  # the last version synced
+    files: int = 0
+    bytes: int = 0
+    synced_at: float = 0.0
+    message: str = ""
+    updated_at: float = 0.0

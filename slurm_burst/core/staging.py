@@ -5,8 +5,15 @@ A job asks in its batch script, in the words of Slurm's ``burst_buffer/lua`` plu
     #BB_LUA stage_in src=/data/imagenet dst=imagenet
 
 ``src`` is an absolute path on the site's side; ``dst`` a name the job finds its copy
-under on the node (``$SLURM_BURST_STAGE/imagenet``). Values hold no blanks or quotes:
-the same line is read by the Lua hook inside slurmctld, which splits on blanks.
+under on the node (``$SLURM_BURST_STAGE/imagenet``). Outputs go the other way::
+
+    #BB_LUA stage_out src=ckpt dst=/results/%j sync=600
+
+``$SLURM_BURST_STAGE/ckpt`` on the job's first node is synced every 600 s while the job
+runs, and once more after it ends, before the node is released; it lands on-prem at
+``/results/<job id>``, verified, replacing what was there whole. Values hold no blanks
+or quotes: the same line is read by the Lua hook inside slurmctld, which splits on
+blanks.
 
 A dataset is stored content-addressed in one bucket, under a namespace per Slurm
 account, so two files with the same bytes in one account are stored once, and nothing
@@ -119,19 +126,53 @@ def check_dst(dst: str, where: str = "dst") -> str:
     return dst
 
 
-MAX_STAGES = 32  # stage_in directives in one job
+MAX_STAGES = 32  # stage_in and stage_out directives in one job
+SYNC_MIN, SYNC_MAX = 10, 7 * 86400  # seconds between a stage-out's syncs (0: at job end only)
+JOB_ID = "%j"  # in a stage-out's dst: the job's id (the same after a requeue)
+
+
+@dataclass(frozen=True)
+class StageOut:
+    """One ``stage_out`` directive: the job's directory ``src`` on its first node (next to
+    its staged data: ``$SLURM_BURST_STAGE/<src>``) goes home to ``dst`` (on-prem, ``%j``
+    the job id), every ``sync`` seconds while the job runs (0: only once it ended) and
+    whole once it ended, before the node is released."""
+
+    src: str
+    dst: str  # as written: may hold %j
+    sync: int = 0
+    line: int = 0
+
+    def home(self, job_id: int) -> str:
+        """The on-prem path of this output for job ``job_id``."""
+        return self.dst.replace(JOB_ID, str(int(job_id)))
+
+
+@dataclass(frozen=True)
+class Stages:
+    """A batch script's stage directives, each list in the script's order."""
+
+    ins: tuple[StageIn, ...] = ()
+    outs: tuple[StageOut, ...] = ()
 
 
 def parse_directives(script: str, directive: str = DIRECTIVE) -> list[StageIn]:
-    """Every ``stage_in`` of a batch script, in order, read as Slurm reads its header:
-    lines split at newlines, empty ones skipped, directives stop at the first line that
-    does not start with '#'. A word that starts like the directive but is not it
-    (``#BB_LUAX``), or another burst-buffer word (``stage_out`` comes next), is refused
-    by name, so a typo is not a stage silently skipped. The Lua hook inside slurmctld
+    """The ``stage_in`` directives of a batch script (:func:`parse_stages`)."""
+    return list(parse_stages(script, directive).ins)
+
+
+def parse_stages(script: str, directive: str = DIRECTIVE) -> Stages:
+    """Every ``stage_in`` and ``stage_out`` of a batch script, in order, read as Slurm
+    reads its header: lines split at newlines, empty ones skipped, directives stop at the
+    first line that does not start with '#'. A word that starts like the directive but is
+    not it (``#BB_LUAX``), or another burst-buffer word, is refused by name, so a typo is
+    not a stage silently skipped. The names on the node (a stage-in's ``dst``, a
+    stage-out's ``src``) are one namespace. The Lua hook inside slurmctld
     (``burst_buffer.lua``) applies the same rules. Raises :class:`StagingError` naming
     the line."""
-    found: list[StageIn] = []
-    dsts: dict[str, int] = {}
+    ins: list[StageIn] = []
+    outs: list[StageOut] = []
+    names: dict[str, int] = {}
     for number, line in enumerate(script.split("\n"), 1):
         if not line:
             continue
@@ -145,36 +186,64 @@ def parse_directives(script: str, directive: str = DIRECTIVE) -> list[StageIn]:
             continue
         if len(words) == 1:
             raise StagingError(f"{where}: {directive} with nothing after it")
-        if words[1] != "stage_in":
+        verb = words[1]
+        if verb not in ("stage_in", "stage_out"):
             raise StagingError(
-                f"{where}: {words[1][:40]!r} is not a stage slurm-burst knows (stage_in)"
+                f"{where}: {verb[:40]!r} is not a stage slurm-burst knows (stage_in, stage_out)"
             )
-        args = _arguments(words[2:], where)
-        stage = StageIn(
-            check_src(args["src"], f"{where}: src"), check_dst(args["dst"], f"{where}: dst"), number
-        )
-        if stage.dst in dsts:
-            raise StagingError(f"{where}: dst={stage.dst} is also line {dsts[stage.dst]}'s")
-        if len(found) == MAX_STAGES:
-            raise StagingError(f"{where}: more than {MAX_STAGES} stage_in directives")
-        dsts[stage.dst] = number
-        found.append(stage)
-    return found
+        args = _arguments(verb, words[2:], where)
+        if verb == "stage_in":
+            src = check_src(args["src"], f"{where}: src")
+            name = check_dst(args["dst"], f"{where}: dst")
+            ins.append(StageIn(src, name, number))
+        else:
+            name = check_dst(args["src"], f"{where}: src")
+            outs.append(StageOut(name, check_home(args["dst"], f"{where}: dst"),
+                                 _sync(args.get("sync", "0"), where), number))  # fmt: skip
+        if name in names:
+            raise StagingError(f"{where}: {name} is also line {names[name]}'s")
+        if len(names) == MAX_STAGES:
+            raise StagingError(f"{where}: more than {MAX_STAGES} stage directives")
+        names[name] = number
+    return Stages(tuple(ins), tuple(outs))
 
 
-def _arguments(words: Sequence[str], where: str) -> dict[str, str]:
+_USAGE = {"stage_in": "src=PATH dst=NAME", "stage_out": "src=NAME dst=PATH [sync=SECONDS]"}
+
+
+def _arguments(verb: str, words: Sequence[str], where: str) -> dict[str, str]:
+    allowed = ("src", "dst", "sync") if verb == "stage_out" else ("src", "dst")
     args: dict[str, str] = {}
     for w in words:
         key, eq, value = w.partition("=")
-        if not eq or key not in ("src", "dst"):
-            raise StagingError(f"{where}: {w[:60]!r}: stage_in takes src=PATH dst=NAME")
+        if not eq or key not in allowed:
+            raise StagingError(f"{where}: {w[:60]!r}: {verb} takes {_USAGE[verb]}")
         if key in args:
             raise StagingError(f"{where}: {key}= given twice")
         args[key] = value
     missing = [k for k in ("src", "dst") if k not in args]
     if missing:
-        raise StagingError(f"{where}: stage_in needs {' and '.join(m + '=' for m in missing)}")
+        raise StagingError(f"{where}: {verb} needs {' and '.join(m + '=' for m in missing)}")
     return args
+
+
+def check_home(dst: str, where: str = "dst") -> str:
+    """A stage-out's on-prem path: what :func:`check_src` takes, where ``%j`` may stand
+    for the job id; not ``/`` (a stage-out replaces its destination)."""
+    check_src(dst.replace(JOB_ID, "0"), where)
+    if dst == "/":
+        raise StagingError(f"{where}=/: a stage-out replaces its destination, not /")
+    return dst
+
+
+def _sync(value: str, where: str) -> int:
+    if not (value.isascii() and value.isdigit() and len(value) <= 7) or not (
+        int(value) == 0 or SYNC_MIN <= int(value) <= SYNC_MAX
+    ):
+        raise StagingError(
+            f"{where}: sync={value[:20]!r}: 0 (at the end only) or {SYNC_MIN} to {SYNC_MAX} seconds"
+        )
+    return int(value)
 
 
 def check_relpath(path: str, where: str) -> str:
@@ -334,7 +403,7 @@ def stored_kind(key: str, prefix: str) -> tuple[str, str, str] | None:
     its name); None for any other key, which staging never touches."""
     if not key.startswith(prefix):
         return None
-    m = _STORED.fullmatch(key[len(prefix):])
+    m = _STORED.fullmatch(key[len(prefix) :])
     if m is None:
         return None
     if m[2]:
@@ -419,3 +488,16 @@ def stage_env(stages: Sequence[StageIn], root: str) -> Mapping[str, str]:
     for s in stages:
         env["SLURM_BURST_STAGE_" + re.sub(r"[.-]", "_", s.dst.upper())] = f"{root}/{s.dst}"
     return env
+
+
+def output_manifest(home: str, scanned: object, where: str) -> Manifest:
+    """A version of a job's output directory, from ``node/stageout.py scan``'s ``files``
+    ([path, size, sha256, executable] each), checked whole as a manifest read from a
+    store is: the node's answer is not trusted more than the store's."""
+    if not isinstance(scanned, list):
+        raise StagingError(f"{where}: the scan's files are not a list")
+    entries = []
+    for i, row in enumerate(scanned):
+        ok = isinstance(row, list) and len(row) == 4 and type(row[3]) is bool
+        entries.append(_entry([*row[:3], int(row[3]), ""] if ok else row, f"{where}: file {i + 1}"))
+    return Manifest.build(check_src(home, f"{where}: home"), entries)

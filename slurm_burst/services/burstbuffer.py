@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping
 
 from slurm_burst.config import Config
 from slurm_burst.core.slurm import release_key
-from slurm_burst.core.staging import DIRECTIVE, MAX_PATH, MAX_STAGES
+from slurm_burst.core.staging import DIRECTIVE, MAX_PATH, MAX_STAGES, SYNC_MAX, SYNC_MIN
 
 BB_CONF = "burst_buffer.conf"
 BB_LUA = "burst_buffer.lua"
@@ -65,6 +65,8 @@ def lua_table(cfg: Config) -> str:
         "max_script": str(MAX_SCRIPT),
         "max_path": str(MAX_PATH),
         "max_stages": str(MAX_STAGES),
+        "sync_min": str(SYNC_MIN),
+        "sync_max": str(SYNC_MAX),
         "burst_partitions": _set(cfg.burst_partitions()),
         "onprem_accounts": _set(a.lower() for a in accounts),
         "onprem_qos": _set(qos),

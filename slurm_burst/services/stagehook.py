@@ -7,7 +7,9 @@ Slurm runs it (as SlurmUser, in slurmscriptd) while the job pends with reason
    at submit) and whose job it is, with which account, QOS and partitions (``squeue``);
 2. records the stage in the state database and wakes the daemon, which reads the data
    as the job's user (``services/stagework.py``);
-3. waits for the daemon's verdict and says it on stdout, one line: Slurm holds the job
+3. records its stage-outs (``stage_out``: synced and sealed by the daemon,
+   ``services/outputs.py``);
+4. waits for the daemon's verdict and says it on stdout, one line: Slurm holds the job
    with it as the reason when the exit status is not 0.
 
 When data moves: a job bound to burst partitions only can run nowhere else, so the
@@ -29,9 +31,9 @@ from dataclasses import dataclass
 
 from slurm_burst.config import Config
 from slurm_burst.core.errors import BadInput
-from slurm_burst.core.records import StageRecord, StageState
+from slurm_burst.core.records import OutputRecord, StageRecord, StageState
 from slurm_burst.core.slurm import JobOwner, is_job_id
-from slurm_burst.core.staging import StageIn, parse_directives
+from slurm_burst.core.staging import StageIn, StageOut, parse_stages
 from slurm_burst.ports import Clock, JobOwners, NodeStore
 from slurm_burst.services.hooks import heartbeat_age
 
@@ -58,14 +60,20 @@ def burst_only(partitions: Sequence[str], cfg: Config) -> bool:
 
 
 def record(owner: JobOwner, stages: Sequence[StageIn], cfg: Config, now: float) -> StageRecord:
+    """The job's stage record (one with stage-outs only has nothing to move in: staged)."""
     return StageRecord(
         owner=owner,
         burst_only=burst_only(owner.partitions, cfg),
         stages=[{"src": s.src, "dst": s.dst} for s in stages],
-        state=StageState.REQUESTED,
+        state=StageState.REQUESTED if stages else StageState.STAGED,
+        message="" if stages else "nothing to stage in",
         created_at=now,
         updated_at=now,
     )
+
+
+def outputs(job_id: int, outs: Sequence[StageOut], now: float) -> list[OutputRecord]:
+    return [OutputRecord(job_id, o.src, o.home(job_id), o.sync, updated_at=now) for o in outs]
 
 
 def run_stage_in(
@@ -83,17 +91,21 @@ def run_stage_in(
     if not is_job_id(job_id):
         return StageInResult(EXIT_BAD_INPUT, f"job id {job_id[:20]!r} is not a number")
     try:
-        stages = parse_directives(script)
+        stages = parse_stages(script)
     except BadInput as exc:
         return StageInResult(EXIT_BAD_INPUT, str(exc))
-    if not stages:
+    if not stages.ins and not stages.outs:
         return StageInResult(EXIT_OK)
     owner = owners.job_owner(int(job_id))
-    rec = store.add_stage(record(owner, stages, cfg, clock.now()))
+    now = clock.now()
+    with store.atomically():
+        rec = store.add_stage(record(owner, stages.ins, cfg, now))
+        store.add_outputs(outputs(owner.job_id, stages.outs, now))
     wake()
     log.info(
-        "stage_in.recorded job=%s user=%s account=%s burst_only=%s state=%s stages=%d",
-        job_id, rec.owner.user, rec.owner.account, rec.burst_only, rec.state, len(stages),
+        "stage_in.recorded job=%s user=%s account=%s burst_only=%s state=%s stages=%d "
+        "outputs=%d", job_id, rec.owner.user, rec.owner.account, rec.burst_only, rec.state,
+        len(stages.ins), len(stages.outs),
     )  # fmt: skip
     return _wait(rec, cfg, store, clock)
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
 import random
 import threading
 from collections.abc import Callable, Mapping, Sequence
@@ -55,11 +56,21 @@ from slurm_burst.core.staging import (
     to_send,
     worth_compressing,
 )
-from slurm_burst.ports import Clock, DatasetTree, ObjectStore
+from slurm_burst.ports import Clock, DatasetTree, ObjectStore, OutputHome
 
 T = TypeVar("T")
 R = TypeVar("R")
 Progress = Callable[[str, int, int], None]  # (step, done, total)
+
+
+class CorruptOutput(StorageError):
+    """A stored version of an output whose files came back wrong: never brought home."""
+
+    code = "StageOutCorrupt"
+
+    def __init__(self, message: str, bad: Sequence[str] = ()) -> None:
+        super().__init__(message, self.code)
+        self.bad = list(bad)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -131,8 +142,10 @@ class Stager:
         kept: KeptHome | None = None,
         progress: Progress | None = None,
         rand: Callable[[], float] = random.random,
+        home: OutputHome | None = None,
     ) -> None:
         self.settings = settings
+        self.home = home  # where outputs land on-prem (promote)
         self.store = store
         self.tree = tree
         self.clock = clock
@@ -349,6 +362,113 @@ class Stager:
         if old is not None and old.manifest == manifest.id:
             self._again(lambda: self.store.delete(layout.pointer(src)))
         return len(names)
+
+    # -- stage-out ---------------------------------------------------------------------
+
+    def output_plan(
+        self, account: str, manifest: Manifest, directory: str
+    ) -> tuple[dict[str, Any], int]:
+        """What ``node/stageout.py send`` is handed: the files of ``manifest`` (a version
+        of a job's output directory, as the node scanned it) whose objects the account's
+        namespace lacks, each with a URL that may PUT that object only, valid
+        ``grant_seconds``; and the bytes to send."""
+        layout = Layout(self.settings.prefix, namespace(account))
+        todo = self._missing(layout, list(manifest.objects().values()))
+        seconds = self.settings.grant_seconds
+        files = [
+            {"path": e.path, "size": e.size, "sha256": e.sha256,
+             "url": self.store.grant(layout.object(e.object_name()), seconds, "PUT")}
+            for e in sorted(todo, key=lambda e: (-e.size, e.path))
+        ]  # fmt: skip
+        return {"v": 1, "dir": directory, "files": files}, sum(e.size for e in todo)
+
+    def commit(self, account: str, manifest: Manifest) -> None:
+        """Record ``manifest`` (its objects are stored) and point its destination at it:
+        the version a requeued job resumes from, and the one brought home."""
+        layout = Layout(self.settings.prefix, namespace(account))
+        self._write(layout.manifest(manifest.id), manifest.body)
+        self._write(layout.pointer(manifest.src), pointer_body(manifest.src, manifest,
+                                                               self.clock.now()))  # fmt: skip
+
+    def forget_objects(self, account: str, manifest: Manifest, paths: Sequence[str]) -> int:
+        """Delete the objects just sent for ``paths`` of ``manifest``: the node found their
+        bytes were not the digests any more (the job changed them as they went)."""
+        layout = Layout(self.settings.prefix, namespace(account))
+        wanted = set(paths)
+        names = sorted({e.object_name() for e in manifest.entries if e.path in wanted})
+        for name in names:
+            self._again(functools.partial(self.store.delete, layout.object(name)))
+        return len(names)
+
+    def promote(self, account: str, manifest_id: str, home: str) -> dict[str, Any]:
+        """Bring the stored version ``manifest_id`` of an output home to ``home``: every
+        file fetched into a work directory beside it and verified (size and SHA-256),
+        then swapped in whole. One wrong file and nothing is replaced
+        (``StageOutCorrupt``, naming the files). Run as the job's user."""
+        if self.home is None:
+            raise StagingError("no on-prem destination is set up for stage-out")
+        started = self.clock.monotonic()
+        layout = Layout(self.settings.prefix, namespace(account))
+        manifest = self.manifest_of(account, manifest_id)
+        if manifest.src != home:
+            raise StagingError(f"version {manifest_id[:16]} is of {manifest.src}, not {home}")
+        zipped = [e.path for e in manifest.entries if e.encoding]
+        if zipped:
+            raise StagingError(f"{home}: {zipped[0]} is stored compressed (not an output)")
+        work = self.home.begin(home)
+        bad: list[str] = []
+        done = [0, 0]  # files, bytes
+
+        def fetch(e: Entry) -> None:
+            if not self._fetched_whole(layout, work, e):
+                with self._lock:
+                    bad.append(e.path)
+            with self._lock:
+                done[0] += 1
+                done[1] += e.size
+                self.progress("fetching", done[0], len(manifest.entries))
+
+        try:
+            self._map(fetch, list(manifest.entries))
+            if bad:
+                raise CorruptOutput(
+                    f"{home}: {len(bad)} files came back from the store wrong or not at all "
+                    f"({', '.join(sorted(bad)[:5])}{', ...' if len(bad) > 5 else ''}); "
+                    "nothing was replaced", bad=sorted(bad),
+                )  # fmt: skip
+            atomic = self.home.finish(work, home)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                self.home.abandon(work)
+            raise
+        return {"home": home, "manifest": manifest.id, "files": len(manifest.entries),
+                "bytes": manifest.size, "atomic": atomic,
+                "seconds": round(self.clock.monotonic() - started, 3)}  # fmt: skip
+
+    def _fetched_whole(self, layout: Layout, work: str, e: Entry) -> bool:
+        assert self.home is not None
+        with self.home.open_file(work, e.path, e.executable) as out:
+            for _ in range(2):  # an object that comes back wrong is fetched once more
+                out.seek(0)
+                out.truncate()
+                sha, got = hashlib.sha256(), [0]
+
+                def sink(chunk: bytes, sha: Any = sha, got: list[int] = got) -> None:
+                    got[0] += len(chunk)
+                    if got[0] > e.size:
+                        raise StorageError(f"{e.path}: the object is longer than the file")
+                    sha.update(chunk)
+                    out.write(chunk)
+
+                try:
+                    size = self._again(
+                        lambda: self.store.read_into(layout.object(e.object_name()), sink)
+                    )
+                except StorageError:
+                    continue
+                if size is not None and got[0] == e.size and sha.hexdigest() == e.sha256:
+                    return True
+        return False
 
     # -- garbage collection ---------------------------------------------------------------
 

@@ -15,6 +15,7 @@ from slurm_burst.core.records import (
     NODE_FIELDS,
     GroupHealth,
     NodeRecord,
+    OutputRecord,
     PoolExhausted,
     Request,
     StageRecord,
@@ -26,8 +27,17 @@ class MemoryStore:
     """The NodeStore port: the SQLite store's rules (checked transitions, one event per
     transition, an address never held twice) without the file."""
 
-    _DATA = ("_nodes", "_meta", "_requests", "_groups", "_unavailable", "_events", "_addresses",
-             "_stages")
+    _DATA = (
+        "_nodes",
+        "_meta",
+        "_requests",
+        "_groups",
+        "_unavailable",
+        "_events",
+        "_addresses",
+        "_stages",
+        "_outputs",
+    )
 
     def __init__(self) -> None:
         self._nodes: dict[str, NodeRecord] = {}
@@ -39,6 +49,7 @@ class MemoryStore:
         self._events: list[dict[str, Any]] = []
         self._addresses: dict[str, str] = {}  # node -> address
         self._stages: dict[int, StageRecord] = {}
+        self._outputs: dict[tuple[int, str], OutputRecord] = {}
         self._lock = threading.RLock()
 
     @contextmanager
@@ -166,6 +177,31 @@ class MemoryStore:
             if old is None or (expect and old.state not in expect):
                 return False
             self._stages[int(job_id)] = dataclasses.replace(old, updated_at=now, **changes)
+            return True
+
+    def add_outputs(self, recs: Sequence[OutputRecord]) -> None:
+        with self._lock:
+            for r in recs:
+                self._outputs.setdefault((r.job_id, r.name), r)
+
+    def outputs(self, job_id: int | None = None, states: Sequence[str] = ()) -> list[OutputRecord]:
+        with self._lock:
+            return [
+                r for _, r in sorted(self._outputs.items())
+                if (job_id is None or r.job_id == job_id) and (not states or r.state in states)
+            ]  # fmt: skip
+
+    def update_output(
+        self, job_id: int, name: str, now: float, *, expect: Sequence[str] = (), **changes: Any
+    ) -> bool:
+        if set(changes) - {"sync", "state", "node", "manifest", "files", "bytes", "synced_at",
+                           "message"}:  # fmt: skip
+            raise ValueError(f"not an output field: {sorted(changes)}")
+        with self._lock:
+            old = self._outputs.get((int(job_id), name))
+            if old is None or (expect and old.state not in expect):
+                return False
+            self._outputs[(int(job_id), name)] = dataclasses.replace(old, updated_at=now, **changes)
             return True
 
     def forget_stages(self, before: float) -> int:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from slurm_burst.config import Config, load_config
-from slurm_burst.core.staging import StagingError, parse_directives
+from slurm_burst.core.staging import StagingError, parse_stages
 from slurm_burst.services.burstbuffer import lua_string
 from slurm_burst.services.slurmconf import render
 from tests.unit.test_config import GOOD, write
@@ -104,14 +104,14 @@ def test_submit_refuses_bad_directives_and_says_which_line(script: Path, tmp_pat
         [
             "#!/bin/sh\n#BB_LUA stage_in src=/d/a dst=a\nsrun x\n",
             "#!/bin/sh\n#BB_LUA stage_in src=/d/../etc dst=a\n",
-            "#!/bin/sh\n#SBATCH -N1\n#BB_LUA stage_out src=/d dst=a\n",
+            "#!/bin/sh\n#SBATCH -N1\n#BB_LUA stage_up src=d dst=/a\n",
             "#!/bin/sh\n#BB_LUAX stage_in src=/d dst=a\n",
         ],
     )
     assert out[0] == "0"
     assert out[1].startswith("-1 slurm-burst: line 2: src=") and "normalized" in out[1]
-    assert out[2] == '-1 slurm-burst: line 3: "stage_out" is not a stage slurm-burst knows ' \
-        "(stage_in)"  # fmt: skip
+    assert out[2] == '-1 slurm-burst: line 3: "stage_up" is not a stage slurm-burst knows ' \
+        "(stage_in, stage_out)"  # fmt: skip
     assert out[3].startswith('-1 slurm-burst: line 2: "#BB_LUAX" is not #BB_LUA')
 
 
@@ -145,17 +145,26 @@ def test_submit_keeps_sensitive_data_home_for_a_burst_only_job(
 
 
 _HEADS = ["#BB_LUA", "#BB_LUA", "#BB_LUA", "#BB_LUAX", "#SBATCH", "#", "echo", ""]
-_VERBS = ["stage_in", "stage_in", "stage_in", "stage_out", ""]
+_VERBS = ["stage_in", "stage_in", "stage_in", "stage_out", "stage_out", "stage_up", ""]
 _ARGS = ["src=/d/a", "src=/d/b/c", "src=/d/../a", "src=/d//a", "src=rel", "src=/d/a;b",
          "src=/", "src=/d/", "dst=a", "dst=b.v2", "dst=a", "dst=.h", "dst=a/b", "src=",
-         "dst=", "x=1", "dst=" + "n" * 64, "dst=" + "n" * 65, "src=/é", "dst=é"]  # fmt: skip
+         "dst=", "x=1", "dst=" + "n" * 64, "dst=" + "n" * 65, "src=/é", "dst=é",
+         "src=ckpt", "src=w", "dst=/r/%j", "dst=/r/%j/x", "dst=/r/%a", "dst=/", "dst=/r%jj",
+         "sync=0", "sync=10", "sync=9", "sync=600", "sync=604800", "sync=604801", "sync=-1",
+         "sync=1e3", "sync=", "sync=0600", "sync=99999999"]  # fmt: skip
 
 
 def random_script(rng: random.Random) -> str:
     lines = []
     for _ in range(rng.randint(0, 4)):
         if rng.random() < 0.6:  # a good line, mostly
-            lines.append(f"#BB_LUA stage_in src=/d/{rng.choice('abc')} dst={rng.choice('wxyz')}")
+            if rng.random() < 0.7:
+                lines.append(
+                    f"#BB_LUA stage_in src=/d/{rng.choice('abc')} dst={rng.choice('wxyz')}"
+                )
+            else:
+                sync = rng.choice(["", " sync=0", " sync=60"])
+                lines.append(f"#BB_LUA stage_out src={rng.choice('vw')} dst=/r/%j{sync}")
             continue
         words = [rng.choice(_HEADS), rng.choice(_VERBS)]
         words += rng.sample(_ARGS, rng.choice([0, 1, 2, 2, 2, 3]))
@@ -175,7 +184,9 @@ def test_the_lua_hook_and_the_daemon_agree_on_every_script(script: Path, tmp_pat
     outcomes: Counter[str] = Counter()
     for s, said in zip(batch, got, strict=True):
         try:
-            outcomes[f"ok {len(parse_directives(s))}"] += 1
+            stages = parse_stages(s)
+            outcomes[f"ok {len(stages.ins) + len(stages.outs)}"] += 1
+            outcomes["with stage_out"] += bool(stages.outs)
             py_ok = True
         except StagingError:
             outcomes["refused"] += 1
@@ -183,13 +194,14 @@ def test_the_lua_hook_and_the_daemon_agree_on_every_script(script: Path, tmp_pat
         assert (said == "0") == py_ok, (s, said)
     # the batch holds scripts of each kind: refused, with no stage, with one or more
     assert outcomes["refused"] > 200 and outcomes["ok 0"] > 50
-    assert outcomes["ok 1"] > 50 and outcomes["ok 2"] > 5
+    assert outcomes["ok 1"] > 50 and outcomes["ok 2"] > 5 and outcomes["with stage_out"] > 50
 
 
 def test_paths_give_the_job_its_stage_directories(script: Path, tmp_path: Path) -> None:
     job = tmp_path / "script"
     job.write_text("#!/bin/sh\n#BB_LUA stage_in src=/d/a dst=image-net.v2\n"
-                   "#BB_LUA stage_in src=/d/b dst=b\n")  # fmt: skip
+                   "#BB_LUA stage_in src=/d/b dst=b\n"
+                   "#BB_LUA stage_out src=ckpt dst=/r/%j sync=600\n")  # fmt: skip
     env = tmp_path / "env"
     env.write_text("")
     assert lua(script, "paths", "42", str(job), str(env)) == ["0"]
@@ -197,6 +209,7 @@ def test_paths_give_the_job_its_stage_directories(script: Path, tmp_path: Path) 
         "SLURM_BURST_STAGE=/scratch/stage/42",
         "SLURM_BURST_STAGE_IMAGE_NET_V2=/scratch/stage/42/image-net.v2",
         "SLURM_BURST_STAGE_B=/scratch/stage/42/b",
+        "SLURM_BURST_STAGE_CKPT=/scratch/stage/42/ckpt",
     ]
 
 
@@ -212,7 +225,8 @@ def test_an_array_tasks_paths_read_the_arrays_script(script: Path, tmp_path: Pat
     assert lua(script, "paths", "19", str(given), str(env), "17") == ["0"]
     assert env.parent.stat().st_mode & 0o777 == 0o700
     assert env.read_text().splitlines() == [
-        "SLURM_BURST_STAGE=/scratch/stage/19", "SLURM_BURST_STAGE_X=/scratch/stage/19/x"
+        "SLURM_BURST_STAGE=/scratch/stage/19",
+        "SLURM_BURST_STAGE_X=/scratch/stage/19/x",
     ]
     # not an array task, or a path of another shape: nothing else is read
     nowhere = tmp_path / "elsewhere" / "path"  # not Slurm's shape: no directory is made

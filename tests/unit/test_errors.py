@@ -36,6 +36,8 @@ INTERNAL = {
     "only, run over SSH): its errors are its JSON answer and exit code, read by the daemon",
     "slurm_burst.node.stagein.Corrupt": "inside the node's stage-in program: a bad copy "
     "fetched again, or its file's Refused",
+    "slurm_burst.node.stageout.Refused": "the node's stage-out program (standard library "
+    "only, run over SSH): its errors are its JSON answer and exit code, read by the daemon",
 }
 
 

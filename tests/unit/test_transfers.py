@@ -183,7 +183,7 @@ class MemoryObjects:
         self.objects[key] = body
         return len(body)
 
-    def grant(self, key: str, seconds: int) -> str:
+    def grant(self, key: str, seconds: int, method: str = "GET") -> str:
         return f"http://store.invalid/{key}?X-Amz-Expires={seconds}"
 
     def keys(self, prefix: str) -> Iterator[tuple[str, int, float]]:

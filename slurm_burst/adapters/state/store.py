@@ -31,6 +31,8 @@ from slurm_burst.core.records import (
     NODE_FIELDS,
     GroupHealth,
     NodeRecord,
+    OutputRecord,
+    OutputState,
     PoolExhausted,
     Request,
     StageRecord,
@@ -116,6 +118,21 @@ CREATE TABLE IF NOT EXISTS stages (
     created_at REAL NOT NULL,
     updated_at REAL NOT NULL
 );
+CREATE TABLE IF NOT EXISTS outputs (
+    job_id    INTEGER NOT NULL,
+    name      TEXT NOT NULL,                -- the directory on the node's stage directory
+    home      TEXT NOT NULL,                -- where it lands on-prem
+    sync      INTEGER NOT NULL DEFAULT 0,   -- seconds between syncs, 0: at the end only
+    state     TEXT NOT NULL,
+    node      TEXT NOT NULL DEFAULT '',
+    manifest  TEXT NOT NULL DEFAULT '',     -- the last version synced
+    files     INTEGER NOT NULL DEFAULT 0,
+    bytes     INTEGER NOT NULL DEFAULT 0,
+    synced_at REAL NOT NULL DEFAULT 0,
+    message   TEXT NOT NULL DEFAULT '',
+    updated_at REAL NOT NULL,
+    PRIMARY KEY (job_id, name)
+);
 CREATE TABLE IF NOT EXISTS events (
     id     INTEGER PRIMARY KEY,
     at     REAL NOT NULL,
@@ -132,6 +149,10 @@ MIGRATIONS: tuple[str, ...] = (
     "ALTER TABLE nodes ADD COLUMN registered_at REAL NOT NULL DEFAULT 0",
     "ALTER TABLE requests ADD COLUMN uid TEXT",
     "CREATE INDEX IF NOT EXISTS stages_state ON stages (state)",  # stages: made by SCHEMA
+    "SELECT 1",  # outputs: made by SCHEMA
+)
+_OUTPUT_FIELDS = frozenset(
+    {"sync", "state", "node", "manifest", "files", "bytes", "synced_at", "message"}
 )
 # Made after the migrations, on a new database and an upgraded one alike.
 INDEXES = (
@@ -517,9 +538,55 @@ class Store:
             )
             return cur.rowcount == 1
 
+    # -- outputs (the stage-in hook records them, the daemon syncs and seals them) ----
+    def add_outputs(self, recs: Sequence[OutputRecord]) -> None:
+        """Record a job's stage-outs; those recorded already stay as they are (Slurm runs
+        stage-in again after a slurmctld restart, and a requeued job keeps its syncs)."""
+        with self.tx() as db:
+            db.executemany(
+                "INSERT INTO outputs (job_id, name, home, sync, state, updated_at)"
+                " VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (job_id, name) DO NOTHING",
+                [(r.job_id, r.name, r.home, r.sync, r.state, r.updated_at) for r in recs],
+            )
+
+    def outputs(self, job_id: int | None = None, states: Sequence[str] = ()) -> list[OutputRecord]:
+        where: list[str] = []
+        args: list[object] = []
+        if job_id is not None:
+            where.append("job_id = ?")
+            args.append(int(job_id))
+        if states:
+            where.append("state IN (" + ", ".join("?" for _ in states) + ")")
+            args.extend(states)
+        cond = " WHERE " + " AND ".join(where) if where else ""  # our words, values bound
+        rows = self._read(f"SELECT * FROM outputs{cond} ORDER BY job_id, name", args)  # noqa: S608
+        return [OutputRecord(**{k: r[k] for k in r.keys()}) for r in rows]  # noqa: SIM118
+
+    def update_output(
+        self, job_id: int, name: str, now: float, *, expect: Sequence[str] = (), **changes: Any
+    ) -> bool:
+        """Change a stage-out's fields (not its job, name or home); with ``expect``, only
+        from one of those states (False: it was not in one)."""
+        unknown = set(changes) - _OUTPUT_FIELDS
+        if unknown:
+            raise ValueError(f"not an output field: {sorted(unknown)}")
+        sets = ", ".join(f"{k} = ?" for k in changes)
+        where = " AND state IN (" + ", ".join("?" for _ in expect) + ")" if expect else ""
+        with self.tx() as db:
+            cur = db.execute(
+                f"UPDATE outputs SET {sets}, updated_at = ? WHERE job_id = ? AND name = ?"  # noqa: S608
+                f"{where}",
+                [*changes.values(), now, int(job_id), name, *expect],
+            )
+            return cur.rowcount == 1
+
     def forget_stages(self, before: float) -> int:
         """Drop the records of stages last changed before ``before``; how many."""
         with self.tx() as db:
+            db.execute(
+                "DELETE FROM outputs WHERE updated_at < ? AND state IN (?, ?)",
+                (before, OutputState.SEALED, OutputState.LOST),
+            )
             return db.execute("DELETE FROM stages WHERE updated_at < ?", (before,)).rowcount
 
     # -- nodes ----------------------------------------------------------------

@@ -9,9 +9,10 @@ adds what staging needs on top:
   server answers (S3's own digest of what it stored), and a pace callback between chunks
   (the bandwidth limit). libcloud's ``upload_object`` reads a file twice and its
   streamed upload always goes multipart; objects here are at most a file each;
-- **read-only grants** (``grant``): presigned GET URLs, Signature Version 4 in the query
-  string, made locally (``sigv4.py``). libcloud's ``get_object_cdn_url`` signs the host
-  without its port, which any S3-compatible server on a port of its own refuses;
+- **grants** (``grant``): presigned GET URLs (a node's stage-in) and PUT URLs (its
+  stage-out), Signature Version 4 in the query string, made locally (``sigv4.py``).
+  libcloud's ``get_object_cdn_url`` signs the host without its port, which any
+  S3-compatible server on a port of its own refuses;
 - **errors with the store's code**: ``AccessDenied`` (refused credentials),
   ``NoSuchBucket``, ``StorageUnreachable`` (no answer), else ``StorageError`` with the
   HTTP status. Never a credential in a message.
@@ -112,9 +113,25 @@ class S3Store:
     def write_bytes(self, key: str, body: bytes) -> int:
         return self.write(key, io.BytesIO(body), len(body))
 
-    def grant(self, key: str, seconds: int) -> str:
+    def read_into(self, key: str, sink: Callable[[bytes], None]) -> int | None:
+        resp = self._call("GET", key, stream=True)
+        if resp.status == 404 and b"NoSuchBucket" not in resp.response.body[:2000]:
+            return None
+        self._ok(resp, "GET", key)
+        got = 0
+        try:
+            for chunk in resp.iter_content(CHUNK):
+                got += len(chunk)
+                sink(chunk)
+        except _ERRORS as exc:
+            raise self._error(exc, "GET", key) from None
+        return got
+
+    def grant(self, key: str, seconds: int, method: str = "GET") -> str:
+        if method not in ("GET", "PUT"):
+            raise ValueError(f"a grant is for GET or PUT, not {method[:10]!r}")
         return presign(
-            "GET", self._url_base(), self._path(key), region=self.region,
+            method, self._url_base(), self._path(key), region=self.region,
             key=self._key, secret=self._secret, seconds=seconds, token=self._token,
         )  # fmt: skip
 

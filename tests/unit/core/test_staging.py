@@ -16,6 +16,7 @@ from slurm_burst.core.staging import (
     Layout,
     Manifest,
     StageIn,
+    StageOut,
     StagingError,
     check_relpath,
     kept_home,
@@ -23,6 +24,7 @@ from slurm_burst.core.staging import (
     parse_directives,
     parse_manifest,
     parse_pointer,
+    parse_stages,
     pointer_body,
     stage_env,
     to_send,
@@ -54,7 +56,17 @@ def test_directives_are_read_from_the_header(script: str, want: list[StageIn]) -
     [
         ("#BB_LUA", "nothing after"),
         ("#BB_LUAX stage_in src=/a dst=b", "is not #BB_LUA"),
-        ("#BB_LUA stage_out src=/a dst=b", "not a stage"),
+        ("#BB_LUA stage_up src=/a dst=b", "not a stage"),
+        ("#BB_LUA stage_out src=/a dst=/b", "src='/a': a name of"),
+        ("#BB_LUA stage_out src=a dst=b", "absolute path"),
+        ("#BB_LUA stage_out src=a dst=/", "replaces its destination"),
+        ("#BB_LUA stage_out src=a dst=/r/%a", "absolute path"),
+        ("#BB_LUA stage_out src=a dst=/r sync=5", r"sync='5': 0 \(at the end only\) or 10"),
+        ("#BB_LUA stage_out src=a dst=/r sync=1e3", "sync="),
+        ("#BB_LUA stage_out src=a dst=/r sync=604801", "sync="),
+        ("#BB_LUA stage_in src=/a dst=sync sync=10", "stage_in takes src=PATH"),
+        ("#BB_LUA stage_out src=a", "needs dst="),
+        ("#BB_LUA stage_in src=/a dst=b\n#BB_LUA stage_out src=b dst=/c", "also line 2"),
         ("#BB_LUA stage_in src=/a", "needs dst="),
         ("#BB_LUA stage_in src=/a dst=b dst=c", "given twice"),
         ("#BB_LUA stage_in src=/a dst=b extra=1", "takes src=PATH"),
@@ -69,6 +81,20 @@ def test_a_bad_directive_names_its_line_and_what_is_wrong(line: str, says: str) 
     with pytest.raises(StagingError, match=says) as e:
         parse_directives("#!/bin/sh\n" + line + "\n")
     assert "line " in str(e.value)
+
+
+def test_stage_outs_are_read_with_the_stage_ins_and_name_their_home() -> None:
+    got = parse_stages(
+        "#!/bin/sh\n#BB_LUA stage_out src=ckpt dst=/results/%j/ckpt sync=600\n"
+        "#BB_LUA stage_in src=/d/a dst=a\n#BB_LUA stage_out src=out dst=/r/%j-%j\n"
+    )
+    assert got.ins == (StageIn("/d/a", "a", 3),)
+    assert got.outs == (
+        StageOut("ckpt", "/results/%j/ckpt", 600, 2),
+        StageOut("out", "/r/%j-%j", 0, 4),
+    )
+    assert [o.home(77) for o in got.outs] == ["/results/77/ckpt", "/r/77-77"]
+    assert parse_directives("#BB_LUA stage_out src=o dst=/r\n") == []
 
 
 @pytest.mark.parametrize("path", ["", "/a", "a//b", "a/./b", "a/..", "a/" + "x" * 256, "a\nb"])

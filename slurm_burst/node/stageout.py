@@ -1,0 +1,392 @@
+"""slurm-burst's stage-out on a node: what a job's output directory holds, and sending
+the files the store lacks.
+
+The daemon copies this file to the node and runs it as root over SSH with the node's
+Python (``services/outputs.py``). It needs only the standard library. Three commands:
+
+``prepare --dir D --uid U --gid G``
+    Make the job's output directory ``D`` (0700, the job user's) if it is not there. Its
+    parent is the job's stage directory, root's: the user cannot plant anything above.
+
+``scan --dir D --cache C``
+    Every regular file under ``D`` with its size, SHA-256 and executable bit. The tree
+    belongs to the job's user, so it is read as an attacker's: each directory is opened
+    relative to its parent with ``O_NOFOLLOW``, each file with ``O_NOFOLLOW |
+    O_NONBLOCK`` and checked to be a regular file after it is open; symlinks, FIFOs,
+    sockets and devices are listed under ``skipped``, never followed or read. A file that
+    changes while it is read (its size or mtime differ after) is listed under ``busy``
+    and left to the next sync. Digests are kept in ``C`` (root's) by path, size, mtime,
+    ctime and inode, so a sync re-reads only what changed.
+
+``send --plan P``
+    PUT each file of the plan (a JSON file, removed once read: its URLs are grants) to its
+    presigned URL, hashing the bytes as they go. A file whose bytes are not the digest
+    the plan names any more (the job changed it since the scan) is listed under
+    ``changed``; the daemon then does not record that version (the next sync does).
+
+Output: one JSON object on stdout with ``exit``: 0 done, 1 a transfer failed, 2 a bad
+plan or usage; ``--exit-zero`` exits 0 whatever happened (the JSON says which).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import http.client
+import json
+import os
+import re
+import stat
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+CHUNK = 1024 * 1024
+MAX_PLAN = 512 * 1024 * 1024
+MAX_FILES = 1_000_000
+MAX_CACHE = 1024 * 1024 * 1024
+_SHA = re.compile(r"[0-9a-f]{64}")
+_ABS = re.compile(r"/[A-Za-z0-9._+@/,=:~-]+")
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+
+
+class Refused(Exception):
+    """A plan, a directory or a file that cannot be used; ``code`` is the exit code."""
+
+    def __init__(self, message: str, code: int = 2) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def _abs(path: str, what: str) -> str:
+    if not (_ABS.fullmatch(path) and os.path.normpath(path) == path):
+        raise Refused(f"{what} {path!r}: not a normalized absolute path")
+    return path
+
+
+# -- prepare ------------------------------------------------------------------------------
+
+
+def prepare(directory: str, uid: int, gid: int) -> dict[str, Any]:
+    _abs(directory, "--dir")
+    parent = os.path.dirname(directory)
+    os.makedirs(parent, 0o755, exist_ok=True)
+    pst = os.lstat(parent)
+    if not stat.S_ISDIR(pst.st_mode) or pst.st_uid != os.geteuid():
+        raise Refused(f"{parent}: not a directory of root's")
+    made = False
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(directory, 0o700)
+        made = True
+    st = os.lstat(directory)
+    if not stat.S_ISDIR(st.st_mode):
+        raise Refused(f"{directory}: not a directory (a symlink, or planted)")
+    if made:
+        os.lchown(directory, uid, gid)
+    elif (st.st_uid, st.st_gid) != (uid, gid):
+        raise Refused(f"{directory}: owned by {st.st_uid}:{st.st_gid}, not the job's user")
+    return {"ok": True, "made": made}
+
+
+# -- scan ---------------------------------------------------------------------------------
+
+
+class Scanner:
+    def __init__(self, directory: str, cache: dict[str, list[Any]]) -> None:
+        self.directory = _abs(directory, "--dir")
+        self.cache = cache  # path -> [size, mtime_ns, ctime_ns, ino, sha256]
+        self.files: list[list[Any]] = []  # [path, size, sha256, executable]
+        self.skipped: list[str] = []
+        self.busy: list[str] = []
+        self.hashed = 0  # bytes read (files not in the cache, or changed)
+        self.seen: dict[str, list[Any]] = {}
+
+    def run(self) -> dict[str, Any]:
+        started = time.monotonic()
+        try:
+            top = os.open(self.directory, _DIR_FLAGS)
+        except FileNotFoundError:
+            return self._answer(started, missing=True)
+        except OSError as exc:
+            why = f"{self.directory}: {exc.strerror} (a symlink, or not a directory)"
+            raise Refused(why, 1) from None
+        try:
+            self._walk(top, "")
+        finally:
+            os.close(top)
+        return self._answer(started)
+
+    def _answer(self, started: float, missing: bool = False) -> dict[str, Any]:
+        self.files.sort()
+        return {
+            "ok": True, "missing": missing, "files": self.files, "skipped": self.skipped[:100],
+            "skipped_count": len(self.skipped), "busy": self.busy[:100],
+            "busy_count": len(self.busy), "hashed_bytes": self.hashed,
+            "seconds": round(time.monotonic() - started, 3),
+        }  # fmt: skip
+
+    def _walk(self, fd: int, prefix: str) -> None:
+        with os.scandir(fd) as it:
+            entries = sorted(it, key=lambda e: e.name)
+        for e in entries:
+            rel = prefix + e.name
+            if not e.name.isprintable() or "\n" in e.name:
+                self.skipped.append(ascii(rel))
+                continue
+            try:
+                st = e.stat(follow_symlinks=False)
+            except OSError:
+                continue  # gone meanwhile
+            if stat.S_ISDIR(st.st_mode):
+                try:
+                    sub = os.open(e.name, _DIR_FLAGS, dir_fd=fd)
+                except OSError:
+                    self.skipped.append(rel + "/")
+                    continue
+                try:
+                    self._walk(sub, rel + "/")
+                finally:
+                    os.close(sub)
+            elif stat.S_ISREG(st.st_mode):
+                if len(self.files) >= MAX_FILES:
+                    raise Refused(f"{self.directory}: more than {MAX_FILES} files", 1)
+                self._file(fd, e.name, rel)
+            else:
+                self.skipped.append(rel)
+
+    def _file(self, dirfd: int, name: str, rel: str) -> None:
+        try:
+            fd = os.open(name, _FILE_FLAGS, dir_fd=dirfd)
+        except OSError:
+            self.skipped.append(rel)
+            return
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                self.skipped.append(rel)
+                return
+            key = [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
+            known = self.cache.get(rel)
+            if known is not None and known[:4] == key:
+                sha = known[4]
+            else:
+                sha = _digest(fd)
+                self.hashed += st.st_size
+                after = os.fstat(fd)
+                if [after.st_size, after.st_mtime_ns, after.st_ctime_ns, after.st_ino] != key:
+                    self.busy.append(rel)
+                    return
+            self.seen[rel] = [*key, sha]
+            self.files.append([rel, st.st_size, sha, bool(st.st_mode & 0o111)])
+        finally:
+            os.close(fd)
+
+
+def _digest(fd: int) -> str:
+    sha = hashlib.sha256()
+    os.lseek(fd, 0, os.SEEK_SET)
+    while chunk := os.read(fd, CHUNK):
+        sha.update(chunk)
+    return sha.hexdigest()
+
+
+def _read_cache(path: str) -> dict[str, list[Any]]:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return {}
+    with os.fdopen(fd, "rb") as fh:
+        try:
+            got = json.loads(fh.read(MAX_CACHE))
+        except ValueError:
+            return {}
+    return got if isinstance(got, dict) else {}
+
+
+def _write_cache(path: str, seen: dict[str, list[Any]]) -> None:
+    parent = os.path.dirname(path)
+    os.makedirs(parent, 0o700, exist_ok=True)
+    tmp = f"{path}.{os.getpid()}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        json.dump(seen, fh, separators=(",", ":"))
+    os.replace(tmp, path)
+
+
+# -- send ---------------------------------------------------------------------------------
+
+
+def load_plan(text: bytes) -> dict[str, Any]:
+    try:
+        plan = json.loads(text)
+        directory, files = plan["dir"], plan["files"]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise Refused(f"not a send plan ({type(exc).__name__}: {exc})") from None
+    _abs(directory if isinstance(directory, str) else "", "dir")
+    if not isinstance(files, list):
+        raise Refused("files: not a list")
+    for i, f in enumerate(files):
+        where = f"file {i + 1}"
+        try:
+            path, size, sha, url = f["path"], f["size"], f["sha256"], f["url"]
+        except (KeyError, TypeError):
+            raise Refused(f"{where}: not a file entry") from None
+        parts = path.split("/") if isinstance(path, str) else [""]
+        if any(p in ("", ".", "..") or not p.isprintable() for p in parts):
+            raise Refused(f"{where}: path {path!r}")
+        if type(size) is not int or size < 0 or not (isinstance(sha, str) and _SHA.fullmatch(sha)):
+            raise Refused(f"{where}: size {size!r} or sha256 {sha!r}")
+        if not (isinstance(url, str) and url.startswith(("http://", "https://"))):
+            raise Refused(f"{where}: url is not http(s)")
+    return dict(plan)
+
+
+class _Body:
+    """A file's bytes for an HTTP body: read in chunks, hashed as they go, never more
+    than the plan's size (a file that grew is cut there; its digest then differs)."""
+
+    def __init__(self, fd: int, size: int) -> None:
+        self.fd, self.left, self.sha = fd, size, hashlib.sha256()
+        self.sent = 0
+
+    def read(self, n: int = -1) -> bytes:
+        want = self.left if n < 0 else min(n, self.left)
+        chunk = os.read(self.fd, min(want, CHUNK)) if want > 0 else b""
+        self.left -= len(chunk)
+        self.sent += len(chunk)
+        self.sha.update(chunk)
+        return chunk
+
+    def __iter__(self) -> Iterator[bytes]:
+        while chunk := self.read(CHUNK):
+            yield chunk
+
+
+class Sender:
+    def __init__(self, plan: dict[str, Any], timeout: float, parallel: int) -> None:
+        self.plan, self.timeout, self.parallel = plan, timeout, parallel
+        self.lock = threading.Lock()
+        self.sent_bytes = 0
+        self.changed: list[str] = []
+        self.failed: list[str] = []
+
+    def run(self) -> dict[str, Any]:
+        started = time.monotonic()
+        with ThreadPoolExecutor(max(1, self.parallel)) as pool:
+            list(pool.map(self._send, self.plan["files"]))
+        return {
+            "ok": not self.failed, "sent": len(self.plan["files"]) - len(self.failed),
+            "sent_bytes": self.sent_bytes, "changed": sorted(self.changed)[:1000],
+            "failed": self.failed[:100], "seconds": round(time.monotonic() - started, 3),
+        }  # fmt: skip
+
+    def _send(self, f: dict[str, Any]) -> None:
+        try:
+            fd = self._open(f["path"])
+        except OSError:
+            with self.lock:
+                self.changed.append(f["path"])  # gone or replaced since the scan
+            return
+        try:
+            body = _Body(fd, f["size"])
+            size = os.fstat(fd).st_size
+            if size < f["size"]:
+                with self.lock:
+                    self.changed.append(f["path"])
+                return
+            req = urllib.request.Request(  # noqa: S310 (http(s) only: load_plan)
+                f["url"], data=body, method="PUT",
+                headers={"Content-Length": str(f["size"]),
+                         "Content-Type": "application/octet-stream"},
+            )  # fmt: skip
+            try:
+                with urllib.request.urlopen(req, timeout=self.timeout) as r:  # noqa: S310
+                    r.read()
+            except (OSError, http.client.HTTPException) as exc:
+                with self.lock:
+                    self.failed.append(f"{f['path']}: {type(exc).__name__}: {exc}"[:300])
+                return
+            with self.lock:
+                self.sent_bytes += body.sent
+                if body.sha.hexdigest() != f["sha256"] or body.sent != f["size"]:
+                    self.changed.append(f["path"])
+        finally:
+            os.close(fd)
+
+    def _open(self, rel: str) -> int:
+        """``rel`` under the plan's directory, every step without following a symlink."""
+        fd = os.open(self.plan["dir"], _DIR_FLAGS)
+        try:
+            parts = rel.split("/")
+            for part in parts[:-1]:
+                nxt = os.open(part, _DIR_FLAGS, dir_fd=fd)
+                os.close(fd)
+                fd = nxt
+            out = os.open(parts[-1], _FILE_FLAGS, dir_fd=fd)
+        finally:
+            os.close(fd)
+        if not stat.S_ISREG(os.fstat(out).st_mode):
+            os.close(out)
+            raise OSError(f"{rel}: not a regular file")
+        os.set_blocking(out, True)
+        return out
+
+
+def _plan_file(path: str) -> bytes:
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        with os.fdopen(fd, "rb", closefd=False) as fh:
+            return fh.read(MAX_PLAN + 1)[:MAX_PLAN]
+    finally:
+        os.close(fd)
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description="A job's outputs on this node: scan and send.")
+    ap.add_argument("--exit-zero", action="store_true", help="exit 0 whatever happened; the "
+                    "JSON's 'exit' is the exit code")  # fmt: skip
+    sub = ap.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("prepare", help="make the job's output directory, the user's")
+    p.add_argument("--dir", required=True)
+    p.add_argument("--uid", type=int, required=True)
+    p.add_argument("--gid", type=int, required=True)
+    s = sub.add_parser("scan", help="list the files with their SHA-256")
+    s.add_argument("--dir", required=True)
+    s.add_argument("--cache", help="digests kept between scans (root's file)")
+    t = sub.add_parser("send", help="PUT the plan's files to their URLs")
+    t.add_argument("--plan", required=True, help="the plan file (removed once read)")
+    t.add_argument("--timeout", type=float, default=60.0, help="seconds without progress")
+    t.add_argument("--parallel", type=int, default=4, help="files sent at once")
+    args = ap.parse_args(argv)
+    try:
+        if args.command == "prepare":
+            if not (0 <= args.uid < 2**32 - 1 and 0 <= args.gid < 2**32 - 1):
+                raise Refused("uid or gid out of range")
+            out, code = prepare(args.dir, args.uid, args.gid), 0
+        elif args.command == "scan":
+            scanner = Scanner(args.dir, _read_cache(args.cache) if args.cache else {})
+            out, code = scanner.run(), 0
+            if args.cache:
+                _write_cache(args.cache, scanner.seen)
+        else:
+            out = Sender(load_plan(_plan_file(args.plan)), args.timeout, args.parallel).run()
+            code = 0 if out["ok"] else 1
+    except Refused as exc:
+        out, code = {"ok": False, "error": str(exc)}, exc.code
+    except OSError as exc:
+        out, code = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}, 1
+    print(json.dumps({**out, "exit": code}, sort_keys=True))
+    return 0 if args.exit_zero else code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,192 @@
+"""Stage-out against a real S3-compatible server (rclone serve s3, which checks every
+signature): the node's scan and send (node/stageout.py run as a program, as the daemon
+runs it over SSH), the version recorded, and its promotion home, verified and whole."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from slurm_burst.adapters.clock import SystemClock
+from slurm_burst.adapters.storage.home import LocalHome
+from slurm_burst.adapters.storage.s3 import S3Store
+from slurm_burst.adapters.storage.tree import LocalTree
+from slurm_burst.core.staging import Layout, Manifest, StagingError, namespace, output_manifest
+from slurm_burst.services.staging import CorruptOutput, Stager, StagingSettings
+from tests.s3server import KEY, SECRET, S3Server, s3_server
+
+STAGEOUT = Path(__file__).resolve().parents[2] / "slurm_burst" / "node" / "stageout.py"
+PREFIX = "sb/"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
+    with s3_server(tmp_path_factory.mktemp("s3")) as s:
+        yield s
+
+
+def stager(server: S3Server) -> Stager:
+    store = S3Store("test", bucket=server.bucket, region="us-east-1",
+                    keys={"key": KEY, "secret": SECRET}, endpoint=server.endpoint,
+                    secure=False)  # fmt: skip
+    return Stager(settings=StagingSettings(prefix=PREFIX, transfers=4, grant_seconds=300),
+                  store=store, tree=LocalTree(), clock=SystemClock(), home=LocalHome())  # fmt: skip
+
+
+def node(*args: str) -> dict[str, Any]:
+    """node/stageout.py as the daemon runs it: one JSON line, exit 0 with --exit-zero."""
+    res = subprocess.run([sys.executable, str(STAGEOUT), "--exit-zero", *args],
+                         capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    out: dict[str, Any] = json.loads(res.stdout.strip().splitlines()[-1])
+    return out
+
+
+def outputs(root: Path) -> dict[str, bytes]:
+    files = {
+        "ckpt/step-100.pt": os.urandom(200_000),
+        "ckpt/latest": b"step-100\n",
+        "log/train.log": b"loss 1.0\n" * 1000,
+        "empty": b"",
+        "run.sh": b"#!/bin/sh\n",
+    }
+    for rel, data in files.items():
+        p = root / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(data)
+    (root / "run.sh").chmod(0o755)
+    return files
+
+
+def sync(st: Stager, out_dir: Path, home: str, cache: Path) -> tuple[Manifest, dict[str, Any]]:
+    """One sync as the daemon does it: scan, plan, send, record."""
+    scan = node("scan", "--dir", str(out_dir), "--cache", str(cache))
+    assert scan["exit"] == 0, scan
+    manifest = output_manifest(home, scan["files"], "scan")
+    plan, _ = st.output_plan("physics", manifest, str(out_dir))
+    plan_file = out_dir.parent / "plan.json"
+    plan_file.write_text(json.dumps(plan))
+    sent = node("send", "--plan", str(plan_file))
+    assert sent["exit"] == 0 and not sent["changed"], sent
+    assert not plan_file.exists()  # its URLs are grants: removed once read
+    st.commit("physics", manifest)
+    return manifest, {"scan": scan, "sent": sent, "plan": plan}
+
+
+def test_outputs_go_home_verified_whole_and_a_second_sync_sends_only_what_changed(
+    server: S3Server, tmp_path: Path
+) -> None:
+    out_dir = tmp_path / "node" / "42" / "out"
+    files = outputs(out_dir)
+    # what a job could plant to read root's files or hang the scan: neither is followed
+    (out_dir / "shadow").symlink_to("/etc/shadow")
+    os.mkfifo(out_dir / "fifo")
+    home = str(tmp_path / "results" / "42")
+    (tmp_path / "results").mkdir()
+    st = stager(server)
+    cache = tmp_path / "cache" / "42-out.json"
+    manifest, first = sync(st, out_dir, home, cache)
+    assert sorted(first["scan"]["skipped"]) == ["fifo", "shadow"]
+    assert first["scan"]["hashed_bytes"] == sum(map(len, files.values()))
+    assert len(first["plan"]["files"]) == 5 and first["sent"]["sent"] == 5
+    assert oct(cache.stat().st_mode & 0o777) == "0o600"
+
+    got = st.promote("physics", manifest.id, home)
+    assert (got["files"], got["bytes"], got["atomic"]) == (5, sum(map(len, files.values())), True)
+    for rel, data in files.items():
+        assert (Path(home) / rel).read_bytes() == data
+    assert os.access(Path(home) / "run.sh", os.X_OK)
+    assert not (Path(home) / "shadow").exists() and not (Path(home) / "fifo").exists()
+    assert [p.name for p in (tmp_path / "results").iterdir()] == ["42"]  # no work dir left
+
+    # the job goes on: one checkpoint more, the log grows; only those are read and sent
+    (out_dir / "ckpt" / "step-200.pt").write_bytes(os.urandom(100_000))
+    with (out_dir / "log" / "train.log").open("ab") as f:
+        f.write(b"loss 0.5\n")
+    second, again = sync(st, out_dir, home, cache)
+    assert again["scan"]["hashed_bytes"] == 100_000 + 9009
+    assert sorted(f["path"] for f in again["plan"]["files"]) == ["ckpt/step-200.pt",
+                                                                  "log/train.log"]
+    assert st.manifest("physics", home) == second  # the version a requeued job resumes
+    (Path(home) / "ckpt" / "latest").write_text("edited at home\n")  # replaced whole
+    st.promote("physics", second.id, home)
+    assert (Path(home) / "ckpt" / "step-200.pt").stat().st_size == 100_000
+    assert (Path(home) / "ckpt" / "latest").read_bytes() == b"step-100\n"
+
+
+def test_a_corrupt_object_is_never_promoted_and_what_was_home_stays(
+    server: S3Server, tmp_path: Path
+) -> None:
+    out_dir = tmp_path / "node" / "7" / "out"
+    outputs(out_dir)
+    home = tmp_path / "results-7"
+    home.mkdir()
+    (home / "old").write_text("the last good version\n")
+    st = stager(server)
+    manifest, _ = sync(st, out_dir, str(home), tmp_path / "c.json")
+    layout = Layout(PREFIX, namespace("physics"))
+    victim = next(e for e in manifest.entries if e.path == "ckpt/step-100.pt")
+    stored = server.object_file(layout.object(victim.object_name()))
+    body = bytearray(stored.read_bytes())
+    body[1000] ^= 0xFF  # one byte flipped in the store, its size the same
+    stored.write_bytes(bytes(body))
+    with pytest.raises(CorruptOutput, match=r"1 files came back .*ckpt/step-100.pt.*nothing was"):
+        st.promote("physics", manifest.id, str(home))
+    assert [p.name for p in home.iterdir()] == ["old"]
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+    with pytest.raises(StagingError, match=r"not .*results-elsewhere"):
+        st.promote("physics", manifest.id, str(tmp_path / "results-elsewhere"))
+
+
+def test_a_file_changed_while_it_is_sent_is_named_and_a_grant_writes_one_object_only(
+    server: S3Server, tmp_path: Path
+) -> None:
+    out_dir = tmp_path / "node" / "9" / "out"
+    outputs(out_dir)
+    st = stager(server)  # another account: none of the other tests' objects are its
+    scan = node("scan", "--dir", str(out_dir))
+    manifest = output_manifest(str(tmp_path / "r9"), scan["files"], "scan")
+    plan, size = st.output_plan("chem", manifest, str(out_dir))
+    assert size == manifest.size and len(plan["files"]) == 5
+    (out_dir / "ckpt" / "latest").write_bytes(b"step-999\n")  # same size, other bytes
+    (out_dir / "log" / "train.log").unlink()
+    plan_file = tmp_path / "plan.json"
+    plan_file.write_text(json.dumps(plan))
+    sent = node("send", "--plan", str(plan_file))
+    assert sorted(sent["changed"]) == ["ckpt/latest", "log/train.log"], sent
+    assert st.forget_objects("chem", manifest, sent["changed"]) == 2
+    # a PUT grant is for its own object: the same URL cannot write another key
+    url = plan["files"][0]["url"]
+    other = url.replace(plan["files"][0]["sha256"], "0" * 64)
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(urllib.request.Request(other, data=b"x", method="PUT"))
+    assert e.value.code == 403
+
+
+def test_prepare_makes_the_users_directory_and_refuses_a_planted_one(tmp_path: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("prepare gives the directory to the job's user: needs root")
+    job = tmp_path / "stage" / "5"
+    got = node("prepare", "--dir", str(job / "ckpt"), "--uid", "65534", "--gid", "65534")
+    assert got == {"exit": 0, "made": True, "ok": True}
+    st = (job / "ckpt").stat()
+    assert (st.st_uid, st.st_gid, oct(st.st_mode & 0o777)) == (65534, 65534, "0o700")
+    assert node("prepare", "--dir", str(job / "ckpt"), "--uid", "65534", "--gid", "65534")[
+        "made"
+    ] is False
+    (job / "link").symlink_to(tmp_path)
+    said = node("prepare", "--dir", str(job / "link"), "--uid", "65534", "--gid", "65534")
+    assert said["exit"] == 2 and "not a directory" in said["error"]
+    said = node("scan", "--dir", str(job / "link"))
+    assert said["exit"] == 1 and "symlink" in said["error"]
+    assert node("scan", "--dir", str(job / "nothing"))["missing"] is True
+    assert node("send", "--plan", str(tmp_path / "none.json"))["exit"] == 1
