@@ -61,6 +61,14 @@ class StagePusher(Protocol):
         ...
 
 
+class OutputPromoter(Protocol):
+    """Brings a stored version of a job's output home, as the job's user (a child
+    ``slurm-burst stage promote --as-user``); StorageError (``StageOutCorrupt``: nothing
+    replaced) or another BurstError if it could not."""
+
+    def promote(self, user: str, account: str, manifest: str, home: str) -> dict[str, Any]: ...
+
+
 class JobOwners(Protocol):
     """Whose a job is (the stage-in hook's one question to Slurm; the CLI backend)."""
 

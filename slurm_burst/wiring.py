@@ -49,6 +49,7 @@ if TYPE_CHECKING:
         Metrics,
         NodeStore,
         ObjectStore,
+        OutputPromoter,
         Scheduler,
         SpooledLedger,
         StagePusher,
@@ -330,6 +331,7 @@ def run_as(user: str, fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
 
 def stager(cfg: Config, store: str = "", progress: Progress | None = None) -> Stager:
     """The stager of ``slurm-burst stage`` on ``store`` (default: staging.store)."""
+    from slurm_burst.adapters.storage.home import LocalHome
     from slurm_burst.adapters.storage.tree import LocalTree
     from slurm_burst.core.staging import StorageUnavailable
     from slurm_burst.services.staging import Stager, StagingSettings
@@ -348,7 +350,7 @@ def stager(cfg: Config, store: str = "", progress: Progress | None = None) -> St
     )
     return Stager(
         settings=settings, store=objects, tree=LocalTree(s.marker),
-        clock=clock(), kept=kept_home(cfg), progress=progress,
+        clock=clock(), kept=kept_home(cfg), progress=progress, home=LocalHome(),
     )  # fmt: skip
 
 
@@ -445,6 +447,7 @@ class DaemonParts:
     host: DaemonHost | None = None  # None: this host's lock and socket (daemon_host)
     stager: Stager | None = None  # staging.store's: the nodes' pull plans (None: no staging)
     pusher: StagePusher | None = None  # pushes as the jobs' users (with stager)
+    promoter: OutputPromoter | None = None  # brings outputs home as the jobs' users
 
 
 # Each service's settings, from the config: the one place a service's knobs are read.
@@ -559,6 +562,7 @@ def assemble(cfg: Config, parts: DaemonParts) -> Daemon:
     from slurm_burst.services.daemon import Daemon, DaemonPorts, DaemonServices
     from slurm_burst.services.gputelemetry import GpuTelemetry
     from slurm_burst.services.nodestage import NodeStaging, NodeStagingSettings
+    from slurm_burst.services.outputs import Outputs, OutputSettings
     from slurm_burst.services.provisioner import Provisioner, ProvisionerPorts
     from slurm_burst.services.reconciler import NodeHands, ReconcilerPorts
     from slurm_burst.services.registration import Registrations
@@ -574,22 +578,28 @@ def assemble(cfg: Config, parts: DaemonParts) -> Daemon:
         p.store, p.scheduler, p.clock, stop, give_up=cfg.daemon.register_timeout,
         metrics=p.metrics,
     )  # fmt: skip
-    staging, stagework = None, None
+    staging, stagework, outputs = None, None, None
     if p.stager is not None and p.pusher is not None:
         book = transfer_book(cfg, p.stager.store.name, p.clock, p.ledger, p.metrics)
         staging = NodeStaging(
             NodeStagingSettings(node_dir=cfg.staging.node_dir), p.store, p.stager, p.clock,
             p.connector, book,
         )  # fmt: skip
+        if p.promoter is not None:
+            outputs = Outputs(
+                OutputSettings(node_dir=cfg.staging.node_dir,
+                               release_deadline=cfg.staging.release_deadline),
+                p.store, p.stager, p.clock, p.connector, p.scheduler, p.promoter,
+            )  # fmt: skip
         stagework = StageWork(
-            StageWorkSettings(), p.store, p.pusher, p.clock, staging.pull_asked, book
+            StageWorkSettings(), p.store, p.pusher, p.clock, staging.pull_asked, book, outputs
         )
     provisioner = Provisioner(
         provisioner_settings(cfg, p.slurm_release),
         ProvisionerPorts(
             store=p.store, clouds=clouds, mesh=p.mesh, connector=p.connector,
             scheduler=p.scheduler, ledger=p.ledger, clock=p.clock, metrics=p.metrics,
-            staging=staging,
+            staging=staging, outputs=outputs,
         ),
         p.secrets,
         stopping=stop,
@@ -647,6 +657,7 @@ def daemon(cfg: Config) -> Daemon:
     munge_key = Path(cfg.slurm.munge_key).read_bytes()
     hub = mesh_hub(cfg)
     hub.ensure_hub()
+    child = CliPusher(str(Path(cfg.source).resolve()))  # stage work as the jobs' users
     sql = ledger(cfg, check_schema=False)
     prom = metrics(cfg)
     slurm = scheduler(cfg)
@@ -666,7 +677,8 @@ def daemon(cfg: Config) -> Daemon:
         slurm_release=_release_or_none(cfg),
         steering=slurm,
         stager=stager(cfg) if cfg.staging.store else None,
-        pusher=CliPusher(str(Path(cfg.source).resolve())) if cfg.staging.store else None,
+        pusher=child if cfg.staging.store else None,
+        promoter=child if cfg.staging.store else None,
     )
     return assemble(cfg, parts)
 

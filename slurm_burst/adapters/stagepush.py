@@ -1,4 +1,5 @@
-"""Stage pushes for the daemon, each in a child ``slurm-burst stage push --as-user USER``.
+"""Stage pushes (and stage-out promotions) for the daemon, each in a child
+``slurm-burst stage push --as-user USER`` (``stage promote --as-user USER``).
 
 A child process rather than a fork of the daemon: the daemon has threads, and a fork
 keeps whatever locks they held. The child is a fresh interpreter that reads the store's
@@ -16,6 +17,7 @@ from slurm_burst.adapters.proc import CommandError, run
 from slurm_burst.core.staging import StorageError
 
 PUSH_TIMEOUT = 86400.0  # Slurm's StageInTimeout: no push outlives what Slurm waits
+PROMOTE_TIMEOUT = 86400.0
 
 
 class CliPusher:
@@ -29,10 +31,20 @@ class CliPusher:
             src, "--account", account, "--as-user", user, "--json", "--no-ledger",
             *(["--qos", qos] if qos else []), *(["--check"] if check else []),
         ]  # fmt: skip
+        return self._child(argv, f"stage push of {src}", PUSH_TIMEOUT)
+
+    def promote(self, user: str, account: str, manifest: str, home: str) -> dict[str, Any]:
+        argv = [
+            self.python, "-m", "slurm_burst", "--config", self.config_path, "stage", "promote",
+            manifest, home, "--account", account, "--as-user", user, "--json",
+        ]  # fmt: skip
+        return self._child(argv, f"stage promote to {home}", PROMOTE_TIMEOUT)
+
+    def _child(self, argv: list[str], what: str, timeout: float) -> dict[str, Any]:
         try:
-            res = run(argv, timeout=PUSH_TIMEOUT, check=False)
+            res = run(argv, timeout=timeout, check=False)
         except CommandError as exc:
-            raise StorageError(f"stage push of {src} could not run: {exc.reason}") from exc
+            raise StorageError(f"{what} could not run: {exc.reason}") from exc
         try:
             out = json.loads(res.stdout) if res.stdout.strip() else None
         except ValueError:
@@ -44,4 +56,4 @@ class CliPusher:
             failed.exit_code = res.returncode
             raise failed
         tail = (res.stderr or res.stdout).strip().splitlines()[-1:] or ["no output"]
-        raise StorageError(f"stage push of {src} exited {res.returncode}: {tail[0][:500]}")
+        raise StorageError(f"{what} exited {res.returncode}: {tail[0][:500]}")

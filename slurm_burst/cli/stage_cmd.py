@@ -215,6 +215,9 @@ def _live_manifests(cfg: Any) -> dict[str, set[str]]:
             for d in rec.datasets:
                 if isinstance(d.get("manifest"), str):
                     live.setdefault(ns, set()).add(d["manifest"])
+            for out in db.outputs(rec.job_id):  # a stage-out's versions: resumed from
+                if out.manifest:
+                    live.setdefault(ns, set()).add(out.manifest)
         return live
     finally:
         db.close()
@@ -258,6 +261,100 @@ def jobs(ctx: click.Context, states: tuple[str, ...], as_json: bool) -> None:
         rows=lambda d: [_stage_row(r) for r in d["stages"]],
         title="stage-ins",
     )
+
+
+@group.command("outputs")
+@click.option("--job", "job_id", type=click.IntRange(1, 2**32 - 1), help="Only this job's.")
+@click.option(
+    "--state",
+    "states",
+    multiple=True,
+    type=click.Choice(["waiting", "synced", "sealed", "lost"]),
+    help="Only outputs in this state (repeatable).",
+)
+@json_option
+@click.pass_context
+def outputs(ctx: click.Context, job_id: int | None, states: tuple[str, ...], as_json: bool) -> None:
+    """Jobs' stage-outs (#BB_LUA stage_out) as the daemon keeps them: where each goes,
+    the last version synced, and whether it came home (sealed) or what was lost.
+    Reads the state database only."""
+    from slurm_burst.wiring import node_store
+
+    store = node_store(app(ctx).config, create=False)
+    try:
+        recs = store.outputs(job_id, list(states))
+    finally:
+        store.close()
+    out = [
+        {"job_id": r.job_id, "name": r.name, "home": r.home, "sync": r.sync, "state": r.state,
+         "node": r.node, "manifest": r.manifest, "files": r.files, "bytes": r.bytes,
+         "synced_at": r.synced_at, "message": r.message, "updated_at": r.updated_at}
+        for r in recs
+    ]  # fmt: skip
+    emit(
+        {"outputs": out},
+        as_json,
+        columns=["JOB", "NAME", "HOME", "STATE", "NODE", "FILES", "BYTES", "SYNCED", "WHY"],
+        rows=lambda d: [
+            [r["job_id"], r["name"], r["home"], r["state"], r["node"] or "-", r["files"],
+             r["bytes"], ts(r["synced_at"]) if r["synced_at"] else "-", r["message"][:60]]
+            for r in d["outputs"]
+        ],
+        title="stage-outs",
+    )  # fmt: skip
+
+
+@group.command("promote")
+@click.argument("manifest")
+@click.argument("home")
+@_account_option
+@click.option(
+    "--as-user",
+    metavar="USER",
+    help="Write as USER, the job's (required as root: the files are theirs).",
+)
+@_store_option
+@json_option
+@click.pass_context
+def promote(
+    ctx: click.Context, manifest: str, home: str, account: str, as_user: str | None, store: str,
+    as_json: bool,
+) -> None:  # fmt: skip
+    """Bring the stored version MANIFEST of a job's output home to HOME (what the daemon
+    does when the job ends; by hand, to bring back an older or a lost version: see
+    `stage outputs`). Every file is fetched beside HOME and its SHA-256 checked, then
+    the whole replaces HOME at once. One wrong file and nothing is replaced. Exit 0
+    done, 1 the store failed or a file came back wrong (StageOutCorrupt), 2 a bad
+    argument, 3 no store."""
+    import os
+    import re
+
+    from slurm_burst.core.errors import BadInput, BurstError
+    from slurm_burst.core.staging import check_home
+    from slurm_burst.wiring import run_as, stager
+
+    try:
+        if not re.fullmatch(r"[0-9a-f]{64}", manifest):
+            raise BadInput(f"manifest {manifest[:80]!r}: a version id (64 hex digits)")
+        check_home(home, "HOME")
+        if os.geteuid() == 0 and not as_user:
+            raise BadInput("as root, say whose outputs these are: --as-user USER")
+        progress = _Progress(enabled=not as_json or sys.stderr.isatty())
+        st = stager(app(ctx).config, store, progress)
+
+        def work() -> dict[str, object]:
+            return st.promote(account, manifest, home)
+
+        out = run_as(as_user, work) if as_user else work()
+    except BurstError as exc:
+        if not as_json:
+            raise
+        emit({"ok": False, "code": exc.code, "message": str(exc)}, True)
+        sys.exit(exc.exit_code)
+    progress.done()
+    emit(out, as_json, columns=["HOME", "MANIFEST", "FILES", "BYTES", "ATOMIC", "SECONDS"],
+         rows=lambda r: [[r["home"], r["manifest"][:16], r["files"], r["bytes"], r["atomic"],
+                          r["seconds"]]])  # fmt: skip
 
 
 def _stage_row(r: dict[str, Any]) -> list[object]:

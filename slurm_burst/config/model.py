@@ -723,6 +723,12 @@ class StagingConfig:
         "ago that no job the daemon knows of holds (it is sent again when next asked for).",
         default=30.0,
     )
+    release_deadline: float = doc(
+        "Seconds a suspended cloud node is kept for the outputs of its jobs (#BB_LUA "
+        "stage_out) to come home; past it the node is released and what did not come home "
+        "is recorded as lost (60 s to 1 day).",
+        default=1800.0,
+    )
 
 
 def burst_partitions(groups: Mapping[str, NodeGroup]) -> list[str]:

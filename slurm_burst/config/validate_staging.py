@@ -57,6 +57,8 @@ def staging_problems(cfg: Config) -> list[Problem]:
         out.append(Problem("staging.link_mbit", "must be 0 (not counted) to 1,000,000"))
     if not (math.isfinite(s.keep_days) and 1 <= s.keep_days <= 36500):
         out.append(Problem("staging.keep_days", "must be between 1 and 36,500 days"))
+    if not (math.isfinite(s.release_deadline) and 60 <= s.release_deadline <= 86400):
+        out.append(Problem("staging.release_deadline", "must be between 60 and 86,400 seconds"))
     if not 60 <= s.grant_seconds <= 7 * 86400:
         out.append(Problem("staging.grant_seconds", "must be between 60 s and 7 days"))
     for i, path in enumerate(s.onprem_only_paths):

@@ -16,7 +16,9 @@ the node never holds the site's storage keys). It needs only the standard librar
    ``--retries`` times; a file never passes with the wrong bytes. A pull interrupted
    and run again keeps the files it had verified (checked again, not fetched);
 4. when every file is verified: modes 0444 (0555 executables and directories), owner
-   ``uid:gid``, and one rename makes the work directory ``dest``.
+   ``uid:gid``, and one rename makes the work directory ``dest``. A ``writable`` plan
+   (a job's synced outputs, brought back for it to resume from) leaves them the user's
+   to write: 0644 (0755), the top 0700.
 
 Output: one JSON object on stdout, with ``exit``; on failure ``error``, and ``corrupt``:
 the digests whose every fetch came back with wrong bytes (the store's copy is bad, so
@@ -81,6 +83,8 @@ def load_plan(text: bytes) -> dict[str, Any]:
             raise Refused(f"{name} {v!r}")
     if not isinstance(files, list):
         raise Refused("files: not a list")
+    if type(plan.get("writable", False)) is not bool:
+        raise Refused(f"writable {plan.get('writable')!r}")
     seen: set[str] = set()
     for i, f in enumerate(files):
         where = f"file {i + 1}"
@@ -131,7 +135,7 @@ class Puller:
     def run(self) -> dict[str, Any]:
         started = time.monotonic()
         files = self.plan["files"]
-        if self._present():
+        if not self.plan.get("writable") and self._present():
             return {"ok": True, "present": True, "files": len(files), "fetched_bytes": 0}
         os.makedirs(self.parent, 0o755, exist_ok=True)
         _own_dir(self.parent, 0o755, make=False)
@@ -275,26 +279,31 @@ class Puller:
             raise Corrupt(f"{path}: the answer stopped after {read} bytes ({exc!r})") from exc
 
     def _seal(self, files: list[dict[str, Any]]) -> None:
-        """Read-only, the user's alone, then one rename makes it ``dest``."""
+        """Read-only, the user's alone, then one rename makes it ``dest``. A writable
+        plan (a job's output directory brought back to resume from) stays the user's to
+        write: 0644 files (0755 executables and directories), no manifest mark."""
         shutil.rmtree(os.path.join(self.work, ".tmp"))
-        with open(os.path.join(self.work, MARK), "w") as fh:
-            fh.write(self.plan["manifest"] + "\n")
+        writable = bool(self.plan.get("writable"))
+        if not writable:
+            with open(os.path.join(self.work, MARK), "w") as fh:
+                fh.write(self.plan["manifest"] + "\n")
         uid, gid = self.plan["uid"], self.plan["gid"]
         executable = {f["path"] for f in files if f["executable"]}
+        file_mode, exe_mode = (0o644, 0o755) if writable else (0o444, 0o555)
         for root, dirs, names in os.walk(self.work, topdown=False):
             for name in names:
                 path = os.path.join(root, name)
                 rel = os.path.relpath(path, self.work)
                 os.lchown(path, uid, gid)
-                os.chmod(path, 0o555 if rel in executable else 0o444, follow_symlinks=False)
+                os.chmod(path, exe_mode if rel in executable else file_mode, follow_symlinks=False)
             for name in dirs:
                 path = os.path.join(root, name)
                 os.lchown(path, uid, gid)
-                os.chmod(path, 0o555, follow_symlinks=False)  # noqa: S103 (read-only)
+                os.chmod(path, exe_mode, follow_symlinks=False)
         os.lchown(self.work, uid, gid)
         # the top closed to everyone else: the node may run another user's job next, or
         # beside it, and the files' own bits (0444) would let that user read them
-        os.chmod(self.work, 0o500)
+        os.chmod(self.work, 0o700 if writable else 0o500)
         if os.path.lexists(self.dest):  # an older version of the dataset: replaced whole
             old = f"{self.work}.old"
             os.rename(self.dest, old)

@@ -30,12 +30,14 @@ from slurm_burst.core.remote import RemoteError
 from slurm_burst.core.staging import Manifest
 from slurm_burst.core.usage import TransferDirection
 from slurm_burst.ports import Clock, Connector, NodeStore, RemoteShell
+from slurm_burst.services.outputs import output_dir
 from slurm_burst.services.staging import Stager
 from slurm_burst.services.transfers import TransferBook
 
 log = logging.getLogger(__name__)
 
 REMOTE_PULLER = "/run/slurm-burst-stagein.py"
+REMOTE_OUTPUTS = "/run/slurm-burst-stageout.py"
 POLL = 0.5
 ON_NODE = "staged.{job}.{node}"  # meta: the job's data is on the node (bytes, when)
 ASKED = "pull.{job}.{node}"  # meta: the prolog asks for a pull onto a node already up
@@ -71,7 +73,9 @@ class NodeStaging:
         self.stager = stager
         self.clock = clock
         self.connector = connector
-        self.puller = resources.files("slurm_burst.node").joinpath("stagein.py").read_bytes()
+        node_files = resources.files("slurm_burst.node")
+        self.puller = node_files.joinpath("stagein.py").read_bytes()
+        self.stageout = node_files.joinpath("stageout.py").read_bytes()
 
     def pull(
         self, sh: RemoteShell, node: NodeRecord, deadline: float, check: Callable[[], None]
@@ -123,12 +127,48 @@ class NodeStaging:
                     if not again:
                         raise StepError("StagePull", f"job {st.job_id}: {d['dst']} gone") from None
                     got += self._pull(sh, node, st, again[0], deadline, heal=False)
+            got += self._outputs(sh, node, st, deadline)
             self.store.meta_set(
                 ON_NODE.format(job=st.job_id, node=node.name),
                 {"at": self.clock.now(), "fetched_bytes": got},
             )
             fetched += got
         return fetched
+
+    def _outputs(self, sh: RemoteShell, node: NodeRecord, st: StageRecord, deadline: float) -> int:
+        """The job's output directories (``stage_out``), the user's to write: empty, or
+        holding the last version synced, for a requeued job to resume from. A version
+        that cannot be brought back is said (event, log, the output's record) and the job
+        starts from an empty directory: it loses the time since its start, not data
+        (the version stays in the store)."""
+        outs = self.store.outputs(st.job_id)
+        if not outs:
+            return 0
+        sh.put(self.stageout, REMOTE_OUTPUTS, 0o700)
+        who = st.owner
+        got = 0
+        for r in outs:
+            dest = output_dir(self.settings.node_dir, st.job_id, r.name)
+            if r.manifest:
+                try:
+                    got += self._pull(sh, node, st, {"dst": r.name, "manifest": r.manifest},
+                                      deadline, writable=True)  # fmt: skip
+                    log.info("output.restored node=%s job=%s name=%s files=%d", node.name,
+                             st.job_id, r.name, r.files)  # fmt: skip
+                    continue
+                except BurstError as exc:
+                    why = f"the version to resume from was not brought back: {exc.code}: {exc}"
+                    log.error("output.not_restored node=%s job=%s name=%s %s", node.name,
+                              st.job_id, r.name, why)  # fmt: skip
+                    self.store.event(self.clock.now(), "output.not_restored", node.name,
+                                     f"job {st.job_id} {r.name}: {why}"[:900])  # fmt: skip
+            argv = [self.settings.node_python, REMOTE_OUTPUTS, "prepare", "--dir", dest,
+                    "--uid", str(who.uid), "--gid", str(who.gid)]  # fmt: skip
+            try:
+                sh.run(argv, max(5.0, deadline - self.clock.monotonic()))
+            except RemoteError as exc:
+                raise StepError("StagePull", f"job {st.job_id} output {r.name}: {exc}") from exc
+        return got
 
     def _stored(self, st: StageRecord, deadline: float, check: Callable[[], None]) -> StageRecord:
         while True:
@@ -155,14 +195,16 @@ class NodeStaging:
 
     def _pull(
         self, sh: RemoteShell, node: NodeRecord, st: StageRecord, d: dict[str, object],
-        deadline: float, heal: bool = False,
+        deadline: float, heal: bool = False, writable: bool = False,
     ) -> int:  # fmt: skip
         dst = str(d["dst"])
         dest = f"{self.settings.node_dir}/{st.job_id}/{dst}"
         try:
             who = st.owner
             manifest = self.stager.manifest_of(who.account, str(d["manifest"]))
-            plan = self.stager.node_plan(who.account, manifest, dest, who.uid, who.gid)
+            plan = self.stager.node_plan(
+                who.account, manifest, dest, who.uid, who.gid, writable=writable
+            )
         except BurstError as exc:
             raise StepError("StagePull", f"job {st.job_id} {dst}: {exc}") from exc
         path = f"/run/slurm-burst-plan-{st.job_id}-{dst}.json"

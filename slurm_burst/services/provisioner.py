@@ -59,6 +59,7 @@ from slurm_burst.ports import (
 )
 from slurm_burst.services.launcher import Launcher, LauncherSettings, timed
 from slurm_burst.services.nodestage import NodeStaging
+from slurm_burst.services.outputs import Outputs
 
 log = logging.getLogger(__name__)
 
@@ -139,6 +140,7 @@ class ProvisionerPorts:
     clock: Clock
     metrics: Metrics | None = None
     staging: NodeStaging | None = None  # pulls jobs' staged data as a step of the join
+    outputs: Outputs | None = None  # jobs' stage-outs: a node is released once they are home
 
 
 class Provisioner:
@@ -166,6 +168,7 @@ class Provisioner:
         self.stopping = stopping  # the daemon is stopping: waits end, state stays
         self.metrics = ports.metrics
         self.staging = ports.staging
+        self.outputs = ports.outputs
         self.launcher = Launcher(
             LauncherSettings(fleet=self.fleet, capacity_cooldown=settings.capacity_cooldown),
             ports,
@@ -186,6 +189,10 @@ class Provisioner:
             if rec is None:
                 return None
             if rec.want == Want.DOWN or rec.state in (NodeState.FAILED, NodeState.TERMINATING):
+                if rec.state == NodeState.JOINED and rec.want == Want.DOWN and self._holding(rec):
+                    if self.stopping.is_set():
+                        return None  # held: the next daemon takes it up
+                    continue  # looked at again: a resume meanwhile keeps the instance
                 if rec.state != NodeState.TERMINATED:
                     failed = rec.state == NodeState.FAILED or rec.error == JOB_FAILED
                     self._teardown(rec)
@@ -485,6 +492,14 @@ class Provisioner:
         raise StepError("WireGuardHandshake", f"{name}: no WireGuard handshake with the hub")
 
     # -- teardown -----------------------------------------------------------------
+    def _holding(self, rec: NodeRecord) -> bool:
+        """A suspended node whose jobs' outputs are not home yet is held (at most
+        staging.release_deadline) until they are; True if it was held."""
+        if self.outputs is None or not self.outputs.holding(rec.name):
+            return False
+        self.outputs.hold(rec, self.stopping.is_set)
+        return True
+
     def _teardown(self, rec: NodeRecord, replacing: bool = False) -> None:
         """Everything of the node's instance let go; ``replacing``: its want (up, unless
         a suspend came meanwhile) stays, for a new instance."""

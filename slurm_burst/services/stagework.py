@@ -35,6 +35,7 @@ from slurm_burst.core.staging import SensitiveData
 from slurm_burst.core.usage import TransferDirection
 from slurm_burst.ports import Clock, NodeStore, StagePusher
 from slurm_burst.services.nodestage import ASKED, FAILED, ON_NODE, meta_prefix
+from slurm_burst.services.outputs import Outputs
 from slurm_burst.services.periodic import contain
 from slurm_burst.services.transfers import TransferBook
 
@@ -59,8 +60,10 @@ class StageWork:
         clock: Clock,
         puller: Callable[[int, str], None] | None = None,
         book: TransferBook | None = None,
+        outputs: Outputs | None = None,
     ) -> None:
         self.settings = settings
+        self.outputs = outputs  # jobs' stage-outs: synced and sealed from the same pass
         self.book = book  # each push into the ledger and the metrics
         self.puller = puller  # (job, node): a pull the prolog asked for, answered in meta
         self.store = store
@@ -87,6 +90,8 @@ class StageWork:
                 started += self._start(rec, rec.burst_only or rec.state == StageState.PUSHING)
             elif rec.job_id in bound:
                 started += self._start(rec, push=True)
+        if self.outputs is not None:
+            started += self.outputs.pass_once()
         if self.puller is not None:
             for key in self.store.meta_items(meta_prefix(ASKED)):
                 _, job, node = key.split(".", 2)
@@ -106,6 +111,8 @@ class StageWork:
 
     def shutdown(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
+        if self.outputs is not None:
+            self.outputs.shutdown()
 
     # -- helpers -----------------------------------------------------------------------
 

@@ -321,10 +321,12 @@ class Stager:
         return parse_manifest(body, key)
 
     def node_plan(
-        self, account: str, manifest: Manifest, dest: str, uid: int, gid: int
-    ) -> dict[str, Any]:
+        self, account: str, manifest: Manifest, dest: str, uid: int, gid: int,
+        writable: bool = False,
+    ) -> dict[str, Any]:  # fmt: skip
         """What ``node/stagein.py`` is handed: where the dataset goes, whose it is, and
-        each file with a read-only URL for its object (no request is made)."""
+        each file with a read-only URL for its object (no request is made). ``writable``:
+        left the user's to write (outputs brought back to resume from)."""
         layout = Layout(self.settings.prefix, namespace(account))
         seconds = self.settings.grant_seconds
         grants = {
@@ -336,6 +338,7 @@ class Stager:
             "manifest": manifest.id,
             "uid": uid,
             "gid": gid,
+            "writable": writable,
             "files": [
                 {
                     "path": e.path,

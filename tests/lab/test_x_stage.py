@@ -288,6 +288,7 @@ def test_each_task_of_an_array_gets_its_data(
     submitted = submit(env, out_dir, script, "--array=1-3")
     assert submitted.returncode == 0, submitted.stderr
     array = int(submitted.stdout.strip().split(";")[0])
+
     def tasks() -> list[str]:
         return subprocess.run(
             ["sacct", "-X", "-n", "-P", "-j", str(array), "-o", "JobIDRaw,State"], env=env,
@@ -363,3 +364,60 @@ def test_a_burst_buffer_jobs_node_that_fails_to_join_gets_a_new_instance_not_a_r
 def sinfo_state(env: dict[str, str], node: str) -> str:
     return subprocess.run(["sinfo", "-h", "-N", "-n", node, "-o", "%T"], env=env, text=True,
                           capture_output=True, timeout=30).stdout.strip()  # fmt: skip
+
+
+RESULTS = Path("/var/lib/slurm-burst-lab/results")  # on-prem: no cloud VM sees it
+
+
+@pytest.fixture(scope="module")
+def results() -> Iterator[Path]:
+    RESULTS.mkdir(exist_ok=True)
+    RESULTS.chmod(0o1777)  # the jobs' user writes its outputs' homes here
+    yield RESULTS
+    shutil.rmtree(RESULTS, ignore_errors=True)
+
+
+def outputs_of(store: Store, job_id: int) -> list[Any]:
+    return store.outputs(job_id)
+
+
+def test_a_jobs_outputs_come_home_verified_before_its_node_is_released(
+    lab: Lab, env: dict[str, str], store: Store, out_dir: Path, results: Path
+) -> None:
+    """stage_out: the job writes into $SLURM_BURST_STAGE_OUT on the cloud node (and
+    plants a symlink to a file of root's); once it ends, its outputs land at
+    results/<job id>, the job user's, byte for byte, and the node is released only after."""
+    script = (
+        f"#!/bin/sh\n#SBATCH -p burst-cpu -w {NODE} -n1\n"
+        f"#BB_LUA stage_out src=out dst={results}/%j\n"
+        'cd "$SLURM_BURST_STAGE_OUT" && mkdir -p ckpt\n'
+        "head -c 3000000 /dev/urandom > ckpt/model.pt\n"
+        "hostname > host.txt && ln -s /etc/shadow shadow\n"
+        'stat -c "OWNER %U %a" .\n'
+        "sha256sum ckpt/model.pt host.txt\n"
+    )
+    job_id = submit_ok(env, out_dir, script)
+    info = done(env, job_id)
+    assert info["JobState"] == "COMPLETED", info
+    said = (out_dir / f"{job_id}.out").read_text()
+    assert f"OWNER {JOB_USER} 700" in said, said
+    wait(lambda: [o.state for o in outputs_of(store, job_id)] == ["sealed"], 120,
+         f"job {job_id}'s outputs sealed")  # fmt: skip
+    home = results / str(job_id)
+    for line in said.splitlines():
+        if "  " in line and not line.startswith("OWNER"):
+            digest, name = line.split("  ", 1)
+            assert hashlib.sha256((home / name).read_bytes()).hexdigest() == digest, name
+    assert sorted(p.name for p in home.iterdir()) == ["ckpt", "host.txt"]  # no symlink
+    assert pwd.getpwuid(home.stat().st_uid).pw_name == JOB_USER
+    assert (home / "host.txt").read_text().strip() == NODE
+    [out] = outputs_of(store, job_id)
+    assert (out.files, out.node) == (2, NODE) and "verified" in out.message, out
+    # sealed while the node was up; its instance is let go only after (SuspendTime)
+    events = store.events(since_id=0, limit=100000)
+    sealed = max(e["id"] for e in events if e["event"] == "output.sealed"
+                 and e["detail"].startswith(f"job {job_id} "))  # fmt: skip
+    wait(lambda: str(getattr(store.node(NODE), "state", "")) == "terminated", 120,
+         f"{NODE} released")  # fmt: skip
+    after = store.events(since_id=sealed, limit=100000)
+    assert any(e["node"] == NODE and "terminat" in e["event"] + e["detail"] for e in after), after

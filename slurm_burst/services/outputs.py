@@ -1,0 +1,366 @@
+"""A job's outputs brought home (``#BB_LUA stage_out``): synced while it runs, sealed
+once it ended, and its node not released before.
+
+Every pass of the daemon's stage work (a few seconds apart while any output is open):
+
+- a job running on a cloud node: its first node is noted, and each output whose
+  ``sync`` is due is synced: the node scans the directory (``node/stageout.py scan``,
+  only changed files re-read), the daemon asks the store which objects it lacks and hands
+  the node a URL per object that may PUT that object only, the node sends them, and the
+  version (a manifest, as a stage-in's) is recorded with the output's destination
+  pointing at it. That version is what a requeued job resumes from: its node pulls it
+  back into the directory before the job starts (``services/nodestage.py``);
+- a job that ended (or is gone from the queue): its outputs are sealed. The final sync
+  runs while the node is still up, then the version is brought home by a child that is
+  the job's user (``slurm-burst stage promote --as-user``): fetched beside the
+  destination, every file's SHA-256 checked, then swapped in whole. A version whose
+  objects come back wrong is never promoted: while the node is up they are sent again
+  and the promotion is tried once more;
+- a job seen running again after its outputs were sealed (a requeue) opens them again.
+
+A node holding outputs not yet sealed is not torn down when Slurm suspends it: the
+provisioner calls :meth:`Outputs.hold`, which waits until they are sealed or until
+``release_deadline``; what did not come home by then is written in the output's record
+(``slurm-burst stage outputs``) and the events: which version is home, and that what the
+job wrote after it is lost.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any
+
+from slurm_burst.core.errors import BurstError
+from slurm_burst.core.hostlist import expand
+from slurm_burst.core.nodestate import NodeState
+from slurm_burst.core.records import NodeRecord, OutputRecord, OutputState, StoreError
+from slurm_burst.core.remote import RemoteError
+from slurm_burst.core.slurm import SlurmJob
+from slurm_burst.core.staging import output_manifest
+from slurm_burst.ports import Clock, Connector, NodeStore, OutputPromoter, RemoteShell, Scheduler
+from slurm_burst.services.periodic import contain
+from slurm_burst.services.staging import Stager
+
+log = logging.getLogger(__name__)
+
+REMOTE = "/run/slurm-burst-stageout.py"
+CACHE = "/var/lib/slurm-burst/stageout/{job}-{name}.json"
+LOOK = 5.0  # seconds between looks at the queue while outputs are open
+# a job in one of these is over for good (a requeued one is PENDING again)
+ENDED = frozenset({"BOOT_FAIL", "CANCELLED", "COMPLETED", "COMPLETING", "DEADLINE", "FAILED",
+                   "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED", "TIMEOUT"})  # fmt: skip
+
+
+class OutputError(BurstError):
+    """A sync or a seal that could not be done (the message says which step and why)."""
+
+    code = "StageOut"
+
+
+@dataclass(frozen=True)
+class OutputSettings:
+    node_dir: str  # staging.node_dir: outputs are <node_dir>/<job>/<name>
+    node_python: str = "python3"
+    release_deadline: float = 1800.0  # staging.release_deadline
+    command_timeout: float = 900.0  # one scan or send on the node
+    parallel: int = 2  # jobs synced or sealed at once
+
+
+def output_dir(node_dir: str, job_id: int, name: str) -> str:
+    return f"{node_dir.rstrip('/')}/{int(job_id)}/{name}"
+
+
+class Outputs:
+    def __init__(
+        self,
+        settings: OutputSettings,
+        store: NodeStore,
+        stager: Stager,
+        clock: Clock,
+        connector: Connector,
+        scheduler: Scheduler,
+        promoter: OutputPromoter,
+    ) -> None:
+        self.settings = settings
+        self.store = store
+        self.stager = stager
+        self.clock = clock
+        self.connector = connector
+        self.scheduler = scheduler
+        self.promoter = promoter
+        self.helper = resources.files("slurm_burst.node").joinpath("stageout.py").read_bytes()
+        self._pool = ThreadPoolExecutor(max(1, settings.parallel), thread_name_prefix="output")
+        self._busy: set[int] = set()
+        self._lock = threading.Lock()
+        self._looked = -LOOK
+        self._running_since: dict[int, float] = {}
+
+    # -- the pass ----------------------------------------------------------------------
+
+    def pass_once(self, force: bool = False) -> int:
+        """Start the syncs and seals that are due; how many were started."""
+        rows = self.store.outputs()
+        if not any(r.state in OutputState.OPEN for r in rows):
+            return 0
+        now = self.clock.monotonic()
+        if not force and now - self._looked < LOOK:
+            return 0
+        self._looked = now
+        jobs = {j.job_id: j for j in self.scheduler.jobs()}
+        by_job: dict[int, list[OutputRecord]] = {}
+        for r in rows:
+            by_job.setdefault(r.job_id, []).append(r)
+        started = 0
+        for job_id, outs in by_job.items():
+            job = jobs.get(job_id)
+            if job is not None and job.state == "RUNNING":
+                started += self._running(job, outs)
+            elif any(r.state in OutputState.OPEN for r in outs) and (
+                job is None or job.state in ENDED
+            ):
+                self._running_since.pop(job_id, None)
+                started += self._start(job_id, final=True)
+        return started
+
+    def _running(self, job: SlurmJob, outs: list[OutputRecord]) -> int:
+        first = next(iter(expand(job.nodes)), "") if job.nodes else ""
+        rec = self.store.node(first) if first else None
+        if rec is None:  # on-prem: nothing to bring home, the job writes there itself
+            return 0
+        now = self.clock.now()
+        since = self._running_since.setdefault(job.job_id, now)
+        for r in outs:
+            if r.node != first or r.state not in OutputState.OPEN:  # new, or requeued
+                self.store.update_output(r.job_id, r.name, now, node=first,
+                                         state=OutputState.SYNCED if r.manifest
+                                         else OutputState.WAITING)  # fmt: skip
+        due = any(
+            r.sync and now - max(r.synced_at, since) >= r.sync for r in outs
+        ) and rec.state == NodeState.JOINED
+        return self._start(job.job_id, final=False) if due else 0
+
+    def _start(self, job_id: int, final: bool) -> int:
+        with self._lock:
+            if job_id in self._busy:
+                return 0
+            self._busy.add(job_id)
+        self._pool.submit(self._work, job_id, final)
+        return 1
+
+    def _work(self, job_id: int, final: bool) -> None:
+        try:
+            if final:
+                self.seal(job_id)
+            else:
+                self.sync_job(job_id)
+        except StoreError as exc:  # the next pass finds it where it was
+            log.error("output.unrecorded job=%s error=%s", job_id, exc)
+        except Exception as exc:  # boundary: a pool thread; a defect fails this job's sync
+            contain("output.work", exc, None)
+        finally:
+            with self._lock:
+                self._busy.discard(job_id)
+
+    def shutdown(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    # -- sync --------------------------------------------------------------------------
+
+    def sync_job(self, job_id: int) -> None:
+        """Sync every open output of ``job_id`` from its node (a failure is logged and
+        left for the next sync: the last version stays the one recorded)."""
+        outs = [r for r in self.store.outputs(job_id, OutputState.OPEN) if r.node]
+        if not outs:
+            return
+        try:
+            with self._session(outs[0].node) as (sh, _):
+                for r in outs:
+                    self._sync(sh, r)
+        except BurstError as exc:
+            log.warning("output.sync_failed job=%s code=%s %s", job_id, exc.code, exc)
+            why = f"last sync failed: {exc.code}: {exc}"[:900]
+            for r in outs:
+                self.store.update_output(r.job_id, r.name, self.clock.now(), message=why)
+
+    @contextlib.contextmanager
+    def _session(self, name: str) -> Any:
+        node = self.store.node(name)
+        if node is None or node.state != NodeState.JOINED or not node.ip:
+            raise OutputError(f"{name} is not up ({node.state if node else 'unknown'})")
+        deadline = self.clock.monotonic() + 60
+        sh = self.connector.connect(node.ip, node.host_key_list(), deadline)
+        try:
+            sh.put(self.helper, REMOTE, 0o700)
+            yield sh, node
+        finally:
+            sh.close()
+
+    def _sync(self, sh: RemoteShell, r: OutputRecord) -> OutputRecord:
+        """One output's sync: scan, send what the store lacks, record the version."""
+        st = self.store.stage(r.job_id)
+        if st is None:
+            raise OutputError(f"job {r.job_id}'s stage record is gone (whose job?)")
+        account = st.owner.account
+        directory = output_dir(self.settings.node_dir, r.job_id, r.name)
+        cache = CACHE.format(job=r.job_id, name=r.name)
+        scan = self._run(sh, "scan", "--dir", directory, "--cache", cache)
+        where = f"job {r.job_id} {r.name} on {r.node}"
+        try:
+            manifest = output_manifest(r.home, scan.get("files"), where)
+        except BurstError as exc:
+            raise OutputError(f"{where}: {exc}") from exc
+        sent_bytes = 0
+        if manifest.id != r.manifest:
+            plan, _ = self.stager.output_plan(account, manifest, directory)
+            if plan["files"]:
+                path = f"/run/slurm-burst-send-{r.job_id}-{r.name}.json"
+                sh.put(json.dumps(plan).encode(), path, 0o600)  # its URLs are grants
+                sent = self._run(sh, "send", "--plan", path)
+                changed = [p for p in sent.get("changed", []) if isinstance(p, str)]
+                if changed:
+                    self.stager.forget_objects(account, manifest, changed)
+                    raise OutputError(
+                        f"{where}: {len(changed)} files changed while they were sent "
+                        f"({', '.join(changed[:3])}): this version is not recorded"
+                    )
+                if sent.get("exit") != 0:
+                    why = str(sent.get("error") or sent.get("failed"))[:400]
+                    raise OutputError(f"{where}: {why}")
+                sent_bytes = int(sent.get("sent_bytes", 0))
+            self.stager.commit(account, manifest)
+        now = self.clock.now()
+        skipped = int(scan.get("skipped_count", 0)) + int(scan.get("busy_count", 0))
+        note = f"synced {len(manifest.entries)} files, {manifest.size} bytes ({sent_bytes} sent)"
+        if skipped:
+            note += f"; {skipped} not regular files or busy, left out"
+        self.store.update_output(
+            r.job_id, r.name, now, state=OutputState.SYNCED, manifest=manifest.id,
+            files=len(manifest.entries), bytes=manifest.size, synced_at=now, message=note,
+        )  # fmt: skip
+        log.info("output.synced job=%s name=%s files=%d bytes=%d sent_bytes=%d",
+                 r.job_id, r.name, len(manifest.entries), manifest.size, sent_bytes)  # fmt: skip
+        got = self.store.outputs(r.job_id)
+        return next(x for x in got if x.name == r.name)
+
+    def _run(self, sh: RemoteShell, *args: str) -> dict[str, Any]:
+        argv = [self.settings.node_python, REMOTE, "--exit-zero", *args]
+        try:
+            said = sh.run(argv, self.settings.command_timeout)
+        except RemoteError as exc:
+            raise OutputError(f"stage-out {args[0]} on the node: {exc}") from exc
+        try:
+            out = json.loads(said.strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            out = None
+        if not isinstance(out, dict):
+            raise OutputError(f"stage-out {args[0]} on the node said {said[-200:]!r}")
+        if args[0] == "scan" and out.get("exit") != 0:
+            raise OutputError(f"stage-out scan: {str(out.get('error'))[:400]}")
+        return out
+
+    # -- seal --------------------------------------------------------------------------
+
+    def seal(self, job_id: int) -> None:
+        """The job ended: its outputs' final sync (while the node is up), then each
+        brought home as the job's user; sealed, or lost with what was lost."""
+        outs = self.store.outputs(job_id, OutputState.OPEN)
+        if not outs:
+            return
+        final_error = ""
+        ran = [r for r in outs if r.node]
+        if ran:
+            try:
+                with self._session(ran[0].node) as (sh, _):
+                    outs = [self._final(sh, r) if r.node else r for r in outs]
+            except BurstError as exc:
+                final_error = f"{exc.code}: {exc}"
+                log.error("output.final_sync_failed job=%s %s", job_id, final_error)
+        for r in outs:
+            self._home(r, final_error)
+
+    def _final(self, sh: RemoteShell, r: OutputRecord) -> OutputRecord:
+        try:
+            return self._sync(sh, r)
+        except OutputError:  # a file changed as it went (the job is over: once more)
+            return self._sync(sh, r)
+
+    def _home(self, r: OutputRecord, final_error: str) -> None:
+        now = self.clock.now()
+        if not r.node:
+            why = "the job ran on no cloud node: nothing to bring home"
+            self.store.update_output(r.job_id, r.name, now, state=OutputState.SEALED, message=why)
+            return
+        if not r.manifest:
+            self._lost(r, f"no version was synced before the node was lost ({final_error})")
+            return
+        st = self.store.stage(r.job_id)
+        if st is None:
+            self._lost(r, "the job's stage record is gone (whose job?)")
+            return
+        try:
+            got = self.promoter.promote(st.owner.user, st.owner.account, r.manifest, r.home)
+        except BurstError as exc:
+            self._lost(r, f"not brought home: {exc.code}: {exc}")
+            return
+        when = r.synced_at
+        if final_error:
+            self._lost(r, f"the final sync failed ({final_error}); {r.home} holds the version "
+                       f"synced at {when:.0f} ({r.files} files): what the job wrote after it is "
+                       "lost", home=True)  # fmt: skip
+            return
+        self.store.update_output(
+            r.job_id, r.name, now, state=OutputState.SEALED,
+            message=f"home: {got.get('files')} files, {got.get('bytes')} bytes, verified",
+        )  # fmt: skip
+        self.store.event(now, "output.sealed", r.node, f"job {r.job_id} {r.name} -> {r.home}")
+        log.info("output.sealed job=%s name=%s home=%s files=%s", r.job_id, r.name, r.home,
+                 got.get("files"))  # fmt: skip
+
+    def _lost(self, r: OutputRecord, why: str, home: bool = False) -> None:
+        now = self.clock.now()
+        self.store.update_output(r.job_id, r.name, now, state=OutputState.LOST, message=why[:900])
+        self.store.event(now, "output.lost", r.node, f"job {r.job_id} {r.name}: {why}"[:900])
+        log.error("output.lost job=%s name=%s home_has_version=%s %s", r.job_id, r.name, home, why)
+
+    # -- the release of a node -----------------------------------------------------------
+
+    def holding(self, name: str) -> list[OutputRecord]:
+        """The outputs not yet sealed of jobs that ran on node ``name``."""
+        return [r for r in self.store.outputs(states=OutputState.OPEN) if r.node == name]
+
+    def hold(self, node: NodeRecord, stopping: Callable[[], bool]) -> bool:
+        """Before ``node`` is released: wait until the outputs of its jobs are sealed, at
+        most ``release_deadline``; past it, they are recorded as lost. True if the node
+        may go now; False if the daemon is stopping (the node is left as it is)."""
+        held = self.holding(node.name)
+        if not held:
+            return True
+        jobs = sorted({r.job_id for r in held})
+        self.store.event(self.clock.now(), "node.held_for_outputs", node.name,
+                         f"jobs {', '.join(map(str, jobs))}")  # fmt: skip
+        log.info("node.held_for_outputs node=%s jobs=%s", node.name, jobs)
+        deadline = self.clock.monotonic() + self.settings.release_deadline
+        first = True
+        while self.clock.monotonic() < deadline:
+            if stopping():
+                return False
+            self.pass_once(force=first)
+            first = False
+            if not self.holding(node.name):
+                return True
+            self.clock.sleep(1.0)
+        for r in self.holding(node.name):
+            version = (f"{r.home} holds nothing of it" if not r.manifest else
+                       f"the version synced at {r.synced_at:.0f} ({r.files} files) is in the "
+                       "store, not home")  # fmt: skip
+            self._lost(r, f"not sealed within staging.release_deadline "
+                       f"({self.settings.release_deadline:.0f} s) of the node's release: "
+                       f"{version}")  # fmt: skip
+        return True
