@@ -481,6 +481,11 @@ def kept_home(real_src: str, account: str, qos: str, rules: KeptHome) -> str | N
     return None
 
 
+def output_dir(node_dir: str, job_id: int, name: str) -> str:
+    """Where a job's output ``name`` is on its node (``$SLURM_BURST_STAGE_<NAME>``)."""
+    return f"{node_dir.rstrip('/')}/{int(job_id)}/{name}"
+
+
 def stage_env(stages: Sequence[StageIn], root: str) -> Mapping[str, str]:
     """The job's environment: ``SLURM_BURST_STAGE`` (the job's stage directory) and one
     ``SLURM_BURST_STAGE_<DST>`` per stage (dst upper-cased, '.' and '-' as '_')."""

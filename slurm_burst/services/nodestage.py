@@ -27,10 +27,9 @@ from slurm_burst.core.jobs import job_ids
 from slurm_burst.core.numbers import json_count
 from slurm_burst.core.records import NodeRecord, StageRecord, StageState
 from slurm_burst.core.remote import RemoteError
-from slurm_burst.core.staging import Manifest
+from slurm_burst.core.staging import Manifest, output_dir
 from slurm_burst.core.usage import TransferDirection
 from slurm_burst.ports import Clock, Connector, NodeStore, RemoteShell
-from slurm_burst.services.outputs import output_dir
 from slurm_burst.services.staging import Stager
 from slurm_burst.services.transfers import TransferBook
 

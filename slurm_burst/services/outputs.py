@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import re
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -43,8 +44,9 @@ from slurm_burst.core.nodestate import NodeState
 from slurm_burst.core.records import NodeRecord, OutputRecord, OutputState, StoreError
 from slurm_burst.core.remote import RemoteError
 from slurm_burst.core.slurm import SlurmJob
-from slurm_burst.core.staging import output_manifest
+from slurm_burst.core.staging import output_dir, output_manifest
 from slurm_burst.ports import Clock, Connector, NodeStore, OutputPromoter, RemoteShell, Scheduler
+from slurm_burst.services.nodestage import ON_NODE, meta_prefix
 from slurm_burst.services.periodic import contain
 from slurm_burst.services.staging import Stager
 
@@ -73,8 +75,8 @@ class OutputSettings:
     parallel: int = 2  # jobs synced or sealed at once
 
 
-def output_dir(node_dir: str, job_id: int, name: str) -> str:
-    return f"{node_dir.rstrip('/')}/{int(job_id)}/{name}"
+def _natural(name: str) -> tuple[object, ...]:
+    return tuple(int(p) if p.isdigit() else p for p in re.split(r"(\d+)", name))
 
 
 class Outputs:
@@ -141,9 +143,10 @@ class Outputs:
                 self.store.update_output(r.job_id, r.name, now, node=first,
                                          state=OutputState.SYNCED if r.manifest
                                          else OutputState.WAITING)  # fmt: skip
-        due = any(
-            r.sync and now - max(r.synced_at, since) >= r.sync for r in outs
-        ) and rec.state == NodeState.JOINED
+        due = (
+            any(r.sync and now - max(r.synced_at, since) >= r.sync for r in outs)
+            and rec.state == NodeState.JOINED
+        )
         return self._start(job.job_id, final=False) if due else 0
 
     def _start(self, job_id: int, final: bool) -> int:
@@ -273,6 +276,14 @@ class Outputs:
         outs = self.store.outputs(job_id, OutputState.OPEN)
         if not outs:
             return
+        if not all(r.node for r in outs):  # over before a pass saw it run: where it was
+            first = self._pulled_on(job_id)
+            if first:
+                now = self.clock.now()
+                for r in outs:
+                    if not r.node:
+                        self.store.update_output(r.job_id, r.name, now, node=first)
+                outs = self.store.outputs(job_id, OutputState.OPEN)
         final_error = ""
         ran = [r for r in outs if r.node]
         if ran:
@@ -284,6 +295,14 @@ class Outputs:
                 log.error("output.final_sync_failed job=%s %s", job_id, final_error)
         for r in outs:
             self._home(r, final_error)
+
+    def _pulled_on(self, job_id: int) -> str:
+        """The first of the nodes that made the job's directories at their join (their
+        ``staged`` marks; hostlist order, as Slurm picks the batch host); '' if none."""
+        nodes = [
+            k.split(".", 2)[2] for k in self.store.meta_items(f"{meta_prefix(ON_NODE)}{job_id}.")
+        ]
+        return min(nodes, key=_natural, default="")
 
     def _final(self, sh: RemoteShell, r: OutputRecord) -> OutputRecord:
         try:
