@@ -588,7 +588,8 @@ def assemble(cfg: Config, parts: DaemonParts) -> Daemon:
         if p.promoter is not None:
             outputs = Outputs(
                 OutputSettings(node_dir=cfg.staging.node_dir,
-                               release_deadline=cfg.staging.release_deadline),
+                               release_deadline=cfg.staging.release_deadline,
+                               partitions=tuple(cfg.burst_partitions())),
                 p.store, p.stager, p.clock, p.connector, p.scheduler, p.promoter,
             )  # fmt: skip
         stagework = StageWork(

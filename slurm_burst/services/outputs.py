@@ -55,6 +55,8 @@ log = logging.getLogger(__name__)
 REMOTE = "/run/slurm-burst-stageout.py"
 CACHE = "/var/lib/slurm-burst/stageout/{job}-{name}.json"
 LOOK = 5.0  # seconds between looks at the queue while outputs are open
+REOPEN = 86400.0  # seconds a sealed output's job is still watched for a requeue
+CHANGED_TRIES = 3  # scans and sends of one sync while files change under it
 # a job in one of these is over for good (a requeued one is PENDING again)
 ENDED = frozenset({"BOOT_FAIL", "CANCELLED", "COMPLETED", "COMPLETING", "DEADLINE", "FAILED",
                    "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED", "TIMEOUT"})  # fmt: skip
@@ -66,6 +68,11 @@ class OutputError(BurstError):
     code = "StageOut"
 
 
+class _Changed(OutputError):
+    """Files changed while they were sent: that version is not recorded (caught by
+    ``Outputs._settled``, which scans again; the last try's reaches the record)."""
+
+
 @dataclass(frozen=True)
 class OutputSettings:
     node_dir: str  # staging.node_dir: outputs are <node_dir>/<job>/<name>
@@ -73,6 +80,7 @@ class OutputSettings:
     release_deadline: float = 1800.0  # staging.release_deadline
     command_timeout: float = 900.0  # one scan or send on the node
     parallel: int = 2  # jobs synced or sealed at once
+    partitions: tuple[str, ...] = ()  # the burst partitions (their jobs are read); (): all
 
 
 def _natural(name: str) -> tuple[object, ...]:
@@ -107,15 +115,19 @@ class Outputs:
     # -- the pass ----------------------------------------------------------------------
 
     def pass_once(self, force: bool = False) -> int:
-        """Start the syncs and seals that are due; how many were started."""
-        rows = self.store.outputs()
-        if not any(r.state in OutputState.OPEN for r in rows):
-            return 0
+        """Start the syncs and seals that are due; how many were started. The queue is
+        read (the burst partitions' jobs) only while an output is open, or was sealed
+        within ``REOPEN`` (its job may be requeued and run again)."""
         now = self.clock.monotonic()
         if not force and now - self._looked < LOOK:
             return 0
+        recent = self.clock.now() - REOPEN
+        rows = [r for r in self.store.outputs()
+                if r.state in OutputState.OPEN or r.updated_at >= recent]  # fmt: skip
+        if not rows:
+            return 0
         self._looked = now
-        jobs = {j.job_id: j for j in self.scheduler.jobs()}
+        jobs = {j.job_id: j for j in self.scheduler.jobs(list(self.settings.partitions) or None)}
         by_job: dict[int, list[OutputRecord]] = {}
         for r in rows:
             by_job.setdefault(r.job_id, []).append(r)
@@ -185,7 +197,7 @@ class Outputs:
         try:
             with self._session(outs[0].node) as (sh, _):
                 for r in outs:
-                    self._sync(sh, r)
+                    self._settled(sh, r)
         except BurstError as exc:
             log.warning("output.sync_failed job=%s code=%s %s", job_id, exc.code, exc)
             why = f"last sync failed: {exc.code}: {exc}"[:900]
@@ -229,7 +241,7 @@ class Outputs:
                 changed = [p for p in sent.get("changed", []) if isinstance(p, str)]
                 if changed:
                     self.stager.forget_objects(account, manifest, changed)
-                    raise OutputError(
+                    raise _Changed(
                         f"{where}: {len(changed)} files changed while they were sent "
                         f"({', '.join(changed[:3])}): this version is not recorded"
                     )
@@ -289,7 +301,7 @@ class Outputs:
         if ran:
             try:
                 with self._session(ran[0].node) as (sh, _):
-                    outs = [self._final(sh, r) if r.node else r for r in outs]
+                    outs = [self._settled(sh, r) if r.node else r for r in outs]
             except BurstError as exc:
                 final_error = f"{exc.code}: {exc}"
                 log.error("output.final_sync_failed job=%s %s", job_id, final_error)
@@ -304,11 +316,16 @@ class Outputs:
         ]
         return min(nodes, key=_natural, default="")
 
-    def _final(self, sh: RemoteShell, r: OutputRecord) -> OutputRecord:
-        try:
-            return self._sync(sh, r)
-        except OutputError:  # a file changed as it went (the job is over: once more)
-            return self._sync(sh, r)
+    def _settled(self, sh: RemoteShell, r: OutputRecord) -> OutputRecord:
+        """``_sync``, again at once (up to ``CHANGED_TRIES`` in all) when files changed
+        while they were sent: a job that rewrites its checkpoint by rename every second
+        would otherwise never be recorded; a rescan reads only what changed."""
+        for _ in range(CHANGED_TRIES - 1):
+            try:
+                return self._sync(sh, r)
+            except _Changed as exc:
+                log.info("output.changed_while_sent job=%s name=%s %s", r.job_id, r.name, exc)
+        return self._sync(sh, r)
 
     def _home(self, r: OutputRecord, final_error: str) -> None:
         now = self.clock.now()

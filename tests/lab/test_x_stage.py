@@ -421,3 +421,39 @@ def test_a_jobs_outputs_come_home_verified_before_its_node_is_released(
          f"{NODE} released")  # fmt: skip
     after = store.events(since_id=sealed, limit=100000)
     assert any(e["node"] == NODE and "terminat" in e["event"] + e["detail"] for e in after), after
+
+
+def test_a_job_killed_by_a_reclaim_resumes_from_its_last_synced_checkpoint(
+    lab: Lab, env: dict[str, str], store: Store, cloud: Any, out_dir: Path, results: Path
+) -> None:
+    """The job counts steps into its checkpoint directory, synced every 10 s. Its
+    instance is destroyed mid-run (a spot reclaim); Slurm requeues it, and on its new
+    instance the job finds the last synced step and goes on from there."""
+    node = "burst-cpu-31"
+    script = (
+        f"#!/bin/sh\n#SBATCH -p burst-cpu -w {node} -n1 --requeue\n"
+        f"#BB_LUA stage_out src=ckpt dst={results}/%j sync=10\n"
+        'cd "$SLURM_BURST_STAGE_CKPT"\n'
+        'if [ -f step ]; then echo "RESUMED FROM $(cat step)"; else echo "FRESH START"; fi\n'
+        "n=$(cat step 2>/dev/null || echo 0)\n"
+        'if [ "${SLURM_RESTART_COUNT:-0}" -gt 0 ]; then echo $((n + 1000)) > step; exit 0; fi\n'
+        "while true; do n=$((n + 1)); echo $n > step.tmp && mv step.tmp step; sleep 1; done\n"
+    )
+    job_id = submit_ok(env, out_dir, script)
+    wait(lambda: any(o.state == "synced" and o.files == 1 for o in outputs_of(store, job_id)),
+         240, f"job {job_id}'s first checkpoint synced")  # fmt: skip
+    [synced] = outputs_of(store, job_id)
+    rec = store.node(node)
+    assert rec is not None and rec.instance_id
+    doomed = next(n for n in cloud.list_nodes() if n.id == rec.instance_id)
+    cloud.destroy_node(doomed)  # a spot reclaim
+    info = done(env, job_id, timeout=400)
+    assert info["JobState"] == "COMPLETED" and int(info.get("Restarts", "0")) >= 1, info
+    said = (out_dir / f"{job_id}.out").read_text()
+    assert "RESUMED FROM " in said, said
+    resumed = int(said.split("RESUMED FROM ", 1)[1].split()[0])
+    assert resumed >= 1  # what was synced before the reclaim, not a fresh start
+    wait(lambda: [o.state for o in outputs_of(store, job_id)] == ["sealed"], 120,
+         f"job {job_id}'s outputs sealed")  # fmt: skip
+    assert int((results / str(job_id) / "step").read_text()) == resumed + 1000
+    assert synced.manifest  # the version the second run started from was in the store
