@@ -79,7 +79,12 @@ def running(state: str = "RUNNING") -> SlurmJob:
 def started(outputs: Outputs) -> list[tuple[int, bool]]:
     """What a pass starts, without the threads: (job, final) each."""
     calls: list[tuple[int, bool]] = []
-    outputs._start = lambda job_id, final: calls.append((job_id, final)) or 1  # type: ignore[method-assign]
+
+    def start(job_id: int, final: bool) -> int:
+        calls.append((job_id, final))
+        return 1
+
+    outputs._start = start  # type: ignore[method-assign]
     return calls
 
 
