@@ -16,6 +16,12 @@
 - ``ledger_bytes_error_ratio``: those pushes and pulls recorded in a real ledger as the
   daemon records them; the ledger's bytes against the veth's interface counters (goal
   <= 0.02).
+- ``stageout_ratio_vs_rclone`` (issue 30): the smaller of two ratios over the same link,
+  1 GiB of outputs as 512 files: the node's sync (scan, presigned PUTs) against
+  ``rclone copy`` up, and the promotion home (fetch, verify, swap in) against ``rclone
+  copy`` down (goal >= 0.9); ``seal_s``: both, what a node's release waits for after its
+  job ends; ``checkpoint_sync_overhead``: a job's work lost to a sync every 5 s of a
+  64 MiB checkpoint it rewrites each time. ``--quick``: 256 MiB.
 - ``submit_hook_p99_ms``: burst_buffer.lua's job_process in Lua 5.1 (goal <= 5 ms).
 
 The pre-staged sbatch-to-RUNNING needs the lab: ``benchmarks/prestaged.py`` (root, no
@@ -49,10 +55,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from slurm_burst.adapters.clock import SystemClock  # noqa: E402
+from slurm_burst.adapters.storage.home import LocalHome  # noqa: E402
 from slurm_burst.adapters.storage.s3 import S3Store  # noqa: E402
 from slurm_burst.adapters.storage.tree import LocalTree  # noqa: E402
 from slurm_burst.config import load_config  # noqa: E402
-from slurm_burst.node import stagein  # noqa: E402
+from slurm_burst.core.staging import output_manifest  # noqa: E402
+from slurm_burst.node import stagein, stageout  # noqa: E402
 from slurm_burst.services.slurmconf import render  # noqa: E402
 from slurm_burst.services.staging import Stager, StagingSettings  # noqa: E402
 from tests.s3server import KEY, SECRET, free_port, rclone, s3_server  # noqa: E402
@@ -345,6 +353,79 @@ def bench_throughput(tmp: Path, total: int, mbit: int) -> dict[str, Any]:
     return out
 
 
+def _node_sync(st: Stager, out_dir: Path, home: str, cache: Path) -> dict[str, Any]:
+    """One stage-out sync as the daemon drives it (the node program in-process): scan,
+    ask the store what it lacks, send with presigned PUTs, record the version."""
+    scanner = stageout.Scanner(str(out_dir), stageout._read_cache(str(cache)))
+    scan = scanner.run()
+    stageout._write_cache(str(cache), scanner.seen)
+    manifest = output_manifest(home, scan["files"], "bench")
+    plan, _ = st.output_plan("bench", manifest, str(out_dir))
+    sent = stageout.Sender(stageout.load_plan(json.dumps(plan).encode()), 60, 4).run()
+    assert sent["ok"] and not sent["changed"], sent
+    st.commit("bench", manifest)
+    return {"manifest": manifest.id, "hashed": scan["hashed_bytes"], "sent": sent["sent_bytes"]}
+
+
+def bench_stageout(tmp: Path, total: int, mbit: int) -> dict[str, Any]:
+    """Stage-out through the same shaped link: the node's final sync (scan, send) against
+    ``rclone copy`` up, and the promotion home (fetch, verify, swap in) against ``rclone
+    copy`` down; ``seal_s``: the two together, what a node's release waits for after its
+    job ends (Slurm's SuspendTime runs meanwhile). Then ``checkpoint_sync_overhead``: a
+    one-thread job's work lost to a sync every 5 s of its directory, where it rewrites a
+    64 MiB checkpoint before each (the job's rate with syncs against without)."""
+    out_dir, home_root = tmp / "node" / "out", tmp / "home"
+    write_tree(out_dir, 512, total // 512)
+    home_root.mkdir(parents=True)
+    out: dict[str, Any] = {}
+    with shaped_link(mbit), server_in_netns(tmp / "s3") as endpoint:
+        st = stager(endpoint, prefix="out/")
+        st.home = LocalHome()
+        t = time.perf_counter()
+        synced = _node_sync(st, out_dir, str(home_root / "1"), tmp / "cache.json")
+        sync_s = time.perf_counter() - t
+        theirs_up = rclone_copy(str(out_dir), endpoint, ":s3:stage/rclone-out")
+        t = time.perf_counter()
+        st.promote("bench", synced["manifest"], str(home_root / "1"))
+        promote_s = time.perf_counter() - t
+        theirs_down = rclone_copy(":s3:stage/rclone-out", endpoint, str(tmp / "rc-out"))
+        out["stageout_sync"] = _pair(total, sync_s, theirs_up)
+        out["stageout_promote"] = _pair(total, promote_s, theirs_down)
+        out["stageout_ratio_vs_rclone"] = min(out["stageout_sync"]["ratio"],
+                                              out["stageout_promote"]["ratio"])  # fmt: skip
+        out["seal_s"] = round(sync_s + promote_s, 3)
+        out["seal_bytes"] = total
+        out["checkpoint_sync_overhead"] = _sync_overhead(st, tmp / "ckpt", 30.0)
+    return out
+
+
+def _spin(seconds: float, done: Any) -> None:
+    n, end = 0, time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        n += sum(i * i for i in range(1000)) > 0
+    done.value = n
+
+
+def _sync_overhead(st: Stager, out_dir: Path, seconds: float) -> float:
+    """1 - (a job's work with a sync every 5 s) / (without)."""
+    out_dir.mkdir(parents=True)
+    rates = []
+    for syncing in (False, True):
+        done = multiprocessing.Value("q", 0)
+        job = multiprocessing.Process(target=_spin, args=(seconds, done))
+        job.start()
+        end = time.perf_counter() + seconds
+        while time.perf_counter() < end:
+            (out_dir / "model.pt.tmp").write_bytes(os.urandom(64 << 20))
+            os.replace(out_dir / "model.pt.tmp", out_dir / "model.pt")
+            if syncing:
+                _node_sync(st, out_dir, "/home/ckpt", out_dir.parent / "ckpt-cache.json")
+            time.sleep(max(0.0, min(5.0, end - time.perf_counter())))
+        job.join()
+        rates.append(done.value)
+    return round(1 - rates[1] / rates[0], 4)
+
+
 def _pair(total: int, ours: float, theirs: float) -> dict[str, float]:
     return {
         "slurm_burst_s": round(ours, 3),
@@ -409,8 +490,10 @@ def main() -> None:
             out.update(bench_corrupt(tmp / "corrupt", args.trials))
         if os.geteuid() == 0 and shutil.which("tc"):
             out.update(bench_throughput(tmp / "link", (256 if args.quick else 2048) << 20, 200))
+            out.update(bench_stageout(tmp / "out", (256 if args.quick else 1024) << 20, 200))
         else:
             out["throughput_ratio_vs_rclone"] = None
+            out["stageout_ratio_vs_rclone"] = None
         out.setdefault("ledger_bytes_error_ratio", None)
         out["prestaged_sbatch_to_running_minus_boot_pull_s"] = None
         out["not_measured"] = [k for k, v in out.items() if v is None]
