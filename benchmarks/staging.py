@@ -423,7 +423,7 @@ def _sync_overhead(st: Stager, out_dir: Path, seconds: float) -> float:
             time.sleep(max(0.0, min(5.0, end - time.perf_counter())))
         job.join()
         rates.append(done.value)
-    return round(1 - rates[1] / rates[0], 4)
+    return round(1 - float(rates[1]) / float(rates[0]), 4)
 
 
 def _pair(total: int, ours: float, theirs: float) -> dict[str, float]:
