@@ -590,7 +590,7 @@ def assemble(cfg: Config, parts: DaemonParts) -> Daemon:
                 OutputSettings(node_dir=cfg.staging.node_dir,
                                release_deadline=cfg.staging.release_deadline,
                                partitions=tuple(cfg.burst_partitions())),
-                p.store, p.stager, p.clock, p.connector, p.scheduler, p.promoter,
+                p.store, p.stager, p.clock, p.connector, p.scheduler, p.promoter, book,
             )  # fmt: skip
         stagework = StageWork(
             StageWorkSettings(), p.store, p.pusher, p.clock, staging.pull_asked, book, outputs

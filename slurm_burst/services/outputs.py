@@ -45,10 +45,12 @@ from slurm_burst.core.records import NodeRecord, OutputRecord, OutputState, Stor
 from slurm_burst.core.remote import RemoteError
 from slurm_burst.core.slurm import SlurmJob
 from slurm_burst.core.staging import output_dir, output_manifest
+from slurm_burst.core.usage import TransferDirection
 from slurm_burst.ports import Clock, Connector, NodeStore, OutputPromoter, RemoteShell, Scheduler
 from slurm_burst.services.nodestage import ON_NODE, meta_prefix
 from slurm_burst.services.periodic import contain
 from slurm_burst.services.staging import Stager
+from slurm_burst.services.transfers import TransferBook
 
 log = logging.getLogger(__name__)
 
@@ -97,8 +99,10 @@ class Outputs:
         connector: Connector,
         scheduler: Scheduler,
         promoter: OutputPromoter,
+        book: TransferBook | None = None,
     ) -> None:
         self.settings = settings
+        self.book = book  # each version brought home into the ledger and the metrics
         self.store = store
         self.stager = stager
         self.clock = clock
@@ -343,8 +347,14 @@ class Outputs:
         try:
             got = self.promoter.promote(st.owner.user, st.owner.account, r.manifest, r.home)
         except BurstError as exc:
+            if self.book is not None:
+                self.book.failed(TransferDirection.OUT)
             self._lost(r, f"not brought home: {exc.code}: {exc}")
             return
+        if self.book is not None:
+            self.book.brought_home(got, account=st.owner.account, user=st.owner.user,
+                                   job_id=r.job_id, name=r.name, node=r.node,
+                                   manifest=r.manifest)  # fmt: skip
         when = r.synced_at
         if final_error:
             self._lost(r, f"the final sync failed ({final_error}); {r.home} holds the version "

@@ -1,13 +1,14 @@
 """What each dataset transfer cost, into the ledger and the metrics.
 
 Staging calls this once a transfer is over: a push to a store (``in``: the daemon's for a
-job, or an admin's ``stage push``), a node's pull (``pull``: part of its join), a move
-that failed. The row's price is the store's for that direction (``upload_per_gb``,
-``download_per_gb``, ``egress_per_gb`` of ``[stores.NAME]``), and a push also pays the
-first month of the bytes it newly stored (``storage_per_gb_month``); later months are
-stage gc's to book. The key of a row is what the transfer was (job, dataset, node,
-version), so a write replayed from the spool or repeated after a restart adds nothing.
-The ledger never holds up staging: a write it cannot take now waits in its spool.
+job, or an admin's ``stage push``), a node's pull (``pull``: part of its join), a job's
+outputs brought home (``out``: a stage-out's promotion), a move that failed. The row's
+price is the store's for that direction (``upload_per_gb``, ``download_per_gb``,
+``egress_per_gb`` of ``[stores.NAME]``), and a push also pays the first month of the
+bytes it newly stored (``storage_per_gb_month``); later months are stage gc's to book.
+The key of a row is what the transfer was (job, dataset, node, version), so a write
+replayed from the spool or repeated after a restart adds nothing. The ledger never holds
+up staging: a write it cannot take now waits in its spool.
 """
 
 from __future__ import annotations
@@ -89,6 +90,21 @@ class TransferBook:
             TransferDirection.PULL, {**out, "manifest": manifest}, account=account, user=user,
             job_id=job_id, dataset=dst, node=node, sent=got, stored=0,
             parts=(job_id, stage_id, dst, node, manifest), provider=provider,
+        )  # fmt: skip
+        self._record(t)
+        return t
+
+    def brought_home(
+        self, out: Mapping[str, Any], *, account: str, user: str, job_id: int, name: str,
+        node: str, manifest: str,
+    ) -> Transfer:  # fmt: skip
+        """A stage-out's version brought home (``out``: what ``stage promote`` said): its
+        bytes fetched from the store to the site, at the store's ``egress_per_gb``."""
+        got = json_count(out.get("bytes"))
+        t = self._transfer(
+            TransferDirection.OUT, {**out, "manifest": manifest}, account=account, user=user,
+            job_id=job_id, dataset=str(out.get("home", "")), node=node, sent=got, stored=0,
+            parts=(job_id, name, manifest),
         )  # fmt: skip
         self._record(t)
         return t

@@ -18,7 +18,9 @@ from slurm_burst.core.remote import RemoteError
 from slurm_burst.core.slurm import JobOwner, SlurmJob
 from slurm_burst.services.outputs import Outputs, OutputSettings
 from slurm_burst.services.staging import Stager, StagingSettings
+from slurm_burst.services.transfers import StorePrices, TransferBook
 from tests.fakes.clock import FakeClock
+from tests.fakes.ledger import FakeLedger
 from tests.fakes.slurm import FakeScheduler
 from tests.fakes.store import MemoryStore
 from tests.unit.test_transfers import MemoryObjects
@@ -127,6 +129,21 @@ def test_an_ended_job_whose_node_is_gone_brings_its_last_version_home_and_says_w
     assert f"{HOME} holds the version synced at 1790000100 (3 files)" in out.message
     assert "what the job wrote after it is lost" in out.message
     assert [e["event"] for e in store.events()][-1] == "output.lost"
+
+
+def test_a_version_brought_home_is_in_the_ledger_at_the_stores_egress_price() -> None:
+    outputs, store, clock, _, _ = setup([], node_state=None)
+    ledger = FakeLedger()
+    outputs.book = TransferBook("lab", StorePrices(store="s3", egress_per_gb=0.09), clock,
+                                ledger)  # fmt: skip
+    store.update_output(42, "ckpt", 0, state=OutputState.SYNCED, manifest=VERSION, files=3,
+                        node="burst-1")  # fmt: skip
+    outputs.seal(42)
+    outputs.seal(42)  # sealed already: nothing again
+    [t] = ledger.moved.values()
+    assert (t.direction, t.job_id, t.account, t.user, t.node) == ("out", 42, "physics",
+                                                                 "alice", "burst-1")  # fmt: skip
+    assert (t.bytes_sent, t.manifest, t.per_gb) == (300, VERSION, 0.09)
 
 
 def test_a_job_that_never_ran_on_a_cloud_node_has_nothing_to_bring_home() -> None:

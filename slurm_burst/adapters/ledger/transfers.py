@@ -115,9 +115,10 @@ def costs(
 
 def export_lines(engine: Engine, start: date, end: date) -> Iterator[tuple[Any, ...]]:
     """Each transfer that ended on days in [start, end) as a charge line
-    (``usage.EXPORT_COLUMNS``), streamed in (day, id) order: kind ``staging-in`` (a push)
-    or ``staging-pull`` (a node's pull), job_key ``cluster:jobid`` (a transfer is the
-    job's, not one run's; '' for an admin's pre-stage), no partition, no instance."""
+    (``usage.EXPORT_COLUMNS``), streamed in (day, id) order: kind ``staging-in`` (a push),
+    ``staging-pull`` (a node's pull) or ``staging-out`` (outputs brought home), job_key
+    ``cluster:jobid`` (a transfer is the job's, not one run's; '' for an admin's
+    pre-stage), no partition, no instance."""
     t = TransferRow
     q = (
         select(t.at, t.cluster, t.account, t.user, t.job_id, t.direction, t.cost_micros)
