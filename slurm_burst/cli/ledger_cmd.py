@@ -285,7 +285,7 @@ def transfers_cmd(
 @click.pass_context
 def export(ctx: click.Context, start: str | None, end: str | None, output: str) -> None:
     """Every charge line as CSV for finance (one row per instance, day, payer and kind;
-    one per data transfer, kind staging-in or staging-pull)."""
+    one per data transfer, kind staging-in, staging-pull or staging-out)."""
     from slurm_burst.core.usage import EXPORT_COLUMNS
     from slurm_burst.fileio import file_error, write_atomic
 
