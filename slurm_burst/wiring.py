@@ -591,6 +591,7 @@ def assemble(cfg: Config, parts: DaemonParts) -> Daemon:
                                release_deadline=cfg.staging.release_deadline,
                                partitions=tuple(cfg.burst_partitions())),
                 p.store, p.stager, p.clock, p.connector, p.scheduler, p.promoter, book,
+                p.metrics,
             )  # fmt: skip
         stagework = StageWork(
             StageWorkSettings(), p.store, p.pusher, p.clock, staging.pull_asked, book, outputs

@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import re
 import threading
 from collections.abc import Callable
@@ -46,7 +47,15 @@ from slurm_burst.core.remote import RemoteError
 from slurm_burst.core.slurm import SlurmJob
 from slurm_burst.core.staging import output_dir, output_manifest
 from slurm_burst.core.usage import TransferDirection
-from slurm_burst.ports import Clock, Connector, NodeStore, OutputPromoter, RemoteShell, Scheduler
+from slurm_burst.ports import (
+    Clock,
+    Connector,
+    Metrics,
+    NodeStore,
+    OutputPromoter,
+    RemoteShell,
+    Scheduler,
+)
 from slurm_burst.services.nodestage import ON_NODE, meta_prefix
 from slurm_burst.services.periodic import contain
 from slurm_burst.services.staging import Stager
@@ -100,8 +109,11 @@ class Outputs:
         scheduler: Scheduler,
         promoter: OutputPromoter,
         book: TransferBook | None = None,
+        metrics: Metrics | None = None,
     ) -> None:
         self.settings = settings
+        self.metrics = metrics
+        self._held: dict[str, float] = {}  # node -> its release deadline (monotonic)
         self.book = book  # each version brought home into the ledger and the metrics
         self.store = store
         self.stager = stager
@@ -373,9 +385,22 @@ class Outputs:
         now = self.clock.now()
         self.store.update_output(r.job_id, r.name, now, state=OutputState.LOST, message=why[:900])
         self.store.event(now, "output.lost", r.node, f"job {r.job_id} {r.name}: {why}"[:900])
+        if self.metrics is not None:
+            self.metrics.output_lost()
         log.error("output.lost job=%s name=%s home_has_version=%s %s", r.job_id, r.name, home, why)
 
     # -- the release of a node -----------------------------------------------------------
+
+    def _show_held(self, name: str, deadline: float | None) -> None:
+        with self._lock:
+            if deadline is None:
+                self._held.pop(name, None)
+            else:
+                self._held[name] = deadline
+            left = min(self._held.values(), default=math.inf) - self.clock.monotonic()
+            count = len(self._held)
+        if self.metrics is not None:
+            self.metrics.outputs_held(count, max(0.0, left))
 
     def holding(self, name: str) -> list[OutputRecord]:
         """The outputs not yet sealed of jobs that ran on node ``name``."""
@@ -394,14 +419,18 @@ class Outputs:
         log.info("node.held_for_outputs node=%s jobs=%s", node.name, jobs)
         deadline = self.clock.monotonic() + self.settings.release_deadline
         first = True
-        while self.clock.monotonic() < deadline:
-            if stopping():
-                return False
-            self.pass_once(force=first)
-            first = False
-            if not self.holding(node.name):
-                return True
-            self.clock.sleep(1.0)
+        try:
+            while self.clock.monotonic() < deadline:
+                self._show_held(node.name, deadline)
+                if stopping():
+                    return False
+                self.pass_once(force=first)
+                first = False
+                if not self.holding(node.name):
+                    return True
+                self.clock.sleep(1.0)
+        finally:
+            self._show_held(node.name, None)
         for r in self.holding(node.name):
             version = (f"{r.home} holds nothing of it" if not r.manifest else
                        f"the version synced at {r.synced_at:.0f} ({r.files} files) is in the "

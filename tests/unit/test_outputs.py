@@ -11,6 +11,7 @@ from typing import Any, cast
 
 import pytest
 
+from slurm_burst.adapters.metrics.prom import Metrics
 from slurm_burst.adapters.storage.tree import LocalTree
 from slurm_burst.core.nodestate import NodeState, Want
 from slurm_burst.core.records import OutputRecord, OutputState, StageRecord, StageState
@@ -181,6 +182,7 @@ def test_a_requeued_job_running_again_opens_its_sealed_outputs() -> None:
 def test_a_suspended_node_is_held_until_its_outputs_are_home_or_the_deadline() -> None:
     gate = threading.Event()
     outputs, store, clock, _, promoter = setup([], promoter=Promoter(gate), deadline=120)
+    outputs.metrics = metrics = Metrics()
     store.update_output(42, "ckpt", 0, state=OutputState.SYNCED, manifest=VERSION, files=3,
                         node="burst-1", synced_at=1_790_000_100)  # fmt: skip
     node = store.node("burst-1")
@@ -197,6 +199,10 @@ def test_a_suspended_node_is_held_until_its_outputs_are_home_or_the_deadline() -
     assert "node.held_for_outputs" in events and events[-1] == "output.lost"
     assert promoter.calls  # the seal had started: it was what the node waited for
     assert outputs.holding("burst-1") == []
+    said = metrics.text().decode()
+    assert "slurm_burst_outputs_lost_total 1.0" in said
+    assert "slurm_burst_outputs_held_nodes 0.0" in said  # let go: none held now
+    assert "slurm_burst_outputs_release_seconds_left +Inf" in said
 
 
 def test_a_daemon_that_stops_leaves_a_held_node_as_it_is() -> None:

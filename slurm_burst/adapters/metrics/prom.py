@@ -8,6 +8,7 @@ series labelled by node, exists only when ``gpu.per_gpu_metrics`` asks for it.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Mapping, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
@@ -262,6 +263,22 @@ class Metrics:
             buckets=(0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600, 7200),
             registry=r,
         )
+        self.held_nodes = Gauge(
+            "slurm_burst_outputs_held_nodes",
+            "Suspended cloud nodes kept until their jobs' outputs (stage_out) are home.",
+            registry=r,
+        )
+        self.held_seconds_left = Gauge(
+            "slurm_burst_outputs_release_seconds_left",
+            "Seconds until the first held node's staging.release_deadline (+Inf: none held).",
+            registry=r,
+        )
+        self.held_seconds_left.set(math.inf)
+        self.outputs_lost = Counter(
+            "slurm_burst_outputs_lost_total",
+            "Stage-outs that did not all come home (the output's record says what is where).",
+            registry=r,
+        )
         n = ["node", "gpu"]  # only with gpu.per_gpu_metrics: grows with the fleet
         self.node_gpu_util = Gauge(
             "slurm_burst_node_gpu_utilization_ratio", "Utilization (0-1) of one GPU.", n, registry=r
@@ -408,6 +425,13 @@ class Metrics:
         if ok:
             self.stage_bytes.labels(direction, store).inc(max(0, bytes_sent))
             self.stage_seconds.labels(direction).observe(max(0.0, seconds))
+
+    def outputs_held(self, nodes: int, seconds_left: float) -> None:
+        self.held_nodes.set(nodes)
+        self.held_seconds_left.set(seconds_left)
+
+    def output_lost(self) -> None:
+        self.outputs_lost.inc()
 
     def text(self) -> bytes:
         return generate_latest(self.registry)
