@@ -13,6 +13,7 @@ PACKAGES=(
   lua5.1 lua-posix                            # burst_buffer.lua runs data_in with lua-posix; tests run it in lua5.1
   gcc libc6-dev                               # the lab's simulated NVML (libnvidia-ml.so.1)
   prometheus prometheus-alertmanager          # the lab's Prometheus; promtool and amtool check the shipped rules
+  nodejs npm                                  # Azurite, Azure's blob emulator (staging's tests)
 )
 
 if [ "$(id -u)" -ne 0 ]; then
@@ -36,6 +37,13 @@ if [ ${#missing[@]} -gt 0 ]; then
   apt-get install -y -qq --no-install-recommends "${missing[@]}"
 else
   echo "setup-system: all ${#PACKAGES[@]} Debian packages present"
+fi
+
+# Azurite (npm), Microsoft's Azure Storage emulator: the Azure Blob store's tests.
+AZURITE_VERSION=3.35.0
+if [ "$(azurite-blob --version 2>/dev/null || true)" != "$AZURITE_VERSION" ]; then
+  echo "setup-system: installing Azurite $AZURITE_VERSION (npm)"
+  npm install -g --no-fund --no-audit --loglevel=error "azurite@$AZURITE_VERSION"
 fi
 
 # Database servers: MariaDB for the lab's slurmdbd, PostgreSQL for the ledger's tests

@@ -457,6 +457,7 @@ class ObjectStore(Protocol):
     threads at once."""
 
     name: str  # the config's store name
+    upload_headers: Mapping[str, str]  # what a PUT to a grant must send besides the body
 
     def has(self, key: str) -> bool: ...  # one request
 

@@ -305,6 +305,11 @@ def object_store(cfg: Config, name: str) -> ObjectStore:
     if st is None:
         known = ", ".join(sorted(cfg.stores)) or "none configured"
         raise StorageUnavailable(f"no store {name!r} in [stores] ({known})")
+    if st.driver == "azure_blobs":
+        from slurm_burst.adapters.storage.azure import AzureBlobStore
+
+        return AzureBlobStore(st.name, container=st.bucket, keys=resolve_store(st),
+                              endpoint=st.endpoint, secure=st.secure)  # fmt: skip
     return S3Store(
         st.name, bucket=st.bucket, region=st.region, keys=resolve_store(st),
         endpoint=st.endpoint, secure=st.secure,
@@ -562,7 +567,7 @@ def assemble(cfg: Config, parts: DaemonParts) -> Daemon:
     from slurm_burst.services.daemon import Daemon, DaemonPorts, DaemonServices
     from slurm_burst.services.gputelemetry import GpuTelemetry
     from slurm_burst.services.nodestage import NodeStaging, NodeStagingSettings
-    from slurm_burst.services.outputs import Outputs, OutputSettings
+    from slurm_burst.services.outputs import OutputPorts, Outputs, OutputSettings
     from slurm_burst.services.provisioner import Provisioner, ProvisionerPorts
     from slurm_burst.services.reconciler import NodeHands, ReconcilerPorts
     from slurm_burst.services.registration import Registrations
@@ -590,8 +595,9 @@ def assemble(cfg: Config, parts: DaemonParts) -> Daemon:
                 OutputSettings(node_dir=cfg.staging.node_dir,
                                release_deadline=cfg.staging.release_deadline,
                                partitions=tuple(cfg.burst_partitions())),
-                p.store, p.stager, p.clock, p.connector, p.scheduler, p.promoter, book,
-                p.metrics,
+                OutputPorts(store=p.store, stager=p.stager, clock=p.clock,
+                            connector=p.connector, scheduler=p.scheduler,
+                            promoter=p.promoter, book=book, metrics=p.metrics),
             )  # fmt: skip
         stagework = StageWork(
             StageWorkSettings(), p.store, p.pusher, p.clock, staging.pull_asked, book, outputs

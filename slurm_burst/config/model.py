@@ -639,7 +639,9 @@ class StoreConfig:
     name: str = doc("Store name (the table key).")
     bucket: str = doc("Bucket staged data goes to (made beforehand, private).")
     driver: str = doc(
-        "libcloud storage driver: 's3' (AWS S3, or an S3-compatible server at endpoint).",
+        "libcloud storage driver: 's3' (AWS S3, an S3-compatible server at endpoint, or "
+        "Google Cloud Storage's XML API with HMAC keys: endpoint storage.googleapis.com) "
+        "or 'azure_blobs' (bucket: the container; credentials: the account and its key).",
         default="s3",
     )
     region: str = doc("The bucket's region (request signing).", default="us-east-1")

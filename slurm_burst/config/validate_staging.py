@@ -10,8 +10,9 @@ from slurm_burst.config.schema import Problem
 from slurm_burst.core.staging import StagingError, check_src
 
 PRICES = ("upload_per_gb", "download_per_gb", "egress_per_gb", "storage_per_gb_month")
-DRIVERS = ("s3",)  # google_storage and azure_blobs follow with stage-out (issue 30)
+DRIVERS = ("s3", "azure_blobs")  # google_storage: through its S3-compatible XML API (s3)
 _BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]", re.ASCII)  # S3's bucket names
+_CONTAINER = re.compile(r"[a-z0-9][a-z0-9-]{1,61}[a-z0-9]", re.ASCII)  # Azure's
 _HOST = re.compile(r"[A-Za-z0-9]([A-Za-z0-9.-]{0,251}[A-Za-z0-9])?", re.ASCII)
 _PREFIX = re.compile(r"([A-Za-z0-9][A-Za-z0-9._-]{0,62}/){0,8}", re.ASCII)
 _REGION = re.compile(r"[a-z0-9-]{1,32}", re.ASCII)
@@ -25,7 +26,11 @@ def staging_problems(cfg: Config) -> list[Problem]:
         base = f"stores.{name}"
         if st.driver not in DRIVERS:
             out.append(Problem(f"{base}.driver", f"must be one of {', '.join(DRIVERS)}"))
-        if not _BUCKET.fullmatch(st.bucket) or ".." in st.bucket:
+        if st.driver == "azure_blobs":
+            if not _CONTAINER.fullmatch(st.bucket) or "--" in st.bucket:
+                out.append(Problem(f"{base}.bucket", "must be an Azure container name "
+                                   "(3-63 of a-z0-9-, no --)"))  # fmt: skip
+        elif not _BUCKET.fullmatch(st.bucket) or ".." in st.bucket:
             out.append(Problem(f"{base}.bucket", "must be an S3 bucket name (3-63 of a-z0-9.-)"))
         if not _REGION.fullmatch(st.region):
             out.append(Problem(f"{base}.region", "must be a region name (e.g. us-east-1)"))

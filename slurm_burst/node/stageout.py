@@ -20,7 +20,8 @@ Python (``services/outputs.py``). It needs only the standard library. Three comm
 
 ``send --plan P``
     PUT each file of the plan (a JSON file, removed once read: its URLs are grants) to its
-    presigned URL, hashing the bytes as they go. A file whose bytes are not the digest
+    presigned URL (with the plan's ``headers``: an Azure SAS PUT names its blob type),
+    hashing the bytes as they go. A file whose bytes are not the digest
     the plan names any more (the job changed it since the scan) is listed under
     ``changed``; the daemon then does not record that version (the next sync does).
 
@@ -53,6 +54,8 @@ MAX_FILES = 1_000_000
 MAX_CACHE = 1024 * 1024 * 1024
 _SHA = re.compile(r"[0-9a-f]{64}")
 _ABS = re.compile(r"/[A-Za-z0-9._+@/,=:~-]+")
+_VALUE = re.compile(r"[A-Za-z0-9._:-]{1,64}")
+UPLOAD_HEADERS = ("x-ms-blob-type", "x-ms-version")  # what an Azure SAS PUT must say
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
@@ -232,6 +235,12 @@ def load_plan(text: bytes) -> dict[str, Any]:
     _abs(directory if isinstance(directory, str) else "", "dir")
     if not isinstance(files, list):
         raise Refused("files: not a list")
+    headers = plan.get("headers", {})
+    if not isinstance(headers, dict) or any(
+        k not in UPLOAD_HEADERS or not isinstance(v, str) or not _VALUE.fullmatch(v)
+        for k, v in headers.items()
+    ):
+        raise Refused(f"headers {str(headers)[:200]!r}: only {', '.join(UPLOAD_HEADERS)}")
     for i, f in enumerate(files):
         where = f"file {i + 1}"
         try:
@@ -303,7 +312,7 @@ class Sender:
                 return
             req = urllib.request.Request(  # noqa: S310 (http(s) only: load_plan)
                 f["url"], data=body, method="PUT",
-                headers={"Content-Length": str(f["size"]),
+                headers={**self.plan.get("headers", {}), "Content-Length": str(f["size"]),
                          "Content-Type": "application/octet-stream"},
             )  # fmt: skip
             try:

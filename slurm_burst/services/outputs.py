@@ -98,29 +98,30 @@ def _natural(name: str) -> tuple[object, ...]:
     return tuple(int(p) if p.isdigit() else p for p in re.split(r"(\d+)", name))
 
 
+@dataclass(frozen=True, kw_only=True)
+class OutputPorts:
+    store: NodeStore
+    stager: Stager
+    clock: Clock
+    connector: Connector
+    scheduler: Scheduler
+    promoter: OutputPromoter  # brings a version home as the job's user
+    book: TransferBook | None = None  # each version brought home: ledger and metrics
+    metrics: Metrics | None = None
+
+
 class Outputs:
-    def __init__(
-        self,
-        settings: OutputSettings,
-        store: NodeStore,
-        stager: Stager,
-        clock: Clock,
-        connector: Connector,
-        scheduler: Scheduler,
-        promoter: OutputPromoter,
-        book: TransferBook | None = None,
-        metrics: Metrics | None = None,
-    ) -> None:
+    def __init__(self, settings: OutputSettings, ports: OutputPorts) -> None:
         self.settings = settings
-        self.metrics = metrics
+        self.metrics = ports.metrics
         self._held: dict[str, float] = {}  # node -> its release deadline (monotonic)
-        self.book = book  # each version brought home into the ledger and the metrics
-        self.store = store
-        self.stager = stager
-        self.clock = clock
-        self.connector = connector
-        self.scheduler = scheduler
-        self.promoter = promoter
+        self.book = ports.book
+        self.store = ports.store
+        self.stager = ports.stager
+        self.clock = ports.clock
+        self.connector = ports.connector
+        self.scheduler = ports.scheduler
+        self.promoter = ports.promoter
         self.helper = resources.files("slurm_burst.node").joinpath("stageout.py").read_bytes()
         self._pool = ThreadPoolExecutor(max(1, settings.parallel), thread_name_prefix="output")
         self._busy: set[int] = set()

@@ -383,7 +383,9 @@ class Stager:
              "url": self.store.grant(layout.object(e.object_name()), seconds, "PUT")}
             for e in sorted(todo, key=lambda e: (-e.size, e.path))
         ]  # fmt: skip
-        return {"v": 1, "dir": directory, "files": files}, sum(e.size for e in todo)
+        plan = {"v": 1, "dir": directory, "headers": dict(self.store.upload_headers),
+                "files": files}  # fmt: skip
+        return plan, sum(e.size for e in todo)
 
     def commit(self, account: str, manifest: Manifest) -> None:
         """Record ``manifest`` (its objects are stored) and point its destination at it:

@@ -17,7 +17,7 @@ from slurm_burst.core.nodestate import NodeState, Want
 from slurm_burst.core.records import OutputRecord, OutputState, StageRecord, StageState
 from slurm_burst.core.remote import RemoteError
 from slurm_burst.core.slurm import JobOwner, SlurmJob
-from slurm_burst.services.outputs import Outputs, OutputSettings
+from slurm_burst.services.outputs import OutputPorts, Outputs, OutputSettings
 from slurm_burst.services.staging import Stager, StagingSettings
 from slurm_burst.services.transfers import StorePrices, TransferBook
 from tests.fakes.clock import FakeClock
@@ -70,8 +70,9 @@ def setup(
     connector, promoter = Unreachable(), promoter or Promoter()
     stager = Stager(settings=StagingSettings(prefix="sb/"), store=cast(Any, MemoryObjects()),
                     tree=LocalTree(), clock=clock)  # fmt: skip
-    outputs = Outputs(OutputSettings(node_dir="/stage", release_deadline=deadline), store,
-                      stager, clock, connector, FakeScheduler(jobs=jobs), promoter)  # fmt: skip
+    ports = OutputPorts(store=store, stager=stager, clock=clock, connector=connector,
+                        scheduler=FakeScheduler(jobs=jobs), promoter=promoter)  # fmt: skip
+    outputs = Outputs(OutputSettings(node_dir="/stage", release_deadline=deadline), ports)
     return outputs, store, clock, connector, promoter
 
 

@@ -169,6 +169,7 @@ class MemoryObjects:
     """An object store in a dict (the port's calls NodeStaging and Stager.drop make)."""
 
     name = "s3-lab"
+    upload_headers: dict[str, str] = {}
 
     def __init__(self) -> None:
         self.objects: dict[str, bytes] = {}

@@ -27,6 +27,7 @@ import re
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
 from typing import Any, BinaryIO
 from urllib.parse import quote
 
@@ -49,6 +50,9 @@ _RETRYABLE = frozenset({"SlowDown", "RequestTimeout", "InternalError", "ServiceU
 class S3Store:
     """One bucket. ``endpoint``: "host" or "host:port" of an S3-compatible server; empty
     for AWS in ``region``. Builds no driver until the first call."""
+
+    missing_bucket = b"NoSuchBucket"  # in a 404's body: the bucket, not the object, is gone
+    upload_headers: Mapping[str, str] = {}  # what a node's PUT to a grant must send
 
     def __init__(
         self,
@@ -84,7 +88,7 @@ class S3Store:
 
     def read(self, key: str, limit: int) -> bytes | None:
         resp = self._call("GET", key, stream=True)
-        if resp.status == 404 and b"NoSuchBucket" not in resp.response.body[:2000]:
+        if resp.status == 404 and self.missing_bucket not in resp.response.body[:2000]:
             return None
         self._ok(resp, "GET", key)
         data = bytearray()
@@ -115,7 +119,7 @@ class S3Store:
 
     def read_into(self, key: str, sink: Callable[[bytes], None]) -> int | None:
         resp = self._call("GET", key, stream=True)
-        if resp.status == 404 and b"NoSuchBucket" not in resp.response.body[:2000]:
+        if resp.status == 404 and self.missing_bucket not in resp.response.body[:2000]:
             return None
         self._ok(resp, "GET", key)
         got = 0
@@ -207,14 +211,17 @@ class S3Store:
 
 
 def _modified(said: object) -> float:
-    """A listing's LastModified (ISO 8601, UTC) as unix time; math.inf if it says none:
+    """A listing's LastModified (ISO 8601 or RFC 1123, UTC) as unix time; math.inf if it says none:
     an object of unknown age is never old enough to be collected."""
     if not isinstance(said, str):
         return math.inf
     try:
         at = datetime.fromisoformat(said)
-    except ValueError:
-        return math.inf
+    except ValueError:  # Azure's listing says it as HTTP does (RFC 1123)
+        try:
+            at = parsedate_to_datetime(said)
+        except (TypeError, ValueError, IndexError):
+            return math.inf
     return (at if at.tzinfo else at.replace(tzinfo=UTC)).timestamp()
 
 
