@@ -639,9 +639,10 @@ class StoreConfig:
     name: str = doc("Store name (the table key).")
     bucket: str = doc("Bucket staged data goes to (made beforehand, private).")
     driver: str = doc(
-        "libcloud storage driver: 's3' (AWS S3, an S3-compatible server at endpoint, or "
-        "Google Cloud Storage's XML API with HMAC keys: endpoint storage.googleapis.com) "
-        "or 'azure_blobs' (bucket: the container; credentials: the account and its key).",
+        "Storage driver: 's3' (AWS S3, or an S3-compatible server at endpoint), "
+        "'google_storage' (Cloud Storage's S3-compatible XML API with a service account's "
+        "HMAC key; grants are V4 signed URLs) or 'azure_blobs' (bucket: the container; "
+        "credentials: the account and its key; grants are service SAS).",
         default="s3",
     )
     region: str = doc("The bucket's region (request signing).", default="us-east-1")

@@ -10,7 +10,7 @@ from slurm_burst.config.schema import Problem
 from slurm_burst.core.staging import StagingError, check_src
 
 PRICES = ("upload_per_gb", "download_per_gb", "egress_per_gb", "storage_per_gb_month")
-DRIVERS = ("s3", "azure_blobs")  # google_storage: through its S3-compatible XML API (s3)
+DRIVERS = ("s3", "google_storage", "azure_blobs")
 _BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]", re.ASCII)  # S3's bucket names
 _CONTAINER = re.compile(r"[a-z0-9][a-z0-9-]{1,61}[a-z0-9]", re.ASCII)  # Azure's
 _HOST = re.compile(r"[A-Za-z0-9]([A-Za-z0-9.-]{0,251}[A-Za-z0-9])?", re.ASCII)

@@ -42,6 +42,8 @@ from slurm_burst.fileio import not_private, untrusted
 STANDARD_ENV: dict[str, dict[str, str]] = {
     "ec2": {"key": "AWS_ACCESS_KEY_ID", "secret": "AWS_SECRET_ACCESS_KEY"},
     "azure_blobs": {"key": "AZURE_STORAGE_ACCOUNT", "secret": "AZURE_STORAGE_KEY"},
+    # a service account's HMAC key, as gsutil's boto configuration names them
+    "google_storage": {"key": "GS_ACCESS_KEY_ID", "secret": "GS_SECRET_ACCESS_KEY"},
     "azure_arm": {
         "key": "AZURE_CLIENT_ID",
         "secret": "AZURE_CLIENT_SECRET",
@@ -82,8 +84,11 @@ def resolve(prov: ProviderConfig, environ: Mapping[str, str] | None = None) -> d
 def resolve_store(store: StoreConfig, environ: Mapping[str, str] | None = None) -> dict[str, Any]:
     """``key``, ``secret`` (and ``token``) of a store: its credentials file, the variables
     it names, or the provider's standard environment (an S3 store AWS's, as the ec2
-    driver; an Azure store ``AZURE_STORAGE_ACCOUNT`` and ``AZURE_STORAGE_KEY``)."""
-    driver = "azure_blobs" if store.driver == "azure_blobs" else "ec2"
+    driver; an Azure store ``AZURE_STORAGE_ACCOUNT`` and ``AZURE_STORAGE_KEY``; a Google
+    store an HMAC key in ``GS_ACCESS_KEY_ID`` and ``GS_SECRET_ACCESS_KEY``)."""
+    driver = {"azure_blobs": "azure_blobs", "google_storage": "google_storage"}.get(
+        store.driver, "ec2"
+    )
     return _resolve(driver, store.credentials, f"stores.{store.name}.credentials", environ)
 
 
