@@ -269,7 +269,7 @@ def jobs(ctx: click.Context, states: tuple[str, ...], as_json: bool) -> None:
     "--state",
     "states",
     multiple=True,
-    type=click.Choice(["waiting", "synced", "sealed", "lost"]),
+    type=click.Choice(["waiting", "synced", "ended", "partial", "sealed", "lost"]),
     help="Only outputs in this state (repeatable).",
 )
 @json_option

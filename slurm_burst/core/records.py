@@ -152,10 +152,13 @@ class OutputState:
 
     WAITING = "waiting"  # nothing synced yet
     SYNCED = "synced"  # a version in the store (``manifest``); the job may still change it
+    ENDED = "ended"  # the job ended, its last version synced: on its way home
+    PARTIAL = "partial"  # the job ended, its node gone first: the last synced comes home
     SEALED = "sealed"  # the job ended and its last version is home, verified
     LOST = "lost"  # the job ended and not all of it came home: ``message`` says what
 
-    OPEN = (WAITING, SYNCED)
+    OPEN = (WAITING, SYNCED, ENDED, PARTIAL)
+    RUNNING = (WAITING, SYNCED)
 
 
 @dataclass(frozen=True)

@@ -11,11 +11,13 @@ Every pass of the daemon's stage work (a few seconds apart while any output is o
   pointing at it. That version is what a requeued job resumes from: its node pulls it
   back into the directory before the job starts (``services/nodestage.py``);
 - a job that ended (or is gone from the queue): its outputs are sealed. The final sync
-  runs while the node is still up, then the version is brought home by a child that is
-  the job's user (``slurm-burst stage promote --as-user``): fetched beside the
-  destination, every file's SHA-256 checked, then swapped in whole. A version whose
-  objects come back wrong is never promoted: while the node is up they are sent again
-  and the promotion is tried once more;
+  runs while the node is still up (``ended``; ``partial`` if the node was gone: the last
+  version synced comes home and the rest is lost), then the version is brought home by
+  a child that is the job's user (``slurm-burst stage promote --as-user``): fetched
+  beside the destination, every file's SHA-256 checked, then swapped in whole. A version
+  whose objects come back wrong is never promoted. A final sync or a promotion that
+  fails is tried again every ``RETRY`` seconds until ``release_deadline`` from the
+  first try;
 - a job seen running again after its outputs were sealed (a requeue) opens them again.
 
 A node holding outputs not yet sealed is not torn down when Slurm suspends it: the
@@ -68,6 +70,7 @@ CACHE = "/var/lib/slurm-burst/stageout/{job}-{name}.json"
 LOOK = 5.0  # seconds between looks at the queue while outputs are open
 REOPEN = 86400.0  # seconds a sealed output's job is still watched for a requeue
 CHANGED_TRIES = 3  # scans and sends of one sync while files change under it
+RETRY = 15.0  # seconds before a failed final sync or promotion is tried again
 # a job in one of these is over for good (a requeued one is PENDING again)
 ENDED = frozenset({"BOOT_FAIL", "CANCELLED", "COMPLETED", "COMPLETING", "DEADLINE", "FAILED",
                    "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED", "TIMEOUT"})  # fmt: skip
@@ -128,6 +131,8 @@ class Outputs:
         self._lock = threading.Lock()
         self._looked = -LOOK
         self._running_since: dict[int, float] = {}
+        self._sealing_since: dict[int, float] = {}  # job -> its first seal (monotonic)
+        self._retry_at: dict[int, float] = {}  # job -> no seal before (monotonic)
 
     # -- the pass ----------------------------------------------------------------------
 
@@ -157,7 +162,8 @@ class Outputs:
                 job is None or job.state in ENDED
             ):
                 self._running_since.pop(job_id, None)
-                started += self._start(job_id, final=True)
+                if self._retry_at.get(job_id, 0.0) <= now:
+                    started += self._start(job_id, final=True)
         return started
 
     def _running(self, job: SlurmJob, outs: list[OutputRecord]) -> int:
@@ -168,7 +174,7 @@ class Outputs:
         now = self.clock.now()
         since = self._running_since.setdefault(job.job_id, now)
         for r in outs:
-            if r.node != first or r.state not in OutputState.OPEN:  # new, or requeued
+            if r.node != first or r.state not in OutputState.RUNNING:  # new, or requeued
                 self.store.update_output(r.job_id, r.name, now, node=first,
                                          state=OutputState.SYNCED if r.manifest
                                          else OutputState.WAITING)  # fmt: skip
@@ -208,7 +214,7 @@ class Outputs:
     def sync_job(self, job_id: int) -> None:
         """Sync every open output of ``job_id`` from its node (a failure is logged and
         left for the next sync: the last version stays the one recorded)."""
-        outs = [r for r in self.store.outputs(job_id, OutputState.OPEN) if r.node]
+        outs = [r for r in self.store.outputs(job_id, OutputState.RUNNING) if r.node]
         if not outs:
             return
         try:
@@ -301,7 +307,9 @@ class Outputs:
 
     def seal(self, job_id: int) -> None:
         """The job ended: its outputs' final sync (while the node is up), then each
-        brought home as the job's user; sealed, or lost with what was lost."""
+        brought home as the job's user. What fails is tried again on later passes (a
+        held node waits for it) until ``release_deadline`` from the first try; then the
+        output is lost, and its record says what is where."""
         outs = self.store.outputs(job_id, OutputState.OPEN)
         if not outs:
             return
@@ -313,17 +321,47 @@ class Outputs:
                     if not r.node:
                         self.store.update_output(r.job_id, r.name, now, node=first)
                 outs = self.store.outputs(job_id, OutputState.OPEN)
-        final_error = ""
-        ran = [r for r in outs if r.node]
-        if ran:
+        since = self._sealing_since.setdefault(job_id, self.clock.monotonic())
+        past = self.clock.monotonic() - since >= self.settings.release_deadline
+        running = [r for r in outs if r.node and r.state in OutputState.RUNNING]
+        if running and not self._final(job_id, running, past):
+            return  # tried again on a later pass
+        for r in self.store.outputs(job_id, OutputState.OPEN):
+            self._home(r, past)
+        if not self.store.outputs(job_id, OutputState.OPEN):
+            self._sealing_since.pop(job_id, None)
+
+    def _final(self, job_id: int, outs: list[OutputRecord], past: bool) -> bool:
+        """The last sync of each of ``outs`` (ENDED), or PARTIAL if their node is gone (or
+        the sync keeps failing past the deadline); False: failed, to be tried again."""
+        now = self.clock.now()
+        node = self.store.node(outs[0].node)
+        if node is not None and node.state == NodeState.JOINED and node.ip:
             try:
-                with self._session(ran[0].node) as (sh, _):
-                    outs = [self._settled(sh, r) if r.node else r for r in outs]
+                with self._session(outs[0].node) as (sh, _):
+                    for r in outs:
+                        self._settled(sh, r)
+                        self.store.update_output(r.job_id, r.name, self.clock.now(),
+                                                 state=OutputState.ENDED)  # fmt: skip
+                return True
             except BurstError as exc:
-                final_error = f"{exc.code}: {exc}"
-                log.error("output.final_sync_failed job=%s %s", job_id, final_error)
+                why = f"{exc.code}: {exc}"
+                log.error("output.final_sync_failed job=%s %s", job_id, why)
+                if not past:
+                    for r in outs:
+                        self.store.update_output(r.job_id, r.name, now, message=(
+                            f"the final sync failed, to be tried again: {why}"[:900]))  # fmt: skip
+                    self._retry_later(job_id)
+                    return False
+        else:
+            why = f"{outs[0].node} was gone ({node.state if node else 'unknown'})"
         for r in outs:
-            self._home(r, final_error)
+            self.store.update_output(r.job_id, r.name, now, state=OutputState.PARTIAL,
+                                     message=f"no final sync: {why}"[:900])  # fmt: skip
+        return True
+
+    def _retry_later(self, job_id: int) -> None:
+        self._retry_at[job_id] = self.clock.monotonic() + RETRY
 
     def _pulled_on(self, job_id: int) -> str:
         """The first of the nodes that made the job's directories at their join (their
@@ -344,14 +382,14 @@ class Outputs:
                 log.info("output.changed_while_sent job=%s name=%s %s", r.job_id, r.name, exc)
         return self._sync(sh, r)
 
-    def _home(self, r: OutputRecord, final_error: str) -> None:
+    def _home(self, r: OutputRecord, past: bool) -> None:
         now = self.clock.now()
         if not r.node:
             why = "the job ran on no cloud node: nothing to bring home"
             self.store.update_output(r.job_id, r.name, now, state=OutputState.SEALED, message=why)
             return
         if not r.manifest:
-            self._lost(r, f"no version was synced before the node was lost ({final_error})")
+            self._lost(r, f"no version was synced before the node was lost ({r.message})")
             return
         st = self.store.stage(r.job_id)
         if st is None:
@@ -362,16 +400,20 @@ class Outputs:
         except BurstError as exc:
             if self.book is not None:
                 self.book.failed(TransferDirection.OUT)
-            self._lost(r, f"not brought home: {exc.code}: {exc}")
+            if past:
+                self._lost(r, f"not brought home: {exc.code}: {exc}")
+            else:
+                self.store.update_output(r.job_id, r.name, now, message=(
+                    f"not home yet, to be tried again: {exc.code}: {exc}"[:900]))  # fmt: skip
+                self._retry_later(r.job_id)
             return
         if self.book is not None:
             self.book.brought_home(got, account=st.owner.account, user=st.owner.user,
                                    job_id=r.job_id, name=r.name, node=r.node,
                                    manifest=r.manifest)  # fmt: skip
-        when = r.synced_at
-        if final_error:
-            self._lost(r, f"the final sync failed ({final_error}); {r.home} holds the version "
-                       f"synced at {when:.0f} ({r.files} files): what the job wrote after it is "
+        if r.state == OutputState.PARTIAL:
+            self._lost(r, f"{r.message}; {r.home} holds the version synced at "
+                       f"{r.synced_at:.0f} ({r.files} files): what the job wrote after it is "
                        "lost", home=True)  # fmt: skip
             return
         self.store.update_output(

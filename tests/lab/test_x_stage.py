@@ -457,3 +457,39 @@ def test_a_job_killed_by_a_reclaim_resumes_from_its_last_synced_checkpoint(
          f"job {job_id}'s outputs sealed")  # fmt: skip
     assert int((results / str(job_id) / "step").read_text()) == resumed + 1000
     assert synced.manifest  # the version the second run started from was in the store
+
+
+def test_a_node_whose_outputs_are_not_home_outlives_suspend_time_until_they_are(
+    lab: Lab, env: dict[str, str], store: Store, out_dir: Path, results: Path
+) -> None:
+    """The job's destination cannot take its outputs yet (its directory is root's): the
+    promotion fails and is tried again, and the node, suspended by Slurm after its
+    SuspendTime (30 s), is kept; once the directory is open the outputs come home and
+    only then is the node released."""
+    locked = results / "locked"
+    locked.mkdir(exist_ok=True)
+    locked.chmod(0o755)  # root's: the job's user cannot write here yet
+    script = (
+        f"#!/bin/sh\n#SBATCH -p burst-cpu -w {NODE} -n1\n"
+        f"#BB_LUA stage_out src=out dst={locked}/%j\n"
+        'echo "made on $(hostname)" > "$SLURM_BURST_STAGE_OUT/result.txt"\n'
+    )
+    job_id = submit_ok(env, out_dir, script)
+    assert done(env, job_id)["JobState"] == "COMPLETED"
+    wait(lambda: any(o.state == "ended" and "not home yet" in o.message
+                     for o in outputs_of(store, job_id)), 120,
+         f"job {job_id}'s promotion failing")  # fmt: skip
+    ended = time.monotonic()
+    wait(lambda: any(e["event"] == "node.held_for_outputs" and e["node"] == NODE
+                     for e in store.events(since_id=0, limit=100000)), 120,
+         f"{NODE} held for its outputs")  # fmt: skip
+    while time.monotonic() - ended < 45:  # well past SuspendTime: still there
+        rec = store.node(NODE)
+        assert rec is not None and str(rec.state) == "joined", rec
+        time.sleep(1)
+    locked.chmod(0o1777)
+    wait(lambda: [o.state for o in outputs_of(store, job_id)] == ["sealed"], 120,
+         f"job {job_id}'s outputs sealed")  # fmt: skip
+    assert (locked / str(job_id) / "result.txt").read_text() == f"made on {NODE}\n"
+    wait(lambda: str(getattr(store.node(NODE), "state", "")) == "terminated", 120,
+         f"{NODE} released once its outputs were home")  # fmt: skip

@@ -17,6 +17,7 @@ from slurm_burst.core.nodestate import NodeState, Want
 from slurm_burst.core.records import OutputRecord, OutputState, StageRecord, StageState
 from slurm_burst.core.remote import RemoteError
 from slurm_burst.core.slurm import JobOwner, SlurmJob
+from slurm_burst.core.staging import StorageError
 from slurm_burst.services.outputs import OutputPorts, Outputs, OutputSettings
 from slurm_burst.services.staging import Stager, StagingSettings
 from slurm_burst.services.transfers import StorePrices, TransferBook
@@ -133,6 +134,33 @@ def test_an_ended_job_whose_node_is_gone_brings_its_last_version_home_and_says_w
     assert [e["event"] for e in store.events()][-1] == "output.lost"
 
 
+def test_a_promotion_that_fails_is_tried_again_until_it_is_home() -> None:
+    class Flaky(Promoter):
+        def promote(self, user: str, account: str, manifest: str, home: str) -> dict[str, Any]:
+            self.calls.append((user, account, manifest, home))
+            if len(self.calls) == 1:
+                raise StorageError("store s3: GET ...: HTTP 503", "ServiceUnavailable")
+            return {"files": 3, "bytes": 300}
+
+    outputs, store, clock, _, promoter = setup([], node_state=None, promoter=Flaky())
+    store.update_output(42, "ckpt", 0, state=OutputState.ENDED, manifest=VERSION, files=3,
+                        node="burst-1")  # fmt: skip
+    calls = started(outputs)
+    outputs.pass_once(force=True)
+    outputs.seal(42)
+    [out] = store.outputs(42)
+    assert out.state == OutputState.ENDED and "to be tried again: ServiceUnavailable" in out.message
+    calls.clear()
+    clock.advance(5)
+    outputs.pass_once(force=True)
+    assert calls == []  # not before RETRY
+    clock.advance(11)
+    outputs.pass_once(force=True)
+    assert calls == [(42, True)]
+    outputs.seal(42)
+    assert store.outputs(42)[0].state == OutputState.SEALED and len(promoter.calls) == 2
+
+
 def test_a_version_brought_home_is_in_the_ledger_at_the_stores_egress_price() -> None:
     outputs, store, clock, _, _ = setup([], node_state=None)
     ledger = FakeLedger()
@@ -157,14 +185,20 @@ def test_a_job_that_never_ran_on_a_cloud_node_has_nothing_to_bring_home() -> Non
 
 
 def test_a_job_over_before_a_pass_saw_it_is_sealed_from_the_node_it_joined_on() -> None:
-    outputs, store, _, connector, _ = setup([])
+    outputs, store, clock, connector, _ = setup([])
     for node in ("burst-10", "burst-9", "burst-1"):  # each made the job's directories
         store.meta_set(f"staged.42.{node}", {"at": 0})
     store.meta_set("staged.420.burst-0", {"at": 0})  # another job's
     outputs.seal(42)
     [out] = store.outputs(42)
     assert out.node == "burst-1" and connector.tried == ["10.0.0.5"]
+    assert out.state == OutputState.WAITING  # the final sync failed: tried again later
+    assert out.message.startswith("the final sync failed, to be tried again: SshUnreachable")
+    clock.advance(121)  # past staging.release_deadline since the first try
+    outputs.seal(42)
+    [out] = store.outputs(42)
     assert out.state == OutputState.LOST and "no version was synced" in out.message
+    assert "no final sync: SshUnreachable" in out.message
 
 
 def test_a_requeued_job_running_again_opens_its_sealed_outputs() -> None:
@@ -181,8 +215,10 @@ def test_a_requeued_job_running_again_opens_its_sealed_outputs() -> None:
 
 
 def test_a_suspended_node_is_held_until_its_outputs_are_home_or_the_deadline() -> None:
-    gate = threading.Event()
-    outputs, store, clock, _, promoter = setup([], promoter=Promoter(gate), deadline=120)
+    gate = threading.Event()  # the node is gone: its last version's promotion hangs
+    outputs, store, clock, _, promoter = setup(
+        [], node_state=NodeState.REQUESTED, promoter=Promoter(gate), deadline=120
+    )
     outputs.metrics = metrics = Metrics()
     store.update_output(42, "ckpt", 0, state=OutputState.SYNCED, manifest=VERSION, files=3,
                         node="burst-1", synced_at=1_790_000_100)  # fmt: skip
