@@ -6,15 +6,13 @@ Azure does: a wrong key, an altered or expired SAS is refused."""
 from __future__ import annotations
 
 import shutil
-import socket
 import subprocess
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.s3server import free_port
+from tests.s3server import free_port, wait_listening
 
 # Azurite's well-known development account (public, in Azure's own documentation)
 ACCOUNT = "devstoreaccount1"
@@ -50,16 +48,7 @@ def azurite_server(root: Path, container: str = "stage") -> Iterator[Azurite]:
     log = open(root / "azurite.log", "ab")  # noqa: SIM115 (closed in finally)
     proc = subprocess.Popen(cmd, stdout=log, stderr=log, cwd=root)
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-                break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    said = (root / "azurite.log").read_text()
-                    raise RuntimeError(f"Azurite did not start: {said}") from None
-                time.sleep(0.1)
+        wait_listening(proc, port, root / "azurite.log", "Azurite", 30)
         driver = AzureBlobsStorageDriver(ACCOUNT, ACCOUNT_KEY, host="127.0.0.1", port=port,
                                          secure=False)  # type: ignore[no-untyped-call]
         driver.create_container(container)  # type: ignore[no-untyped-call]

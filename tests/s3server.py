@@ -61,6 +61,22 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def wait_listening(proc: subprocess.Popen[bytes], port: int, log: Path, what: str,
+                   seconds: float) -> None:  # fmt: skip
+    """Until a server ``proc`` answers on 127.0.0.1:``port``; RuntimeError with the end
+    of its ``log`` if it exits or does not answer within ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+            return
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                err = log.read_text(errors="replace")
+                raise RuntimeError(f"{what} did not start: {err[-2000:]}") from None
+            time.sleep(0.05)
+
+
 @contextmanager
 def s3_server(root: Path, bucket: str = "stage") -> Iterator[S3Server]:
     (root / bucket).mkdir(parents=True, exist_ok=True)
@@ -71,16 +87,7 @@ def s3_server(root: Path, bucket: str = "stage") -> Iterator[S3Server]:
     log = open(root / "rclone.log", "ab")  # noqa: SIM115 (closed in finally)
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=log)
     try:
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-                break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    err = (root / "rclone.log").read_text(errors="replace")
-                    raise RuntimeError(f"rclone serve s3 did not start: {err[-2000:]}") from None
-                time.sleep(0.05)
+        wait_listening(proc, port, root / "rclone.log", "rclone serve s3", 20)
         yield S3Server(root, port, bucket)
     finally:
         proc.terminate()

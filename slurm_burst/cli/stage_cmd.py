@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 
 from slurm_burst.cli.common import FiniteRange, app, emit, json_option, ts
+
+if TYPE_CHECKING:
+    from slurm_burst.services.staging import Stager
 
 _store_option = click.option(
     "--store", default="", metavar="NAME", help="A store of [stores] (default: staging.store)."
@@ -69,24 +73,15 @@ def push(
     the tree), 3 no store configured or reachable credentials."""
     import os
 
-    from slurm_burst.core.errors import BadInput, BurstError
-    from slurm_burst.wiring import run_as, stager
 
-    try:
-        if os.geteuid() == 0 and not as_user:
-            raise BadInput("as root, say whose data this is: --as-user USER (it is read as USER)")
-        progress = _Progress(enabled=not check and (not as_json or sys.stderr.isatty()))
-        st = stager(app(ctx).config, store, progress)  # the store's keys: read here, as root
+    progress = _Progress(enabled=not check and (not as_json or sys.stderr.isatty()))
 
-        def work() -> dict[str, object]:
-            return st.check(src, account, qos) if check else st.push(src, account, qos).as_dict()
+    def work(st: Stager) -> dict[str, object]:
+        return st.check(src, account, qos) if check else st.push(src, account, qos).as_dict()
 
-        out = run_as(as_user, work) if as_user else work()
-    except BurstError as exc:
-        if not as_json:
-            raise
-        emit({"ok": False, "code": exc.code, "message": str(exc)}, True)
-        sys.exit(exc.exit_code)
+    if os.geteuid() == 0 and not as_user:
+        _refuse("as root, say whose data this is: --as-user USER (it is read as USER)", as_json)
+    st, out = _as_user(ctx, store, progress, as_user, as_json, work)
     progress.done()
     if record and not check:
         _record_push(app(ctx).config, st.store.name, out, account, as_user)
@@ -329,32 +324,54 @@ def promote(
     import os
     import re
 
-    from slurm_burst.core.errors import BadInput, BurstError
+    from slurm_burst.core.errors import BurstError
     from slurm_burst.core.staging import check_home
-    from slurm_burst.wiring import run_as, stager
 
+    if not re.fullmatch(r"[0-9a-f]{64}", manifest):
+        _refuse(f"manifest {manifest[:80]!r}: a version id (64 hex digits)", as_json)
     try:
-        if not re.fullmatch(r"[0-9a-f]{64}", manifest):
-            raise BadInput(f"manifest {manifest[:80]!r}: a version id (64 hex digits)")
         check_home(home, "HOME")
-        if os.geteuid() == 0 and not as_user:
-            raise BadInput("as root, say whose outputs these are: --as-user USER")
-        progress = _Progress(enabled=not as_json or sys.stderr.isatty())
-        st = stager(app(ctx).config, store, progress)
-
-        def work() -> dict[str, object]:
-            return st.promote(account, manifest, home)
-
-        out = run_as(as_user, work) if as_user else work()
     except BurstError as exc:
-        if not as_json:
-            raise
-        emit({"ok": False, "code": exc.code, "message": str(exc)}, True)
-        sys.exit(exc.exit_code)
+        _said(exc, as_json)
+    if os.geteuid() == 0 and not as_user:
+        _refuse("as root, say whose outputs these are: --as-user USER", as_json)
+    progress = _Progress(enabled=not as_json or sys.stderr.isatty())
+    _, out = _as_user(ctx, store, progress, as_user, as_json,
+                      lambda st: st.promote(account, manifest, home))  # fmt: skip
     progress.done()
     emit(out, as_json, columns=["HOME", "MANIFEST", "FILES", "BYTES", "ATOMIC", "SECONDS"],
          rows=lambda r: [[r["home"], r["manifest"][:16], r["files"], r["bytes"], r["atomic"],
                           r["seconds"]]])  # fmt: skip
+
+
+def _refuse(message: str, as_json: bool) -> NoReturn:
+    """A bad argument: raised as BadInput (exit 2), or said as JSON with --json."""
+    from slurm_burst.core.errors import BadInput
+
+    _said(BadInput(message), as_json)
+
+
+def _said(exc: Any, as_json: bool) -> NoReturn:
+    if not as_json:
+        raise exc
+    emit({"ok": False, "code": exc.code, "message": str(exc)}, True)
+    sys.exit(exc.exit_code)
+
+
+def _as_user(
+    ctx: click.Context, store: str, progress: _Progress, as_user: str | None, as_json: bool,
+    work: Callable[[Stager], dict[str, object]],
+) -> tuple[Stager, dict[str, object]]:  # fmt: skip
+    """``work`` on the stager of ``store`` (its keys read here, as root), run as
+    ``as_user`` if given (adapters/asuser.py); a BurstError said as JSON with --json."""
+    from slurm_burst.core.errors import BurstError
+    from slurm_burst.wiring import run_as, stager
+
+    try:
+        st = stager(app(ctx).config, store, progress)
+        return st, (run_as(as_user, lambda: work(st)) if as_user else work(st))
+    except BurstError as exc:
+        _said(exc, as_json)
 
 
 def _stage_row(r: dict[str, Any]) -> list[object]:
