@@ -13,7 +13,9 @@ Python (``services/outputs.py``). It needs only the standard library. Three comm
     belongs to the job's user, so it is read as an attacker's: each directory is opened
     relative to its parent with ``O_NOFOLLOW``, each file with ``O_NOFOLLOW |
     O_NONBLOCK`` and checked to be a regular file after it is open; symlinks, FIFOs,
-    sockets and devices are listed under ``skipped``, never followed or read. A file that
+    sockets and devices are listed under ``skipped``, never followed or read, and so is a
+    file not owned by ``--uid`` (a hard link to a file of root's would otherwise be read
+    as root and sent home to the job's user). A file that
     changes while it is read (its size or mtime differ after) is listed under ``busy``
     and left to the next sync. Digests are kept in ``C`` (root's) by path, size, mtime,
     ctime and inode, so a sync re-reads only what changed.
@@ -102,8 +104,9 @@ def prepare(directory: str, uid: int, gid: int) -> dict[str, Any]:
 
 
 class Scanner:
-    def __init__(self, directory: str, cache: dict[str, list[Any]]) -> None:
+    def __init__(self, directory: str, cache: dict[str, list[Any]], uid: int = -1) -> None:
         self.directory = _abs(directory, "--dir")
+        self.uid = uid  # >= 0: a file of another owner is skipped (a hard link to root's)
         self.cache = cache  # path -> [size, mtime_ns, ctime_ns, ino, sha256]
         self.files: list[list[Any]] = []  # [path, size, sha256, executable]
         self.skipped: list[str] = []
@@ -172,7 +175,7 @@ class Scanner:
             return
         try:
             st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):
+            if not stat.S_ISREG(st.st_mode) or (self.uid >= 0 and st.st_uid != self.uid):
                 self.skipped.append(rel)
                 return
             key = [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
@@ -371,6 +374,8 @@ def main(argv: list[str] | None = None) -> int:
     s = sub.add_parser("scan", help="list the files with their SHA-256")
     s.add_argument("--dir", required=True)
     s.add_argument("--cache", help="digests kept between scans (root's file)")
+    s.add_argument("--uid", type=int, default=-1, help="skip files not owned by this uid "
+                   "(a hard link the job made to a file of root's is not sent)")
     t = sub.add_parser("send", help="PUT the plan's files to their URLs")
     t.add_argument("--plan", required=True, help="the plan file (removed once read)")
     t.add_argument("--timeout", type=float, default=60.0, help="seconds without progress")
@@ -382,7 +387,7 @@ def main(argv: list[str] | None = None) -> int:
                 raise Refused("uid or gid out of range")
             out, code = prepare(args.dir, args.uid, args.gid), 0
         elif args.command == "scan":
-            scanner = Scanner(args.dir, _read_cache(args.cache) if args.cache else {})
+            scanner = Scanner(args.dir, _read_cache(args.cache) if args.cache else {}, args.uid)
             out, code = scanner.run(), 0
             if args.cache:
                 _write_cache(args.cache, scanner.seen)

@@ -248,7 +248,8 @@ class Outputs:
         account = st.owner.account
         directory = output_dir(self.settings.node_dir, r.job_id, r.name)
         cache = CACHE.format(job=r.job_id, name=r.name)
-        scan = self._run(sh, "scan", "--dir", directory, "--cache", cache)
+        scan = self._run(sh, "scan", "--dir", directory, "--cache", cache,
+                         "--uid", str(st.owner.uid))  # fmt: skip
         where = f"job {r.job_id} {r.name} on {r.node}"
         try:
             manifest = output_manifest(r.home, scan.get("files"), where)

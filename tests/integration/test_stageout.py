@@ -188,5 +188,12 @@ def test_prepare_makes_the_users_directory_and_refuses_a_planted_one(tmp_path: P
     assert said["exit"] == 2 and "not a directory" in said["error"]
     said = node("scan", "--dir", str(job / "link"))
     assert said["exit"] == 1 and "symlink" in said["error"]
+    # a hard link the job made to a file of root's: skipped (as root it could be read)
+    (job / "ckpt" / "mine").write_text("mine\n")
+    os.chown(job / "ckpt" / "mine", 65534, 65534)
+    (job / "roots").write_text("root's secret\n")
+    os.link(job / "roots", job / "ckpt" / "hard")
+    said = node("scan", "--dir", str(job / "ckpt"), "--uid", "65534")
+    assert [f[0] for f in said["files"]] == ["mine"] and said["skipped"] == ["hard"], said
     assert node("scan", "--dir", str(job / "nothing"))["missing"] is True
     assert node("send", "--plan", str(tmp_path / "none.json"))["exit"] == 1
