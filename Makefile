@@ -66,7 +66,7 @@ VERSION_TESTS_26.05 := \
 	'tests/lab/test_y_faults.py::test_node_failure_is_named_and_the_job_requeued[slurmd-never-registers]' \
 	tests/lab/test_x_stage.py::test_a_corrupt_object_in_the_store_never_reaches_the_job_and_is_sent_again \
 	tests/lab/test_x_stage.py::test_sensitive_data_is_refused_at_submit_and_by_the_daemon_and_nothing_leaves \
-	tests/lab/test_x_stage.py::test_a_job_killed_by_a_reclaim_resumes_from_its_last_synced_checkpoint
+	tests/lab/test_x_stage.py::test_outputs_come_home_verified_and_their_node_outlives_suspend_time_until_they_do
 version_tests = $(VERSION_TESTS_COMMON) $(VERSION_TESTS_$(1)) tests/lab/test_zz_lab_down.py::test_down_removes_everything
 
 # pytest exits 5 when it collected nothing (e.g. a -m selection with no tests): say so.
