@@ -156,11 +156,6 @@ class Stages:
     outs: tuple[StageOut, ...] = ()
 
 
-def parse_directives(script: str, directive: str = DIRECTIVE) -> list[StageIn]:
-    """The ``stage_in`` directives of a batch script (:func:`parse_stages`)."""
-    return list(parse_stages(script, directive).ins)
-
-
 def parse_stages(script: str, directive: str = DIRECTIVE) -> Stages:
     """Every ``stage_in`` and ``stage_out`` of a batch script, in order, read as Slurm
     reads its header: lines split at newlines, empty ones skipped, directives stop at the

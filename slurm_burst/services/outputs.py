@@ -35,7 +35,7 @@ import logging
 import math
 import re
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from importlib import resources
@@ -218,7 +218,7 @@ class Outputs:
         if not outs:
             return
         try:
-            with self._session(outs[0].node) as (sh, _):
+            with self._session(outs[0].node) as sh:
                 for r in outs:
                     self._settled(sh, r)
         except BurstError as exc:
@@ -227,20 +227,25 @@ class Outputs:
             for r in outs:
                 self.store.update_output(r.job_id, r.name, self.clock.now(), message=why)
 
-    @contextlib.contextmanager
-    def _session(self, name: str) -> Any:
+    def _up(self, name: str) -> tuple[NodeRecord | None, bool]:
+        """Node ``name``'s record, and whether it is joined and reachable."""
         node = self.store.node(name)
-        if node is None or node.state != NodeState.JOINED or not node.ip:
+        return node, node is not None and node.state == NodeState.JOINED and bool(node.ip)
+
+    @contextlib.contextmanager
+    def _session(self, name: str) -> Iterator[RemoteShell]:
+        node, up = self._up(name)
+        if node is None or not up:
             raise OutputError(f"{name} is not up ({node.state if node else 'unknown'})")
         deadline = self.clock.monotonic() + 60
         sh = self.connector.connect(node.ip, node.host_key_list(), deadline)
         try:
             sh.put(self.helper, REMOTE, 0o700)
-            yield sh, node
+            yield sh
         finally:
             sh.close()
 
-    def _sync(self, sh: RemoteShell, r: OutputRecord) -> OutputRecord:
+    def _sync(self, sh: RemoteShell, r: OutputRecord) -> None:
         """One output's sync: scan, send what the store lacks, record the version."""
         st = self.store.stage(r.job_id)
         if st is None:
@@ -263,8 +268,10 @@ class Outputs:
                 sh.put(json.dumps(plan).encode(), path, 0o600)  # its URLs are grants
                 sent = self._run(sh, "send", "--plan", path)
                 changed = [p for p in sent.get("changed", []) if isinstance(p, str)]
-                if changed:
-                    self.stager.forget_objects(account, manifest, changed)
+                if changed:  # what went under those digests may be other bytes: dropped
+                    moved = set(changed)
+                    digests = [e.sha256 for e in manifest.entries if e.path in moved]
+                    self.stager.drop(account, "", manifest, digests)
                     raise _Changed(
                         f"{where}: {len(changed)} files changed while they were sent "
                         f"({', '.join(changed[:3])}): this version is not recorded"
@@ -285,8 +292,6 @@ class Outputs:
         )  # fmt: skip
         log.info("output.synced job=%s name=%s files=%d bytes=%d sent_bytes=%d",
                  r.job_id, r.name, len(manifest.entries), manifest.size, sent_bytes)  # fmt: skip
-        got = self.store.outputs(r.job_id)
-        return next(x for x in got if x.name == r.name)
 
     def _run(self, sh: RemoteShell, *args: str) -> dict[str, Any]:
         argv = [self.settings.node_python, REMOTE, "--exit-zero", *args]
@@ -336,10 +341,10 @@ class Outputs:
         """The last sync of each of ``outs`` (ENDED), or PARTIAL if their node is gone (or
         the sync keeps failing past the deadline); False: failed, to be tried again."""
         now = self.clock.now()
-        node = self.store.node(outs[0].node)
-        if node is not None and node.state == NodeState.JOINED and node.ip:
+        node, up = self._up(outs[0].node)
+        if up:
             try:
-                with self._session(outs[0].node) as (sh, _):
+                with self._session(outs[0].node) as sh:
                     for r in outs:
                         self._settled(sh, r)
                         self.store.update_output(r.job_id, r.name, self.clock.now(),
@@ -372,16 +377,17 @@ class Outputs:
         ]
         return min(nodes, key=_natural, default="")
 
-    def _settled(self, sh: RemoteShell, r: OutputRecord) -> OutputRecord:
+    def _settled(self, sh: RemoteShell, r: OutputRecord) -> None:
         """``_sync``, again at once (up to ``CHANGED_TRIES`` in all) when files changed
         while they were sent: a job that rewrites its checkpoint by rename every second
         would otherwise never be recorded; a rescan reads only what changed."""
         for _ in range(CHANGED_TRIES - 1):
             try:
-                return self._sync(sh, r)
+                self._sync(sh, r)
+                return
             except _Changed as exc:
                 log.info("output.changed_while_sent job=%s name=%s %s", r.job_id, r.name, exc)
-        return self._sync(sh, r)
+        self._sync(sh, r)
 
     def _home(self, r: OutputRecord, past: bool) -> None:
         now = self.clock.now()

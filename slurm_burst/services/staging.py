@@ -353,9 +353,10 @@ class Stager:
         }
 
     def drop(self, account: str, src: str, manifest: Manifest, digests: Sequence[str]) -> int:
-        """Delete the objects of ``manifest`` holding ``digests`` (found bad in the store)
-        and ``src``'s pointer if it names this version, so the next push sends them again
-        rather than finding the dataset unchanged. Returns the objects deleted."""
+        """Delete the objects of ``manifest`` holding ``digests`` (found bad in the store,
+        or sent from a file that changed on the way) and ``src``'s pointer if it names
+        this version ('': none), so the next push sends them again rather than finding
+        the dataset unchanged. Returns the objects deleted."""
         layout = Layout(self.settings.prefix, namespace(account))
         bad = set(digests)
         names = sorted({e.object_name() for e in manifest.entries if e.sha256 in bad})
@@ -394,16 +395,6 @@ class Stager:
         self._write(layout.manifest(manifest.id), manifest.body)
         self._write(layout.pointer(manifest.src), pointer_body(manifest.src, manifest,
                                                                self.clock.now()))  # fmt: skip
-
-    def forget_objects(self, account: str, manifest: Manifest, paths: Sequence[str]) -> int:
-        """Delete the objects just sent for ``paths`` of ``manifest``: the node found their
-        bytes were not the digests any more (the job changed them as they went)."""
-        layout = Layout(self.settings.prefix, namespace(account))
-        wanted = set(paths)
-        names = sorted({e.object_name() for e in manifest.entries if e.path in wanted})
-        for name in names:
-            self._again(functools.partial(self.store.delete, layout.object(name)))
-        return len(names)
 
     def promote(self, account: str, manifest_id: str, home: str) -> dict[str, Any]:
         """Bring the stored version ``manifest_id`` of an output home to ``home``: every

@@ -6,6 +6,7 @@ from typing import Any
 import pytest
 
 from tests.providers import azure, gce, http, openstack  # noqa: F401  (fixtures)
+from tests.s3server import S3Server, s3_server
 
 
 @pytest.fixture(scope="module")
@@ -20,3 +21,10 @@ def emulator() -> Iterator[Any]:
     emu.start()
     yield emu
     emu.stop()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
+    """A real S3-compatible server (rclone serve s3), one for each test module."""
+    with s3_server(tmp_path_factory.mktemp("s3")) as s:
+        yield s

@@ -10,36 +10,24 @@ import subprocess
 import sys
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from slurm_burst.adapters.clock import SystemClock
 from slurm_burst.adapters.storage.home import LocalHome
-from slurm_burst.adapters.storage.s3 import S3Store
-from slurm_burst.adapters.storage.tree import LocalTree
 from slurm_burst.core.staging import Layout, Manifest, StagingError, namespace, output_manifest
-from slurm_burst.services.staging import CorruptOutput, Stager, StagingSettings
-from tests.s3server import KEY, SECRET, S3Server, s3_server
+from slurm_burst.services.staging import CorruptOutput, Stager
+from tests.integration.test_staging import PREFIX
+from tests.integration.test_staging import stager as staging_stager
+from tests.s3server import S3Server
 
 STAGEOUT = Path(__file__).resolve().parents[2] / "slurm_burst" / "node" / "stageout.py"
-PREFIX = "sb/"
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
-    with s3_server(tmp_path_factory.mktemp("s3")) as s:
-        yield s
 
 
 def stager(server: S3Server) -> Stager:
-    store = S3Store("test", bucket=server.bucket, region="us-east-1",
-                    keys={"key": KEY, "secret": SECRET}, endpoint=server.endpoint,
-                    secure=False)  # fmt: skip
-    return Stager(settings=StagingSettings(prefix=PREFIX, transfers=4, grant_seconds=300),
-                  store=store, tree=LocalTree(), clock=SystemClock(), home=LocalHome())  # fmt: skip
+    """test_staging's stager, with a place for outputs to land."""
+    return staging_stager(server, home=LocalHome())
 
 
 def node(*args: str) -> dict[str, Any]:
@@ -114,8 +102,10 @@ def test_outputs_go_home_verified_whole_and_a_second_sync_sends_only_what_change
         f.write(b"loss 0.5\n")
     second, again = sync(st, out_dir, home, cache)
     assert again["scan"]["hashed_bytes"] == 100_000 + 9009
-    assert sorted(f["path"] for f in again["plan"]["files"]) == ["ckpt/step-200.pt",
-                                                                  "log/train.log"]
+    assert sorted(f["path"] for f in again["plan"]["files"]) == [
+        "ckpt/step-200.pt",
+        "log/train.log",
+    ]
     assert st.manifest("physics", home) == second  # the version a requeued job resumes
     (Path(home) / "ckpt" / "latest").write_text("edited at home\n")  # replaced whole
     st.promote("physics", second.id, home)
@@ -163,7 +153,8 @@ def test_a_file_changed_while_it_is_sent_is_named_and_a_grant_writes_one_object_
     plan_file.write_text(json.dumps(plan))
     sent = node("send", "--plan", str(plan_file))
     assert sorted(sent["changed"]) == ["ckpt/latest", "log/train.log"], sent
-    assert st.forget_objects("chem", manifest, sent["changed"]) == 2
+    digests = [e.sha256 for e in manifest.entries if e.path in sent["changed"]]
+    assert st.drop("chem", "", manifest, digests) == 2
     # a PUT grant is for its own object: the same URL cannot write another key
     url = plan["files"][0]["url"]
     other = url.replace(plan["files"][0]["sha256"], "0" * 64)
@@ -180,9 +171,10 @@ def test_prepare_makes_the_users_directory_and_refuses_a_planted_one(tmp_path: P
     assert got == {"exit": 0, "made": True, "ok": True}
     st = (job / "ckpt").stat()
     assert (st.st_uid, st.st_gid, oct(st.st_mode & 0o777)) == (65534, 65534, "0o700")
-    assert node("prepare", "--dir", str(job / "ckpt"), "--uid", "65534", "--gid", "65534")[
-        "made"
-    ] is False
+    assert (
+        node("prepare", "--dir", str(job / "ckpt"), "--uid", "65534", "--gid", "65534")["made"]
+        is False
+    )
     (job / "link").symlink_to(tmp_path)
     said = node("prepare", "--dir", str(job / "link"), "--uid", "65534", "--gid", "65534")
     assert said["exit"] == 2 and "not a directory" in said["error"]

@@ -16,7 +16,6 @@ import sys
 import threading
 import time
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -34,16 +33,10 @@ from slurm_burst.core.staging import (
     namespace,
 )
 from slurm_burst.services.staging import Stager, StagingSettings
-from tests.s3server import KEY, SECRET, S3Server, s3_server
+from tests.s3server import KEY, SECRET, S3Server
 
 STAGEIN = Path(__file__).resolve().parents[2] / "slurm_burst" / "node" / "stagein.py"
 PREFIX = "sb/"
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
-    with s3_server(tmp_path_factory.mktemp("s3")) as s:
-        yield s
 
 
 def store(server: S3Server, secret: str = SECRET) -> S3Store:

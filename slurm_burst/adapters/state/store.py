@@ -529,12 +529,20 @@ class Store:
         unknown = set(cols) - {"state", "message", "datasets"}
         if unknown:
             raise ValueError(f"not a stage field: {sorted(unknown)}")
+        return self._update_row("stages", "job_id = ?", [int(job_id)], now, expect, cols)
+
+    def _update_row(
+        self, table: str, key: str, key_args: list[Any], now: float, expect: Sequence[str],
+        cols: Mapping[str, Any],
+    ) -> bool:  # fmt: skip
+        """Set ``cols`` (checked names) and updated_at of the row of ``table`` where
+        ``key``; with ``expect``, only from one of those states. True if it changed."""
         sets = ", ".join(f"{k} = ?" for k in cols)
         where = " AND state IN (" + ", ".join("?" for _ in expect) + ")" if expect else ""
         with self.tx() as db:
             cur = db.execute(
-                f"UPDATE stages SET {sets}, updated_at = ? WHERE job_id = ?{where}",  # noqa: S608
-                [*cols.values(), now, int(job_id), *expect],
+                f"UPDATE {table} SET {sets}, updated_at = ? WHERE {key}{where}",  # noqa: S608
+                [*cols.values(), now, *key_args, *expect],
             )
             return cur.rowcount == 1
 
@@ -570,15 +578,9 @@ class Store:
         unknown = set(changes) - _OUTPUT_FIELDS
         if unknown:
             raise ValueError(f"not an output field: {sorted(unknown)}")
-        sets = ", ".join(f"{k} = ?" for k in changes)
-        where = " AND state IN (" + ", ".join("?" for _ in expect) + ")" if expect else ""
-        with self.tx() as db:
-            cur = db.execute(
-                f"UPDATE outputs SET {sets}, updated_at = ? WHERE job_id = ? AND name = ?"  # noqa: S608
-                f"{where}",
-                [*changes.values(), now, int(job_id), name, *expect],
-            )
-            return cur.rowcount == 1
+        return self._update_row(
+            "outputs", "job_id = ? AND name = ?", [int(job_id), name], now, expect, changes
+        )
 
     def forget_stages(self, before: float) -> int:
         """Drop the records of stages last changed before ``before``; how many."""

@@ -21,7 +21,6 @@ from slurm_burst.core.staging import (
     check_relpath,
     kept_home,
     namespace,
-    parse_directives,
     parse_manifest,
     parse_pointer,
     parse_stages,
@@ -48,7 +47,7 @@ SHA = "ab" * 32
     ids=["one", "two-and-sbatch", "after-header", "not-the-directive"],
 )  # fmt: skip
 def test_directives_are_read_from_the_header(script: str, want: list[StageIn]) -> None:
-    assert parse_directives(script) == want
+    assert list(parse_stages(script).ins) == want
 
 
 @pytest.mark.parametrize(
@@ -79,7 +78,7 @@ def test_directives_are_read_from_the_header(script: str, want: list[StageIn]) -
 )
 def test_a_bad_directive_names_its_line_and_what_is_wrong(line: str, says: str) -> None:
     with pytest.raises(StagingError, match=says) as e:
-        parse_directives("#!/bin/sh\n" + line + "\n")
+        parse_stages("#!/bin/sh\n" + line + "\n")
     assert "line " in str(e.value)
 
 
@@ -94,7 +93,7 @@ def test_stage_outs_are_read_with_the_stage_ins_and_name_their_home() -> None:
         StageOut("out", "/r/%j-%j", 0, 4),
     )
     assert [o.home(77) for o in got.outs] == ["/results/77/ckpt", "/r/77-77"]
-    assert parse_directives("#BB_LUA stage_out src=o dst=/r\n") == []
+    assert parse_stages("#BB_LUA stage_out src=o dst=/r\n").ins == ()
 
 
 @pytest.mark.parametrize("path", ["", "/a", "a//b", "a/./b", "a/..", "a/" + "x" * 256, "a\nb"])
