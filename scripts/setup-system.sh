@@ -13,7 +13,6 @@ PACKAGES=(
   lua5.1 lua-posix                            # burst_buffer.lua runs data_in with lua-posix; tests run it in lua5.1
   gcc libc6-dev                               # the lab's simulated NVML (libnvidia-ml.so.1)
   prometheus prometheus-alertmanager          # the lab's Prometheus; promtool and amtool check the shipped rules
-  nodejs npm                                  # Azurite, Azure's blob emulator (staging's tests)
 )
 
 if [ "$(id -u)" -ne 0 ]; then
@@ -40,7 +39,13 @@ else
 fi
 
 # Azurite (npm), Microsoft's Azure Storage emulator: the Azure Blob store's tests.
+# Node.js and npm come with the machine (NodeSource's nodejs bundles npm, and Debian's npm
+# package conflicts with it): Debian's are installed only where there is no npm at all.
 AZURITE_VERSION=3.35.0
+if ! command -v npm >/dev/null; then
+  echo "setup-system: installing nodejs npm"
+  apt-get install -y -qq --no-install-recommends nodejs npm
+fi
 if [ "$(azurite-blob --version 2>/dev/null || true)" != "$AZURITE_VERSION" ]; then
   echo "setup-system: installing Azurite $AZURITE_VERSION (npm)"
   npm install -g --no-fund --no-audit --loglevel=error "azurite@$AZURITE_VERSION"
