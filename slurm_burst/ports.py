@@ -28,7 +28,14 @@ from slurm_burst.core.records import (
     StageRecord,
 )
 from slurm_burst.core.slurm import JobOwner, QueuedJob, SlurmJob, SlurmNode, SlurmPartition
-from slurm_burst.core.usage import AssocUsage, ClosedInstance, InstanceEvent, JobUsage, Transfer
+from slurm_burst.core.usage import (
+    AssocUsage,
+    ClosedInstance,
+    InstanceEvent,
+    JobUsage,
+    StorageCharge,
+    Transfer,
+)
 
 
 class Clock(Protocol):
@@ -57,8 +64,9 @@ class StagePusher(Protocol):
     leave); the result as ``slurm-burst stage push --json`` gives it. A refusal or a
     failure raises a BurstError with its code (StageSensitive: kept home)."""
 
-    def push(self, user: str, src: str, account: str, qos: str, *, check: bool) -> dict[str, Any]:
-        ...
+    def push(
+        self, user: str, src: str, account: str, qos: str, *, check: bool
+    ) -> dict[str, Any]: ...
 
 
 class OutputPromoter(Protocol):
@@ -397,6 +405,15 @@ class Ledger(Protocol):
     def instance_event(self, ev: InstanceEvent) -> None: ...
 
     def transfer(self, t: Transfer) -> None: ...
+
+
+class StorageLedger(Protocol):
+    """Where ``stage gc`` books storage: read the last booking, book the next period
+    (directly, never spooled: a period is read and booked against the database)."""
+
+    def storage_booked(self, store: str) -> dict[str, float]: ...
+
+    def storage(self, s: StorageCharge) -> None: ...
 
 
 class SpooledLedger(Ledger, Protocol):

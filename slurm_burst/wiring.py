@@ -68,7 +68,7 @@ if TYPE_CHECKING:
         ReconcilerSettings,
     )
     from slurm_burst.services.staging import Progress, Stager
-    from slurm_burst.services.transfers import StorePrices, TransferBook
+    from slurm_burst.services.transfers import StorageBook, StorePrices, TransferBook
     from slurm_burst.services.warmpool import WarmSettings
 
 
@@ -371,6 +371,13 @@ def transfer_book(
     from slurm_burst.services.transfers import TransferBook
 
     return TransferBook(cfg.cluster.name, _prices(store, cfg.stores[store]), clock, ledger, metrics)
+
+
+def storage_book(cfg: Config, store: str) -> StorageBook:
+    """Where ``stage gc`` books ``store``'s storage: the SQL ledger, at its prices."""
+    from slurm_burst.services.transfers import StorageBook
+
+    return StorageBook(cfg.cluster.name, _prices(store, cfg.stores[store]), ledger(cfg))
 
 
 def _prices(name: str, st: StoreConfig) -> StorePrices:

@@ -248,7 +248,8 @@ def transfers_cmd(
     as_json: bool,
 ) -> None:  # fmt: skip
     """Datasets moved for jobs, newest first: pushes to a store (in), nodes' pulls
-    (pull), with bytes, time, the prices that applied and the cost.
+    (pull), outputs brought home (out), with bytes, time, the prices that applied and
+    the cost (storage held is 'ledger storage').
 
     \b
     Examples:
@@ -272,6 +273,40 @@ def transfers_cmd(
     )  # fmt: skip
 
 
+@group.command("storage")
+@with_period
+@click.option("--account", default="", help="Only this account's storage.")
+@json_option
+@click.pass_context
+def storage_cmd(
+    ctx: click.Context, start: str | None, end: str | None, account: str, as_json: bool
+) -> None:
+    """Storage booked by 'slurm-burst stage gc', newest first: each store namespace's
+    GB-months (GB of 2^30 bytes held for 730 hours) since the run before, at the store's
+    storage_per_gb_month, charged to the namespace's account.
+
+    \b
+    Examples:
+      slurm-burst ledger storage --from 2026-11-01
+      slurm-burst ledger storage --account physics --json
+    """
+    first, after = _period(start, end)
+    rows = _ledger(ctx).storage_rows(first, after, account)
+    emit(
+        rows,
+        as_json,
+        columns=["BOOKED", "STORE", "ACCOUNT", "NAMESPACE", "SINCE", "KEYS", "BYTES",
+                 "GB-MONTHS", "COST $"],
+        rows=lambda rs: [
+            [r["at"][:19], r["store"], r["account"] or "-", r["namespace"],
+             (r["start"] or "written")[:19], r["keys"], r["bytes"], f"{r['gb_months']:.6f}",
+             f"{r['cost']:.6f}"]
+            for r in rs
+        ],
+        title=f"slurm-burst storage {first} .. {after - timedelta(days=1)}",
+    )  # fmt: skip
+
+
 @group.command("export")
 @with_period
 @click.option(
@@ -285,7 +320,8 @@ def transfers_cmd(
 @click.pass_context
 def export(ctx: click.Context, start: str | None, end: str | None, output: str) -> None:
     """Every charge line as CSV for finance (one row per instance, day, payer and kind;
-    one per data transfer, kind staging-in, staging-pull or staging-out)."""
+    one per data transfer, kind staging-in, staging-pull or staging-out; one per storage
+    booking, kind staging-stored)."""
     from slurm_burst.core.usage import EXPORT_COLUMNS
     from slurm_burst.fileio import file_error, write_atomic
 

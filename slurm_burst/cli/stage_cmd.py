@@ -10,9 +10,11 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import click
 
 from slurm_burst.cli.common import FiniteRange, app, emit, json_option, ts
+from slurm_burst.core.errors import BurstError
 
 if TYPE_CHECKING:
     from slurm_burst.services.staging import Stager
+    from slurm_burst.services.transfers import StorageBook
 
 _store_option = click.option(
     "--store", default="", metavar="NAME", help="A store of [stores] (default: staging.store)."
@@ -145,31 +147,58 @@ def status(ctx: click.Context, src: str | None, account: str, store: str, as_jso
     help="Never remove a manifest or object written within this many hours (a push in "
     "flight writes objects before the manifest that names them).",
 )
-@click.option("--dry-run", is_flag=True, help="Say what would go; remove nothing.")
+@click.option(
+    "--dry-run", is_flag=True, help="Say what would go and what would be booked; change nothing."
+)
+@click.option(
+    "--no-book", is_flag=True, help="Do not book the store's storage in the ledger this run."
+)
 @_store_option
 @json_option
 @click.pass_context
 def gc(
-    ctx: click.Context, keep_days: float | None, grace_hours: float, dry_run: bool, store: str,
-    as_json: bool,
+    ctx: click.Context, keep_days: float | None, grace_hours: float, dry_run: bool,
+    no_book: bool, store: str, as_json: bool,
 ) -> None:  # fmt: skip
     """Remove what no dataset needs from the store: versions pushed more than
     --keep-days ago that no job the daemon knows of holds (its state database, read
     only), then manifests and objects nothing kept names. Every account's namespace;
-    keys under the store's prefix that are not staging's are never touched. Exit 0
-    when done (problems, such as a manifest that cannot be read, are listed: that
-    namespace keeps all its objects)."""
+    keys under the store's prefix that are not staging's are never touched.
+
+    Then book in the ledger what each namespace held since the last run: its GB-months
+    at the store's storage_per_gb_month, charged to the account (a namespace never
+    booked counts each key from when it was written). A ledger that cannot be read
+    books nothing this run; the next run books the whole period.
+
+    Exit 0 when done (problems, such as a manifest that cannot be read, are listed:
+    that namespace keeps all its objects)."""
     from slurm_burst.wiring import stager
 
     cfg = app(ctx).config
+    name = store or cfg.staging.store
     live = _live_manifests(cfg)
+    book = None if no_book else _storage_book(cfg, name)
+    booked = None
+    if book is not None:
+        try:
+            booked = book.booked()
+        except (BurstError, OSError) as exc:
+            click.echo(f"slurm-burst: warning: storage not booked this run: {exc}", err=True)
     progress = _Progress(enabled=not as_json or sys.stderr.isatty(), counts=True)
     report = stager(cfg, store, progress).gc(
         keep_days if keep_days is not None else cfg.staging.keep_days,
-        live, grace_hours * 3600, dry_run,
+        live, grace_hours * 3600, dry_run, booked,
     )  # fmt: skip
     progress.done()
+    charges = [] if book is None or booked is None else book.charges(report.held, report.at)
     out = report.as_dict()
+    out["storage"] = [c.as_dict() for c in charges]
+    if charges and not dry_run:
+        try:
+            book.book(charges)  # type: ignore[union-attr]
+        except (BurstError, OSError) as exc:
+            out["storage"] = []
+            click.echo(f"slurm-burst: warning: storage not booked this run: {exc}", err=True)
     emit(
         out,
         as_json,
@@ -183,14 +212,38 @@ def gc(
         title=("would remove (dry run)" if dry_run else "removed")
         + f": {out['keys']} keys listed",
     )  # fmt: skip
+    if not as_json and out["storage"]:
+        emit(
+            out["storage"],
+            False,
+            columns=["NAMESPACE", "ACCOUNT", "SINCE", "KEYS", "BYTES", "GB-MONTHS", "COST $"],
+            rows=lambda rs: [
+                [r["namespace"], r["account"] or "-", ts(r["start"]) if r["start"] else "written",
+                 r["keys"], r["bytes"], f"{r['gb_months']:.6f}", f"{r['cost']:.6f}"]
+                for r in rs
+            ],
+            title="storage " + ("that would be booked (dry run)" if dry_run else "booked"),
+        )  # fmt: skip
     for problem in out["problems"]:
         click.echo(f"slurm-burst: {problem}", err=True)
+
+
+def _storage_book(cfg: Any, store: str) -> StorageBook | None:
+    """The store's storage book on the ledger (None, said, where there is no ledger)."""
+    from slurm_burst.wiring import storage_book
+
+    if store not in cfg.stores:
+        return None  # the stager says what is wrong with the store
+    try:
+        return storage_book(cfg, store)
+    except (BurstError, OSError, KeyError) as exc:
+        click.echo(f"slurm-burst: warning: storage not booked this run: {exc}", err=True)
+        return None
 
 
 def _live_manifests(cfg: Any) -> dict[str, set[str]]:
     """The versions the daemon's jobs hold, by namespace (its state database, read only;
     without one there are none, and that is said)."""
-    from slurm_burst.core.errors import BurstError
     from slurm_burst.core.staging import StagingError, namespace
     from slurm_burst.wiring import node_store
 

@@ -678,8 +678,8 @@ class StoreConfig:
         "Dollars per GB leaving the provider for the site (stage-out).", default=0.0
     )
     storage_per_gb_month: float = doc(
-        "Dollars per GB-month stored; a push is charged the first month of the bytes it "
-        "newly stores.",
+        "Dollars per GB-month stored (2^30 bytes for 730 hours); 'slurm-burst stage gc' "
+        "books what each account's namespace held since its last run.",
         default=0.0,
     )
 

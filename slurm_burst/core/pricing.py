@@ -67,17 +67,21 @@ def dollars(micros: int) -> Decimal:
     return (Decimal(micros) / MICROS).quantize(Decimal("0.000001"))
 
 
+def _half_even(num: int, den: int) -> int:
+    q, r = divmod(num, den)
+    twice = 2 * r
+    if twice > den or (twice == den and q % 2):
+        q += 1
+    return q
+
+
 def cost_micros(price_micros_per_hour: int, elapsed_ms: int) -> int:
     """Cost of ``elapsed_ms`` at a price per hour, rounded half-even to a micro-dollar.
 
     Used cumulatively (cost up to t2 minus cost up to t1), so the pieces of an
     interval always add up to the cost of the whole interval.
     """
-    q, r = divmod(price_micros_per_hour * elapsed_ms, MS_PER_HOUR)
-    twice = 2 * r
-    if twice > MS_PER_HOUR or (twice == MS_PER_HOUR and q % 2):
-        q += 1
-    return q
+    return _half_even(price_micros_per_hour * elapsed_ms, MS_PER_HOUR)
 
 
 GB = 1 << 30  # providers bill data "per GB" of 2^30 bytes
@@ -86,11 +90,27 @@ GB = 1 << 30  # providers bill data "per GB" of 2^30 bytes
 def bytes_cost_micros(n: int, micros_per_gb: int) -> int:
     """Cost of ``n`` bytes at a price per GB (2^30 bytes), rounded half-even to a
     micro-dollar."""
-    q, r = divmod(max(0, n) * micros_per_gb, GB)
-    twice = 2 * r
-    if twice > GB or (twice == GB and q % 2):
-        q += 1
-    return q
+    return _half_even(max(0, n) * micros_per_gb, GB)
+
+
+MONTH_SECONDS = 730 * 3600  # a month of storage as the providers' GB-month prices count it
+
+
+def storage_cost_micros(byte_seconds: int, micros_per_gb_month: int) -> int:
+    """Cost of ``byte_seconds`` stored at a price per GB-month (2^30 bytes for 730
+    hours), rounded half-even to a micro-dollar."""
+    return _half_even(max(0, byte_seconds) * micros_per_gb_month, GB * MONTH_SECONDS)
+
+
+def stored_byte_seconds(items: Iterable[tuple[int, float]], since: float | None, now: float) -> int:
+    """Byte-seconds stored by ``items`` (size, when written) from ``since`` (None: each
+    from when it was written) until ``now``; whole seconds, nothing before a write."""
+    total = 0
+    for size, written in items:
+        start = written if since is None else max(written, since)
+        if size > 0 and now > start:
+            total += size * int(now - start)
+    return total
 
 
 def parse_instant(text: str, what: str) -> datetime:

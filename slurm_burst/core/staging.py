@@ -361,6 +361,12 @@ def namespace(account: str) -> str:
     return f"acct-{ns}"
 
 
+def account_of(ns: str) -> str:
+    """The Slurm account a store namespace is of ('' if it is not an account's)."""
+    account = ns.removeprefix("acct-")
+    return account if ns != account and _NAMESPACE.fullmatch(account) else ""
+
+
 def dataset_id(ns: str, src: str) -> str:
     return hashlib.sha256(f"{ns}\0{src}".encode()).hexdigest()[:32]
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from slurm_burst.core.errors import EXIT_BAD_INPUT, BurstError
 from slurm_burst.core.gpu import job_key
-from slurm_burst.core.pricing import dollars
+from slurm_burst.core.pricing import GB, MONTH_SECONDS, dollars
 
 FINISHED = frozenset(
     {
@@ -96,8 +96,9 @@ class Transfer:
     ``key`` makes a replayed or repeated write add nothing. ``per_gb`` is the price per
     GB sent that applied to this direction (the store's ``upload_per_gb``,
     ``download_per_gb`` or ``egress_per_gb``); ``cost_micros`` is the bytes sent at that
-    price, plus, for bytes a push newly stored, their first month at
-    ``storage_per_gb_month``. The field names are the spool's on-disk format: keep them.
+    price (storage is booked apart: :class:`StorageCharge`). ``storage_per_gb_month`` is
+    the store's price at the time, for the record. The field names are the spool's
+    on-disk format: keep them.
     """
 
     key: str
@@ -119,6 +120,42 @@ class Transfer:
     per_gb: float = 0.0
     storage_per_gb_month: float = 0.0
     cost_micros: int = 0
+
+
+@dataclass(frozen=True)
+class StorageCharge:
+    """What an account's namespace of a store held from ``start`` (None: from each
+    object's write) to ``at``, as ``stage gc`` books it: ``byte_seconds`` of every key
+    listed (objects, manifests, pointers; what the run removes counts until the run),
+    at ``per_gb_month`` (2^30 bytes for 730 hours). ``key`` makes a second booking of the
+    same period add nothing."""
+
+    key: str
+    store: str
+    provider: str
+    account: str  # '' for a namespace that is no account's
+    namespace: str
+    start: float | None
+    at: float
+    key_count: int  # keys held at ``at`` (before the run removed any)
+    stored_bytes: int  # their bytes
+    byte_seconds: int
+    per_gb_month: float
+    cost_micros: int
+
+    @property
+    def gb_months(self) -> float:
+        return self.byte_seconds / (GB * MONTH_SECONDS)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "namespace": self.namespace, "account": self.account, "store": self.store,
+            "provider": self.provider, "start": self.start, "at": self.at,
+            "keys": self.key_count, "bytes": self.stored_bytes,
+            "byte_seconds": self.byte_seconds, "gb_months": round(self.gb_months, 6),
+            "per_gb_month": self.per_gb_month, "cost": float(dollars(self.cost_micros)),
+            "cost_micros": self.cost_micros,
+        }  # fmt: skip
 
 
 @dataclass(frozen=True)

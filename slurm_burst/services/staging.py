@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from slurm_burst.core.cloud import backoff
+from slurm_burst.core.pricing import stored_byte_seconds
 from slurm_burst.core.ratelimit import TokenBucket
 from slurm_burst.core.staging import (
     COMPRESS_MIN,
@@ -86,14 +87,28 @@ class StagingSettings:
 _KINDS = {"d": "pointers", "m": "manifests", "o": "objects"}
 
 
+@dataclass(frozen=True)
+class Held:
+    """What a namespace held when gc listed it, and for how long since ``since`` (None:
+    each key since its write): what storage's booking charges."""
+
+    keys: int
+    bytes: int
+    byte_seconds: int
+    since: float | None
+
+
 @dataclass
 class GcReport:
-    """What :meth:`Stager.gc` removed (or, with ``dry_run``, would), per namespace."""
+    """What :meth:`Stager.gc` removed (or, with ``dry_run``, would), per namespace; with
+    the namespaces' last bookings given, what each held since (``held``, at ``at``)."""
 
     dry_run: bool
     keys: int = 0  # keys listed under the store's prefix
     namespaces: dict[str, dict[str, int]] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
+    at: float = 0.0
+    held: dict[str, Held] = field(default_factory=dict)
 
     def namespace(self, ns: str) -> dict[str, int]:
         return self.namespaces.setdefault(ns, dict.fromkeys(
@@ -469,8 +484,9 @@ class Stager:
     # -- garbage collection ---------------------------------------------------------------
 
     def gc(
-        self, keep_days: float, live: Mapping[str, set[str]], grace: float, dry_run: bool = False
-    ) -> GcReport:
+        self, keep_days: float, live: Mapping[str, set[str]], grace: float, dry_run: bool = False,
+        booked: Mapping[str, float] | None = None,
+    ) -> GcReport:  # fmt: skip
         """Remove what no dataset needs any more, namespace by namespace (mark, then sweep).
 
         A pointer written more than ``keep_days`` ago whose version no job still holds
@@ -481,7 +497,11 @@ class Stager:
         then its pointer: ``grace`` is longer than a push). Deleted pointers first, then
         manifests, then objects, so nothing left ever names what is gone. A namespace
         with a manifest that cannot be read keeps all its objects (and says so). A node
-        that finds an object gone anyway (a push racing a sweep) has it sent again."""
+        that finds an object gone anyway (a push racing a sweep) has it sent again.
+
+        ``booked`` (namespace -> when its storage was last booked; a namespace not in it
+        never was): the report says what each namespace held and for how long since, every
+        key listed counting until now, what this run removes included."""
         now = self.clock.now()
         cutoff, settled = now - keep_days * 86400, now - grace
         prefix = self.settings.prefix
@@ -494,10 +514,12 @@ class Stager:
                 ns, kind, name = found
                 kinds = by_ns.setdefault(ns, {"o": [], "m": [], "d": []})
                 kinds[kind].append((key, name, size, modified))
-        report = GcReport(dry_run=dry_run, keys=len(listing))
+        report = GcReport(dry_run=dry_run, keys=len(listing), at=now)
         doomed: dict[str, list[tuple[str, int]]] = {"d": [], "m": [], "o": []}
         for ns, kinds in sorted(by_ns.items()):
             layout = Layout(prefix, ns)
+            if booked is not None:
+                report.held[ns] = _held(kinds, booked.get(ns), now)
             held = live.get(ns, set())
             row = report.namespace(ns)
             keep = set(held)
@@ -615,3 +637,10 @@ def _worth_threads(listing: Sequence[tuple[str, int, bool]]) -> bool:
     """Hash in threads when files are large: hashlib and zlib let go of the GIL only
     for the bytes they work on, so 10,000 files of 16 KiB hash faster in one thread."""
     return bool(listing) and sum(size for _, size, _ in listing) >= len(listing) * 256 * 1024
+
+
+def _held(kinds: Mapping[str, list[tuple[str, str, int, float]]], since: float | None,
+          now: float) -> Held:  # fmt: skip
+    sized = [(size, at) for keys in kinds.values() for _key, _name, size, at in keys]
+    return Held(len(sized), sum(size for size, _at in sized),
+                stored_byte_seconds(sized, since, now), since)  # fmt: skip

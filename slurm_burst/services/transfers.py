@@ -4,8 +4,8 @@ Staging calls this once a transfer is over: a push to a store (``in``: the daemo
 job, or an admin's ``stage push``), a node's pull (``pull``: part of its join), a job's
 outputs brought home (``out``: a stage-out's promotion), a move that failed. The row's
 price is the store's for that direction (``upload_per_gb``, ``download_per_gb``,
-``egress_per_gb`` of ``[stores.NAME]``), and a push also pays the first month of the
-bytes it newly stored (``storage_per_gb_month``); later months are stage gc's to book.
+``egress_per_gb`` of ``[stores.NAME]``). Storage is charged for the time it is held,
+by ``stage gc`` (:meth:`StorageBook.book`), at ``storage_per_gb_month``.
 The key of a row is what the transfer was (job, dataset, node, version), so a write
 replayed from the spool or repeated after a restart adds nothing. The ledger never holds
 up staging: a write it cannot take now waits in its spool.
@@ -23,9 +23,16 @@ from typing import Any
 
 from slurm_burst.core.errors import BurstError
 from slurm_burst.core.numbers import json_count
-from slurm_burst.core.pricing import PricingError, bytes_cost_micros, to_micros
-from slurm_burst.core.usage import Transfer, TransferDirection
-from slurm_burst.ports import Clock, Ledger, Metrics
+from slurm_burst.core.pricing import (
+    PricingError,
+    bytes_cost_micros,
+    storage_cost_micros,
+    to_micros,
+)
+from slurm_burst.core.staging import account_of
+from slurm_burst.core.usage import StorageCharge, Transfer, TransferDirection
+from slurm_burst.ports import Clock, Ledger, Metrics, StorageLedger
+from slurm_burst.services.staging import Held
 
 log = logging.getLogger(__name__)
 
@@ -70,10 +77,9 @@ class TransferBook:
     ) -> Transfer:  # fmt: skip
         """A push that completed (``out``: ``Pushed.as_dict()``, or what the child said)."""
         sent = json_count(out.get("bytes_sent"))
-        stored = 0 if out.get("unchanged") else sent
         t = self._transfer(
             TransferDirection.IN, out, account=account, user=user, job_id=job_id,
-            dataset=str(out.get("src", "")), node="", sent=sent, stored=stored,
+            dataset=str(out.get("src", "")), node="", sent=sent,
             parts=(job_id, stage_id, dst, out.get("src"), out.get("manifest"),
                    self.clock.now() if not job_id else ""),
         )  # fmt: skip
@@ -88,7 +94,7 @@ class TransferBook:
         got = json_count(out.get("fetched_bytes"))
         t = self._transfer(
             TransferDirection.PULL, {**out, "manifest": manifest}, account=account, user=user,
-            job_id=job_id, dataset=dst, node=node, sent=got, stored=0,
+            job_id=job_id, dataset=dst, node=node, sent=got,
             parts=(job_id, stage_id, dst, node, manifest), provider=provider,
         )  # fmt: skip
         self._record(t)
@@ -103,7 +109,7 @@ class TransferBook:
         got = json_count(out.get("bytes"))
         t = self._transfer(
             TransferDirection.OUT, {**out, "manifest": manifest}, account=account, user=user,
-            job_id=job_id, dataset=str(out.get("home", "")), node=node, sent=got, stored=0,
+            job_id=job_id, dataset=str(out.get("home", "")), node=node, sent=got,
             parts=(job_id, name, manifest),
         )  # fmt: skip
         self._record(t)
@@ -115,13 +121,12 @@ class TransferBook:
 
     def _transfer(
         self, direction: TransferDirection, out: Mapping[str, Any], *, account: str, user: str,
-        job_id: int, dataset: str, node: str, sent: int, stored: int, parts: tuple[object, ...],
+        job_id: int, dataset: str, node: str, sent: int, parts: tuple[object, ...],
         provider: str = "",
     ) -> Transfer:  # fmt: skip
         p = self.prices
         per_gb = p.per_gb(direction)
         cost = bytes_cost_micros(sent, _micros(per_gb))
-        cost += bytes_cost_micros(stored, _micros(p.storage_per_gb_month))
         what = json.dumps([self.cluster, direction, *map(str, parts)]).encode()
         return Transfer(
             key=f"{direction}:{hashlib.sha256(what).hexdigest()}", direction=direction,
@@ -144,6 +149,41 @@ class TransferBook:
         except (BurstError, OSError) as exc:  # the spool could not take it either: said
             log.error("ledger.transfer_lost job=%s direction=%s bytes_sent=%d error=%s",
                       t.job_id, t.direction, t.bytes_sent, exc)  # fmt: skip
+
+
+class StorageBook:
+    """Storage's GB-months into the ledger, namespace by namespace, as ``stage gc``
+    found them: each namespace from its last booking (or, never booked, each key from
+    its write) to the run, at the store's ``storage_per_gb_month``."""
+
+    def __init__(self, cluster: str, prices: StorePrices, ledger: StorageLedger) -> None:
+        self.cluster = cluster
+        self.prices = prices
+        self.ledger = ledger
+
+    def booked(self) -> dict[str, float]:
+        """When each of the store's namespaces was last booked to."""
+        return self.ledger.storage_booked(self.prices.store)
+
+    def charges(self, held: Mapping[str, Held], at: float) -> list[StorageCharge]:
+        """What ``held`` (``GcReport.held``) costs, one charge a namespace."""
+        p = self.prices
+        price = _micros(p.storage_per_gb_month)
+        out = []
+        for ns, h in sorted(held.items()):
+            what = json.dumps([self.cluster, p.store, ns, h.since]).encode()
+            out.append(StorageCharge(
+                key=f"stored:{hashlib.sha256(what).hexdigest()}", store=p.store,
+                provider=p.provider, account=account_of(ns), namespace=ns, start=h.since,
+                at=at, key_count=h.keys, stored_bytes=h.bytes, byte_seconds=h.byte_seconds,
+                per_gb_month=p.storage_per_gb_month,
+                cost_micros=storage_cost_micros(h.byte_seconds, price),
+            ))  # fmt: skip
+        return out
+
+    def book(self, charges: list[StorageCharge]) -> None:
+        for c in charges:
+            self.ledger.storage(c)
 
 
 def _micros(dollars: float) -> int:

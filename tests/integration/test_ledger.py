@@ -508,3 +508,48 @@ def test_staging_is_in_the_chargeback_by_account_and_by_job(led: SqlLedger) -> N
     ])  # fmt: skip
     assert sum(ln[8] for ln in lines) == 85_000 + 8_700  # the report's total, line by line
     assert [ln[0] for ln in lines] == sorted(ln[0] for ln in lines)
+
+
+def test_storage_booked_by_gc_is_charged_to_the_account_once_a_period(led: SqlLedger) -> None:
+    """Storage's GB-months (``stage gc``'s bookings) are in the account's staging, its
+    spend, the by-job report as ``(storage)`` and the export (kind staging-stored); a
+    period booked twice counts once; each namespace's last booking is read back."""
+    from slurm_burst.core.pricing import GB, MONTH_SECONDS, storage_cost_micros
+    from slurm_burst.core.usage import StorageCharge
+
+    acct = f"sto{uuid.uuid4().hex[:8]}"
+    store = f"s3-{acct}"
+    at = (T0 + timedelta(hours=2)).timestamp()
+
+    def booked(start: float | None, end: float, byte_seconds: int) -> StorageCharge:
+        return StorageCharge(
+            key=f"stored:{acct}:{start}", store=store, provider="lab", account=acct,
+            namespace=f"acct-{acct}", start=start, at=end, key_count=7, stored_bytes=GB,
+            byte_seconds=byte_seconds, per_gb_month=0.023,
+            cost_micros=storage_cost_micros(byte_seconds, 23_000),
+        )  # fmt: skip
+
+    first = booked(None, at, GB * MONTH_SECONDS)  # a GB-month: $0.023
+    then = booked(at, at + 3600, GB * 3600 * 100)  # 100 GB for an hour
+    for s in (first, first, then, then):
+        led.storage(s)
+    assert led.storage_booked(store) == {f"acct-{acct}": at + 3600}
+    assert led.storage_booked("another-store") == {}
+    day = T0.date()
+    rows = led.storage_rows(day, day + timedelta(days=1), account=acct)
+    shown = [(r["start"], r["keys"], r["bytes"], r["cost_micros"], r["gb_months"]) for r in rows]
+    assert shown == [
+        (datetime.fromtimestamp(at, UTC).isoformat(), 7, GB, 3_151, round(100 / 730, 6)),
+        (None, 7, GB, 23_000, 1.0),
+    ]  # fmt: skip
+    total = 23_000 + 3_151
+    by_account = {r["account"]: r for r in report(led.engine, ["account"], day, day + timedelta(1))}
+    assert by_account[acct]["staging_micros"] == total and by_account[acct]["staged_bytes"] == 0
+    assert by_account[acct]["total_micros"] == total
+    by_job = {r["job"]: r for r in report(led.engine, ["job"], day, day + timedelta(1))
+              if r["account"] == acct}  # fmt: skip
+    assert by_job["(storage)"]["staging_micros"] == total and by_job["(storage)"]["user"] == ""
+    assert led.spent(date(day.year, day.month, 1), day + timedelta(days=1))[acct] == total
+    lines = [ln for ln in led.charge_lines(day, day + timedelta(days=1)) if ln[1] == acct]
+    assert [(ln[6], ln[8], ln[2], ln[4]) for ln in lines] == [("staging-stored", 23_000, "", ""),
+                                                             ("staging-stored", 3_151, "", "")]

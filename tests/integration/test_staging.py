@@ -16,6 +16,7 @@ import sys
 import threading
 import time
 import urllib.request
+from datetime import datetime
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -603,11 +604,10 @@ def test_the_command_line_pushes_and_reports_and_says_what_is_wrong(
     )
     assert again["unchanged"] and again["bytes_sent"] == 0 and again["requests"] == 2
     # an admin's pushes are in the ledger's transfers (job 0): the first paid its bytes at
-    # the upload price and their first month stored; the unchanged one, nothing
+    # the upload price; the unchanged one, nothing (storage is gc's to book, below)
     moved = json.loads(invoke(["--config", str(conf), "ledger", "transfers", "--json"]).stdout)
     assert sorted((t["bytes_sent"], t["cost_micros"], t["job"]) for t in moved) == [
-        (0, 0, 0), (sent := first["bytes_sent"], round(sent * 0.5e6 / 2**30)
-                     + round(sent * 0.25e6 / 2**30), 0)
+        (0, 0, 0), (sent := first["bytes_sent"], round(sent * 0.5e6 / 2**30), 0)
     ]  # fmt: skip
     assert {(t["direction"], t["store"], t["account"]) for t in moved} == {("in", "lab", "physics")}
     shown = json.loads(invoke([*base, "status", "-A", "physics", "--json"], env=env).stdout)
@@ -620,8 +620,21 @@ def test_the_command_line_pushes_and_reports_and_says_what_is_wrong(
     swept = json.loads(gc.stdout)
     assert swept["dry_run"] and swept["total"]["objects"] == 0, swept
     assert swept["total"]["objects_kept"] == 5 and "no state database" in gc.stderr
+    # ... and what the namespace held is what gc books: its 7 keys since written
+    [held] = swept["storage"]
+    assert (held["account"], held["namespace"], held["start"], held["keys"]) == (
+        "physics", "acct-physics", None, 7)  # fmt: skip
+    assert held["bytes"] == first["bytes_sent"]  # all the push wrote: objects, manifest, pointer
+    ledger = ["--config", str(conf), "ledger", "storage", "--json"]
+    assert json.loads(invoke(ledger).stdout) == []  # a dry run books nothing
     table = invoke([*base, "gc"], env=env).stdout
-    assert "removed" in table and "acct-physics" in table
+    assert "removed" in table and "acct-physics" in table and "storage booked" in table
+    [one] = json.loads(invoke(ledger).stdout)
+    again = json.loads(invoke([*base, "gc", "--json"], env=env).stdout)["storage"]
+    assert [s["start"] for s in again] == [datetime.fromisoformat(one["at"]).timestamp()]
+    assert [r["start"] for r in json.loads(invoke(ledger).stdout)] == [one["at"], None]
+    assert json.loads(invoke([*base, "gc", "--no-book", "--json"], env=env).stdout)["storage"] == []
+    assert len(json.loads(invoke(ledger).stdout)) == 2
     refusals = [
         (["push", "relative", "-A", "physics", *me], env, 2, "absolute path"),
         (["push", str(root), "-A", "bad account", *me], env, 2, "not a Slurm account"),
@@ -699,8 +712,14 @@ def test_gc_removes_what_no_kept_version_names_and_nothing_else(
         if e.path == "old"))  # fmt: skip
     # an hour on, within keep_days: a's old manifest and its own object go; the rest stays
     later = gc_stager(server, FakeClock(now + 3600))
-    dry = later.gc(keep_days=30, live={}, grace=60, dry_run=True).as_dict()
+    booked = {layout.ns: now + 1800}  # storage booked half an hour ago: from then on
+    dry_report = later.gc(keep_days=30, live={}, grace=60, dry_run=True, booked=booked)
+    dry = dry_report.as_dict()
     assert set(server.objects()) == bucket  # a dry run removes nothing
+    held = dry_report.held[layout.ns]
+    assert (held.keys, held.since) == (len([k for k in bucket if k.startswith(layout.ns, 3)]),
+                                       now + 1800)  # fmt: skip
+    assert held.byte_seconds == held.bytes * int(now + 3600 - (now + 1800)) > 0
     report = later.gc(keep_days=30, live={}, grace=60).as_dict()
     assert report["total"] == dry["total"]
     assert (report["total"]["pointers"], report["total"]["manifests"],

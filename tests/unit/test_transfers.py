@@ -17,14 +17,20 @@ import pytest
 from slurm_burst.adapters.ledger.spool import Spool, SpoolingLedger
 from slurm_burst.core.errors import StepError
 from slurm_burst.core.nodestate import NodeState
-from slurm_burst.core.pricing import GB, bytes_cost_micros
+from slurm_burst.core.pricing import (
+    GB,
+    MONTH_SECONDS,
+    bytes_cost_micros,
+    storage_cost_micros,
+    stored_byte_seconds,
+)
 from slurm_burst.core.records import StageRecord, StageState
 from slurm_burst.core.slurm import JobOwner
 from slurm_burst.core.staging import Entry, Layout, Manifest, namespace, pointer_body
 from slurm_burst.services.nodestage import NodeStaging, NodeStagingSettings
 from slurm_burst.services.stagework import StageWork, StageWorkSettings
-from slurm_burst.services.staging import Stager, StagingSettings
-from slurm_burst.services.transfers import StorePrices, TransferBook
+from slurm_burst.services.staging import Held, Stager, StagingSettings
+from slurm_burst.services.transfers import StorageBook, StorePrices, TransferBook
 from tests.fakes.ledger import FakeLedger
 from tests.fakes.store import MemoryStore
 from tests.unit.test_stage_in import Pusher, RealClock
@@ -72,14 +78,14 @@ def test_bytes_cost_is_per_gb_of_2_30_bytes_to_the_micro_dollar(
     assert bytes_cost_micros(n, round(per_gb * 1_000_000)) == micros
 
 
-def test_a_push_pays_its_bytes_and_their_first_month_and_an_unchanged_one_nothing() -> None:
+def test_a_push_pays_its_bytes_and_an_unchanged_one_nothing() -> None:
     led, said = FakeLedger(), Said()
     book = TransferBook("c", PRICES, Fixed(), led, said)  # type: ignore[arg-type]
     out = {"src": "/data/set", "manifest": "ab" * 32, "files": 3, "bytes": 4 * GB,
            "objects": 3, "objects_sent": 2, "bytes_sent": 2 * GB, "seconds": 10.0}  # fmt: skip
     t = book.pushed(out, account="phys", user="alice", job_id=42, dst="set", stage_id="1.0")
     assert (t.direction, t.bytes_sent, t.logical_bytes, t.objects_sent) == ("in", 2 * GB, 4 * GB, 2)
-    assert t.cost_micros == 2 * 500_000 + 2 * 250_000  # upload, then a month stored
+    assert t.cost_micros == 2 * 500_000  # the upload; storage is stage gc's to book
     book.pushed(out, account="phys", user="alice", job_id=42, dst="set", stage_id="1.0")
     assert list(led.moved) == [t.key]  # the same push again: one row
     same = book.pushed({**out, "unchanged": True, "bytes_sent": 0, "objects_sent": 0},
@@ -350,3 +356,65 @@ def test_a_pull_that_failed_on_the_way_drops_nothing() -> None:
     with pytest.raises(StepError, match="bytes free"):
         staging.pull(sh, node, clock.t + 30, lambda: None)
     assert objects.objects == before and store.stage(42).state == StageState.STAGED  # type: ignore[union-attr]
+
+
+# -- storage: GB-months, booked by stage gc ----------------------------------------------
+
+
+def test_byte_seconds_count_each_key_from_its_write_or_the_last_booking() -> None:
+    keys = [(GB, 1000.0), (10, 5000.0), (0, 0.0), (7, 9000.0)]  # the last: after now
+    assert stored_byte_seconds(keys, None, 6000.0) == GB * 5000 + 10 * 1000
+    assert stored_byte_seconds(keys, 4000.0, 6000.0) == GB * 2000 + 10 * 1000
+    assert stored_byte_seconds(keys, 7000.0, 6000.0) == 0  # a clock gone back books nothing
+    # booked in two runs or in one: the same byte-seconds (whole seconds either way)
+    assert (stored_byte_seconds(keys, None, 5500.0) + stored_byte_seconds(keys, 5500.0, 6000.0)
+            == stored_byte_seconds(keys, None, 6000.0))  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("byte_seconds", "per_month", "micros"),
+    [(GB * MONTH_SECONDS, 0.023, 23_000), (GB * MONTH_SECONDS // 2, 0.023, 11_500),
+     (1024 * GB * MONTH_SECONDS, 0.02, 20_480_000), (GB * 3600, 0.023, 32), (0, 1.0, 0),
+     (-5, 1.0, 0)],
+    ids=["GB-month", "half", "TB-month", "GB-hour", "nothing", "negative"],
+)  # fmt: skip
+def test_storage_costs_gb_months_of_730_hours_to_the_micro_dollar(
+    byte_seconds: int, per_month: float, micros: int
+) -> None:
+    assert storage_cost_micros(byte_seconds, round(per_month * 1_000_000)) == micros
+
+
+class Bookings:
+    """The StorageLedger port in memory: a booking's key once, the latest end by store."""
+
+    def __init__(self) -> None:
+        self.rows: dict[str, Any] = {}
+
+    def storage_booked(self, store: str) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for r in self.rows.values():
+            if r.store == store:
+                out[r.namespace] = max(out.get(r.namespace, 0.0), r.at)
+        return out
+
+    def storage(self, s: Any) -> None:
+        self.rows.setdefault(s.key, s)
+
+
+def test_storage_is_charged_to_the_namespaces_account_once_a_period() -> None:
+    led = Bookings()
+    book = StorageBook("c", PRICES, led)
+    held = {"acct-phys": Held(3, GB, GB * MONTH_SECONDS, None),
+            "scratch": Held(1, 10, 0, None)}  # fmt: skip
+    charges = book.charges(held, 1_790_000_000.0)
+    assert [(c.account, c.namespace, c.cost_micros, c.gb_months) for c in charges] == [
+        ("phys", "acct-phys", 250_000, 1.0), ("", "scratch", 0, 0.0)]  # fmt: skip
+    book.book(charges)
+    book.book(book.charges(held, 1_790_000_500.0))  # read the same last booking: nothing
+    assert len(led.rows) == 2 and book.booked() == {"acct-phys": 1_790_000_000.0,
+                                                    "scratch": 1_790_000_000.0}  # fmt: skip
+    later = book.charges({"acct-phys": Held(3, GB, GB * 3600, 1_790_000_000.0)}, 1_790_003_600.0)
+    book.book(later)
+    assert later[0].cost_micros == 342 and later[0].start == 1_790_000_000.0  # 0.25/730
+    assert book.booked()["acct-phys"] == 1_790_003_600.0
+    assert later[0].as_dict()["gb_months"] == round(3600 / MONTH_SECONDS, 6)

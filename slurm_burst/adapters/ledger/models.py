@@ -362,5 +362,43 @@ class TransferRow(Base):
         Numeric(12, 6), comment="Dollars per GB-month stored, at the time."
     )
     cost_micros: Mapped[bigint] = mapped_column(
-        comment="Bytes sent at per_gb, plus the first month of bytes newly stored."
+        comment="Bytes sent at per_gb (storage is booked in storage, by stage gc)."
     )
+
+
+class StorageRow(Base):
+    __tablename__ = "storage"
+    __table_args__ = (
+        CheckConstraint(
+            "key_count >= 0 AND stored_bytes >= 0 AND gb_months >= 0", name="ck_storage_counts"
+        ),
+        CheckConstraint("cost_micros >= 0", name="ck_storage_cost"),
+        {"comment": "A store namespace's GB-months, as each stage gc booked them (append-only)."},
+    )
+
+    id: Mapped[intpk] = mapped_column(comment="Surrogate key.")
+    storage_key: Mapped[str] = mapped_column(
+        String(200), unique=True, comment="The store, namespace and period's start; idempotency."
+    )
+    cluster: Mapped[str] = mapped_column(String(64), comment="Slurm ClusterName.")
+    store: Mapped[str] = mapped_column(String(64), comment="slurm-burst store name.")
+    provider: Mapped[str] = mapped_column(String(64), comment="Provider profile.")
+    account: Mapped[str] = mapped_column(
+        String(64), index=True, comment="Slurm account ('' for a namespace of none)."
+    )
+    namespace: Mapped[str] = mapped_column(String(80), comment="The store namespace.")
+    period_start: Mapped[datetime | None] = mapped_column(
+        UTCDateTime(), nullable=True, comment="Start (UTC); NULL: each key from its write."
+    )
+    at: Mapped[utc] = mapped_column(index=True, comment="End of the period: the gc run (UTC).")
+    key_count: Mapped[int] = mapped_column(
+        comment="Keys held at the end, before the run removed any."
+    )
+    stored_bytes: Mapped[bigint] = mapped_column(comment="Their bytes.")
+    gb_months: Mapped[float] = mapped_column(
+        Numeric(20, 6), comment="GB (2^30 bytes) stored x months (730 hours) in the period."
+    )
+    per_gb_month: Mapped[float] = mapped_column(
+        Numeric(12, 6), comment="Dollars per GB-month, at the time."
+    )
+    cost_micros: Mapped[bigint] = mapped_column(comment="gb_months at per_gb_month.")

@@ -23,7 +23,7 @@ from typing import Any
 
 from sqlalchemy import Engine, case, func, select
 
-from slurm_burst.adapters.ledger import transfers
+from slurm_burst.adapters.ledger import storage, transfers
 from slurm_burst.adapters.ledger.engine import translated
 from slurm_burst.adapters.ledger.models import (
     OVERHEAD_KINDS,
@@ -77,7 +77,7 @@ def report(engine: Engine, by: Sequence[str], start: date, end: date) -> list[di
         sums = acc[tuple(key)]
         for i, v in enumerate(vals[len(cols) :]):
             sums[i] += int(v or 0)
-    moved = transfers.costs(engine, by, start, end)
+    moved = staging_costs(engine, by, start, end)
     for extra in moved.keys() - acc.keys():
         acc[extra] = [0, 0, 0, 0, 0]  # staging alone: a job whose nodes are not billed yet
     rows = [_row(dict(zip(by, key, strict=True)), *v) for key, v in acc.items()]
@@ -178,7 +178,7 @@ def _by_job(engine: Engine, start: date, end: date) -> list[dict[str, Any]]:
         line["idle_gpu_micros"] = idle
         line["idle_gpu"] = float(dollars(idle))
         rows.append(line)
-    moved = transfers.costs(engine, ("job", "account", "user"), start, end)
+    moved = staging_costs(engine, ("job", "account", "user"), start, end)
     seen: set[str] = set()
     for line in sorted(rows, key=lambda x: x["start"] or ""):
         key = (line["job"], line["account"], line["user"])
@@ -188,12 +188,26 @@ def _by_job(engine: Engine, start: date, end: date) -> list[dict[str, Any]]:
         else:
             _staging(line, 0, 0)
     for (job, account, user), (micros, sent) in moved.items():
-        head = {"job": job if job != "0" else "(pre-stage)", "job_key": "", "account": account,
+        head = {"job": _STAGING_ONLY.get(job, job), "job_key": "", "account": account,
                 "user": user, "partition": "", "state": "", "start": None, "end": None}  # fmt: skip
         line = _row(head, 0, 0, 0, 0, 0)
         line |= {"gpu_util": None, "idle_gpu_micros": 0, "idle_gpu": 0.0}
         rows.append(_staging(line, micros, sent))
     return sorted(rows, key=lambda x: (-x["total_micros"], x["job_key"], x["account"]))
+
+
+_STAGING_ONLY = {"0": "(pre-stage)", "": "(storage)"}  # the job column of staging not a job's
+
+
+def staging_costs(
+    engine: Engine, by: Sequence[str], start: date, end: date
+) -> dict[tuple[str, ...], tuple[int, int]]:
+    """Transfers' and storage's cost and bytes sent by ``by`` keys (the STAGING column)."""
+    out = dict(transfers.costs(engine, by, start, end))
+    for key, (micros, sent) in storage.costs(engine, by, start, end).items():
+        was = out.get(key, (0, 0))
+        out[key] = (was[0] + micros, was[1] + sent)
+    return out
 
 
 def _row(

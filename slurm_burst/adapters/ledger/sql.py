@@ -21,7 +21,7 @@ from typing import Any
 from sqlalchemy import Engine, func, select
 from sqlalchemy.orm import Session
 
-from slurm_burst.adapters.ledger import migrate, reports, transfers
+from slurm_burst.adapters.ledger import migrate, reports, storage, transfers
 from slurm_burst.adapters.ledger.engine import bulk_insert, insert_ignore, make_engine, translated
 from slurm_burst.adapters.ledger.models import (
     OVERHEAD_KINDS,
@@ -44,6 +44,7 @@ from slurm_burst.core.usage import (
     InstanceEvent,
     JobUsage,
     LedgerConflict,
+    StorageCharge,
     Transfer,
 )
 
@@ -85,10 +86,11 @@ class SqlLedger:
 
     def charge_lines(self, start: date, end: date) -> Iterator[tuple[Any, ...]]:
         """Every charge line on days in [start, end), streamed by day
-        (``usage.EXPORT_COLUMNS``): instances' charges, then the day's transfers."""
+        (``usage.EXPORT_COLUMNS``): instances' charges, then the day's transfers and storage."""
         return heapq.merge(
             reports.charge_lines(self.engine, start, end),
             transfers.export_lines(self.engine, start, end),
+            storage.export_lines(self.engine, start, end),
             key=lambda line: str(line[0]),
         )
 
@@ -104,6 +106,21 @@ class SqlLedger:
     ) -> list[dict[str, Any]]:
         """Transfers that ended on days in [start, end), newest first."""
         return transfers.listing(self.engine, start, end, account, job)
+
+    # -- storage ----------------------------------------------------------------
+    def storage(self, s: StorageCharge) -> None:
+        """Book a namespace's storage for a period (once per store, namespace and start)."""
+        storage.record(self.engine, self.cluster, s)
+        log.info("ledger.storage store=%s namespace=%s gb_months=%.6f cost_micros=%d",
+                 s.store, s.namespace, s.gb_months, s.cost_micros)  # fmt: skip
+
+    def storage_booked(self, store: str) -> dict[str, float]:
+        """``{namespace: unix time}`` each of ``store``'s namespaces was booked to."""
+        return storage.booked_until(self.engine, self.cluster, store)
+
+    def storage_rows(self, start: date, end: date, account: str = "") -> list[dict[str, Any]]:
+        """Storage booked on days in [start, end), newest first."""
+        return storage.listing(self.engine, start, end, account)
 
     # -- instances --------------------------------------------------------------
     def instance_event(self, ev: InstanceEvent) -> None:
@@ -464,7 +481,7 @@ class SqlLedger:
 
     def spent(self, start: date, end: date) -> dict[str, int]:
         """``{account: micro-dollars}`` charged on days in [start, end): instances'
-        charges and data transfers (what budgets and the spend cap count)."""
+        charges, data transfers and storage (what budgets and the spend cap count)."""
         r = ChargeRollup
         q = (
             select(r.account, func.sum(r.usage_micros + r.overhead_micros))
@@ -473,8 +490,8 @@ class SqlLedger:
         )
         with translated("ledger spend"), self.engine.connect() as conn:
             out = {a: int(v or 0) for a, v in conn.execute(q)}
-        moved = transfers.costs(self.engine, ("account",), start, end)
-        for (account,), (micros, _sent) in moved.items():
+        for (account,), (micros, _) in reports.staging_costs(self.engine, ("account",), start,
+                                                             end).items():  # fmt: skip
             out[account] = out.get(account, 0) + micros
         return out
 
