@@ -503,6 +503,17 @@ class ObjectStore(Protocol):
     def delete(self, key: str) -> None: ...  # gone already: no error
 
 
+class ServedStore(Protocol):
+    """A store the daemon serves itself (a mesh store): up while it leads."""
+
+    @property
+    def up(self) -> bool: ...
+
+    def start(self) -> None: ...  # OSError: cannot serve now (the address is not here)
+
+    def close(self) -> None: ...
+
+
 class OutputHome(Protocol):
     """Where a job's outputs land on-prem (adapters/storage/home.py), as the job's user:
     a work directory beside the destination, then swapped in whole."""

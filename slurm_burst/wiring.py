@@ -8,10 +8,11 @@ libcloud, paramiko or SQLAlchemy.
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import socket
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -33,6 +34,7 @@ if TYPE_CHECKING:
     from slurm_burst.adapters.slurm.cli import SlurmCli
     from slurm_burst.adapters.state.requestspool import RequestSpool
     from slurm_burst.adapters.state.store import Store
+    from slurm_burst.adapters.storage.mesh import MeshStoreServer
     from slurm_burst.config.model import StoreConfig
     from slurm_burst.core.simulate import Comparison
     from slurm_burst.core.staging import KeptHome
@@ -51,6 +53,7 @@ if TYPE_CHECKING:
         ObjectStore,
         OutputPromoter,
         Scheduler,
+        ServedStore,
         SpooledLedger,
         StagePusher,
     )
@@ -305,6 +308,12 @@ def object_store(cfg: Config, name: str) -> ObjectStore:
     if st is None:
         known = ", ".join(sorted(cfg.stores)) or "none configured"
         raise StorageUnavailable(f"no store {name!r} in [stores] ({known})")
+    if st.driver == "mesh":  # the daemon serves it; its key is root's, made at the start
+        from slurm_burst.adapters.storage.mesh import MeshStore, load_key
+
+        host, port = mesh_store_address(cfg, st)
+        secret = load_key(mesh_store_key(cfg, name), create=False)
+        return MeshStore(st.name, host=host, port=port, secret=secret)
     if st.driver == "azure_blobs":
         from slurm_burst.adapters.storage.azure import AzureBlobStore
 
@@ -319,6 +328,33 @@ def object_store(cfg: Config, name: str) -> ObjectStore:
         st.name, bucket=st.bucket, region=st.region, keys=resolve_store(st),
         endpoint=st.endpoint, secure=st.secure,
     )  # fmt: skip
+
+
+MESH_STORE_PORT = 8479  # a mesh store's port where its endpoint names none
+
+
+def mesh_store_address(cfg: Config, st: StoreConfig) -> tuple[str, int]:
+    """Where the daemon serves a mesh store: its endpoint, or the hub's mesh address."""
+    if st.endpoint:
+        host, _, port = st.endpoint.rpartition(":")
+        return host, int(port)
+    return str(next(ipaddress.ip_network(cfg.mesh.subnet).hosts())), MESH_STORE_PORT
+
+
+def mesh_store_key(cfg: Config, name: str) -> Path:
+    return Path(cfg.daemon.state_dir) / f"mesh-store-{name}.key"
+
+
+def mesh_store_servers(cfg: Config) -> list[MeshStoreServer]:
+    """The daemon's servers of the mesh stores (each one's grant key made if missing)."""
+    from slurm_burst.adapters.storage.mesh import MeshStoreServer, load_key
+
+    out = []
+    for name, st in sorted(cfg.stores.items()):
+        if st.driver == "mesh":
+            key = load_key(mesh_store_key(cfg, name), create=True)
+            out.append(MeshStoreServer(st.directory, key, mesh_store_address(cfg, st)))
+    return out
 
 
 def kept_home(cfg: Config) -> KeptHome:
@@ -465,6 +501,7 @@ class DaemonParts:
     stager: Stager | None = None  # staging.store's: the nodes' pull plans (None: no staging)
     pusher: StagePusher | None = None  # pushes as the jobs' users (with stager)
     promoter: OutputPromoter | None = None  # brings outputs home as the jobs' users
+    served: Sequence[ServedStore] = ()  # mesh stores the daemon serves while it leads
 
 
 # Each service's settings, from the config: the one place a service's knobs are read.
@@ -655,7 +692,7 @@ def assemble(cfg: Config, parts: DaemonParts) -> Daemon:
         daemon_settings(cfg),
         DaemonPorts(
             store=p.store, leader=p.leader, clock=p.clock, host=p.host or daemon_host(cfg),
-            spool=request_spool(cfg), metrics=p.metrics,
+            spool=request_spool(cfg), metrics=p.metrics, served=p.served,
         ),
         DaemonServices(
             provisioner=provisioner, workers=workers, reconciler=reconcile,
@@ -681,8 +718,10 @@ def daemon(cfg: Config) -> Daemon:
     sql = ledger(cfg, check_schema=False)
     prom = metrics(cfg)
     slurm = scheduler(cfg)
+    state = node_store(cfg, upgrade=True)
+    served = mesh_store_servers(cfg)  # before the stager: it reads the grant keys made here
     parts = DaemonParts(
-        store=node_store(cfg, upgrade=True),
+        store=state,
         clouds=managed_clouds(cfg, prom),
         mesh=hub,
         connector=SshConnector(cfg.daemon.ssh_user, key_path),
@@ -699,6 +738,7 @@ def daemon(cfg: Config) -> Daemon:
         stager=stager(cfg) if cfg.staging.store else None,
         pusher=child if cfg.staging.store else None,
         promoter=child if cfg.staging.store else None,
+        served=served,
     )
     return assemble(cfg, parts)
 

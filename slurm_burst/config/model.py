@@ -637,17 +637,29 @@ class PolicyConfig:
 @dataclass(frozen=True)
 class StoreConfig:
     name: str = doc("Store name (the table key).")
-    bucket: str = doc("Bucket staged data goes to (made beforehand, private).")
+    bucket: str = doc(
+        "Bucket staged data goes to (made beforehand, private); none for a mesh store.",
+        default="",
+    )
     driver: str = doc(
         "Storage driver: 's3' (AWS S3, or an S3-compatible server at endpoint), "
         "'google_storage' (Cloud Storage's S3-compatible XML API with a service account's "
-        "HMAC key; grants are V4 signed URLs) or 'azure_blobs' (bucket: the container; "
-        "credentials: the account and its key; grants are service SAS).",
+        "HMAC key; grants are V4 signed URLs), 'azure_blobs' (bucket: the container; "
+        "credentials: the account and its key; grants are service SAS) or 'mesh' (no "
+        "object storage: directory, on the controller, served by the daemon to the nodes "
+        "through the WireGuard mesh; grants are HMAC-signed URLs).",
         default="s3",
+    )
+    directory: str = doc(
+        "mesh: the directory on the controller that holds the store (made 0700 by the "
+        "daemon; on a disk with room for every account's datasets and outputs).",
+        default="",
     )
     region: str = doc("The bucket's region (request signing).", default="us-east-1")
     endpoint: str = doc(
-        "HOST or HOST:PORT of an S3-compatible server; empty: AWS's endpoint of region.",
+        "HOST or HOST:PORT of an S3-compatible server; empty: AWS's endpoint of region. "
+        "mesh: the HOST:PORT the daemon serves the store on, an address of the mesh "
+        "(empty: the hub's, port 8479).",
         default="",
     )
     secure: bool = doc("HTTPS to the store (and in the nodes' URLs).", default=True)

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import re
 
-from slurm_burst.config.model import Config
+from slurm_burst.config.model import Config, StoreConfig
 from slurm_burst.config.schema import Problem
 from slurm_burst.core.staging import StagingError, check_src
 
 PRICES = ("upload_per_gb", "download_per_gb", "egress_per_gb", "storage_per_gb_month")
-DRIVERS = ("s3", "google_storage", "azure_blobs")
+DRIVERS = ("s3", "google_storage", "azure_blobs", "mesh")
 _BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]", re.ASCII)  # S3's bucket names
 _CONTAINER = re.compile(r"[a-z0-9][a-z0-9-]{1,61}[a-z0-9]", re.ASCII)  # Azure's
 _HOST = re.compile(r"[A-Za-z0-9]([A-Za-z0-9.-]{0,251}[A-Za-z0-9])?", re.ASCII)
@@ -26,7 +27,9 @@ def staging_problems(cfg: Config) -> list[Problem]:
         base = f"stores.{name}"
         if st.driver not in DRIVERS:
             out.append(Problem(f"{base}.driver", f"must be one of {', '.join(DRIVERS)}"))
-        if st.driver == "azure_blobs":
+        if st.driver == "mesh":
+            out.extend(_mesh_problems(cfg, base, st))
+        elif st.driver == "azure_blobs":
             if not _CONTAINER.fullmatch(st.bucket) or "--" in st.bucket:
                 out.append(Problem(f"{base}.bucket", "must be an Azure container name "
                                    "(3-63 of a-z0-9-, no --)"))  # fmt: skip
@@ -34,7 +37,7 @@ def staging_problems(cfg: Config) -> list[Problem]:
             out.append(Problem(f"{base}.bucket", "must be an S3 bucket name (3-63 of a-z0-9.-)"))
         if not _REGION.fullmatch(st.region):
             out.append(Problem(f"{base}.region", "must be a region name (e.g. us-east-1)"))
-        if st.endpoint and not _endpoint(st.endpoint):
+        if st.endpoint and st.driver != "mesh" and not _endpoint(st.endpoint):
             out.append(Problem(f"{base}.endpoint", "must be HOST or HOST:PORT"))
         if not _PREFIX.fullmatch(st.prefix):
             out.append(Problem(f"{base}.prefix", "must be '' or names ending in '/' (a/b/)"))
@@ -77,6 +80,28 @@ def staging_problems(cfg: Config) -> list[Problem]:
         check_src(s.node_dir, "node_dir")
     except StagingError as exc:
         out.append(Problem("staging.node_dir", str(exc)))
+    return out
+
+
+def _mesh_problems(cfg: Config, base: str, st: StoreConfig) -> list[Problem]:
+    """A mesh store: a directory of its own, served on an address of the mesh."""
+    out = []
+    try:
+        check_src(st.directory, "directory")
+    except StagingError as exc:
+        out.append(Problem(f"{base}.directory", str(exc)))
+    if st.credentials is not None:
+        out.append(Problem(f"{base}.credentials", "a mesh store has none (its grant key is "
+                           "made by the daemon)"))  # fmt: skip
+    if st.endpoint:
+        host, _, port = st.endpoint.rpartition(":")
+        try:
+            inside = ipaddress.ip_address(host) in ipaddress.ip_network(cfg.mesh.subnet)
+        except ValueError:
+            inside = False
+        if not (inside and port.isascii() and port.isdigit() and 0 < int(port) < 65536):
+            why = f"ADDRESS in the mesh ({cfg.mesh.subnet}): the nodes reach the store there"
+            out.append(Problem(f"{base}.endpoint", f"must be ADDRESS:PORT, {why}"))
     return out
 
 

@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from slurm_burst.config import Fleet
@@ -29,6 +31,7 @@ from slurm_burst.ports import (
     Metrics,
     NodeStore,
     RequestSpool,
+    ServedStore,
 )
 from slurm_burst.services.burstpolicy import BurstPolicy
 from slurm_burst.services.chargeback import ChargebackLoop
@@ -44,6 +47,7 @@ from slurm_burst.services.workers import Workers
 log = logging.getLogger(__name__)
 
 SAMPLE_JOIN = 15.0  # seconds the GPU telemetry may take to finish its pass at shutdown
+SERVE_RETRY = 30.0  # seconds between tries to serve a mesh store that could not be
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -63,6 +67,7 @@ class DaemonPorts:
     host: DaemonHost  # the host lock, the wake-up socket
     spool: RequestSpool | None = None  # requests hooks kept when the database could not
     metrics: Metrics | None = None
+    served: Sequence[ServedStore] = ()  # mesh stores: served while this daemon leads
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -96,6 +101,8 @@ class Daemon:
         self.host = ports.host
         self.spool = ports.spool
         self.metrics = ports.metrics
+        self.served = ports.served
+        self._serve_tried = -math.inf
         self.prov = services.provisioner
         self.workers = services.workers
         self.reconciler = services.reconciler
@@ -133,6 +140,7 @@ class Daemon:
                         continue
                 try:
                     self.beat()
+                    self.serve_stores()
                     self.drain_spool()
                     self.handle_requests()
                     if self.stagework is not None:
@@ -157,6 +165,7 @@ class Daemon:
         self.host.open()
         self.beat()
         self.prov.restore_peers()
+        self.serve_stores()
         if self.ledger_loop is not None:
             self.ledger_loop.ensure_schema()  # db upgrade at start, under the migration lock
             self.ledger_loop.start()  # spool replay, ingest, split: now, then every interval
@@ -218,6 +227,21 @@ class Daemon:
         if self.stagework is not None:
             self.stagework.shutdown()
         self.host.close()  # the wake-up socket, if this daemon led
+        for served in self.served:
+            served.close()
+
+    def serve_stores(self) -> None:
+        """Serve the mesh stores not up yet (tried again every SERVE_RETRY seconds: the
+        hub's address may come up after the daemon)."""
+        down = [s for s in self.served if not s.up]
+        if not down or self.clock.monotonic() - self._serve_tried < SERVE_RETRY:
+            return
+        self._serve_tried = self.clock.monotonic()
+        for served in down:
+            try:
+                served.start()
+            except OSError as exc:
+                log.error("daemon.store_not_served error=%s", exc)
 
     def beat(self) -> None:
         now = self.clock.now()

@@ -11,6 +11,7 @@ from slurm_burst.adapters.ha import SoleLeader
 from slurm_burst.config import Config
 from slurm_burst.core.nodestate import NodeState, Want
 from slurm_burst.core.records import NodeRecord
+from slurm_burst.ports import ServedStore
 from slurm_burst.services.daemon import Daemon
 from slurm_burst.services.provisioner import Provisioner, Secrets
 from slurm_burst.wiring import DaemonParts, assemble
@@ -75,6 +76,7 @@ def make_world(
     batch_max: int = 1,
     extra_config: str = "",
     edits: Sequence[tuple[str, str]] = (),
+    served: Sequence[ServedStore] = (),
 ) -> World:
     cfg = lab_config_in(tmp_path, extra_config, edits)
     clock = FakeClock()
@@ -106,5 +108,6 @@ def make_world(
         sql_ledger=None,
         slurm_release="22.05",  # the fake nodes' slurmd says 22.05.8
         host=FakeHost(),
+        served=served,
     )
     return World(cfg, clock, store, cloud, mesh, connector, slurm, ledger, assemble(cfg, parts))

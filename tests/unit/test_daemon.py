@@ -204,3 +204,41 @@ def test_the_reconcile_loop_protects_a_group_through_the_daemons_own_scheduler(
     assert report.actions == {"protect": 1}, report.errors
     names = w.cfg.node_groups["cpu"].node_names()
     assert all("DRAIN" in w.slurm.node(n).flags for n in names)
+
+
+class Served:
+    """A mesh store's server whose address comes up late (the hub's, after the daemon)."""
+
+    def __init__(self, fails: int) -> None:
+        self.fails, self.tries, self.up, self.closed = fails, 0, False, False
+
+    def start(self) -> None:
+        self.tries += 1
+        if self.tries <= self.fails:
+            raise OSError(99, "Cannot assign requested address")
+        self.up = True
+
+    def close(self) -> None:
+        self.up, self.closed = False, True
+
+
+def test_a_mesh_store_is_served_once_its_address_is_up_and_closed_at_shutdown(
+    tmp_path: Path,
+) -> None:
+    from slurm_burst.services.daemon import SERVE_RETRY
+
+    served = Served(fails=1)
+    w = make_world(tmp_path, served=[served])
+    w.daemon.serve_stores()  # as lead() and each round of the main loop do
+    assert served.tries == 1 and not served.up  # said, and tried again later
+    w.daemon.serve_stores()
+    assert served.tries == 1  # not before SERVE_RETRY
+    w.clock.advance(SERVE_RETRY)
+    w.daemon.serve_stores()
+    assert served.tries == 2 and served.up
+    w.clock.advance(SERVE_RETRY)
+    w.daemon.serve_stores()
+    assert served.tries == 2  # up: left alone
+    w.daemon.stop.set()
+    w.daemon.shutdown()
+    assert served.closed
