@@ -113,22 +113,30 @@ def test_to_toml_refuses_what_toml_cannot_say_and_names_where(
         to_toml(data)
 
 
-def test_the_installed_unit_is_the_shipped_one() -> None:
-    """The role's unit with its defaults is slurm-conf/systemd/slurm-burst.service but for
-    its three header lines: one hardening, in two places, never drifting apart."""
+@pytest.mark.parametrize(
+    ("unit", "header"),
+    [("slurm-burst.service", (4, 3)), ("slurm-burst-stage-gc.service", (5, 5))],
+)
+def test_the_installed_units_are_the_shipped_ones(unit: str, header: tuple[int, int]) -> None:
+    """The role's units with its defaults are slurm-conf/systemd's but for their header
+    lines (the gc timer, a plain copy, is the same file): one hardening, in two places,
+    never drifting apart."""
     import jinja2
 
-    template = COLLECTION / "roles" / "controller" / "templates" / "slurm-burst.service.j2"
-    defaults = yaml.safe_load(
-        (COLLECTION / "roles" / "controller" / "defaults" / "main.yml").read_text()
-    )
+    role = COLLECTION / "roles" / "controller"
+    template = role / "templates" / f"{unit}.j2"
+    defaults = yaml.safe_load((role / "defaults" / "main.yml").read_text())
     env = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
     env.filters["regex_replace"] = lambda s, pat, rep: re.sub(pat, rep, s)
     variables = {**defaults, "ansible_managed": "managed"}
+    variables["slurm_burst_config_dir"] = "/etc/slurm-burst"
     variables["slurm_burst_config_file"] = "/etc/slurm-burst/slurm-burst.toml"
     rendered = env.from_string(template.read_text()).render(variables).splitlines()
-    shipped = (ROOT / "slurm-conf" / "systemd" / "slurm-burst.service").read_text().splitlines()
-    assert rendered[4:] == shipped[3:]
+    shipped = (ROOT / "slurm-conf" / "systemd" / unit).read_text().splitlines()
+    assert rendered[header[0]:] == shipped[header[1]:]
+    timer = "slurm-burst-stage-gc.timer"
+    assert (role / "files" / timer).read_bytes() == (ROOT / "slurm-conf" / "systemd" / timer
+                                                     ).read_bytes()  # fmt: skip
 
 
 def run_play(collections: Path, *args: str) -> subprocess.CompletedProcess[str]:
