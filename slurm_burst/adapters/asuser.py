@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from slurm_burst.core.errors import EXIT_PRECONDITION, BadInput, BurstError
+from slurm_burst.core.staging import CorruptOutput
 
 LIMIT = 64 * 1024 * 1024  # bytes of an answer
 
@@ -57,7 +58,8 @@ def run_as(name: str, fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
                 out: dict[str, Any] = {"ok": fn()}
                 code = 0
             except BurstError as exc:
-                out, code = {"error": [exc.code, str(exc), exc.exit_code]}, 1
+                bad = exc.bad if isinstance(exc, CorruptOutput) else None
+                out, code = {"error": [exc.code, str(exc), exc.exit_code, bad]}, 1
             with os.fdopen(write, "wb") as pipe:
                 pipe.write(json.dumps(out, default=str).encode())
             sys.stdout.flush()
@@ -75,8 +77,12 @@ def run_as(name: str, fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
     if "ok" in answer:
         return dict(answer["ok"])
     if "error" in answer:
-        code, message, exit_code = answer["error"]
-        failed = BurstError(message, code)
+        code, message, exit_code, bad = answer["error"]
+        failed = (
+            CorruptOutput(message, bad)  # which files came back wrong
+            if code == CorruptOutput.code and isinstance(bad, list)
+            else BurstError(message, code)
+        )
         failed.exit_code = int(exit_code)
         raise failed
     raise AsUserError(f"the work as {name} ended without an answer (a defect: see its stderr)")

@@ -14,7 +14,7 @@ import sys
 from typing import Any
 
 from slurm_burst.adapters.proc import CommandError, run
-from slurm_burst.core.staging import StorageError
+from slurm_burst.core.staging import CorruptOutput, StorageError
 
 PUSH_TIMEOUT = 86400.0  # Slurm's StageInTimeout: no push outlives what Slurm waits
 PROMOTE_TIMEOUT = 86400.0
@@ -52,7 +52,13 @@ class CliPusher:
         if res.returncode == 0 and isinstance(out, dict):
             return out
         if isinstance(out, dict) and out.get("ok") is False:
-            failed = StorageError(str(out.get("message", ""))[:900], str(out.get("code", "")))
+            message, code = str(out.get("message", ""))[:900], str(out.get("code", ""))
+            bad = out.get("bad")
+            failed = (
+                CorruptOutput(message, [p for p in bad if isinstance(p, str)][:100_000])
+                if code == CorruptOutput.code and isinstance(bad, list)
+                else StorageError(message, code)
+            )
             failed.exit_code = res.returncode
             raise failed
         tail = (res.stderr or res.stdout).strip().splitlines()[-1:] or ["no output"]

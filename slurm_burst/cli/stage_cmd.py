@@ -407,7 +407,10 @@ def _refuse(message: str, as_json: bool) -> NoReturn:
 def _said(exc: Any, as_json: bool) -> NoReturn:
     if not as_json:
         raise exc
-    emit({"ok": False, "code": exc.code, "message": str(exc)}, True)
+    said = {"ok": False, "code": exc.code, "message": str(exc)}
+    if getattr(exc, "bad", None):  # a version that came back wrong: which files
+        said["bad"] = list(exc.bad)
+    emit(said, True)
     sys.exit(exc.exit_code)
 
 

@@ -85,6 +85,17 @@ class StorageError(BurstError):
         self.retryable = retryable  # the store's 5xx, SlowDown, a timeout: worth again
 
 
+class CorruptOutput(StorageError):
+    """A stored version of an output whose files came back wrong: never brought home.
+    ``bad``: their paths in the version."""
+
+    code = "StageOutCorrupt"
+
+    def __init__(self, message: str, bad: Sequence[str] = ()) -> None:
+        super().__init__(message, self.code)
+        self.bad = list(bad)
+
+
 class StorageUnavailable(StorageError):
     """No store is configured for what was asked (names the provider or the store)."""
 

@@ -15,7 +15,8 @@ Every pass of the daemon's stage work (a few seconds apart while any output is o
   version synced comes home and the rest is lost), then the version is brought home by
   a child that is the job's user (``slurm-burst stage promote --as-user``): fetched
   beside the destination, every file's SHA-256 checked, then swapped in whole. A version
-  whose objects come back wrong is never promoted. A final sync or a promotion that
+  whose objects come back wrong is never promoted: those objects are dropped from the
+  store and synced again from the held node, then brought home. A final sync or a promotion that
   fails is tried again every ``RETRY`` seconds until ``release_deadline`` from the
   first try;
 - a job seen running again after its outputs were sealed (a requeue) opens them again.
@@ -44,10 +45,10 @@ from typing import Any
 from slurm_burst.core.errors import BurstError
 from slurm_burst.core.hostlist import expand
 from slurm_burst.core.nodestate import NodeState
-from slurm_burst.core.records import NodeRecord, OutputRecord, OutputState, StoreError
+from slurm_burst.core.records import NodeRecord, OutputRecord, OutputState, StageRecord, StoreError
 from slurm_burst.core.remote import RemoteError
 from slurm_burst.core.slurm import SlurmJob
-from slurm_burst.core.staging import output_dir, output_manifest
+from slurm_burst.core.staging import CorruptOutput, output_dir, output_manifest
 from slurm_burst.core.usage import TransferDirection
 from slurm_burst.ports import (
     Clock,
@@ -407,6 +408,8 @@ class Outputs:
         except BurstError as exc:
             if self.book is not None:
                 self.book.failed(TransferDirection.OUT)
+            if isinstance(exc, CorruptOutput) and not past and self._send_again(r, st, exc):
+                return  # its node sends the bad objects again; brought home on a later pass
             if past:
                 self._lost(r, f"not brought home: {exc.code}: {exc}")
             else:
@@ -430,6 +433,33 @@ class Outputs:
         self.store.event(now, "output.sealed", r.node, f"job {r.job_id} {r.name} -> {r.home}")
         log.info("output.sealed job=%s name=%s home=%s files=%s", r.job_id, r.name, r.home,
                  got.get("files"))  # fmt: skip
+
+    def _send_again(self, r: OutputRecord, st: StageRecord, exc: CorruptOutput) -> bool:
+        """A version whose objects came back from the store wrong: those objects are
+        dropped and the output is synced again from its node (held, the job over: the
+        bytes are still there), then brought home on a later pass. False where the node
+        is gone (nothing else has the bytes) or the version was its last before a loss."""
+        if r.state != OutputState.ENDED or not self._up(r.node)[1]:
+            return False
+        account = st.owner.account
+        try:
+            manifest = self.stager.manifest_of(account, r.manifest)
+            bad = set(exc.bad)
+            digests = [e.sha256 for e in manifest.entries if not bad or e.path in bad]
+            dropped = self.stager.drop(account, "", manifest, digests)
+        except BurstError as err:
+            log.error("output.send_again_failed job=%s name=%s error=%s", r.job_id, r.name, err)
+            return False
+        now = self.clock.now()
+        why = f"{len(exc.bad) or 'its'} files came back from the store wrong"
+        self.store.update_output(r.job_id, r.name, now, state=OutputState.SYNCED, manifest="",
+                                 message=f"{why}: {dropped} objects dropped, sent again "
+                                 f"from {r.node}")  # fmt: skip
+        self.store.event(now, "output.sent_again", r.node,
+                         f"job {r.job_id} {r.name}: {why}"[:900])  # fmt: skip
+        log.warning("output.sent_again job=%s name=%s node=%s dropped=%d", r.job_id, r.name,
+                    r.node, dropped)  # fmt: skip
+        return True
 
     def _lost(self, r: OutputRecord, why: str, home: bool = False) -> None:
         now = self.clock.now()

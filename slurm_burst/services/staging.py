@@ -40,6 +40,7 @@ from slurm_burst.core.ratelimit import TokenBucket
 from slurm_burst.core.staging import (
     COMPRESS_MIN,
     MAX_MANIFEST_BYTES,
+    CorruptOutput,
     Entry,
     KeptHome,
     Layout,
@@ -62,16 +63,6 @@ from slurm_burst.ports import Clock, DatasetTree, ObjectStore, OutputHome
 T = TypeVar("T")
 R = TypeVar("R")
 Progress = Callable[[str, int, int], None]  # (step, done, total)
-
-
-class CorruptOutput(StorageError):
-    """A stored version of an output whose files came back wrong: never brought home."""
-
-    code = "StageOutCorrupt"
-
-    def __init__(self, message: str, bad: Sequence[str] = ()) -> None:
-        super().__init__(message, self.code)
-        self.bad = list(bad)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -21,8 +21,8 @@ from slurm_burst.adapters.clock import SystemClock
 from slurm_burst.adapters.storage.azure import AzureBlobStore
 from slurm_burst.adapters.storage.home import LocalHome
 from slurm_burst.adapters.storage.tree import LocalTree
-from slurm_burst.core.staging import Layout, StorageError, namespace, output_manifest
-from slurm_burst.services.staging import CorruptOutput, Stager, StagingSettings
+from slurm_burst.core.staging import CorruptOutput, Layout, StorageError, namespace, output_manifest
+from slurm_burst.services.staging import Stager, StagingSettings
 from tests.azurite import ACCOUNT, ACCOUNT_KEY, Azurite, azurite, azurite_server
 from tests.integration.test_stageout import node, outputs
 from tests.integration.test_staging import pull, tree

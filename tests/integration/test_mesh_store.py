@@ -21,8 +21,14 @@ from slurm_burst.adapters.clock import SystemClock
 from slurm_burst.adapters.storage.home import LocalHome
 from slurm_burst.adapters.storage.mesh import MeshStore, MeshStoreServer, load_key, signed_path
 from slurm_burst.adapters.storage.tree import LocalTree
-from slurm_burst.core.staging import Layout, StorageError, StorageUnavailable, namespace
-from slurm_burst.services.staging import CorruptOutput, Stager, StagingSettings
+from slurm_burst.core.staging import (
+    CorruptOutput,
+    Layout,
+    StorageError,
+    StorageUnavailable,
+    namespace,
+)
+from slurm_burst.services.staging import Stager, StagingSettings
 from tests.integration.test_stageout import outputs, sync
 from tests.integration.test_staging import pull, tree
 

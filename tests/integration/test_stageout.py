@@ -16,8 +16,15 @@ from typing import Any
 import pytest
 
 from slurm_burst.adapters.storage.home import LocalHome
-from slurm_burst.core.staging import Layout, Manifest, StagingError, namespace, output_manifest
-from slurm_burst.services.staging import CorruptOutput, Stager
+from slurm_burst.core.staging import (
+    CorruptOutput,
+    Layout,
+    Manifest,
+    StagingError,
+    namespace,
+    output_manifest,
+)
+from slurm_burst.services.staging import Stager
 from tests.integration.test_staging import PREFIX
 from tests.integration.test_staging import stager as staging_stager
 from tests.s3server import S3Server
@@ -189,3 +196,50 @@ def test_prepare_makes_the_users_directory_and_refuses_a_planted_one(tmp_path: P
     assert [f[0] for f in said["files"]] == ["mine"] and said["skipped"] == ["hard"], said
     assert node("scan", "--dir", str(job / "nothing"))["missing"] is True
     assert node("send", "--plan", str(tmp_path / "none.json"))["exit"] == 1
+
+
+def test_the_daemons_promotion_child_names_the_files_that_came_back_wrong(
+    server: S3Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What the daemon runs to bring a version home (``stage promote --as-user``, in a
+    child): a corrupt object is its CorruptOutput again, with the files named, so the
+    daemon drops just those and has the held node send them again."""
+    import pwd
+    import shutil
+    import tempfile
+
+    from slurm_burst.adapters.stagepush import CliPusher
+    from tests.s3server import KEY, SECRET
+
+    out_dir = tmp_path / "node" / "8" / "out"
+    outputs(out_dir)
+    results = Path(tempfile.mkdtemp(prefix="sb-results-", dir="/tmp"))  # the user's way in
+    results.chmod(0o1777)
+    home = results / "8"
+    st = stager(server)
+    manifest, _ = sync(st, out_dir, str(home), tmp_path / "c8.json")
+    victim = next(e for e in manifest.entries if e.path == "log/train.log")
+    stored = server.object_file(Layout(PREFIX, namespace("physics")).object(victim.object_name()))
+    body = bytearray(stored.read_bytes())
+    body[10] ^= 0xFF
+    stored.write_bytes(bytes(body))
+    conf = tmp_path / "slurm-burst.toml"
+    conf.write_text(
+        '[cluster]\nname = "c"\ncontroller_host = "h"\ncontroller_addr = "10.0.0.1"\n'
+        f'[stores.lab]\nbucket = "{server.bucket}"\nendpoint = "{server.endpoint}"\n'
+        f'secure = false\nprefix = "{PREFIX}"\n'
+        'credentials = { key_env = "SB_S3_KEY", secret_env = "SB_S3_SECRET" }\n'
+        '[staging]\nstore = "lab"\n'
+        f'[daemon]\nstate_dir = "{tmp_path}/state"\n'
+    )
+    conf.chmod(0o600)
+    monkeypatch.setenv("SB_S3_KEY", KEY)
+    monkeypatch.setenv("SB_S3_SECRET", SECRET)
+    user = "nobody" if os.geteuid() == 0 else pwd.getpwuid(os.geteuid()).pw_name
+    try:
+        with pytest.raises(CorruptOutput) as err:
+            CliPusher(str(conf)).promote(user, "physics", manifest.id, str(home))
+        assert err.value.bad == ["log/train.log"] and err.value.code == "StageOutCorrupt"
+        assert not home.exists()  # nothing brought home
+    finally:
+        shutil.rmtree(results, ignore_errors=True)

@@ -17,7 +17,13 @@ from slurm_burst.core.nodestate import NodeState, Want
 from slurm_burst.core.records import OutputRecord, OutputState, StageRecord, StageState
 from slurm_burst.core.remote import RemoteError
 from slurm_burst.core.slurm import JobOwner, SlurmJob
-from slurm_burst.core.staging import StorageError
+from slurm_burst.core.staging import (
+    CorruptOutput,
+    Layout,
+    StorageError,
+    namespace,
+    output_manifest,
+)
 from slurm_burst.services.outputs import OutputPorts, Outputs, OutputSettings
 from slurm_burst.services.staging import Stager, StagingSettings
 from slurm_burst.services.transfers import StorePrices, TransferBook
@@ -257,3 +263,59 @@ def test_a_job_that_is_not_over_is_neither_synced_nor_sealed(state: str) -> None
     calls = started(outputs)
     outputs.pass_once(force=True)
     assert calls == []
+
+
+class Corrupt(Promoter):
+    """A promotion that finds ``bad`` came back from the store wrong (nothing replaced)."""
+
+    def __init__(self, bad: list[str]) -> None:
+        super().__init__()
+        self.bad = bad
+
+    def promote(self, user: str, account: str, manifest: str, home: str) -> dict[str, Any]:
+        self.calls.append((user, account, manifest, home))
+        raise CorruptOutput(f"{home}: {len(self.bad)} files came back wrong", bad=self.bad)
+
+
+def ended_with_a_version(outputs: Outputs, store: MemoryStore) -> tuple[Any, MemoryObjects]:
+    """The output's version in the store (its manifest and objects), the job over."""
+    a, b = "aa" * 32, "bb" * 32
+    manifest = output_manifest(HOME, [["a", 1, a, False], ["b", 2, b, False]], "test")
+    outputs.stager.commit("physics", manifest)
+    objects = cast(MemoryObjects, outputs.stager.store)
+    layout = Layout("sb/", namespace("physics"))
+    for e in manifest.entries:
+        objects.write_bytes(layout.object(e.object_name()), b"stored")
+    store.update_output(42, "ckpt", 0, state=OutputState.ENDED, manifest=manifest.id,
+                        node="burst-1", files=2)  # fmt: skip
+    return manifest, objects
+
+
+def test_a_version_that_comes_back_wrong_is_sent_again_from_its_held_node() -> None:
+    outputs, store, _, connector, promoter = setup([], promoter=Corrupt(["a"]))
+    manifest, objects = ended_with_a_version(outputs, store)
+    layout = Layout("sb/", namespace("physics"))
+    outputs.seal(42)
+    assert len(promoter.calls) == 1
+    [out] = store.outputs(42)
+    assert (out.state, out.manifest) == (OutputState.SYNCED, "")  # synced again, then home
+    assert "1 files came back from the store wrong: 1 objects dropped" in out.message
+    assert [e["event"] for e in store.events()][-1] == "output.sent_again"
+    kept = {e.path for e in manifest.entries if layout.object(e.object_name()) in objects.objects}
+    assert kept == {"b"}  # the bad one dropped: the node's sync sends it again
+    outputs.seal(42)  # the next pass: the final sync again, from the node
+    assert connector.tried == ["10.0.0.5"]
+
+
+def test_a_version_that_comes_back_wrong_after_its_node_is_gone_is_never_promoted() -> None:
+    outputs, store, clock, _, promoter = setup([], node_state=None, promoter=Corrupt(["a"]),
+                                               deadline=60)  # fmt: skip
+    ended_with_a_version(outputs, store)
+    outputs.seal(42)
+    [out] = store.outputs(42)
+    assert out.state == OutputState.ENDED and "not home yet" in out.message
+    clock.advance(61)
+    outputs.seal(42)
+    [out] = store.outputs(42)
+    assert out.state == OutputState.LOST and "StageOutCorrupt" in out.message
+    assert len(promoter.calls) == 2
