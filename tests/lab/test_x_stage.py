@@ -427,8 +427,10 @@ def test_outputs_come_home_verified_and_their_node_outlives_suspend_time_until_t
     """stage_out: the job writes into $SLURM_BURST_STAGE_OUT on the cloud node (and plants
     a symlink to a file of root's). Its destination cannot take them yet (its directory
     is root's): the promotion fails and is tried again, and the node, suspended by Slurm
-    after its SuspendTime (30 s), is kept. Once the directory is open, the outputs land
-    at locked/<job id>, the job user's, byte for byte, and only then is the node
+    after its SuspendTime (30 s), is kept. Meanwhile a byte of the checkpoint's object
+    flips in the store: the next promotion finds it, replaces nothing, and the held node
+    sends that file again. Once the directory is open, the outputs land at
+    locked/<job id>, the job user's, byte for byte, and only then is the node
     released."""
     locked = results / "locked"
     locked.mkdir(exist_ok=True)
@@ -450,6 +452,11 @@ def test_outputs_come_home_verified_and_their_node_outlives_suspend_time_until_t
                      for o in outputs_of(store, job_id)), 120,
          f"job {job_id}'s promotion failing")  # fmt: skip
     ended = time.monotonic()
+    model = next(line.split()[0] for line in said.splitlines() if line.endswith("ckpt/model.pt"))
+    [stored] = list(BUCKET.rglob(f"{model}*"))  # the checkpoint's object, as the store keeps it
+    body = bytearray(stored.read_bytes())
+    body[len(body) // 2] ^= 0x01
+    stored.write_bytes(bytes(body))
     wait(lambda: any(e["event"] == "node.held_for_outputs" and e["node"] == NODE
                      for e in store.events(since_id=0, limit=100000)), 120,
          f"{NODE} held for its outputs")  # fmt: skip
@@ -471,6 +478,9 @@ def test_outputs_come_home_verified_and_their_node_outlives_suspend_time_until_t
     [out] = outputs_of(store, job_id)
     assert (out.files, out.node) == (2, NODE) and "verified" in out.message, out
     events = store.events(since_id=0, limit=100000)
+    again = [e["detail"] for e in events if e["event"] == "output.sent_again"
+             and e["detail"].startswith(f"job {job_id} ")]  # fmt: skip
+    assert again == [f"job {job_id} out: 1 files came back from the store wrong"], again
     sealed = max(e["id"] for e in events if e["event"] == "output.sealed"
                  and e["detail"].startswith(f"job {job_id} "))  # fmt: skip
     wait(lambda: str(getattr(store.node(NODE), "state", "")) == "terminated", 120,
