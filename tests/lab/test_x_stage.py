@@ -446,12 +446,12 @@ def test_outputs_come_home_verified_and_their_node_outlives_suspend_time_until_t
     )
     job_id = submit_ok(env, out_dir, script)
     assert done(env, job_id)["JobState"] == "COMPLETED"
+    ended = time.monotonic()  # the node idles from here: SuspendTime (30 s) counts
     said = (out_dir / f"{job_id}.out").read_text()
     assert f"OWNER {JOB_USER} 700" in said, said
     wait(lambda: any(o.state == "ended" and "not home yet" in o.message
                      for o in outputs_of(store, job_id)), 120,
          f"job {job_id}'s promotion failing")  # fmt: skip
-    ended = time.monotonic()
     model = next(line.split()[0] for line in said.splitlines() if line.endswith("ckpt/model.pt"))
     [stored] = list(BUCKET.rglob(f"{model}*"))  # the checkpoint's object, as the store keeps it
     body = bytearray(stored.read_bytes())
@@ -460,7 +460,7 @@ def test_outputs_come_home_verified_and_their_node_outlives_suspend_time_until_t
     wait(lambda: any(e["event"] == "node.held_for_outputs" and e["node"] == NODE
                      for e in store.events(since_id=0, limit=100000)), 120,
          f"{NODE} held for its outputs")  # fmt: skip
-    while time.monotonic() - ended < 45:  # well past SuspendTime: still there
+    while time.monotonic() - ended < 45:  # well past its SuspendTime: still there
         rec = store.node(NODE)
         assert rec is not None and str(rec.state) == "joined", rec
         time.sleep(1)
