@@ -331,7 +331,7 @@ def test_idle_nodes_are_suspended_and_everything_released(
     assert len(rows) == len(cloud.list_nodes())
     for r in rows:
         assert r["requested"] and r["running"] and r["joined"] and r["terminated"], r
-        assert r["requested"] <= r["running"] <= r["joined"] <= r["terminated"]
+        assert r["requested"] <= r["running"] <= r["joined"] <= r["terminated"], r
         assert 0 < r["hours"] < 0.25
         assert r["cost"] == pytest.approx(r["hours"] * r["price_per_hour"], abs=1e-5)
     print(f"timings: {TIMING}")
