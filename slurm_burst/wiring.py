@@ -8,7 +8,6 @@ libcloud, paramiko or SQLAlchemy.
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 import socket
 import threading
@@ -338,7 +337,9 @@ def mesh_store_address(cfg: Config, st: StoreConfig) -> tuple[str, int]:
     if st.endpoint:
         host, _, port = st.endpoint.rpartition(":")
         return host, int(port)
-    return str(next(ipaddress.ip_network(cfg.mesh.subnet).hosts())), MESH_STORE_PORT
+    from slurm_burst.core.mesh import hub_address
+
+    return hub_address(cfg.mesh.subnet), MESH_STORE_PORT
 
 
 def mesh_store_key(cfg: Config, name: str) -> Path:

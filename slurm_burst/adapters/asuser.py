@@ -78,11 +78,7 @@ def run_as(name: str, fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
         return dict(answer["ok"])
     if "error" in answer:
         code, message, exit_code, bad = answer["error"]
-        failed = (
-            CorruptOutput(message, bad)  # which files came back wrong
-            if code == CorruptOutput.code and isinstance(bad, list)
-            else BurstError(message, code)
-        )
+        failed = CorruptOutput.said(code, message, bad) or BurstError(message, code)
         failed.exit_code = int(exit_code)
         raise failed
     raise AsUserError(f"the work as {name} ended without an answer (a defect: see its stderr)")

@@ -53,11 +53,8 @@ class CliPusher:
             return out
         if isinstance(out, dict) and out.get("ok") is False:
             message, code = str(out.get("message", ""))[:900], str(out.get("code", ""))
-            bad = out.get("bad")
-            failed = (
-                CorruptOutput(message, [p for p in bad if isinstance(p, str)][:100_000])
-                if code == CorruptOutput.code and isinstance(bad, list)
-                else StorageError(message, code)
+            failed = CorruptOutput.said(code, message, out.get("bad")) or StorageError(
+                message, code
             )
             failed.exit_code = res.returncode
             raise failed

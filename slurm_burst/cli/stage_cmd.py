@@ -183,7 +183,7 @@ def gc(
         try:
             booked = book.booked()
         except (BurstError, OSError) as exc:
-            click.echo(f"slurm-burst: warning: storage not booked this run: {exc}", err=True)
+            _not_booked(exc)
     progress = _Progress(enabled=not as_json or sys.stderr.isatty(), counts=True)
     report = stager(cfg, store, progress).gc(
         keep_days if keep_days is not None else cfg.staging.keep_days,
@@ -198,7 +198,7 @@ def gc(
             book.book(charges)  # type: ignore[union-attr]
         except (BurstError, OSError) as exc:
             out["storage"] = []
-            click.echo(f"slurm-burst: warning: storage not booked this run: {exc}", err=True)
+            _not_booked(exc)
     emit(
         out,
         as_json,
@@ -228,6 +228,10 @@ def gc(
         click.echo(f"slurm-burst: {problem}", err=True)
 
 
+def _not_booked(exc: Exception) -> None:
+    click.echo(f"slurm-burst: warning: storage not booked this run: {exc}", err=True)
+
+
 def _storage_book(cfg: Any, store: str) -> StorageBook | None:
     """The store's storage book on the ledger (None, said, where there is no ledger)."""
     from slurm_burst.wiring import storage_book
@@ -237,7 +241,7 @@ def _storage_book(cfg: Any, store: str) -> StorageBook | None:
     try:
         return storage_book(cfg, store)
     except (BurstError, OSError, KeyError) as exc:
-        click.echo(f"slurm-burst: warning: storage not booked this run: {exc}", err=True)
+        _not_booked(exc)
         return None
 
 

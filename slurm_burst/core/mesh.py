@@ -23,6 +23,11 @@ class Peer:
     comment: str = ""  # the node name, where the hub knows it
 
 
+def hub_address(subnet: str) -> str:
+    """The hub's address in the mesh: the subnet's first host."""
+    return str(next(ipaddress.ip_network(subnet).hosts()))
+
+
 def parking_address(subnet: str) -> str:
     """Where a released node's NodeAddr points: the mesh subnet's network address, never
     a node's. Reset to the node's name instead, every message slurmctld still sends to a

@@ -95,6 +95,14 @@ class CorruptOutput(StorageError):
         super().__init__(message, self.code)
         self.bad = list(bad)
 
+    @classmethod
+    def said(cls, code: str, message: str, bad: object) -> CorruptOutput | None:
+        """This error again from what a child process said of it (its code, message and
+        ``bad`` list); None where it said another."""
+        if code != cls.code or not isinstance(bad, list):
+            return None
+        return cls(message, [p for p in bad if isinstance(p, str)][:100_000])
+
 
 class StorageUnavailable(StorageError):
     """No store is configured for what was asked (names the provider or the store)."""

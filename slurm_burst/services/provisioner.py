@@ -39,7 +39,7 @@ from slurm_burst.config import Fleet, GpuConfig, NodeGroup
 from slurm_burst.core.cloud import NODE_TAG, CapacityError, CloudError, Instance, classify
 from slurm_burst.core.errors import BadInput, BurstError, StepError
 from slurm_burst.core.jobs import job_ids, nodes_by_job, released_with
-from slurm_burst.core.mesh import MeshError, parking_address
+from slurm_burst.core.mesh import MeshError, hub_address, parking_address
 from slurm_burst.core.nodestate import LIVE, NodeState, TransitionError, Want, reason
 from slurm_burst.core.pricing import dollars
 from slurm_burst.core.records import NodeRecord, PoolExhausted, StoreError
@@ -332,7 +332,7 @@ class Provisioner:
     def _bootstrap(self, rec: NodeRecord) -> None:
         iface = self.settings.mesh_interface
         net = ipaddress.ip_network(self.settings.mesh_subnet)
-        hub_ip = str(next(net.hosts()))
+        hub_ip = hub_address(self.settings.mesh_subnet)
         remaining = rec.state_since + self.settings.bootstrap_timeout - self.clock.now()
         deadline = self.clock.monotonic() + max(remaining, 5.0)
         keys = rec.host_key_list()

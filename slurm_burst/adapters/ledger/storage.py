@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterator, Sequence
-from datetime import UTC, date, datetime, time
+from datetime import UTC, date, datetime
 from decimal import Decimal
 from typing import Any
 
@@ -18,6 +18,7 @@ from sqlalchemy import Engine, func, select
 
 from slurm_burst.adapters.ledger.engine import insert_ignore, translated
 from slurm_burst.adapters.ledger.models import StorageRow
+from slurm_burst.adapters.ledger.transfers import charge_line, day_start, report_key
 from slurm_burst.core.pricing import dollars
 from slurm_burst.core.usage import StorageCharge
 
@@ -60,7 +61,7 @@ def booked_until(engine: Engine, cluster: str, store: str) -> dict[str, float]:
 def listing(engine: Engine, start: date, end: date, account: str = "") -> list[dict[str, Any]]:
     """Bookings made on days in [start, end), newest first (at most MAX_ROWS)."""
     s = StorageRow
-    q = select(s).where(s.at >= _day(start), s.at < _day(end))
+    q = select(s).where(s.at >= day_start(start), s.at < day_start(end))
     if account:
         q = q.where(s.account == account)
     q = q.order_by(s.at.desc(), s.id.desc()).limit(MAX_ROWS)
@@ -91,15 +92,14 @@ def costs(
     """Storage cost by ``by`` keys for bookings on days in [start, end), with 0 bytes
     sent (storage moves nothing): user, partition and job are '' (an account's)."""
     s = StorageRow
-    q = select(s.at, s.account, s.cost_micros).where(s.at >= _day(start), s.at < _day(end))
-    out: dict[tuple[str, ...], list[int]] = defaultdict(lambda: [0, 0])
+    q = select(s.at, s.account, s.cost_micros).where(
+        s.at >= day_start(start), s.at < day_start(end)
+    )
+    out: dict[tuple[str, ...], int] = defaultdict(int)
     with translated("ledger report"), engine.connect() as conn:
         for at, account, cost in conn.execute(q):
-            d = at.date()  # UTCDateTime: read back UTC-aware
-            named = {"account": account, "user": "", "partition": "", "job": "",
-                     "month": d.strftime("%Y-%m"), "day": d.isoformat()}  # fmt: skip
-            out[tuple(named[k] for k in by)][0] += int(cost)
-    return {k: (v[0], v[1]) for k, v in out.items()}
+            out[report_key(by, at, account, "", "")] += int(cost)
+    return {k: (v, 0) for k, v in out.items()}
 
 
 def export_lines(engine: Engine, start: date, end: date) -> Iterator[tuple[Any, ...]]:
@@ -108,23 +108,16 @@ def export_lines(engine: Engine, start: date, end: date) -> Iterator[tuple[Any, 
     s = StorageRow
     q = (
         select(s.at, s.account, s.cost_micros)
-        .where(s.at >= _day(start), s.at < _day(end))
+        .where(s.at >= day_start(start), s.at < day_start(end))
         .order_by(s.at, s.id)
     )  # fmt: skip
     with translated("ledger export"), engine.connect() as conn:
         result = conn.execution_options(yield_per=10_000).execute(q)
         for at, account, cost in result:
-            yield (
-                at.date().isoformat(), account, "", "", "", "", "staging-stored",
-                str(dollars(int(cost))), int(cost), f"{0:.6f}", f"{0:.6f}",
-            )  # fmt: skip
+            yield charge_line(at, account, "", "", "staging-stored", cost)
 
 
 def _aware(at: datetime) -> datetime:
     """``max()`` of a column reads back as the column's type on every dialect; this is
     a guard for a driver that hands back a naive value anyway."""
     return at if at.tzinfo else at.replace(tzinfo=UTC)
-
-
-def _day(d: date) -> datetime:
-    return datetime.combine(d, time(0), UTC)

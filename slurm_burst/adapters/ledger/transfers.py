@@ -55,7 +55,7 @@ def listing(
 ) -> list[dict[str, Any]]:
     """Transfers that ended on days in [start, end), newest first (at most MAX_ROWS)."""
     t = TransferRow
-    q = select(t).where(t.at >= _day(start), t.at < _day(end))
+    q = select(t).where(t.at >= day_start(start), t.at < day_start(end))
     if account:
         q = q.where(t.account == account)
     if job:
@@ -97,17 +97,12 @@ def costs(
     t = TransferRow
     q = (
         select(t.at, t.account, t.user, t.job_id, t.cost_micros, t.bytes_sent)
-        .where(t.at >= _day(start), t.at < _day(end))
+        .where(t.at >= day_start(start), t.at < day_start(end))
     )  # fmt: skip
     out: dict[tuple[str, ...], list[int]] = defaultdict(lambda: [0, 0])
     with translated("ledger report"), engine.connect() as conn:
         for at, account, user, job_id, cost, sent in conn.execute(q):
-            d = at.date()  # UTCDateTime: read back UTC-aware
-            named = {
-                "account": account, "user": user, "partition": "", "job": str(job_id),
-                "month": d.strftime("%Y-%m"), "day": d.isoformat(),
-            }  # fmt: skip
-            sums = out[tuple(named[k] for k in by)]
+            sums = out[report_key(by, at, account, user, str(job_id))]
             sums[0] += int(cost)
             sums[1] += int(sent)
     return {k: (v[0], v[1]) for k, v in out.items()}
@@ -122,19 +117,40 @@ def export_lines(engine: Engine, start: date, end: date) -> Iterator[tuple[Any, 
     t = TransferRow
     q = (
         select(t.at, t.cluster, t.account, t.user, t.job_id, t.direction, t.cost_micros)
-        .where(t.at >= _day(start), t.at < _day(end))
+        .where(t.at >= day_start(start), t.at < day_start(end))
         .order_by(t.at, t.id)
     )  # fmt: skip
     with translated("ledger export"), engine.connect() as conn:
         result = conn.execution_options(yield_per=10_000).execute(q)
         for at, cluster, account, user, job, direction, cost in result:
-            yield (
-                at.date().isoformat(), account, user, "", f"{cluster}:{job}" if job else "",
-                "", f"staging-{getattr(direction, 'value', direction)}",
-                str(dollars(int(cost))), int(cost), f"{0:.6f}", f"{0:.6f}",
-            )  # fmt: skip
+            kind = f"staging-{getattr(direction, 'value', direction)}"
+            yield charge_line(at, account, user, f"{cluster}:{job}" if job else "", kind, cost)
 
 
-def _day(d: date) -> datetime:
+# -- what staging's rows (transfers and storage) share ---------------------------------
+
+
+def report_key(
+    by: Sequence[str], at: datetime, account: str, user: str, job: str
+) -> tuple[str, ...]:
+    """A staging row's key in a report by ``by``: it has no partition ('')."""
+    d = at.date()  # UTCDateTime: read back UTC-aware
+    named = {"account": account, "user": user, "partition": "", "job": job,
+             "month": d.strftime("%Y-%m"), "day": d.isoformat()}  # fmt: skip
+    return tuple(named[k] for k in by)
+
+
+def charge_line(
+    at: datetime, account: str, user: str, job_key: str, kind: str, cost: int
+) -> tuple[Any, ...]:
+    """A staging row as a charge line (``usage.EXPORT_COLUMNS``): no partition, no
+    instance, no hours."""
+    return (
+        at.date().isoformat(), account, user, "", job_key, "", kind,
+        str(dollars(int(cost))), int(cost), f"{0:.6f}", f"{0:.6f}",
+    )  # fmt: skip
+
+
+def day_start(d: date) -> datetime:
     return datetime.combine(d, time(0), UTC)
 

@@ -31,7 +31,7 @@ from pathlib import Path
 
 from slurm_burst.adapters.filelock import locked
 from slurm_burst.adapters.proc import CommandError, run
-from slurm_burst.core.mesh import MeshError, Peer
+from slurm_burst.core.mesh import MeshError, Peer, hub_address
 from slurm_burst.fileio import PRIVATE, FileRefused, ensure_dir
 
 log = logging.getLogger(__name__)
@@ -51,7 +51,7 @@ class WireGuardHub:
     ) -> None:
         self.interface = interface
         self.net = ipaddress.ip_network(subnet)
-        self.address = f"{next(self.net.hosts())}/{self.net.prefixlen}"
+        self.address = f"{hub_address(subnet)}/{self.net.prefixlen}"
         self.port = port
         self.endpoint = endpoint
         self.keepalive = keepalive
