@@ -166,7 +166,8 @@ class Cloud(Protocol):
 
     def terminate(self, instance_id: str) -> None: ...
 
-    def host_keys(self, instance_id: str) -> list[tuple[str, str]]: ...
+    # one read; ``size`` (the instance's type, if known) spares a describe first
+    def host_keys(self, instance_id: str, size: str = "") -> list[tuple[str, str]]: ...
 
 
 class Mesh(Protocol):
@@ -337,6 +338,10 @@ class Metrics(Protocol):
     def failed(self, group: str, code: str) -> None: ...
 
     def cloud_call(self, provider: str, call: str, seconds: float, error: str | None) -> None: ...
+
+    def api_tokens(self, account: str, api: str, tokens: float) -> None: ...  # budget left
+
+    def api_throttled(self, provider: str, api: str) -> None: ...  # a throttled answer
 
     def leading(self, leading: bool) -> None: ...
 

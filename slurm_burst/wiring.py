@@ -58,8 +58,9 @@ if TYPE_CHECKING:
     )
     from slurm_burst.services.burstpolicy import PolicySettings
     from slurm_burst.services.chargeback import Chargeback, ChargebackSettings
-    from slurm_burst.services.cloudcalls import ManagedCloud
+    from slurm_burst.services.cloudcalls import ManagedCloud, SharedBudget
     from slurm_burst.services.daemon import Daemon, DaemonSettings
+    from slurm_burst.services.fleetview import FleetView
     from slurm_burst.services.gputelemetry import TelemetrySettings
     from slurm_burst.services.groups import GroupControl
     from slurm_burst.services.provisioner import ProvisionerSettings, Secrets
@@ -250,23 +251,51 @@ def clouds(cfg: Config) -> dict[str, LibcloudCloud]:
 
 
 def managed_clouds(cfg: Config, metrics: Metrics | None = None) -> dict[str, ManagedCloud]:
-    """The clouds as the daemon uses them: every call timed and throttling retried."""
+    """The clouds as the daemon uses them: every call timed, paced within its account's
+    API budget (one per account and region, shared by the profiles on it) and throttling
+    retried."""
     from slurm_burst.services.cloudcalls import CallSettings, ManagedCloud
 
     d = cfg.daemon
-
-    def settings(p: ProviderConfig) -> CallSettings:
-        return CallSettings(
-            attempts=d.api_attempts,
-            base=d.api_backoff,
-            cap=d.api_backoff_max,
-            reads_per_second=p.host_key_reads_per_second or extensions.reads_per_second(p.driver),
-        )
-
+    settings = CallSettings(attempts=d.api_attempts, base=d.api_backoff, cap=d.api_backoff_max)
+    built = clouds(cfg)
+    budgets = api_budgets(cfg, built, metrics)
     return {
-        name: ManagedCloud(c, settings(cfg.providers[name]), metrics)
-        for name, c in clouds(cfg).items()
+        name: ManagedCloud(c, settings, metrics, budget=budgets[name])
+        for name, c in built.items()
     }
+
+
+def api_budgets(
+    cfg: Config, built: Mapping[str, Cloud], metrics: Metrics | None = None
+) -> dict[str, SharedBudget]:
+    """Each profile's :class:`SharedBudget`: profiles with the same driver, region,
+    credentials and endpoint are one account and share theirs (named after the first)."""
+    from slurm_burst.core.ratelimit import EC2, ApiBudgets, Limit
+    from slurm_burst.services.cloudcalls import SharedBudget as Budget
+
+    tables = {"ec2": EC2}
+    shared: dict[tuple[str, ...], Budget] = {}
+    out = {}
+    for name in sorted(built):
+        p = cfg.providers[name]
+        creds = p.credentials
+        account = (
+            p.driver, p.region,
+            (creds.file or creds.key_env) if creds else "",
+            str(p.options.get("host", "")), str(p.options.get("port", "")),
+        )  # fmt: skip
+        if account not in shared:
+            overrides = {api: Limit(float(b), float(r)) for api, (b, r) in p.api_limits.items()}
+            rps = p.host_key_reads_per_second or extensions.reads_per_second(p.driver)
+            reads = getattr(built[name], "api_names", {}).get("host_keys", "host_keys")
+            if p.host_key_reads_per_second or (p.driver not in tables and rps):
+                overrides.setdefault(reads, Limit(max(1.0, rps), rps))
+            shared[account] = Budget(
+                name, ApiBudgets(tables.get(p.driver), cfg.daemon.api_share, overrides), metrics
+            )
+        out[name] = shared[account]
+    return out
 
 
 # -- mesh, HA, metrics -----------------------------------------------------------------
@@ -610,6 +639,21 @@ def reconciler(cfg: Config, ports: ReconcilerPorts, hands: NodeHands) -> Reconci
     return Reconciler(reconciler_settings(cfg), ports, hands, groups)
 
 
+def fleet_views(
+    cfg: Config, clouds: Mapping[str, Cloud], clock: Clock, stop: threading.Event
+) -> dict[str, FleetView]:
+    """A shared listing for each provider profile that lists its fleet cheaply (EC2)."""
+    from slurm_burst.services.fleetview import FleetView
+
+    from slurm_burst.services.cloudcalls import ManagedCloud as Managed
+
+    return {
+        name: FleetView(c, cfg.cluster.name, clock, stop)
+        for name, c in clouds.items()
+        if isinstance(c, Managed) and c.lists_fleet
+    }
+
+
 def assemble(cfg: Config, parts: DaemonParts) -> Daemon:
     """The daemon and its services from ``parts``: constructor injection, no set-up after."""
     from slurm_burst.services.burstpolicy import BurstPolicy
@@ -652,23 +696,24 @@ def assemble(cfg: Config, parts: DaemonParts) -> Daemon:
         stagework = StageWork(
             StageWorkSettings(), p.store, p.pusher, p.clock, staging.pull_asked, book, outputs
         )
+    views = fleet_views(cfg, clouds, p.clock, stop)
     provisioner = Provisioner(
         provisioner_settings(cfg, p.slurm_release),
         ProvisionerPorts(
             store=p.store, clouds=clouds, mesh=p.mesh, connector=p.connector,
             scheduler=p.scheduler, ledger=p.ledger, clock=p.clock, metrics=p.metrics,
-            staging=staging, outputs=outputs,
+            staging=staging, outputs=outputs, views=views,
         ),
         p.secrets,
         stopping=stop,
         joined=registrations.watch,
     )  # fmt: skip
-    workers = Workers(provisioner, p.store, cfg.daemon.workers)
+    workers = Workers(provisioner, p.store, cfg.daemon.workers, cfg.daemon.bootstrap_slots)
     reconcile = reconciler(
         cfg,
         ReconcilerPorts(
             store=p.store, scheduler=p.scheduler, clouds=clouds, mesh=p.mesh, clock=p.clock,
-            ledger=p.sql_ledger, metrics=p.metrics,
+            ledger=p.sql_ledger, metrics=p.metrics, views=views,
         ),
         NodeHands(fail=provisioner.fail, submit=workers.submit),
     )  # fmt: skip

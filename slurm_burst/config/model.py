@@ -160,8 +160,16 @@ class ProviderConfig:
     )
     host_key_reads_per_second: float = doc(
         "Most host-key reads per second for all joining nodes together (the provider's API "
-        "limit). 0: the driver's default (ec2 10, gce 10, azure_arm 2, openstack 5).",
+        "limit). 0: the driver's default (ec2: its GetConsoleOutput budget; gce 10, "
+        "azure_arm 2, openstack 5).",
         default=0.0,
+    )
+    api_limits: Mapping[str, Any] = doc(
+        "The account's request buckets per API, where they differ from the provider's "
+        "documented ones (ec2: docs/scale.md), as API = [burst, refill per second], e.g. "
+        "{ DescribeInstances = [200, 40] } after a limit increase. Profiles on the same "
+        "account and region share the buckets.",
+        default_factory=_empty,
     )
 
 
@@ -442,7 +450,21 @@ class DaemonConfig:
         "a request they could not record, nodes they set DOWN. Empty: none.",
         default="/dev/log",
     )
-    workers: int = doc("Nodes provisioned or torn down at the same time.", default=64)
+    workers: int = doc(
+        "Threads that launch, tear down and check on nodes (a node waiting for its "
+        "instance to boot holds none).",
+        default=64,
+    )
+    bootstrap_slots: int = doc(
+        "Nodes bootstrapped over SSH at the same time. 1,000 nodes whose bootstrap takes "
+        "10 s join in about 50 s with 200.",
+        default=200,
+    )
+    api_share: float = doc(
+        "Share of the provider's documented API refill rates the daemon keeps to (the "
+        "account's budget is shared with consoles and other tools); 0 < share <= 1.",
+        default=0.75,
+    )
     ssh_user: str = doc(
         "User the daemon logs in as on cloud nodes (needs root rights).", default="root"
     )

@@ -79,6 +79,23 @@ def validate(
         out.append(Problem("daemon.poll_period", "must be positive"))
     if cfg.daemon.workers < 1:
         out.append(Problem("daemon.workers", "must be at least 1"))
+    if cfg.daemon.bootstrap_slots < 1:
+        out.append(Problem("daemon.bootstrap_slots", "must be at least 1"))
+    if not (0 < cfg.daemon.api_share <= 1):
+        out.append(Problem("daemon.api_share", "must be more than 0 and at most 1"))
+    for pname, prov in cfg.providers.items():
+        for api, lim in prov.api_limits.items():
+            ok = (
+                isinstance(lim, list | tuple)
+                and len(lim) == 2
+                and all(isinstance(x, int | float) and not isinstance(x, bool) for x in lim)
+                and all(0 < float(x) < 1e9 for x in lim)
+            )
+            if not ok:
+                out.append(Problem(
+                    f"providers.{pname}.api_limits.{api}",
+                    "must be [burst, refill per second], two numbers above 0",
+                ))  # fmt: skip
     for key in (
         "boot_timeout",
         "bootstrap_timeout",

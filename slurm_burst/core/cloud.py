@@ -78,6 +78,17 @@ class ThrottledError(CloudError):
     retryable = True
 
 
+class Busy(ThrottledError):
+    """Our own budget for the API has no token now (no call was made): try again in
+    ``after`` seconds. Raised only to callers that asked not to wait."""
+
+    code = "ApiBudget"
+
+    def __init__(self, message: str, after: float) -> None:
+        super().__init__(message, self.code)
+        self.after = after
+
+
 class AuthError(CloudError):
     code = "AuthFailure"
 

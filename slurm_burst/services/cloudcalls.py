@@ -1,14 +1,18 @@
-"""Every cloud call, timed and retried: the Cloud port wrapped for the daemon.
+"""Every cloud call, timed, paced and retried: the Cloud port wrapped for the daemon.
 
-A throttled call (``RequestLimitExceeded``, HTTP 429/503) is retried up to
-``daemon.api_attempts`` times with exponential backoff and full jitter. A
-launch is retried with the same idempotency token, so a retry after a
-throttled-but-accepted request returns the instance it made, never a second.
-Other errors pass through at once, typed, with the provider's code.
+**Budgets.** Providers throttle per account and region, per API (EC2: one token bucket
+per API; see :mod:`slurm_burst.core.ratelimit`). Every provider profile on the same
+account and region shares one :class:`SharedBudget`, and every call first takes its
+API's token (``RunInstances`` also the instances it asks for): a caller that may wait
+waits its turn; one that may not (a booting node's host-key read, driven by timers)
+gets :class:`~slurm_burst.core.cloud.Busy` with the seconds to come back after.
 
-Host-key reads are polled while nodes boot; all of a provider's workers share one
-:class:`~slurm_burst.core.ratelimit.TokenBucket` of ``reads_per_second``, so a
-thousand joining nodes stay within the provider's API budget.
+**Throttled answers** (``RequestLimitExceeded``, HTTP 429/503) cut the API's rate in
+the shared budget, and a waiting caller retries up to ``daemon.api_attempts`` times
+with exponential backoff and full jitter; a launch is retried with the same
+idempotency token, so a retry after a throttled-but-accepted request returns the
+instance it made, never a second. Other errors pass through at once, typed, with the
+provider's code.
 """
 
 from __future__ import annotations
@@ -21,22 +25,78 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from slurm_burst.core.cloud import CloudError, Instance, LaunchSpec, backoff
-from slurm_burst.core.ratelimit import TokenBucket
+from slurm_burst.core.cloud import Busy, CloudError, Instance, LaunchSpec, backoff
+from slurm_burst.core.ratelimit import ApiBudgets
 from slurm_burst.ports import Cloud, Metrics
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+TURNS_KEPT = 10_000
 
 
 @dataclass(frozen=True, kw_only=True)
 class CallSettings:
-    """How a provider's calls are retried and paced (wiring.managed_clouds builds them)."""
+    """How a provider's calls are retried (wiring.managed_clouds builds them)."""
 
     attempts: int = 5  # tries of a throttled call (daemon.api_attempts)
     base: float = 1.0  # seconds of the first backoff (daemon.api_backoff)
     cap: float = 30.0  # the longest backoff (daemon.api_backoff_max)
-    reads_per_second: float = 0.0  # host-key reads, shared by the provider's workers; 0 any
+
+
+class SharedBudget:
+    """One account and region's :class:`ApiBudgets`, shared by the profiles on it."""
+
+    def __init__(
+        self,
+        account: str,
+        budgets: ApiBudgets,
+        metrics: Metrics | None = None,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.account = account
+        self.budgets = budgets
+        self.metrics = metrics
+        self.monotonic = monotonic
+        self._lock = threading.Lock()
+        self._turns: dict[tuple[str, str], float] = {}  # (api, key) -> when its turn comes
+
+    def reserve(self, api: str, made: int = 0) -> float:
+        with self._lock:
+            return self.budgets.reserve(api, self.monotonic(), made)
+
+    def turn(self, api: str, key: str) -> float:
+        """A caller that does not wait (``key``: what it reads): 0.0 if it may call now;
+        else the seconds until its turn, which is kept for it (a queue: a thousand
+        callers told to come back are not all told the same instant)."""
+        with self._lock:
+            now = self.monotonic()
+            due = self._turns.pop((api, key), None)
+            if due is not None:
+                if due - now > 1e-6:
+                    self._turns[(api, key)] = due
+                    return due - now
+                return 0.0
+            wait = self.budgets.reserve(api, now)
+            if wait > 0:
+                self._turns[(api, key)] = now + wait
+                if len(self._turns) > 4 * TURNS_KEPT:  # forget turns nobody came back for
+                    old = sorted(self._turns.items(), key=lambda kv: kv[1])
+                    self._turns = dict(old[-TURNS_KEPT:])
+            return wait
+
+    def throttled(self, api: str) -> None:
+        with self._lock:
+            self.budgets.throttled(api, self.monotonic())
+
+    def levels(self) -> dict[str, float]:
+        with self._lock:
+            return self.budgets.levels(self.monotonic())
+
+    def export(self) -> None:
+        """Tokens left per API, into the metrics (the reconcile pass calls it)."""
+        if self.metrics is not None:
+            for api, tokens in self.levels().items():
+                self.metrics.api_tokens(self.account, api, tokens)
 
 
 class ManagedCloud:
@@ -46,9 +106,9 @@ class ManagedCloud:
         settings: CallSettings = CallSettings(),  # frozen: one shared is safe
         metrics: Metrics | None = None,
         *,
+        budget: SharedBudget | None = None,
         sleep: Callable[[float], None] = time.sleep,
         rand: Callable[[], float] = random.random,
-        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self.inner = cloud
         self.name = cloud.name
@@ -56,27 +116,47 @@ class ManagedCloud:
         self.base = settings.base
         self.cap = settings.cap
         self.metrics = metrics
+        self.budget = budget or SharedBudget(cloud.name, ApiBudgets(None))
         self.sleep = sleep
         self.rand = rand
-        self.monotonic = monotonic
-        self._reads = TokenBucket(settings.reads_per_second)
-        self._reads_lock = threading.Lock()
+        apis: Mapping[str, str] = getattr(cloud, "api_names", None) or {}
+        self._apis = dict(apis)
 
-    def _call(self, call: str, fn: Callable[..., T], *args: Any) -> T:
+    def api(self, call: str) -> str:
+        """The provider's API behind one of our calls (EC2: ``get`` is DescribeInstances)."""
+        return self._apis.get(call, call)
+
+    def _call(
+        self, call: str, fn: Callable[..., T], *args: Any, made: int = 0, wait: bool = True
+    ) -> T:
+        api = self.api(call)
         for attempt in range(self.attempts):
+            if wait:
+                pause = self.budget.reserve(api, made)
+                if pause > 0:
+                    self.sleep(pause)
+            else:
+                after = self.budget.turn(api, str(args[0]) if args else "")
+                if after > 0:
+                    raise Busy(f"{self.name}: {api}: our budget's turn comes later", after)
             started = time.monotonic()
             error: str | None = None
             try:
                 result = fn(*args)
             except CloudError as exc:
                 error = exc.code
-                if not exc.retryable or attempt + 1 >= self.attempts:
+                if not exc.retryable:
+                    raise
+                self.budget.throttled(api)
+                if self.metrics is not None:
+                    self.metrics.api_throttled(self.name, api)
+                if not wait or attempt + 1 >= self.attempts:
                     raise
                 delay = backoff(attempt, self.base, self.cap, self.rand())
                 log.warning(
                     "cloud.throttled provider=%s call=%s code=%s attempt=%d retry_in=%.2f",
                     self.name,
-                    call,
+                    api,
                     exc.code,
                     attempt + 1,
                     delay,
@@ -90,15 +170,21 @@ class ManagedCloud:
         raise AssertionError("unreachable: the last attempt returns or raises")
 
     def launch(self, spec: LaunchSpec) -> Instance:
-        return self._call("launch", self.inner.launch, spec)
+        return self._call("launch", self.inner.launch, spec, made=1)
 
     @property
     def batch_max(self) -> int:
         """Nodes one launch call may make (1: the provider launches one at a time)."""
         return self.inner.batch_max
 
+    @property
+    def lists_fleet(self) -> bool:
+        """Whether booting nodes read one shared listing (:meth:`list_fleet`) instead of
+        one describe each (EC2)."""
+        return bool(getattr(self.inner, "lists_fleet", False))
+
     def launch_many(self, spec: LaunchSpec) -> list[Instance]:
-        return self._call("launch", self.inner.launch_many, spec)
+        return self._call("launch", self.inner.launch_many, spec, made=spec.count)
 
     def find(self, token: str, cluster: str) -> list[Instance]:
         return self._call("find", self.inner.find, token, cluster)
@@ -112,13 +198,36 @@ class ManagedCloud:
     def list_instances(self, cluster: str) -> list[Instance]:
         return self._call("list", self.inner.list_instances, cluster)
 
-    def terminate(self, instance_id: str) -> None:
-        self._call("terminate", self.inner.terminate, instance_id)
+    def list_fleet(self, cluster: str) -> list[Instance]:
+        """The cluster's instances that are not terminated, in pages (one budgeted call
+        a page)."""
+        pages: Callable[..., list[Instance]] = getattr(self.inner, "list_fleet")  # noqa: B009
+        started = time.monotonic()
+        error: str | None = None
+        try:
+            return pages(cluster, lambda: self._take("list"))
+        except CloudError as exc:
+            error = exc.code
+            if exc.retryable:
+                self.budget.throttled(self.api("list"))
+                if self.metrics is not None:
+                    self.metrics.api_throttled(self.name, self.api("list"))
+            raise
+        finally:
+            if self.metrics is not None:
+                self.metrics.cloud_call(self.name, "list", time.monotonic() - started, error)
 
-    def host_keys(self, instance_id: str) -> list[tuple[str, str]]:
-        """One read of the instance's host keys, in its turn within the provider's budget."""
-        with self._reads_lock:
-            wait = self._reads.reserve(self.monotonic())
-        if wait > 0:
-            self.sleep(wait)
-        return self._call("host_keys", self.inner.host_keys, instance_id)
+    def _take(self, call: str) -> None:
+        """A page's token, waited for (the pages of one listing, after its first)."""
+        pause = self.budget.reserve(self.api(call))
+        if pause > 0:
+            self.sleep(pause)
+
+    def terminate(self, instance_id: str) -> None:
+        self._call("terminate", self.inner.terminate, instance_id, made=1)
+
+    def host_keys(self, instance_id: str, size: str = "") -> list[tuple[str, str]]:
+        """One read of the instance's host keys, if our budget has a token now; else
+        :class:`Busy` (the caller comes back later: it holds no thread meanwhile). A
+        throttled answer is raised at once, for the same reason."""
+        return self._call("host_keys", self.inner.host_keys, instance_id, size, wait=False)

@@ -48,7 +48,7 @@ from slurm_burst.ports import Clock, Cloud, Metrics, NodeStore
 
 log = logging.getLogger(__name__)
 
-TAG_THREADS = 16  # parallel tag calls after a batch launch
+TAG_THREADS = 4  # parallel tag calls after a batch launch (paced by the CreateTags budget)
 BATCH_THREADS = 4  # launch calls of one node group in flight at once
 TOKEN_MAX = 63  # the longest launch token (GCE label values; EC2 ClientToken takes 64)
 
@@ -112,6 +112,7 @@ class Launcher:
         self.metrics = ports.metrics
         self._batch_locks: dict[str, threading.Lock] = {}
         self._unnamed: list[tuple[str, str, str]] = []  # (node, instance, provider) to tag
+        self._tagger: threading.Thread | None = None
         self._guard = threading.Lock()
         self._installation: str | None = None
 
@@ -322,7 +323,7 @@ class Launcher:
                 else:  # a partial launch: the nodes it could not serve
                     again += [r.name for r in chunk if r.name in result]
             todo = [r for r in map(self.store.node, again) if r is not None]  # launching now
-        self.name_instances()
+        self.name_later()
         return failed
 
     def _batch(
@@ -387,10 +388,28 @@ class Launcher:
             self._unnamed.extend(adopted)
         return set(nodes[: len(made)])
 
+    def name_later(self) -> None:
+        """Name the batches' instances in the background: a convenience for people
+        looking at the provider's console (ownership is by instance id), so never on a
+        node's way to joining; the CreateTags budget paces it."""
+        with self._guard:
+            if self._tagger is not None and self._tagger.is_alive():
+                return  # it drains what was added too
+            self._tagger = threading.Thread(target=self._name_all, name="tags", daemon=True)
+            self._tagger.start()
+
+    def _name_all(self) -> None:
+        while True:
+            with self._guard:
+                if not self._unnamed:
+                    self._tagger = None
+                    return
+            self.name_instances()
+
     def name_instances(self) -> None:
         """Tag each instance of the batches launched so far with its node's name (a call
-        per instance, in parallel, once every batch is out). One that fails is tagged
-        again by its boot step."""
+        per instance). One that fails stays unnamed: the name is for people; the node's
+        own launch tags (cluster, group, token) came with the launch."""
         with self._guard:
             adopted, self._unnamed = self._unnamed, []
 
@@ -422,7 +441,7 @@ class Launcher:
                 made = cloud.launch_many(spec)
             log.info("node.batch_recovered token=%s count=%d", rec.token, len(made))
             self._adopt_batch(rec.token, made)
-        self.name_instances()
+        self.name_later()
 
     def _batch_lock(self, token: str) -> threading.Lock:
         with self._guard:

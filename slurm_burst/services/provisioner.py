@@ -28,15 +28,24 @@ from __future__ import annotations
 import ipaddress
 import json
 import logging
+import random
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from importlib import resources
 
 from slurm_burst.config import Fleet, GpuConfig, NodeGroup
-from slurm_burst.core.cloud import NODE_TAG, CapacityError, CloudError, Instance, classify
+from slurm_burst.core.cloud import (
+    Busy,
+    CapacityError,
+    CloudError,
+    Instance,
+    ThrottledError,
+    backoff,
+    classify,
+)
 from slurm_burst.core.errors import BadInput, BurstError, StepError
 from slurm_burst.core.jobs import job_ids, nodes_by_job, released_with
 from slurm_burst.core.mesh import MeshError, hub_address, parking_address
@@ -57,6 +66,7 @@ from slurm_burst.ports import (
     RemoteShell,
     Scheduler,
 )
+from slurm_burst.services.fleetview import GONE, FleetView
 from slurm_burst.services.launcher import Launcher, LauncherSettings, timed
 from slurm_burst.services.nodestage import NodeStaging
 from slurm_burst.services.outputs import Outputs
@@ -66,8 +76,11 @@ log = logging.getLogger(__name__)
 REMOTE_SCRIPT = "/run/slurm-burst-bootstrap.sh"
 GPU_CHECK = "/etc/slurm-burst/gpucheck.py"  # the node's GPU check (bootstrap.sh, telemetry)
 GPU_EXPECT = "/etc/slurm-burst/gpu-check.json"  # what the node group promises
-POLL = 0.5  # seconds between looks at a booting instance
-ATTEST_POLL_MAX = 5.0  # host-key reads back off from POLL to this (a rate-limited API)
+POLL = 0.5  # seconds between looks at a booting instance (a provider without a listing)
+ATTEST_RETRY = 2.0  # a console without host keys is read again after about this ...
+ATTEST_POLL_MAX = 15.0  # ... doubling up to this (jittered: a rate-limited API)
+CONSOLE_SAMPLES = 64  # recent running -> host keys times that time the first read
+THROTTLE_BACKOFF = (2.0, 30.0)  # a throttled step is looked at again (base, cap) later
 HANDSHAKE_WAIT = 20.0  # seconds a new tunnel gets to complete its first handshake
 # failures whose cause is on the node: its slurmd logs are logged before it is terminated
 DIAGNOSED = frozenset({"SlurmdNotRegistered", "Bootstrap.slurmd-start"})
@@ -77,7 +90,10 @@ DIAGNOSE_WAIT = 10.0
 JOB_FAILED = "JobFailed"
 
 # Failures that say nothing about the group's health: not counted towards protected mode.
-NOT_LAUNCH_FAILURES = frozenset({"GroupProtected", "SlurmPoweredDown", "ResumeLost"})
+NOT_LAUNCH_FAILURES = frozenset({
+    "GroupProtected", "SlurmPoweredDown", "ResumeLost",
+    ThrottledError.code, Busy.code,  # the account's API budget, not the group's health
+})  # fmt: skip
 
 # Failures of one instance that a new one may well not have (and any ``Bootstrap.STEP``):
 # what a burst-buffer job's node gets replaced for. Not among them: what any instance of
@@ -102,6 +118,33 @@ def _as_step(code: str, *errors: type[Exception]) -> Iterator[None]:
 
 class Cancelled(Exception):
     """The node's ``want`` changed while a step waited."""
+
+
+class Later(Exception):
+    """The node's step waits (its instance boots, its console is not out yet, our API
+    budget has no token now): look at it again in ``seconds``. The worker lets go of it
+    meanwhile (:meth:`Provisioner.drive` with ``blocking=False``)."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__(f"again in {seconds:.2f} s")
+        self.seconds = max(0.0, seconds)
+
+
+class NeedsJoinSlot(Exception):
+    """The node is ready to bootstrap: that takes one of the bootstrap slots."""
+
+
+@dataclass
+class _Attest:
+    """A running instance whose host keys are being read (kept in memory: after a
+    restart the node's boot step looks again)."""
+
+    instance_id: str
+    address: str
+    size: str
+    running_at: float
+    next_read: float
+    reads: int = 0
 
 
 @dataclass
@@ -141,6 +184,7 @@ class ProvisionerPorts:
     metrics: Metrics | None = None
     staging: NodeStaging | None = None  # pulls jobs' staged data as a step of the join
     outputs: Outputs | None = None  # jobs' stage-outs: a node is released once they are home
+    views: Mapping[str, FleetView] = field(default_factory=dict)  # provider -> its listing
 
 
 class Provisioner:
@@ -152,6 +196,7 @@ class Provisioner:
         *,
         stopping: threading.Event,
         joined: Callable[[str], None] | None = None,
+        rand: Callable[[], float] = random.random,
     ) -> None:
         self.settings = settings
         self.fleet = settings.fleet
@@ -169,6 +214,11 @@ class Provisioner:
         self.metrics = ports.metrics
         self.staging = ports.staging
         self.outputs = ports.outputs
+        self.views = ports.views
+        self.rand = rand
+        self._attesting: dict[str, _Attest] = {}  # node -> its instance's host-key reads
+        self._console_delays: dict[str, list[float]] = {}  # provider -> recent seconds
+        self._throttled: dict[str, int] = {}  # node -> throttled looks in a row
         self.launcher = Launcher(
             LauncherSettings(fleet=self.fleet, capacity_cooldown=settings.capacity_cooldown),
             ports,
@@ -182,8 +232,21 @@ class Provisioner:
         self._released_lock = threading.Lock()
 
     # -- the driver ---------------------------------------------------------------
-    def drive(self, name: str) -> NodeRecord | None:
-        """Advance ``name`` until it is where ``want`` says, or failed and torn down."""
+    def drive(self, name: str, *, blocking: bool = True, join: bool = True) -> NodeRecord | None:
+        """Advance ``name`` until it is where ``want`` says, or failed and torn down.
+
+        ``blocking`` False (the daemon's workers): a step that must wait raises
+        :class:`Later`, and one about to bootstrap without a slot (``join`` False)
+        :class:`NeedsJoinSlot`; True: waits are slept here (tests, one-off callers)."""
+        while True:
+            try:
+                return self._drive(name, join or blocking)
+            except Later as later:
+                if not blocking:
+                    raise
+                self.clock.sleep(later.seconds)
+
+    def _drive(self, name: str, join: bool) -> NodeRecord | None:
         while True:
             rec = self.store.node(name)
             if rec is None:
@@ -210,8 +273,11 @@ class Provisioner:
                     self.launcher.launch_one(rec, self._group(rec))
                 elif rec.state == NodeState.BOOTING:
                     self._boot(rec)
+                elif not join:
+                    raise NeedsJoinSlot()
                 else:
                     self._bootstrap(rec)
+                self._throttled.pop(name, None)
             except Cancelled:
                 if self.stopping.is_set():
                     log.info("node.paused node=%s state=%s (daemon stopping)", name, rec.state)
@@ -219,11 +285,37 @@ class Provisioner:
                 log.info("node.cancelled node=%s state=%s (want down)", name, rec.state)
             except (TransitionError, BadInput):  # a bug or a race, not this node's fault:
                 raise  # the worker's boundary logs it; the node is looked at again
+            except ThrottledError as exc:  # never a failure while the node has time left
+                if self.stopping.is_set():
+                    return None
+                left = self._time_left(rec, exc)
+                if left > 0:  # looked at again before the node runs out of time
+                    raise Later(min(self._throttle_wait(name, exc), left)) from exc
+                self._fail(rec, exc.code, str(exc))
             except BurstError as exc:  # cloud, SSH, hub, Slurm, state store, a step
                 if not self._replace(rec, exc.code, str(exc)):
                     self._fail(rec, exc.code, str(exc))
             except OSError as exc:  # the controller's own disk, sockets, processes
                 self._fail(rec, "InternalError", f"{type(exc).__name__}: {exc}")
+
+    def _throttle_wait(self, name: str, exc: ThrottledError) -> float:
+        if isinstance(exc, Busy):
+            return exc.after
+        tries = self._throttled[name] = self._throttled.get(name, 0) + 1
+        return backoff(min(tries, 10), *THROTTLE_BACKOFF, self.rand())
+
+    def _time_left(self, rec: NodeRecord, exc: ThrottledError) -> float:
+        """Seconds a throttled node may still wait (<= 0: it fails): a throttled call
+        fails its node only once the node is out of time, Slurm's ResumeTimeout (the
+        boot timeout where none is known) less a fifth of bootstrap_timeout for the
+        join still to come."""
+        started = rec.requested_at or rec.state_since
+        limit = self.settings.resume_timeout or self.settings.boot_timeout
+        left = started + limit - self.settings.bootstrap_timeout / 5 - self.clock.now()
+        if left > 0:
+            log.info("node.throttled node=%s state=%s code=%s left=%.0f",
+                     rec.name, rec.state, exc.code, left)  # fmt: skip
+        return left
 
     def address_early(self, names: Sequence[str]) -> None:
         """Give newly requested nodes their mesh address, and Slurm their NodeAddr, now.
@@ -272,39 +364,77 @@ class Provisioner:
         raise StepError(err.code if err.code != CloudError.code else "InstanceError", fault)
 
     def _boot(self, rec: NodeRecord) -> None:
-        """Two timed steps: ``boot`` (launched -> running with an address) and ``attest``
-        (running -> its SSH host keys read through the provider's API)."""
-        cloud = self.clouds[rec.provider]
+        """Two steps, each looked at again later (:class:`Later`) while not done, holding
+        no thread meanwhile: ``boot`` (launched -> running with an address: the shared
+        fleet listing where the provider has one, else one describe a look) and
+        ``attest`` (running -> its SSH host keys read through the provider's API: one
+        read at the time the console is expected, then jittered backoff)."""
         deadline = rec.state_since + self.settings.boot_timeout
-        with self._timed(rec.name, "boot"):
-            while True:
-                inst = self._running(rec)
-                if inst is not None:
-                    break
+        self._check_want(rec.name)
+        seen = self._attesting.get(rec.name)
+        if seen is None or seen.instance_id != rec.instance_id:
+            inst = self._running(rec)
+            if inst is None:
+                if self.clock.now() > deadline:
+                    self._stepped(rec.name, "boot", self.clock.now() - rec.state_since, ok=False)
                 self._past(deadline, "BootTimeout", f"instance {rec.instance_id} not running")
-                self.clock.sleep(POLL)
-        with self._timed(rec.name, "attest"):
-            wait = POLL
-            while True:
-                self._check_want(rec.name)
-                keys = cloud.host_keys(rec.instance_id)
-                if keys:
-                    break
-                self._past(
-                    deadline,
-                    "HostKeyTimeout",
-                    f"instance {rec.instance_id} runs but published no SSH host keys",
-                )
-                self.clock.sleep(wait)
-                wait = min(ATTEST_POLL_MAX, wait * 2)
-        self._record(rec, rec.instance_id, "running", self.clock.now())
+                view = self.views.get(rec.provider)
+                raise Later(view.next_in() + 0.1 if view else POLL)
+            now = self.clock.now()
+            self._stepped(rec.name, "boot", now - rec.state_since)
+            seen = _Attest(rec.instance_id, inst.address, inst.size, now, self._first_read(rec))
+            self._attesting[rec.name] = seen
+        now = self.clock.now()
+        if now < seen.next_read:
+            raise Later(seen.next_read - now)
+        try:
+            keys = self.clouds[rec.provider].host_keys(rec.instance_id, seen.size)
+        except Busy as exc:  # our budget's turn comes later: no call was made
+            raise Later(exc.after) from exc
+        seen.reads += 1
+        if not keys:
+            if now > deadline:
+                self._stepped(rec.name, "attest", now - seen.running_at, ok=False)
+            self._past(
+                deadline,
+                "HostKeyTimeout",
+                f"instance {rec.instance_id} runs but published no SSH host keys",
+            )
+            wait = min(ATTEST_POLL_MAX, ATTEST_RETRY * 2 ** (seen.reads - 1))
+            seen.next_read = now + wait * (0.5 + 0.5 * self.rand())
+            raise Later(seen.next_read - now)
+        del self._attesting[rec.name]
+        self._stepped(rec.name, "attest", now - seen.running_at)
+        self._console_seen(rec.provider, now - seen.running_at)
+        self._record(rec, rec.instance_id, "running", now)
         self.store.transition(
             rec.name,
             NodeState.BOOTSTRAPPING,
-            self.clock.now(),
-            ip=inst.address,
+            now,
+            ip=seen.address,
             host_keys=json.dumps(keys),
         )
+
+    def _first_read(self, rec: NodeRecord) -> float:
+        """When to read a new running instance's console first: after as long as three
+        in four of its provider's recent instances took to print their host keys (a
+        read before that is almost always wasted, and costs the account's budget)."""
+        seen = sorted(self._console_delays.get(rec.provider, ()))
+        after = seen[(3 * len(seen)) // 4] if seen else 0.0
+        return self.clock.now() + after
+
+    def _console_seen(self, provider: str, seconds: float) -> None:
+        with self._released_lock:
+            recent = self._console_delays.setdefault(provider, [])
+            recent.append(seconds)
+            del recent[:-CONSOLE_SAMPLES]
+
+    def _stepped(self, node: str, step: str, seconds: float, ok: bool = True) -> None:
+        """A step that spanned several looks: logged, and observed if it succeeded, as
+        :meth:`_timed` does."""
+        log.info("node.step node=%s step=%s seconds=%.2f", node, step, seconds)
+        if ok and self.metrics is not None:
+            self.metrics.step(step, seconds)
 
     def _past(self, deadline: float, code: str, what: str) -> None:
         if self.clock.now() > deadline:
@@ -313,21 +443,33 @@ class Provisioner:
     def _running(self, rec: NodeRecord) -> Instance | None:
         """The instance once it runs with an address; None while it boots."""
         cloud = self.clouds[rec.provider]
-        self._check_want(rec.name)
-        inst = cloud.get(rec.instance_id)
+        view = self.views.get(rec.provider)
+        if view is not None:
+            looked = view.look(rec.instance_id, rec.state_since)
+            if looked is None:
+                view.watch(rec.instance_id, rec.name, rec.state_since)
+                return None
+            inst = None if looked == GONE else looked
+        else:
+            got = cloud.get(rec.instance_id)
+            inst = got
+        assert not isinstance(inst, str)
         if inst is not None and inst.state == "error" and inst.fault:
             self._instance_fault(rec, inst.fault)
         if inst is None or inst.state in ("terminated", "error", "stopped"):
+            if view is not None:
+                view.unwatch(rec.instance_id)
             raise StepError(
                 "InstanceVanished",
                 f"instance {rec.instance_id} is {inst.state if inst else 'gone'}",
             )
-        if inst.tags.get(NODE_TAG) != rec.name:  # a batch's instance, not yet named
-            try:
-                cloud.tag(rec.instance_id, {NODE_TAG: rec.name, "Name": rec.name})
-            except CloudError as exc:  # a convenience: ownership is by instance id
-                log.warning("node.tag_failed node=%s code=%s", rec.name, exc.code)
-        return inst if inst.state == "running" and inst.address else None
+        if inst.state == "running" and inst.address:
+            if view is not None:
+                view.unwatch(rec.instance_id)
+            return inst
+        if view is not None:
+            view.watch(rec.instance_id, rec.name, rec.state_since)
+        return None
 
     def _bootstrap(self, rec: NodeRecord) -> None:
         iface = self.settings.mesh_interface
@@ -504,6 +646,11 @@ class Provisioner:
         """Everything of the node's instance let go; ``replacing``: its want (up, unless
         a suspend came meanwhile) stays, for a new instance."""
         name = rec.name
+        self._attesting.pop(name, None)
+        self._throttled.pop(name, None)
+        view = self.views.get(rec.provider)
+        if view is not None and rec.instance_id:
+            view.unwatch(rec.instance_id)
         if rec.state != NodeState.TERMINATING:
             wants = {} if replacing else {"want": Want.DOWN}
             rec = self.store.transition(name, NodeState.TERMINATING, self.clock.now(), **wants)

@@ -42,11 +42,14 @@ from slurm_burst.core.reconcile import (
 from slurm_burst.core.slurm import SchedulerError, node_activity
 from slurm_burst.core.usage import InstanceEvent
 from slurm_burst.ports import AccountingLedger, Clock, Cloud, Mesh, Metrics, NodeStore, Scheduler
+from slurm_burst.services.fleetview import FleetView
 from slurm_burst.services.groups import GroupControl
 from slurm_burst.services.periodic import contain
 from slurm_burst.services.status import spend_rate
 
 log = logging.getLogger(__name__)
+
+VIEW_MAX_AGE = 10.0  # seconds: a fleet listing this fresh (booting nodes keep it so) is reused
 
 
 @dataclass
@@ -78,6 +81,7 @@ class ReconcilerPorts:
     clock: Clock
     ledger: AccountingLedger | None = None  # the SQL ledger: open instances, rows closed
     metrics: Metrics | None = None
+    views: Mapping[str, FleetView] = field(default_factory=dict)  # listings shared with boots
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -101,6 +105,7 @@ class Reconciler:
         self.store = ports.store
         self.scheduler = ports.scheduler
         self.clouds = ports.clouds
+        self.views = ports.views
         self.mesh = ports.mesh
         self.fail = hands.fail
         self.submit = hands.submit
@@ -134,7 +139,13 @@ class Reconciler:
         report.slurm_calls += 3
         instances: dict[str, Any] = {}
         for name, cloud in self.clouds.items():
-            listed = read(f"cloud.{name}", partial(cloud.list_instances, fleet.cluster))
+            view = self.views.get(name)
+            listing = (
+                partial(view.snapshot, VIEW_MAX_AGE)
+                if view is not None
+                else partial(cloud.list_instances, fleet.cluster)
+            )
+            listed = read(f"cloud.{name}", listing)
             if listed is not None:
                 instances[name] = listed
         peers = read("mesh_peers", self.mesh.peers)
@@ -272,6 +283,10 @@ class Reconciler:
         if m is not None:
             m.reconcile_pass(report.seconds, ended)
             m.node_counts(by_group, list(self.fleet.node_groups))
+            for cloud in self.clouds.values():  # each account's API budget left
+                budget = getattr(cloud, "budget", None)
+                if budget is not None:
+                    budget.export()
             for g in self.fleet.node_groups:
                 health = snap.groups.get(g)
                 protected = health is not None and health.protected(snap.now)

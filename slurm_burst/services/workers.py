@@ -1,4 +1,4 @@
-"""The daemon's worker pool: at most one worker per node, batches first.
+"""The daemon's worker pool: at most one worker per node, batches first; waits on timers.
 
 A node that needs work (its state is not where its ``want`` says) is handed to
 :meth:`Workers.submit`; a node already being worked on is marked to be looked at
@@ -7,10 +7,19 @@ New resume requests go through :meth:`Workers.submit_launch`: the launcher plans
 them per node group once, a group that launches in batches gets one worker for
 its batches (then each node its own worker to boot and bootstrap), and every
 other node goes straight to its own worker.
+
+**Waiting holds no thread.** A node whose step must wait (its instance boots, its
+console has no host keys yet, our API budget has no token) lets go of its worker
+(:class:`~slurm_burst.services.provisioner.Later`); one timer thread hands it to a
+worker again when its time comes, or at once when the fleet listing sees its instance
+change (:meth:`Workers.wake`). A node ready to bootstrap moves to a pool of its own,
+``daemon.bootstrap_slots`` SSH sessions at once, so a thousand nodes booting never
+crowd out the joins, nor the joins the launches and teardowns.
 """
 
 from __future__ import annotations
 
+import heapq
 import logging
 import threading
 from collections.abc import Iterable, Sequence
@@ -22,35 +31,97 @@ from slurm_burst.core.records import NodeRecord
 from slurm_burst.ports import NodeStore
 from slurm_burst.services.launcher import LaunchPlan
 from slurm_burst.services.periodic import contain
-from slurm_burst.services.provisioner import Provisioner
+from slurm_burst.services.provisioner import Later, NeedsJoinSlot, Provisioner
 
 log = logging.getLogger(__name__)
+
+TIMER_TICK = 0.05  # the longest the timer thread sleeps before looking again
 
 # A node claimed by the request the daemon is handling (no worker yet).
 _RESERVED: Future[None] = Future()
 
 
 class Workers:
-    def __init__(self, provisioner: Provisioner, store: NodeStore, size: int) -> None:
+    def __init__(
+        self,
+        provisioner: Provisioner,
+        store: NodeStore,
+        size: int,
+        join_slots: int = 0,
+    ) -> None:
         self.prov = provisioner
         self.launcher = provisioner.launcher
         self.store = store
         self.pool = ThreadPoolExecutor(size, thread_name_prefix="node")
+        self.joins = ThreadPoolExecutor(join_slots or size, thread_name_prefix="join")
+        self.clock = provisioner.clock  # timers run on it (a test's fake clock moves on)
         self._active: dict[str, Future[None]] = {}
         self._again: set[str] = set()
         self._force: set[str] = set()
         self._lock = threading.Lock()
+        self._waiting: dict[str, float] = {}  # node -> when it is looked at again
+        self._timers: list[tuple[float, str]] = []  # heap of (due, node); stale ones skipped
+        self._tick = threading.Condition(self._lock)
+        self._closed = False
+        self._timer = threading.Thread(target=self._run_timers, name="node-timers", daemon=True)
+        self._timer.start()
+        for view in provisioner.views.values():
+            view.wake = self.wake
 
     def submit(self, name: str, power_down_force: bool = False) -> None:
         """Drive ``name`` on a worker of its own; ``power_down_force`` afterwards returns
-        it to Slurm's service (a resume-fail)."""
+        it to Slurm's service (a resume-fail). A node waiting on its timer goes now."""
         with self._lock:
             if power_down_force:
                 self._force.add(name)
+            self._waiting.pop(name, None)
             if name in self._active:
                 self._again.add(name)  # the worker re-reads the node before it ends
                 return
             self._active[name] = self.pool.submit(self._work, name)
+
+    def wake(self, names: Iterable[str]) -> None:
+        """Nodes whose instance changed (the fleet listing): those waiting go now."""
+        with self._lock:
+            due = [n for n in names if n in self._waiting]
+        for n in due:
+            self.submit(n)
+
+    def _later(self, name: str, seconds: float) -> None:
+        with self._lock:
+            due = self.clock.monotonic() + seconds
+            self._waiting[name] = due
+            heapq.heappush(self._timers, (due, name))
+            self._tick.notify()
+
+    def _run_timers(self) -> None:
+        while True:
+            with self._lock:
+                if self._closed:
+                    return
+                now = self.clock.monotonic()
+                ready = []
+                while self._timers and self._timers[0][0] <= now:
+                    due, name = heapq.heappop(self._timers)
+                    if self._waiting.get(name) == due:
+                        ready.append(name)
+                if not ready and not self._timers:
+                    self._tick.wait(timeout=1.0)
+                    continue
+                wait = self._timers[0][0] - now if self._timers else 0.0
+            if not ready:  # the clock's own sleep: a test's fake clock moves on
+                self.clock.sleep(min(max(wait, 0.001), TIMER_TICK))
+                continue
+            for name in ready:
+                with self._lock:
+                    if self._waiting.get(name) is None:
+                        continue  # submitted meanwhile
+                self.submit(name)
+
+    def waiting(self) -> int:
+        """Nodes waiting on a timer (no thread held)."""
+        with self._lock:
+            return len(self._waiting)
 
     def reserve(self, names: Iterable[str]) -> set[str]:
         """Claim the nodes among ``names`` that no worker holds, for the request being
@@ -105,11 +176,26 @@ class Workers:
             for n in plan.nodes:
                 self.submit(n)
 
-    def _work(self, name: str) -> None:
+    def _work(self, name: str, join: bool = False) -> None:
+        handed = False  # to the join pool, or a timer: the node stays ours
         try:
             while True:
                 try:
-                    self.prov.drive(name)
+                    self.prov.drive(name, blocking=False, join=join)
+                except Later as later:
+                    with self._lock:
+                        if name not in self._again:
+                            handed = True
+                            self._active.pop(name, None)
+                    if handed:
+                        self._later(name, later.seconds)
+                        return
+                except NeedsJoinSlot:
+                    with self._lock:
+                        self._again.discard(name)  # the join re-reads the node anyway
+                        self._active[name] = self.joins.submit(self._work, name, True)
+                    handed = True
+                    return
                 except Exception as exc:  # boundary: a worker thread; the node is rescanned
                     contain("node.worker", exc, self.prov.metrics)
                 self._submit_released()
@@ -123,8 +209,9 @@ class Workers:
             if force:
                 self.prov.power_down_force(name)
         finally:
-            with self._lock:
-                self._active.pop(name, None)
+            if not handed:
+                with self._lock:
+                    self._active.pop(name, None)
 
     def _submit_released(self) -> None:
         """Nodes let go because their job lost a node: each to a worker, to tear down."""
@@ -140,18 +227,26 @@ class Workers:
             self.submit(name)
 
     def rescan(self) -> None:
-        """Hand every node that needs work and has no worker to one."""
+        """Hand every node that needs work and has no worker (nor a timer) to one."""
         for rec in self.store.nodes():
-            if needs_work(rec.state, rec.want) and rec.name not in self._active:
+            with self._lock:
+                held = rec.name in self._active or rec.name in self._waiting
+            if needs_work(rec.state, rec.want) and not held:
                 self.submit(rec.name)
 
     def in_flight(self) -> int:
         with self._lock:
-            return sum(1 for f in self._active.values() if f is not _RESERVED)
+            working = sum(1 for f in self._active.values() if f is not _RESERVED)
+            return working + len(self._waiting)
 
     def idle(self) -> bool:
         with self._lock:
-            return not self._active
+            return not self._active and not self._waiting
 
     def shutdown(self) -> None:
+        with self._lock:
+            self._closed = True
+            self._waiting.clear()  # their state is in the store: the next daemon recovers them
+            self._tick.notify()
         self.pool.shutdown(wait=True, cancel_futures=True)
+        self.joins.shutdown(wait=True, cancel_futures=True)

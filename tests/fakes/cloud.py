@@ -111,7 +111,7 @@ class FakeCloud:
             if vm is not None:
                 vm.state = "terminated"
 
-    def host_keys(self, instance_id: str) -> list[tuple[str, str]]:
+    def host_keys(self, instance_id: str, size: str = "") -> list[tuple[str, str]]:
         self._call("host_keys")
         with self._lock:
             vm = self._vm(instance_id)

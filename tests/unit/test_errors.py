@@ -30,6 +30,10 @@ pytestmark = pytest.mark.unit
 INTERNAL = {
     "slurm_burst.services.provisioner.Cancelled": "control flow: a step stops when its "
     "node is wanted down or the daemon stops; caught in Provisioner.drive",
+    "slurm_burst.services.provisioner.Later": "control flow: a step that waits hands its "
+    "node to a timer (Workers._work), or sleeps in a blocking Provisioner.drive",
+    "slurm_burst.services.provisioner.NeedsJoinSlot": "control flow: a node ready to "
+    "bootstrap moves to the join pool (Workers._work)",
     "slurm_burst.adapters.cloud.attest.NoSource": "a LibcloudError inside the cloud "
     "adapter, turned into the node's HostKeys failure there",
     "slurm_burst.node.stagein.Refused": "the node's stage-in program (standard library "

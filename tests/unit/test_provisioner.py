@@ -255,15 +255,30 @@ def test_an_instance_put_in_error_for_want_of_capacity_cools_its_size(w: World) 
     assert ("lab", "ns.cpu2") in w.store.unavailable(w.clock.now())
 
 
-def test_throttling_is_a_cloud_error_with_its_code_when_it_reaches_the_provisioner(
+def test_a_throttled_call_that_gets_through_waits_its_turn_and_the_node_joins(
     w: World,
 ) -> None:
-    """Retrying throttled calls is ManagedCloud's job (test_reconcile_service); one that
-    gets through fails the node with the provider's code."""
-    w.cloud.errors["launch"] = [ThrottledError("RequestLimitExceeded: slow down")]
+    """Retrying throttled calls in place is ManagedCloud's job (test_read_budget); one
+    that gets through to the provisioner is looked at again later, while the node has
+    time left: it neither fails the node nor counts towards protecting the group."""
+    w.cloud.errors["launch"] = [ThrottledError("RequestLimitExceeded: slow down")] * 3
+    w.cloud.errors["host_keys"] = [ThrottledError("RequestLimitExceeded: slow down")] * 2
     w.request(N)
     w.prov.drive(N)
+    assert w.rec(N).state == NodeState.JOINED
+    assert w.cloud.calls["launch"] == 4 and w.cloud.calls["host_keys"] >= 3
+    assert w.store.groups().get("cpu") is None or w.store.groups()["cpu"].failures == 0
+
+
+def test_a_throttled_node_fails_once_out_of_time_and_it_does_not_count(tmp_path: Path) -> None:
+    w = make_world(tmp_path, edits=[("resume_timeout = 120", "resume_timeout = 50")])
+    w.cloud.errors["launch"] = [ThrottledError("RequestLimitExceeded: slow down")] * 1000
+    w.request(N)
+    started = w.clock.now()
+    w.prov.drive(N)
     assert_released(w, N, "RequestLimitExceeded")
+    assert w.clock.now() - started <= 50  # failed inside Slurm's ResumeTimeout
+    assert w.store.groups().get("cpu") is None or w.store.groups()["cpu"].failures == 0
 
 
 # -- bootstrap: each step's failure ------------------------------------------------------

@@ -1,14 +1,17 @@
-"""Host-key reads stay within one budget per provider, however many nodes join at once."""
+"""Calls stay within one budget per provider account and API, however many nodes join at
+once; a throttled answer slows the API down for everyone on the account."""
 
 from __future__ import annotations
 
+import heapq
 import math
-import threading
+from pathlib import Path
 
 import pytest
 
-from slurm_burst.core.ratelimit import TokenBucket
-from slurm_burst.services.cloudcalls import CallSettings, ManagedCloud
+from slurm_burst.core.cloud import Busy, Instance, LaunchSpec, ThrottledError
+from slurm_burst.core.ratelimit import EC2, FLOOR, RECOVER, ApiBudgets, TokenBucket
+from slurm_burst.services.cloudcalls import CallSettings, ManagedCloud, SharedBudget
 
 
 def most_in_any_window(times: list[float], window: float) -> int:
@@ -51,47 +54,147 @@ def test_no_rate_means_no_wait() -> None:
 
 
 class Keys:
-    """A provider whose host-key reads are stamped with the reading thread's fake time."""
+    """A provider whose calls are stamped with the fake time; ``throttle`` answers the
+    next calls RequestLimitExceeded."""
 
     name = "p"
+    api_names = {"host_keys": "GetConsoleOutput", "launch": "RunInstances"}
 
-    def __init__(self, local: threading.local) -> None:
-        self.local = local
+    def __init__(self, now: list[float]) -> None:
+        self.now = now
         self.at: list[float] = []
-        self.lock = threading.Lock()
+        self.throttle = 0
 
-    def host_keys(self, instance_id: str) -> list[tuple[str, str]]:
-        with self.lock:
-            self.at.append(self.local.t)
+    def host_keys(self, instance_id: str, size: str = "") -> list[tuple[str, str]]:
+        self.at.append(self.now[0])
+        if self.throttle:
+            self.throttle -= 1
+            raise ThrottledError("RequestLimitExceeded: slow down")
+        return []
+
+    def launch_many(self, spec: LaunchSpec) -> list[Instance]:
+        self.at.append(self.now[0])
         return []
 
 
-def test_a_thousand_joining_nodes_read_within_the_providers_budget() -> None:
-    """16 workers poll host keys for 1,000 nodes. Fake time: a thread reads the shared
-    clock, and its sleep moves it (and the clock, if later) forward."""
-    now, lock, local = [0.0], threading.Lock(), threading.local()
-
-    def monotonic() -> float:
-        local.base = local.t = now[0]
-        return now[0]
+def managed(inner: Keys, now: list[float], share: float = 1.0) -> ManagedCloud:
+    budget = SharedBudget("acct", ApiBudgets(EC2, share), monotonic=lambda: now[0])
 
     def sleep(seconds: float) -> None:
-        local.t = local.base + seconds
-        with lock:
-            now[0] = max(now[0], local.t)
+        now[0] += seconds
 
-    inner = Keys(local)
-    cloud = ManagedCloud(inner, CallSettings(reads_per_second=10), sleep=sleep, monotonic=monotonic)  # type: ignore[arg-type]
+    return ManagedCloud(inner, CallSettings(base=0.5), budget=budget, sleep=sleep, rand=lambda: 0.5)  # type: ignore[arg-type]
 
-    def worker(nodes: range) -> None:
-        for n in nodes:
-            cloud.host_keys(f"i-{n}")
 
-    threads = [threading.Thread(target=worker, args=(range(k, 1000, 16),)) for k in range(16)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert len(inner.at) == 1000
-    assert most_in_any_window(inner.at, 1.0) <= 20  # burst 10 + 10 a second
-    assert max(inner.at) >= (1000 - 10) / 10 - 1e-6  # nobody skipped the queue
+def test_a_thousand_joining_nodes_read_within_the_accounts_budget() -> None:
+    """1,000 nodes read their consoles through the timers: a read our budget has no token
+    for is no call, and says when to come back; coming back then finds one."""
+    now = [0.0]
+    inner = Keys(now)
+    cloud = managed(inner, now, share=0.75)
+    due = [(0.0, n) for n in range(1000)]  # (when the node comes back, node): a heap
+    busy = 0
+    while due:
+        at, n = heapq.heappop(due)
+        now[0] = max(now[0], at)
+        try:
+            cloud.host_keys(f"i-{n}", "c5.large")
+        except Busy as exc:
+            busy += 1
+            assert exc.after > 0
+            heapq.heappush(due, (now[0] + exc.after, n))
+    assert len(inner.at) == 1000  # every node read once: a refused turn costs no call
+    assert 0 < busy <= 1000  # each told its turn once, not again and again
+    refill = EC2.limit("GetConsoleOutput").refill * 0.75
+    assert most_in_any_window(inner.at, 1.0) <= EC2.limit("GetConsoleOutput").burst + refill
+    window = [t for t in inner.at if t >= 10.0]
+    assert most_in_any_window(window, 10.0) <= refill * 10 + 1  # within 75 % of the refill
+    assert busy > 0
+
+
+def test_a_throttled_answer_cuts_the_rate_and_it_climbs_back() -> None:
+    bucket = TokenBucket(10, 10)
+    for _ in range(10):
+        bucket.reserve(0.0)
+    bucket.cut(0.0)
+    assert bucket.level(0.0) == 0 and bucket.current_rate(0.0) == pytest.approx(5.0)
+    assert bucket.ready_in(0.0) == pytest.approx(0.2)  # at the cut rate
+    assert bucket.current_rate(60.0) == pytest.approx(7.5)  # halfway back
+    assert bucket.current_rate(RECOVER + 1) == 10.0
+    bucket.cut(200.0)
+    bucket.cut(200.0)  # a second cut at once halves again, never below the floor
+    assert bucket.current_rate(200.0) == pytest.approx(2.5)
+    for _ in range(20):
+        bucket.cut(200.0)
+    assert bucket.current_rate(200.0) == pytest.approx(10 * FLOOR)
+
+
+def test_ready_in_takes_nothing() -> None:
+    bucket = TokenBucket(2, 1)
+    assert bucket.ready_in(0.0) == 0.0 and bucket.ready_in(0.0) == 0.0
+    assert bucket.reserve(0.0) == 0.0
+    assert bucket.ready_in(0.0) == pytest.approx(0.5)
+    assert bucket.ready_in(0.5) == 0.0
+
+
+def test_a_throttled_read_is_raised_at_once_and_slows_the_api_for_everyone() -> None:
+    now = [0.0]
+    inner = Keys(now)
+    cloud = managed(inner, now)
+    other = ManagedCloud(inner, budget=cloud.budget)  # type: ignore[arg-type]  # same account
+    inner.throttle = 1
+    with pytest.raises(ThrottledError):
+        cloud.host_keys("i-1", "c5.large")
+    assert len(inner.at) == 1  # not retried in place: the node's timer comes back
+    with pytest.raises(Busy) as got:
+        other.host_keys("i-2", "c5.large")  # the shared bucket was emptied by the cut
+    assert got.value.after == pytest.approx(1 / 10)  # 20 a second, cut to 10
+
+
+def test_a_large_launch_waits_for_the_instance_tokens_instead_of_failing() -> None:
+    """RunInstances' resource bucket: 1,000 instances at once, then 2 a second (here all
+    of the refill: share 1)."""
+    now = [0.0]
+    inner = Keys(now)
+    cloud = managed(inner, now)
+    for _ in range(2):
+        cloud.launch_many(_spec(500))
+    assert inner.at == [0.0, 0.0]
+    cloud.launch_many(_spec(100))  # the bucket is empty: 100 instances take 50 s
+    assert inner.at[-1] == pytest.approx(50.0)
+
+
+def test_profiles_on_one_account_share_its_budget(tmp_path: Path) -> None:
+    from slurm_burst import wiring
+    from tests.conftest import lab_config_in
+
+    extra = """
+[providers.aws1]
+driver = "ec2"
+region = "us-east-1"
+credentials = { key_env = "K", secret_env = "S" }
+
+[providers.aws2]
+driver = "ec2"
+region = "us-east-1"
+credentials = { key_env = "K", secret_env = "S" }
+api_limits = { GetConsoleOutput = [10, 2] }
+
+[providers.aws3]
+driver = "ec2"
+region = "eu-west-1"
+credentials = { key_env = "K", secret_env = "S" }
+"""
+    cfg = lab_config_in(tmp_path, extra)
+    built = {n: Keys([0.0]) for n in ("aws1", "aws2", "aws3")}
+    got = wiring.api_budgets(cfg, built)  # type: ignore[arg-type]
+    assert got["aws1"] is got["aws2"] and got["aws3"] is not got["aws1"]
+    assert got["aws1"].account == "aws1"
+    assert got["aws3"].budgets.ready_in("GetConsoleOutput", 0.0) == 0.0
+
+
+def _spec(count: int) -> LaunchSpec:
+    return LaunchSpec(
+        node="n", cluster="c", group="g", size="c5.large", image="ami-1", token="t",
+        ssh_public_key="", user_data="", count=count,
+    )  # fmt: skip

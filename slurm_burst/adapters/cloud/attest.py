@@ -67,6 +67,12 @@ def http_status(exc: BaseException) -> int | None:
     return None
 
 
+def _throttled(exc: BaseException) -> bool:
+    """A throttled answer (EC2's RequestLimitExceeded, HTTP 429 or 503): says nothing of
+    what was asked."""
+    return "RequestLimitExceeded" in str(exc) or http_status(exc) in (429, 503)
+
+
 class Console:
     """libcloud's ``ex_get_console_output`` (OpenStack and drivers like it): cloud-init's block."""
 
@@ -105,6 +111,8 @@ class Ec2Console:
             obj = self.driver.connection.request(self.driver.path, params=params).object
             hypervisors = [e.text or "" for e in obj.iter(f"{{{EC2_NS}}}hypervisor")]
         except (LibcloudError, BaseHTTPError) as exc:  # e.g. not allowed by the IAM policy
+            if _throttled(exc):
+                raise  # asked again on the next read, never remembered as "not Nitro"
             log.warning(
                 "cloud.instance_type_unknown type=%s error=%s: reading the buffered console",
                 instance_type,

@@ -19,15 +19,17 @@ import hashlib
 import logging
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from libcloud.common.exceptions import BaseHTTPError
 from libcloud.common.types import LibcloudError
 from libcloud.compute.base import Node, NodeSize
+from libcloud.compute.types import NodeState
 
-from slurm_burst.adapters.cloud.attest import HostKeySource, NoSource, host_key_source
+from slurm_burst.adapters.cloud.attest import EC2_NS, HostKeySource, NoSource, host_key_source
 from slurm_burst.adapters.cloud.profiles import (
+    API_NAMES,
     BATCH_DEFAULT,
     DESTROY_KWARGS,
     Placement,
@@ -55,6 +57,9 @@ log = logging.getLogger(__name__)
 _ERRORS = (LibcloudError, BaseHTTPError, OSError)
 # drivers whose key pair is imported once and then named at launch
 KEYPAIR_IMPORT = {"ec2", "openstack"}
+EC2_PAGE = 1000  # DescribeInstances' largest page
+# every state but terminated: what a listing of the live fleet asks for
+EC2_LIVE_STATES = ("pending", "running", "shutting-down", "stopping", "stopped")
 
 
 class LibcloudCloud:
@@ -68,6 +73,8 @@ class LibcloudCloud:
         self.kind = str(getattr(driver, "type", "") or "")
         self.placement = placement or Placement()
         self.batch_max = batch or BATCH_DEFAULT.get(self.kind, 1)
+        self.api_names = API_NAMES.get(self.kind, {})
+        self.lists_fleet = self.kind == "ec2"  # booting nodes read one shared listing
         if self.kind == "azure_arm":
             azure_connection_fix(driver)
         self.source: HostKeySource | None
@@ -239,16 +246,58 @@ class LibcloudCloud:
         out = [self._to_instance(n) for n in nodes]
         return [i for i in out if i.tags.get(CLUSTER_TAG) == cluster]
 
-    def host_keys(self, instance_id: str) -> list[tuple[str, str]]:
+    def list_fleet(self, cluster: str, before_page: Callable[[], None]) -> list[Instance]:
+        """The cluster's instances that are not terminated, as one paginated
+        DescribeInstances (EC2) filtered on the cluster tag and the state: ``MaxResults``
+        1000 a page, ``NextToken`` to the next; ``before_page`` is called before each
+        page (it takes the page's token from the budget). libcloud's ``list_nodes``
+        neither pages nor skips its DescribeAddresses, so the request is made here
+        through the driver's own signed connection."""
+        if self.kind != "ec2":
+            before_page()
+            return [i for i in self.list_instances(cluster) if i.state != "terminated"]
+        base = {
+            "Action": "DescribeInstances",
+            "MaxResults": str(EC2_PAGE),
+            "Filter.1.Name": f"tag:{CLUSTER_TAG}",
+            "Filter.1.Value.1": cluster,
+            "Filter.2.Name": "instance-state-name",
+            **{f"Filter.2.Value.{i}": s for i, s in enumerate(EC2_LIVE_STATES, start=1)},
+        }
+        out: list[Instance] = []
+        token = ""
+        for _page in range(10_000):  # 10 million instances: a loop that cannot end is a bug
+            before_page()
+            params = {**base, "NextToken": token} if token else base
+            try:
+                obj = self.driver.connection.request(self.driver.path, params=params).object
+            except _ERRORS as exc:
+                raise self._error(exc) from exc
+            for rs in obj.iterfind(f"{{{EC2_NS}}}reservationSet/{{{EC2_NS}}}item"):
+                nodes = self.driver._to_nodes(rs, "instancesSet/item")
+                out += (self._to_instance(n) for n in nodes)
+            token = (obj.findtext(f"{{{EC2_NS}}}nextToken") or "").strip()
+            if not token:
+                break
+        return [i for i in out if i.tags.get(CLUSTER_TAG) == cluster]
+
+    def host_keys(self, instance_id: str, size: str = "") -> list[tuple[str, str]]:
         """The SSH host keys the instance published where the provider lets us read them
-        (``[]`` until it has); see :mod:`.attest`."""
+        (``[]`` until it has); see :mod:`.attest`. EC2, with the instance's ``size``
+        known: one GetConsoleOutput, no describe first."""
         if self.source is None:
             raise CloudError(
                 f"{self.name}: driver {self.kind} offers no way to read an instance's SSH "
                 "host keys through its API; no host key to trust",
                 "NoHostKeySource",
             )
-        node = self._node(instance_id)
+        if self.kind == "ec2" and size:
+            node: Node | None = Node(
+                instance_id, instance_id, NodeState.UNKNOWN, [], [], self.driver,
+                extra={"instance_type": size},
+            )  # fmt: skip
+        else:
+            node = self._node(instance_id)
         if node is None:
             raise NotFoundError(f"{self.name}: instance {instance_id} not found")
         try:
@@ -260,7 +309,19 @@ class LibcloudCloud:
 
     # -- terminate ------------------------------------------------------------
     def terminate(self, instance_id: str) -> None:
-        """Destroy the instance; one that is already gone counts as destroyed."""
+        """Destroy the instance; one that is already gone counts as destroyed. EC2: one
+        TerminateInstances by id (no describe first; terminating twice is no error)."""
+        if self.kind == "ec2":
+            params = {"Action": "TerminateInstances", "InstanceId.1": instance_id}
+            try:
+                self.driver.connection.request(self.driver.path, params=params)
+            except _ERRORS as exc:
+                err = self._error(exc)
+                if isinstance(err, NotFoundError):
+                    return
+                raise err from exc
+            log.info("cloud.terminate provider=%s instance=%s", self.name, instance_id)
+            return
         node = self._node(instance_id)
         if node is None or _state(node) == "terminated":
             log.info("cloud.terminate provider=%s instance=%s already gone", self.name, instance_id)

@@ -38,6 +38,14 @@ from slurm_burst.core.hostkeys import SERIAL_PORT_SCRIPT
 
 # drivers that make many instances in one call (EC2: RunInstances MinCount/MaxCount)
 BATCH_DEFAULT = {"ec2": 500}
+# the provider API behind each of our calls, where its throttling is per API (EC2)
+API_NAMES: dict[str, dict[str, str]] = {
+    "ec2": {
+        "launch": "RunInstances", "find": "DescribeInstances", "get": "DescribeInstances",
+        "list": "DescribeInstances", "tag": "CreateTags", "terminate": "TerminateInstances",
+        "host_keys": "GetConsoleOutput",
+    },
+}  # fmt: skip
 # drivers that filter a listing by tag on the server side (a plugin's says so itself)
 TAG_FILTERS = frozenset({"ec2"})
 # destroy_node arguments: Azure polls until the VM is gone, then deletes its NIC and disk

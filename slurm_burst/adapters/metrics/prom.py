@@ -132,6 +132,20 @@ class Metrics:
             ["provider", "call", "code"],
             registry=r,
         )
+        self.api_budget = Gauge(
+            "slurm_burst_cloud_api_tokens",
+            "Request tokens the daemon's budget has left per provider account (named after "
+            "its first profile) and API; negative: promised to calls waiting their turn.",
+            ["account", "api"],
+            registry=r,
+        )
+        self.api_throttles = Counter(
+            "slurm_burst_cloud_api_throttled_total",
+            "Throttled answers (RequestLimitExceeded, HTTP 429/503) by provider and API: "
+            "the account's budget is spent by someone else too, or ours is set too high.",
+            ["provider", "api"],
+            registry=r,
+        )
         self.spend_rate = Gauge(
             "slurm_burst_spend_rate_dollars_per_hour",
             "What the live cloud instances cost per hour, by node group.",
@@ -306,6 +320,12 @@ class Metrics:
         self.api_latency.labels(provider, call).observe(seconds)
         if error is not None:
             self.api_errors.labels(provider, call, error).inc()
+
+    def api_tokens(self, account: str, api: str, tokens: float) -> None:
+        self.api_budget.labels(account, api).set(tokens)
+
+    def api_throttled(self, provider: str, api: str) -> None:
+        self.api_throttles.labels(provider, api).inc()
 
     def leading(self, leading: bool) -> None:
         self.leader.set(1 if leading else 0)
