@@ -20,6 +20,7 @@ from dataclasses import dataclass
 CUT = 0.5  # a throttled answer halves the API's rate ...
 FLOOR = 0.05  # ... never below this share of it ...
 RECOVER = 120.0  # ... and it climbs back to the full rate over this many seconds
+CUT_SPACING = 1.0  # throttled answers this close to the last cut are the same episode
 
 
 class TokenBucket:
@@ -89,6 +90,8 @@ class TokenBucket:
             return
         self._refill(now)
         self.tokens = min(self.tokens, 0.0)
+        if self._cut_at is not None and now - self._cut_at < CUT_SPACING:
+            return  # the calls in flight when the first answer came: cut once
         self._cut_rate = max(self.rate * FLOOR, self.current_rate(now) * CUT)
         self._cut_at = now
 

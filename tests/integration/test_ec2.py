@@ -39,8 +39,9 @@ from slurm_burst.core.cloud import (
 )
 from slurm_burst.core.jobs import jobs_by_node
 from slurm_burst.core.nodestate import NodeState, Want, reason
+from slurm_burst.core.ratelimit import ApiBudgets
 from slurm_burst.services.daemon import Daemon
-from slurm_burst.services.provisioner import Provisioner, Secrets
+from slurm_burst.services.provisioner import Later, Provisioner, Secrets
 from slurm_burst.wiring import DaemonParts
 from tests.conftest import invoke, wait
 from tests.contracts.cloud import CloudContract
@@ -345,13 +346,31 @@ def test_ec2_error_is_typed_with_its_code_and_named_in_the_node_reason(
     assert caught.value.code == code
 
     # through the daemon's path: the node fails with the code in its Slurm reason
-    # (capacity errors first fall back through every size: inject one per size)
+    # (capacity errors first fall back through every size: inject one per size), but
+    # a throttled launch waits its turn and is made (the node boots)
     slurm = FakeScheduler.cloud_nodes(cfg.node_groups["cpu"].node_names())
     prov = provisioner(cfg, tmp_path, slurm)
     requested(prov, "aws-5")
     times = 2 if kind is CapacityError else (5 if kind is ThrottledError else 1)
     emulator.inject("RunInstances", code, http, times=times)
     before = emulator.calls["RunInstances"]
+    if kind is ThrottledError:
+        # unbudgeted: five throttled answers in a row would cut the rate to its floor
+        # (test_read_budget), and this test is about where the error goes
+        prov.clouds["aws"].budget.budgets = ApiBudgets(None)  # type: ignore[attr-defined]
+        looks = 0
+        while (rec := prov.store.node("aws-5")) and rec.state != NodeState.BOOTING:
+            with pytest.raises(Later):  # the throttled launch, then the boot, wait
+                prov.drive("aws-5", blocking=False)
+            looks += 1
+            assert looks < 5
+        assert rec is not None and rec.instance_id and not rec.error
+        assert emulator.calls["RunInstances"] - before == times + 1
+        assert not [u for u in slurm.updates if u.get("state") == "down"]
+        prov.store.update("aws-5", want=Want.DOWN)
+        prov.drive("aws-5")
+        assert aws_instances(emulator, cfg.cluster.name) == []
+        return
     prov.drive("aws-5")
     rec = prov.store.node("aws-5")
     assert rec is not None and rec.error == code and rec.state == NodeState.TERMINATED
