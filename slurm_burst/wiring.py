@@ -643,9 +643,8 @@ def fleet_views(
     cfg: Config, clouds: Mapping[str, Cloud], clock: Clock, stop: threading.Event
 ) -> dict[str, FleetView]:
     """A shared listing for each provider profile that lists its fleet cheaply (EC2)."""
-    from slurm_burst.services.fleetview import FleetView
-
     from slurm_burst.services.cloudcalls import ManagedCloud as Managed
+    from slurm_burst.services.fleetview import FleetView
 
     return {
         name: FleetView(c, cfg.cluster.name, clock, stop)

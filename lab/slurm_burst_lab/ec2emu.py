@@ -27,6 +27,15 @@ more (see ../shared/docs/LAB-NOTES.md):
   namespace VM at its private IP. Instances launched without a subnet go to the
   emulator's default subnet (``default_subnet``), a range of the lab bridge's subnet.
 
+- Scale mode (opt-in, :class:`Scale`; the 1,000-node benchmark): EC2's request
+  throttling, one token bucket per API as EC2 documents them (``throttle`` scales
+  them down for small lab runs) answering ``RequestLimitExceeded`` (HTTP 503), and
+  RunInstances' instance bucket; instances that stay ``pending`` for ``boot`` seconds
+  and print a host-key block on their console ``console`` seconds after that; and
+  DescribeInstances answered from moto's records directly, paginated (moto's own
+  answer costs ~6 ms an instance, 6 s for a page of 1,000, where EC2's takes a second
+  or two). A timeline of every call (when, action, throttled) is kept.
+
 Every request is counted by action (:attr:`Ec2Emulator.calls`) for the tests'
 assertions and the launch benchmark; console reads are kept whole
 (:attr:`Ec2Emulator.console_reads`).
@@ -56,6 +65,48 @@ NS_EC2 = b'xmlns="http://ec2.amazonaws.com/doc/2016-11-15/"'
 _VOLATILE = {"Signature", "SignatureMethod", "SignatureVersion", "Timestamp", "AWSAccessKeyId"}
 
 StartResponse = Callable[..., Any]
+ACCOUNT = "123456789012"  # moto's default account
+
+# EC2's request buckets per API (burst, refill a second), from EC2's API reference
+# ("Request throttling"), November 2026; the emulator's own copy, so that a wrong
+# number in the daemon's table shows as throttling here.
+EC2_BUCKETS: dict[str, tuple[float, float]] = {
+    "RunInstances": (5, 2), "CreateTags": (100, 10), "TerminateInstances": (100, 5),
+    "CreateFleet": (50, 5),
+}  # fmt: skip
+NON_MUTATING = (100, 20)  # Describe*, Get*, List*
+MUTATING = (50, 5)
+RESOURCE_BUCKETS = {"RunInstances": (1000, 2), "TerminateInstances": (1000, 20)}
+
+
+@dataclass
+class Scale:
+    """The emulator's scale mode (see the module's docstring)."""
+
+    throttle: float = 1.0  # EC2's buckets times this; 0: no throttling
+    boot: float = 60.0  # seconds an instance stays pending
+    console: float = 30.0  # seconds after boot its host keys are on its console
+
+
+class _Bucket:
+    def __init__(self, burst: float, refill: float) -> None:
+        self.burst, self.refill = max(1.0, burst), refill
+        self.tokens, self.stamp = self.burst, time.monotonic()
+
+    def take(self, amount: float = 1.0) -> bool:
+        now = time.monotonic()
+        self.tokens = min(self.burst, self.tokens + (now - self.stamp) * self.refill)
+        self.stamp = now
+        if self.tokens < amount:
+            return False
+        self.tokens -= amount
+        return True
+
+
+def bucket_of(action: str) -> tuple[float, float]:
+    if action in EC2_BUCKETS:
+        return EC2_BUCKETS[action]
+    return NON_MUTATING if action.startswith(("Describe", "Get", "List")) else MUTATING
 
 
 @dataclass
@@ -96,10 +147,16 @@ class Ec2Emulator:
     1,000 instances must not hold up every launch behind it.
     """
 
-    def __init__(self, serialize: bool = True) -> None:
+    def __init__(self, serialize: bool = True, scale: Scale | None = None) -> None:
         from moto.server import create_backend_app  # type: ignore[attr-defined]
 
         self._app = create_backend_app("ec2")
+        self.scale = scale
+        self._buckets: dict[str, _Bucket] = {}
+        self._made_buckets: dict[str, _Bucket] = {}
+        self.timeline: list[tuple[float, str, bool]] = []  # (monotonic, action, throttled)
+        self.throttled = 0
+        _fast_image_lookup()
         self.calls: Counter[str] = Counter()
         self._faults: list[Fault] = []
         self._room: dict[str, int] = {}  # instance type -> most instances one call makes
@@ -153,6 +210,8 @@ class Ec2Emulator:
             self._faults.clear()
             self._room.clear()
             self.calls.clear()
+            self.timeline.clear()
+            self.throttled = 0
 
     def driver(self, region: str = "us-east-1") -> Any:
         """libcloud's EC2 driver pointed at the emulator (SigV4, plain HTTP)."""
@@ -186,11 +245,21 @@ class Ec2Emulator:
                 fault.times -= 1
                 if fault.times <= 0:
                     self._faults.remove(fault)
+            limited = self._limited(action, args)
+            if self.scale is not None:
+                self.timeline.append((time.monotonic(), action, limited))
+        if limited:
+            return self._answer(start_response, "503 Service Unavailable", [], error_document(
+                "RequestLimitExceeded", "Request limit exceeded."))  # fmt: skip
         if fault is not None:
             return self._answer(start_response, f"{fault.http} ERROR", [], error_document(
                 fault.code, fault.message))  # fmt: skip
         if action == "GetConsoleOutput":
             return self._console(start_response, args)
+        if action == "DescribeInstances" and self.scale is not None:
+            listed = self._describe(params)
+            if listed is not None:
+                return self._answer(start_response, "200 OK", [], listed)
         if (
             action == "RunInstances"
             and self.default_subnet
@@ -289,6 +358,9 @@ class Ec2Emulator:
         text = self.console.get(iid)
         if text is None and self.vms is not None:
             text = self.vms.console(iid)
+        if text is None and self.scale is not None:
+            up = time.monotonic() - born >= self.scale.boot + self.scale.console
+            text = scale_console(iid) if up else "booting...\n"
         if not latest and time.monotonic() - born < self.buffer_lag:
             text = ""  # not posted yet
         output = base64.b64encode((text or "").encode()).decode()
@@ -300,6 +372,79 @@ class Ec2Emulator:
             f"<output>{output}</output></GetConsoleOutputResponse>"
         ).encode()
         return self._answer(start_response, "200 OK", [], body)
+
+    # -- scale mode --------------------------------------------------------------------
+    def _limited(self, action: str, args: dict[str, str]) -> bool:
+        """Whether EC2 would throttle this call now (scale mode; the lock is held)."""
+        if self.scale is None or self.scale.throttle <= 0 or not action:
+            return False
+        f = self.scale.throttle
+        b = self._buckets.get(action)
+        if b is None:
+            burst, refill = bucket_of(action)
+            b = self._buckets[action] = _Bucket(burst * f, refill * f)
+        limited = not b.take()
+        if not limited and action in RESOURCE_BUCKETS:
+            made = self._made_buckets.get(action)
+            if made is None:
+                burst, refill = RESOURCE_BUCKETS[action]
+                made = self._made_buckets[action] = _Bucket(burst * f, refill * f)
+            count = int(args.get("MaxCount", 0) or 0) or sum(
+                1 for k in args if k.startswith("InstanceId.")
+            )
+            limited = not made.take(max(1, count))
+        if limited:
+            self.throttled += 1
+        return limited
+
+    def _describe(self, params: list[tuple[str, str]]) -> bytes | None:
+        """DescribeInstances from moto's records (scale mode): filters on tags, state and
+        ids, ``MaxResults``/``NextToken`` pages; None (moto answers) for any other
+        filter."""
+        from moto.ec2.models import ec2_backends
+
+        args = dict(params)
+        filters: dict[str, set[str]] = {}
+        for k, v in params:
+            if k.startswith("Filter.") and k.endswith(".Name"):
+                n = k.split(".")[1]
+                filters[v] = {w for kk, w in params if kk.startswith(f"Filter.{n}.Value.")}
+        if any(not (f.startswith("tag:") or f in ("instance-state-name", "instance-id"))
+               for f in filters):  # fmt: skip
+            return None
+        ids = {v for k, v in params if k.startswith("InstanceId.")}
+        backend = ec2_backends[ACCOUNT][args.get("Region") or "us-east-1"]
+        assert self.scale is not None
+        now = time.monotonic()
+        rows = []
+        for res in list(backend.reservations.values()):
+            for inst in list(res.instances):
+                tags = dict(backend.tags.get(inst.id, {}))
+                state = inst._state.name
+                with self._lock:
+                    born = self.made.get(inst.id, ("", 0.0))[1]
+                if state == "running" and now - born < self.scale.boot:
+                    state = "pending"
+                if ids and inst.id not in ids:
+                    continue
+                if "instance-id" in filters and inst.id not in filters["instance-id"]:
+                    continue
+                if "instance-state-name" in filters and state not in filters["instance-state-name"]:
+                    continue
+                if any(tags.get(f[4:]) not in vals for f, vals in filters.items()
+                       if f.startswith("tag:")):  # fmt: skip
+                    continue
+                rows.append((res.id, inst, state, tags))
+        start = int(args.get("NextToken") or 0)
+        size = int(args.get("MaxResults") or 0) or len(rows) or 1
+        page = rows[start : start + size]
+        nxt = f"<nextToken>{start + size}</nextToken>" if start + size < len(rows) else ""
+        body = "".join(_instance_xml(r, i, st, t) for r, i, st, t in page)
+        return (
+            f'<?xml version="1.0" encoding="UTF-8"?>\n<DescribeInstancesResponse {NS_EC2.decode()}>'
+            "<requestId>00000000-0000-0000-0000-000000000002</requestId>"
+            f"<reservationSet>{body}</reservationSet>{nxt}</DescribeInstancesResponse>"
+        ).encode()
 
     def _refuse(self, start_response: StartResponse, code: str, message: str) -> list[bytes]:
         return self._answer(start_response, "400 Bad Request", [], error_document(code, message))
@@ -332,6 +477,13 @@ class Ec2Emulator:
         POST /_emulator/inject?action=&code=&http=&times=."""
         path = environ["PATH_INFO"].removeprefix("/_emulator/")
         args = dict(parse_qsl(environ.get("QUERY_STRING", "")))
+        if path == "timeline":
+            with self._lock:
+                data = {"timeline": list(self.timeline), "throttled": self.throttled}
+            body = json.dumps(data).encode()
+            start_response("200 OK", [("Content-Type", "application/json"),
+                                      ("Content-Length", str(len(body)))])  # fmt: skip
+            return [body]
         if path == "clear":
             self.clear()
         elif path == "inject":
@@ -375,11 +527,80 @@ def _rewrite(
     return query + (parse_qsl(body, keep_blank_values=True) if form else [])
 
 
+def _instance_xml(reservation: str, inst: Any, state: str, tags: dict[str, str]) -> str:
+    """One instance of a DescribeInstances answer: the fields EC2 sends that libcloud
+    reads (scale mode)."""
+    from xml.sax.saxutils import escape
+
+    code = {"pending": 0, "running": 16, "shutting-down": 32, "terminated": 48,
+            "stopping": 64, "stopped": 80}.get(state, 0)  # fmt: skip
+    tag_xml = "".join(
+        f"<item><key>{escape(k)}</key><value>{escape(v)}</value></item>" for k, v in tags.items()
+    )
+    private = inst.private_ip or ""
+    zone = escape(str(getattr(inst.placement, "zone", "") or ""))
+    public = f"<ipAddress>{inst.public_ip}</ipAddress>" if inst.public_ip else ""
+    return (
+        f"<item><reservationId>{reservation}</reservationId><ownerId>{ACCOUNT}</ownerId>"
+        f"<instancesSet><item><instanceId>{inst.id}</instanceId>"
+        f"<imageId>{escape(inst.image_id or '')}</imageId>"
+        f"<instanceState><code>{code}</code><name>{state}</name></instanceState>"
+        f"<privateDnsName>ip-{private.replace('.', '-')}.ec2.internal</privateDnsName>"
+        f"<keyName>{escape(inst.key_name or '')}</keyName>"
+        f"<amiLaunchIndex>{inst.ami_launch_index}</amiLaunchIndex>"
+        f"<instanceType>{escape(inst.instance_type)}</instanceType>"
+        f"<launchTime>{inst.launch_time}</launchTime>"
+        f"<placement><availabilityZone>{zone}</availabilityZone>"
+        f"</placement><privateIpAddress>{private}</privateIpAddress>{public}"
+        f"<tagSet>{tag_xml}</tagSet></item></instancesSet></item>"
+    )
+
+
+def scale_console(instance_id: str) -> str:
+    """A console with the host-key block cloud-init prints (scale mode): a fixed key per
+    instance, the form the daemon's parser reads."""
+    import hashlib
+
+    blob = b"\x00\x00\x00\x0bssh-ed25519\x00\x00\x00\x20" + hashlib.sha256(
+        instance_id.encode()
+    ).digest()
+    key = base64.b64encode(blob).decode()
+    return (
+        "cloud-init: booting\n-----BEGIN SSH HOST KEY KEYS-----\n"
+        f"ssh-ed25519 {key} root@{instance_id}\n-----END SSH HOST KEY KEYS-----\n"
+    )
+
+
+def _fast_image_lookup() -> None:
+    """moto looks up a new instance's image by filtering every one of its ~1,300 AMIs
+    with fnmatch, once per instance (7 of the 16 s a RunInstances of 500 took under a
+    profiler); EC2 does no such thing. An exact ``image-id`` lookup is answered from
+    moto's own dict instead; any other query goes to moto as before."""
+    from moto.ec2.models.amis import AmiBackend
+
+    if getattr(AmiBackend.describe_images, "_fast", False):
+        return
+    slow = AmiBackend.describe_images
+
+    def describe_images(self: Any, ami_ids: Any = None, filters: Any = None,
+                        exec_users: Any = None, owners: Any = None) -> Any:  # fmt: skip
+        one = isinstance(filters, dict) and len(filters) == 1
+        wanted = filters.get("image-id") if one else None
+        exact = isinstance(wanted, str) and "*" not in wanted and "?" not in wanted
+        if exact and not ami_ids and not exec_users and not owners:
+            ami = self.amis.get(wanted)
+            return [ami] if ami is not None else []
+        return slow(self, ami_ids=ami_ids, filters=filters, exec_users=exec_users, owners=owners)
+
+    describe_images._fast = True  # type: ignore[attr-defined]
+    AmiBackend.describe_images = describe_images  # type: ignore[method-assign]
+
+
 class RemoteEmulator:
     """An emulator serving in another process (``python -m slurm_burst_lab.ec2emu``), as
     EC2 is another service: its calls counted and faults injected over HTTP."""
 
-    def __init__(self) -> None:
+    def __init__(self, scale: Scale | None = None) -> None:
         import socket
         import subprocess
         import sys
@@ -387,8 +608,12 @@ class RemoteEmulator:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = int(s.getsockname()[1])
+        opts = [] if scale is None else [
+            "--throttle", str(scale.throttle), "--boot-after", str(scale.boot),
+            "--console-after", str(scale.console),
+        ]  # fmt: skip
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", "slurm_burst_lab.ec2emu", str(self.port)],
+            [sys.executable, "-m", "slurm_burst_lab.ec2emu", str(self.port), *opts],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
@@ -405,7 +630,7 @@ class RemoteEmulator:
                     raise RuntimeError("the EC2 emulator did not start") from None
                 time.sleep(0.2)
 
-    def _get(self, path: str) -> dict[str, int]:
+    def _get(self, path: str) -> dict[str, Any]:
         import urllib.request
 
         url = f"http://127.0.0.1:{self.port}/_emulator/{path}"
@@ -414,6 +639,11 @@ class RemoteEmulator:
 
     def calls(self) -> dict[str, int]:
         return self._get("calls")
+
+    def timeline(self) -> dict[str, Any]:
+        """Scale mode: every call as (monotonic seconds, action, throttled), and how many
+        were throttled."""
+        return self._get("timeline")
 
     def clear(self) -> None:
         self._get("clear")
@@ -453,10 +683,19 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--range", dest="vm_range", default="10.251.0.128/25")
     ap.add_argument("--boot-delay", type=float, default=2.0)
     ap.add_argument("--hide", action="append", default=[])
+    ap.add_argument("--throttle", type=float, default=None,
+                    help="scale mode: EC2's API buckets times this (0: none)")
+    ap.add_argument("--boot-after", type=float, default=60.0,
+                    help="scale mode: seconds an instance stays pending")
+    ap.add_argument("--console-after", type=float, default=30.0,
+                    help="scale mode: seconds after boot its console has its host keys")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     logging.getLogger("werkzeug").setLevel(logging.ERROR)
-    emu = Ec2Emulator(serialize=bool(args.boot))
+    scale = None
+    if args.throttle is not None:
+        scale = Scale(args.throttle, args.boot_after, args.console_after)
+    emu = Ec2Emulator(serialize=bool(args.boot), scale=scale)
     server = make_server("127.0.0.1", args.port, emu, threaded=True)
     emu.port = args.port
     vms: Ec2Vms | None = None

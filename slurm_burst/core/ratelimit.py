@@ -107,11 +107,14 @@ class Limit:
 @dataclass(frozen=True)
 class ApiTable:
     """A provider's documented buckets: per API, a default for the rest, and the
-    resource buckets (what a call makes, counted apart from the calls)."""
+    resource buckets (what a call makes, counted apart from the calls); ``total`` is
+    ours, over every API: the daemon's calls in any second stay under ``burst +
+    refill`` (the per-API buckets, each full, would allow a burst of their sum)."""
 
     apis: Mapping[str, Limit]
     default: Limit
     resources: Mapping[str, Limit]  # API -> its resource bucket (instances launched...)
+    total: Limit | None = None
 
     def limit(self, api: str) -> Limit:
         return self.apis.get(api, self.default)
@@ -133,6 +136,7 @@ EC2 = ApiTable(
     },
     default=Limit(50, 5),  # mutating actions
     resources={"RunInstances": Limit(1000, 2), "TerminateInstances": Limit(1000, 20)},
+    total=Limit(15, 60),  # at most 75 calls in any second, whatever the mix
 )
 
 
@@ -159,6 +163,8 @@ class ApiBudgets:
         self.overrides = dict(overrides or {})
         self._calls: dict[str, TokenBucket] = {}
         self._made: dict[str, TokenBucket] = {}
+        total = table.total if table is not None else None
+        self._total = TokenBucket(total.refill, total.burst) if total else TokenBucket(0)
 
     def _bucket(self, api: str) -> TokenBucket:
         b = self._calls.get(api)
@@ -185,7 +191,7 @@ class ApiBudgets:
 
     def reserve(self, api: str, now: float, made: int = 0) -> float:
         """Take a call's token (and ``made`` resource tokens); seconds to wait first."""
-        wait = self._bucket(api).reserve(now)
+        wait = max(self._bucket(api).reserve(now), self._total.reserve(now))
         res = self._resource(api) if made else None
         if res is not None:
             wait = max(wait, res.reserve(now, made))
@@ -193,7 +199,7 @@ class ApiBudgets:
 
     def ready_in(self, api: str, now: float) -> float:
         """Seconds until a call of ``api`` may go, taking nothing."""
-        return self._bucket(api).ready_in(now)
+        return max(self._bucket(api).ready_in(now), self._total.ready_in(now))
 
     def throttled(self, api: str, now: float) -> None:
         self._bucket(api).cut(now)

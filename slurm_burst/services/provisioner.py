@@ -80,6 +80,8 @@ POLL = 0.5  # seconds between looks at a booting instance (a provider without a 
 ATTEST_RETRY = 2.0  # a console without host keys is read again after about this ...
 ATTEST_POLL_MAX = 15.0  # ... doubling up to this (jittered: a rate-limited API)
 CONSOLE_SAMPLES = 64  # recent running -> host keys times that time the first read
+SCOUTS = 8  # with none yet, this many nodes per provider read early; the rest wait ...
+PARKED_WAIT = 15.0  # ... to be woken by the first one's keys, or look again after this
 THROTTLE_BACKOFF = (2.0, 30.0)  # a throttled step is looked at again (base, cap) later
 HANDSHAKE_WAIT = 20.0  # seconds a new tunnel gets to complete its first handshake
 # failures whose cause is on the node: its slurmd logs are logged before it is terminated
@@ -143,7 +145,7 @@ class _Attest:
     address: str
     size: str
     running_at: float
-    next_read: float
+    next_read: float | None  # None: parked until a scout learns when consoles are out
     reads: int = 0
 
 
@@ -218,6 +220,9 @@ class Provisioner:
         self.rand = rand
         self._attesting: dict[str, _Attest] = {}  # node -> its instance's host-key reads
         self._console_delays: dict[str, list[float]] = {}  # provider -> recent seconds
+        self._scouts: dict[str, set[str]] = {}  # provider -> nodes reading before any keys
+        self._parked: dict[str, set[str]] = {}  # provider -> nodes waiting for a scout
+        self.wake: Callable[[Sequence[str]], None] = lambda names: None  # the workers' wake
         self._throttled: dict[str, int] = {}  # node -> throttled looks in a row
         self.launcher = Launcher(
             LauncherSettings(fleet=self.fleet, capacity_cooldown=settings.capacity_cooldown),
@@ -382,9 +387,14 @@ class Provisioner:
                 raise Later(view.next_in() + 0.1 if view else POLL)
             now = self.clock.now()
             self._stepped(rec.name, "boot", now - rec.state_since)
-            seen = _Attest(rec.instance_id, inst.address, inst.size, now, self._first_read(rec))
+            first = self._first_read(rec, now)
+            seen = _Attest(rec.instance_id, inst.address, inst.size, now, first)
             self._attesting[rec.name] = seen
         now = self.clock.now()
+        if seen.next_read is None:
+            seen.next_read = self._first_read(rec, seen.running_at)
+            if seen.next_read is None:
+                raise Later(PARKED_WAIT)
         if now < seen.next_read:
             raise Later(seen.next_read - now)
         try:
@@ -405,7 +415,7 @@ class Provisioner:
             raise Later(seen.next_read - now)
         del self._attesting[rec.name]
         self._stepped(rec.name, "attest", now - seen.running_at)
-        self._console_seen(rec.provider, now - seen.running_at)
+        self._console_seen(rec.provider, rec.name, now - seen.running_at)
         self._record(rec, rec.instance_id, "running", now)
         self.store.transition(
             rec.name,
@@ -415,19 +425,32 @@ class Provisioner:
             host_keys=json.dumps(keys),
         )
 
-    def _first_read(self, rec: NodeRecord) -> float:
-        """When to read a new running instance's console first: after as long as three
-        in four of its provider's recent instances took to print their host keys (a
-        read before that is almost always wasted, and costs the account's budget)."""
-        seen = sorted(self._console_delays.get(rec.provider, ()))
-        after = seen[(3 * len(seen)) // 4] if seen else 0.0
-        return self.clock.now() + after
+    def _first_read(self, rec: NodeRecord, running_at: float) -> float | None:
+        """When to read a running instance's console first: once as long has passed as
+        three in four of its provider's recent instances took to print their host keys
+        (a read before that is almost always wasted, and costs the account's budget).
+        With nothing learned yet, :data:`SCOUTS` nodes read at once and back off; the
+        rest are parked (None) until the first of them has its keys."""
+        with self._released_lock:
+            seen = sorted(self._console_delays.get(rec.provider, ()))
+            if seen:
+                return running_at + seen[(3 * len(seen)) // 4]
+            scouts = self._scouts.setdefault(rec.provider, set())
+            if len(scouts) < SCOUTS or rec.name in scouts:
+                scouts.add(rec.name)
+                return self.clock.now()
+            self._parked.setdefault(rec.provider, set()).add(rec.name)
+            return None
 
-    def _console_seen(self, provider: str, seconds: float) -> None:
+    def _console_seen(self, provider: str, node: str, seconds: float) -> None:
         with self._released_lock:
             recent = self._console_delays.setdefault(provider, [])
             recent.append(seconds)
             del recent[:-CONSOLE_SAMPLES]
+            self._scouts.get(provider, set()).discard(node)
+            parked = self._parked.pop(provider, set())
+        if parked:
+            self.wake(sorted(parked))
 
     def _stepped(self, node: str, step: str, seconds: float, ok: bool = True) -> None:
         """A step that spanned several looks: logged, and observed if it succeeded, as
@@ -648,6 +671,9 @@ class Provisioner:
         name = rec.name
         self._attesting.pop(name, None)
         self._throttled.pop(name, None)
+        with self._released_lock:
+            self._scouts.get(rec.provider, set()).discard(name)
+            self._parked.get(rec.provider, set()).discard(name)
         view = self.views.get(rec.provider)
         if view is not None and rec.instance_id:
             view.unwatch(rec.instance_id)

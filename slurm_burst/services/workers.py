@@ -67,6 +67,7 @@ class Workers:
         self._timer.start()
         for view in provisioner.views.values():
             view.wake = self.wake
+        provisioner.wake = self.wake
 
     def submit(self, name: str, power_down_force: bool = False) -> None:
         """Drive ``name`` on a worker of its own; ``power_down_force`` afterwards returns

@@ -100,9 +100,18 @@ class Ec2Console:
         self.driver = driver
         self._nitro: dict[str, bool] = {}
         self._lock = threading.Lock()
+        self._asking = threading.Lock()  # one DescribeInstanceTypes at a time
 
     def nitro(self, instance_type: str) -> bool:
-        """Whether EC2 serves ``instance_type``'s latest console output (asked once)."""
+        """Whether EC2 serves ``instance_type``'s latest console output (asked once: a
+        thousand first reads at once wait for one answer)."""
+        with self._lock:
+            if instance_type in self._nitro:
+                return self._nitro[instance_type]
+        with self._asking:
+            return self._ask(instance_type)
+
+    def _ask(self, instance_type: str) -> bool:
         with self._lock:
             if instance_type in self._nitro:
                 return self._nitro[instance_type]

@@ -1,0 +1,250 @@
+"""A 1,000-node EC2 burst within EC2's API limits: the daemon's real path from the resume
+hook to every node joined, against the EC2 emulator in its scale mode (EC2's documented
+request buckets per API, which answer RequestLimitExceeded; instances pending for
+``--boot`` s; host keys on the console ``--console`` s after that).
+
+What is real: the resume hook (a new process, as Slurm runs it), the daemon's request
+handling, launcher, provisioner, workers and timers, fleet listing, API budgets,
+reconcile loop, state database and ledger, libcloud's EC2 driver over HTTP with SigV4.
+What is not: the SSH bootstrap is a fake of fixed duration (``--join`` s: nothing boots
+in the emulator), and Slurm is the tests' fake scheduler. Times are real (no virtual
+clock): a run takes about boot + console + a minute.
+
+Prints one JSON object (``--json``) or a table: ``calls_per_joined_node`` (every EC2
+call from the hook to the last join, over the nodes joined), ``peak_calls_per_s`` (the
+most in any second), ``max_sustained_action_rate_ratio`` (the highest of any action's
+calls in a 60-s window over 60 s, over that action's documented refill),
+``throttled_answers``, ``nodes_failed``, ``launch_to_all_attested_s`` and
+``launch_to_all_joined_s`` (from the first launch answer), ``daemon_cpu_s_per_node``,
+``daemon_peak_rss_mb``; and the goals (issue 31).
+
+    python benchmarks/scale.py --provider ec2 --nodes 1000 --json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from slurm_burst_lab.ec2emu import RemoteEmulator, Scale, bucket_of  # noqa: E402
+
+from slurm_burst import wiring  # noqa: E402
+from slurm_burst.adapters.cloud.compute import LibcloudCloud  # noqa: E402
+from slurm_burst.adapters.ha import SoleLeader  # noqa: E402
+from slurm_burst.adapters.ssh.session import SshConnector, generate_key  # noqa: E402
+from slurm_burst.adapters.state.store import Store  # noqa: E402
+from slurm_burst.config import Config, load_config  # noqa: E402
+from slurm_burst.core.cloud import Instance, LaunchSpec  # noqa: E402
+from slurm_burst.core.nodestate import NodeState  # noqa: E402
+from slurm_burst.core.records import NodeRecord  # noqa: E402
+from slurm_burst.services.provisioner import Secrets  # noqa: E402
+from slurm_burst.wiring import DaemonParts  # noqa: E402
+from tests.fakes.mesh import FakeMesh  # noqa: E402
+from tests.fakes.slurm import FakeScheduler  # noqa: E402
+from tests.integration.test_ec2 import CONFIG  # noqa: E402
+
+GOALS = {
+    "calls_per_joined_node": 3.0,
+    "peak_calls_per_s": 80.0,
+    "max_sustained_action_rate_ratio": 1.0,
+    "throttled_answers": None,  # reported; the goal is that none fails a node
+    "nodes_failed": 0,
+    "daemon_cpu_s_per_node": 0.05,
+    "daemon_peak_rss_mb": 300.0,
+}
+
+
+def config(tmp: Path, port: int, nodes: int) -> Config:
+    cluster = f"scale-{time.time_ns() % 10**9}"
+    text = CONFIG.format(cluster=cluster, tmp=tmp, port=port, spot="false")
+    text = text.replace("count = 64", f"count = {nodes}")
+    text = text.replace("workers = 8\n", "")  # the defaults: 64 workers, 200 join slots
+    text = text.replace("api_backoff = 0.01\napi_backoff_max = 0.05\n", "")
+    text = text.replace("poll_period = 1\n", "poll_period = 10\n")
+    path = tmp / "slurm-burst.toml"
+    path.write_text(text)
+    path.chmod(0o640)
+    return load_config(path)
+
+
+def run(nodes: int, scale: Scale, join_s: float) -> dict[str, Any]:
+    emu = RemoteEmulator(scale)
+    try:
+        with tempfile.TemporaryDirectory() as d:
+            return _run(emu, Path(d), nodes, scale, join_s)
+    finally:
+        emu.stop()
+
+
+def _run(emu: RemoteEmulator, tmp: Path, nodes: int, scale: Scale, join_s: float) -> dict[str, Any]:
+    (tmp / "slurm").mkdir()
+    cfg = config(tmp, emu.port, nodes)
+    key = str(tmp / "ssh" / "id_ed25519")
+    sql = wiring.ledger(cfg, check_schema=False)
+    sql.upgrade()
+    store = Store(wiring.state_db_path(cfg))
+    clouds = wiring.managed_clouds(cfg)
+    aws = clouds["aws"].inner
+    assert isinstance(aws, LibcloudCloud)
+    aws._size("c5.large")  # the size table, read once at start (as the daemon's first launch)
+    clock = wiring.clock()
+    names = cfg.node_groups["cpu"].node_names()
+    slurm = FakeScheduler.cloud_nodes(names)
+    parts = DaemonParts(
+        store=store,
+        clouds=clouds,
+        mesh=FakeMesh(clock),
+        connector=SshConnector(cfg.daemon.ssh_user, key),
+        scheduler=slurm,
+        ledger=wiring.daemon_ledger(cfg, sql),
+        secrets=Secrets(generate_key(key), b""),
+        leader=SoleLeader("bench"),
+        clock=clock,
+    )
+    daemon = wiring.assemble(cfg, parts)
+    marks: dict[str, float] = {}
+    attested: dict[str, float] = {}
+    joined: dict[str, float] = {}
+    prov = daemon.prov
+
+    def fake_join(rec: NodeRecord) -> None:
+        """The SSH bootstrap, replaced by a wait of fixed length (nothing to log into)."""
+        attested.setdefault(rec.name, time.perf_counter())
+        time.sleep(join_s)
+        prov._record(rec, rec.instance_id, "joined", clock.now())
+        store.transition(rec.name, NodeState.JOINED, clock.now(), registered_at=0.0)
+        joined[rec.name] = time.perf_counter()
+
+    prov._bootstrap = fake_join  # type: ignore[method-assign]
+    launch_many = aws.launch_many
+
+    def answered(spec: LaunchSpec) -> list[Instance]:
+        made = launch_many(spec)
+        marks.setdefault("launch_answer", time.perf_counter())
+        return made
+
+    aws.launch_many = answered  # type: ignore[method-assign]
+    runner = threading.Thread(target=daemon.run, daemon=True)
+    runner.start()
+    while store.heartbeat() is None:
+        time.sleep(0.05)
+    slurm.update_nodes(names, state="power_up")
+    emu.clear()
+    cpu0 = time.process_time()
+    t0 = time.monotonic()
+    hook = [sys.executable, "-m", "slurm_burst", "--config", cfg.source, "resume",
+            f"aws-[1-{nodes}]"]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    started = time.perf_counter()
+    subprocess.run(hook, check=True, env=env, capture_output=True)
+    deadline = started + scale.boot + scale.console + 900
+    failed = 0
+    last = -1
+    while time.perf_counter() < deadline:
+        recs = store.nodes()
+        failed = sum(1 for r in recs if r.state == NodeState.FAILED or r.error)
+        done = sum(1 for r in recs if r.state == NodeState.JOINED)
+        if done + failed >= nodes:
+            break
+        if done // 100 != last // 100 or done == 0:
+            print(f"  ... {done} of {nodes} joined, {failed} failed, "
+                  f"{time.perf_counter() - started:.0f} s", file=sys.stderr)  # fmt: skip
+        last = done
+        time.sleep(2.0)
+    cpu = time.process_time() - cpu0
+    daemon.stop.set()
+    runner.join(timeout=60)
+    seen = emu.timeline()
+    line = [(t - t0, a, thr) for t, a, thr in seen["timeline"]]
+    answer = marks.get("launch_answer", started)
+    return {
+        "provider": "ec2",
+        "nodes": nodes,
+        "boot_s": scale.boot,
+        "console_after_boot_s": scale.console,
+        "join_s": join_s,
+        "bucket_scale": scale.throttle,
+        "nodes_joined": len(joined),
+        "nodes_failed": failed,
+        "calls": dict(Counter(a for _, a, _ in line)),
+        "calls_per_joined_node": round(len(line) / max(1, len(joined)), 3),
+        "peak_calls_per_s": _peak([t for t, _, _ in line], 1.0),
+        "max_sustained_action_rate_ratio": _sustained(line, scale.throttle),
+        "throttled_answers": int(seen["throttled"]),
+        "hook_to_launch_answer_s": round(answer - started, 2),
+        "launch_to_all_attested_s": round(max(attested.values(), default=answer) - answer, 1),
+        "launch_to_all_joined_s": round(max(joined.values(), default=answer) - answer, 1),
+        "daemon_cpu_s_per_node": round(cpu / nodes, 4),
+        "daemon_peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+    }
+
+
+def _peak(times: list[float], window: float) -> int:
+    times = sorted(times)
+    j = best = 0
+    for i, t in enumerate(times):
+        while times[j] <= t - window:
+            j += 1
+        best = max(best, i - j + 1)
+    return best
+
+
+def _sustained(line: list[tuple[float, str, bool]], scale: float) -> float:
+    """The highest, over actions, of the most calls in any 60 s over 60 s, over the
+    action's documented refill (scaled as the emulator's buckets are)."""
+    worst = 0.0
+    for action in {a for _, a, _ in line}:
+        refill = bucket_of(action)[1] * (scale or 1.0)
+        rate = _peak([t for t, a, _ in line if a == action], 60.0) / 60.0
+        worst = max(worst, rate / refill)
+    return round(worst, 3)
+
+
+def goals(r: dict[str, Any]) -> dict[str, bool]:
+    out = {k: r[k] <= v for k, v in GOALS.items() if v is not None}
+    out["launch_to_all_attested_s"] = (
+        r["launch_to_all_attested_s"] <= r["boot_s"] + r["console_after_boot_s"] + 75
+    )
+    out["launch_to_all_joined_s"] = r["launch_to_all_joined_s"] <= r["boot_s"] + 120
+    out["all_joined"] = r["nodes_joined"] == r["nodes"]
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--provider", default="ec2", choices=["ec2"])
+    ap.add_argument("--nodes", type=int, default=1000)
+    ap.add_argument("--boot", type=float, default=60.0)
+    ap.add_argument("--console", type=float, default=30.0)
+    ap.add_argument("--join", type=float, default=10.0)
+    ap.add_argument("--bucket-scale", type=float, default=1.0,
+                    help="EC2's buckets times this in the emulator (0: no throttling)")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    os.environ.setdefault("SB_TEST_AWS_KEY", "AKIDEMULATOR000000000")
+    os.environ.setdefault("SB_TEST_AWS_SECRET", "emulator-secret")
+    r = run(args.nodes, Scale(args.bucket_scale, args.boot, args.console), args.join)
+    r["goals_met"] = goals(r)
+    if args.json:
+        print(json.dumps(r, indent=1))
+        return
+    print(f"EC2 burst of {args.nodes} nodes, emulator in scale mode (buckets x{args.bucket_scale})")
+    for k, v in r.items():
+        print(f"  {k:<34} {v}")
+
+
+if __name__ == "__main__":
+    main()
