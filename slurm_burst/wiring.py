@@ -639,15 +639,13 @@ def reconciler(cfg: Config, ports: ReconcilerPorts, hands: NodeHands) -> Reconci
     return Reconciler(reconciler_settings(cfg), ports, hands, groups)
 
 
-def fleet_views(
-    cfg: Config, clouds: Mapping[str, Cloud], clock: Clock, stop: threading.Event
-) -> dict[str, FleetView]:
+def fleet_views(cfg: Config, clouds: Mapping[str, Cloud], clock: Clock) -> dict[str, FleetView]:
     """A shared listing for each provider profile that lists its fleet cheaply (EC2)."""
     from slurm_burst.services.cloudcalls import ManagedCloud as Managed
     from slurm_burst.services.fleetview import FleetView
 
     return {
-        name: FleetView(c, cfg.cluster.name, clock, stop)
+        name: FleetView(c, cfg.cluster.name, clock)
         for name, c in clouds.items()
         if isinstance(c, Managed) and c.lists_fleet
     }
@@ -695,7 +693,7 @@ def assemble(cfg: Config, parts: DaemonParts) -> Daemon:
         stagework = StageWork(
             StageWorkSettings(), p.store, p.pusher, p.clock, staging.pull_asked, book, outputs
         )
-    views = fleet_views(cfg, clouds, p.clock, stop)
+    views = fleet_views(cfg, clouds, p.clock)
     provisioner = Provisioner(
         provisioner_settings(cfg, p.slurm_release),
         ProvisionerPorts(

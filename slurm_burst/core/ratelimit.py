@@ -136,7 +136,7 @@ EC2 = ApiTable(
     },
     default=Limit(50, 5),  # mutating actions
     resources={"RunInstances": Limit(1000, 2), "TerminateInstances": Limit(1000, 20)},
-    total=Limit(15, 60),  # at most 75 calls in any second, whatever the mix
+    total=Limit(10, 50),  # at most 60 calls in any second sent (80 arrive, at worst)
 )
 
 

@@ -2,12 +2,12 @@
 
 A thousand booting nodes that each asked for their own instance every half second
 would spend an account's whole API budget on it (and EC2 throttles per account). A
-:class:`FleetView` lists the cluster's instances in one paginated call every
-``every`` seconds while some node waits for its instance to run, and wakes those whose
-instance changed (running, or gone); the reconcile pass reads the same listing when it
-is fresh enough (:meth:`FleetView.snapshot`). One view per provider profile that
-:attr:`~slurm_burst.services.cloudcalls.ManagedCloud.lists_fleet` (EC2); its own thread
-refreshes it, and stops with the daemon.
+:class:`FleetView` lists the cluster's instances in one paginated call at most every
+``every`` seconds, when a waiting node looks and the listing is older than that (the
+nodes' timers are due just after the next listing, so one of them takes it), and wakes
+the nodes whose instance changed (running, or gone); the reconcile pass reads the same
+listing when it is fresh enough (:meth:`FleetView.snapshot`). One view per provider
+profile that :attr:`~slurm_burst.services.cloudcalls.ManagedCloud.lists_fleet` (EC2).
 
 A listing is eventually consistent: an instance launched a moment ago may be missing
 from it. :meth:`FleetView.look` says ``None`` (not known yet) for an instance the
@@ -23,7 +23,6 @@ from collections.abc import Callable, Iterable
 from slurm_burst.core.cloud import CloudError, Instance
 from slurm_burst.ports import Clock
 from slurm_burst.services.cloudcalls import ManagedCloud
-from slurm_burst.services.periodic import contain
 
 log = logging.getLogger(__name__)
 
@@ -34,17 +33,11 @@ GONE = "gone"  # :meth:`FleetView.look`: listed no more (terminated, or never th
 
 class FleetView:
     def __init__(
-        self,
-        cloud: ManagedCloud,
-        cluster: str,
-        clock: Clock,
-        stopping: threading.Event,
-        every: float = EVERY,
+        self, cloud: ManagedCloud, cluster: str, clock: Clock, every: float = EVERY
     ) -> None:
         self.cloud = cloud
         self.cluster = cluster
         self.clock = clock
-        self.stopping = stopping
         self.every = every
         self.wake: Callable[[Iterable[str]], None] = lambda names: None  # set by the workers
         self._by_id: dict[str, Instance] = {}
@@ -52,7 +45,6 @@ class FleetView:
         self._watched: dict[str, tuple[str, float, str]] = {}  # id -> (node, since, state)
         self._cond = threading.Condition()
         self._refreshing = False
-        self._thread: threading.Thread | None = None
         self.listings = 0
 
     # -- what booting nodes ask ---------------------------------------------------
@@ -62,21 +54,26 @@ class FleetView:
             if instance_id not in self._watched:
                 inst = self._by_id.get(instance_id)
                 self._watched[instance_id] = (node, since, inst.state if inst else "")
-            self._cond.notify_all()
-            if self._thread is None:
-                self._thread = threading.Thread(
-                    target=self._run, name=f"fleet-{self.cloud.name}", daemon=True
-                )
-                self._thread.start()
 
     def unwatch(self, instance_id: str) -> None:
         with self._cond:
             self._watched.pop(instance_id, None)
 
     def look(self, instance_id: str, since: float) -> Instance | str | None:
-        """The instance as last listed; :data:`GONE` if the listings taken
-        :data:`LISTING_LAG` s after its launch (``since``) do not show it; ``None``
-        while not known yet."""
+        """The instance as last listed (listed again first if that is ``every`` s old and
+        no one is listing); :data:`GONE` if the listings taken :data:`LISTING_LAG` s
+        after its launch (``since``) do not show it; ``None`` while not known yet. A
+        listing that fails is logged and left to the next look."""
+        with self._cond:
+            due = not self._refreshing and (
+                self._taken < 0 or self.clock.now() - self._taken >= self.every
+            )
+        if due:
+            try:
+                self.refresh()
+            except CloudError as exc:  # throttled, or the API away: the next look lists
+                log.warning("fleet.list_failed provider=%s code=%s error=%s",
+                            self.cloud.name, exc.code, str(exc)[:200])  # fmt: skip
         with self._cond:
             inst = self._by_id.get(instance_id)
             if inst is not None:
@@ -132,22 +129,3 @@ class FleetView:
                         changed.append(node)
         if changed:
             self.wake(changed)
-
-    def _run(self) -> None:
-        while not self.stopping.is_set():
-            with self._cond:
-                while not self._watched and not self.stopping.is_set():
-                    self._cond.wait(timeout=1.0)
-                due = self._taken + self.every - self.clock.now() if self._taken >= 0 else 0
-            if due > 0:
-                self.stopping.wait(min(due, self.every))
-                continue
-            try:
-                self.refresh()
-            except CloudError as exc:  # throttled, or the API away: the next round asks again
-                log.warning("fleet.list_failed provider=%s code=%s error=%s",
-                            self.cloud.name, exc.code, str(exc)[:200])  # fmt: skip
-                self.stopping.wait(self.every)
-            except Exception as exc:  # boundary: the view's thread must go on
-                contain("fleet.list", exc, self.cloud.metrics)
-                self.stopping.wait(self.every)

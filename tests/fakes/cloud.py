@@ -6,7 +6,7 @@ import base64
 import hashlib
 import threading
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
@@ -56,6 +56,8 @@ class FakeCloud:
     clock: Clock
     batch_max: int = 1
     boot_seconds: float = 2.0
+    console_seconds: float = 0.0  # host keys are on the console this long after running
+    lists_fleet: bool = False  # booting nodes read list_fleet (EC2's way), not get
     never_boot: set[str] = field(default_factory=set)  # node names
     no_host_keys: set[str] = field(default_factory=set)  # node names: run, publish no keys
     capacity: set[str] = field(default_factory=set)  # sizes
@@ -104,6 +106,16 @@ class FakeCloud:
                 self._instance(v) for v in self.vms.values() if v.tags.get(CLUSTER_TAG) == cluster
             ]
 
+    def list_fleet(self, cluster: str, before_page: Callable[[], None]) -> list[Instance]:
+        before_page()
+        self._call("list_fleet")
+        with self._lock:
+            return [
+                self._instance(v)
+                for v in self.vms.values()
+                if v.tags.get(CLUSTER_TAG) == cluster and self._state(v) != "terminated"
+            ]
+
     def terminate(self, instance_id: str) -> None:
         self._call("terminate")
         with self._lock:
@@ -116,6 +128,8 @@ class FakeCloud:
         with self._lock:
             vm = self._vm(instance_id)
             if self._state(vm) != "running" or vm.tags.get(NODE_TAG) in self.no_host_keys:
+                return []
+            if self.clock.now() - vm.created < self.boot_seconds + self.console_seconds:
                 return []
             return [(vm.host_key_type, host_key(vm.id))]
 

@@ -12,6 +12,7 @@ from slurm_burst.config import Config
 from slurm_burst.core.nodestate import NodeState, Want
 from slurm_burst.core.records import NodeRecord
 from slurm_burst.ports import ServedStore
+from slurm_burst.services.cloudcalls import ManagedCloud
 from slurm_burst.services.daemon import Daemon
 from slurm_burst.services.provisioner import Provisioner, Secrets
 from slurm_burst.wiring import DaemonParts, assemble
@@ -77,10 +78,15 @@ def make_world(
     extra_config: str = "",
     edits: Sequence[tuple[str, str]] = (),
     served: Sequence[ServedStore] = (),
+    lists_fleet: bool = False,
 ) -> World:
+    """``lists_fleet``: the cloud goes through ManagedCloud (budgets, retries) and booting
+    nodes read a shared fleet listing, as EC2's do."""
     cfg = lab_config_in(tmp_path, extra_config, edits)
     clock = FakeClock()
-    cloud = FakeCloud("lab", clock, batch_max=batch_max, boot_seconds=2.0)
+    cloud = FakeCloud(
+        "lab", clock, batch_max=batch_max, boot_seconds=2.0, lists_fleet=lists_fleet
+    )
     mesh = FakeMesh(clock)
     mesh.ensure_hub()
 
@@ -97,7 +103,7 @@ def make_world(
     ledger = FakeLedger()
     parts = DaemonParts(
         store=store,
-        clouds={"lab": cloud},
+        clouds={"lab": ManagedCloud(cloud, sleep=clock.sleep) if lists_fleet else cloud},
         mesh=mesh,
         connector=connector,
         scheduler=slurm,
