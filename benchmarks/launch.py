@@ -56,7 +56,7 @@ GONE = (NodeState.FAILED, NodeState.TERMINATING, NodeState.TERMINATED)
 def launch_only(prov: Provisioner) -> Callable[[str], NodeRecord | None]:
     """The provisioner's drive, stopped after the launch step (what is measured)."""
 
-    def drive(name: str) -> NodeRecord | None:
+    def drive(name: str, **_: bool) -> NodeRecord | None:
         rec = prov.store.node(name)
         group = prov.fleet.group_of(name)
         if rec is not None and group and rec.state in (NodeState.REQUESTED, NodeState.LAUNCHING):
@@ -91,26 +91,11 @@ def run(emu: RemoteEmulator, nodes: int, batch: int) -> Run:
         tmp = Path(d)
         (tmp / "slurm").mkdir()
         cfg = config(tmp, emu, nodes, batch)
-        key = str(tmp / "ssh" / "id_ed25519")
-        sql = wiring.ledger(cfg, check_schema=False)
-        sql.upgrade()
-        store = Store(wiring.state_db_path(cfg))
-        clouds = wiring.managed_clouds(cfg)
-        aws = clouds["aws"].inner
-        assert isinstance(aws, LibcloudCloud)
-        aws._size("c5.large")  # the size table, read once at start
-        clock = wiring.clock()
-        parts = DaemonParts(
-            store=store,
-            clouds=clouds,
-            mesh=FakeMesh(clock),  # nothing gets past the launch here
-            connector=SshConnector(cfg.daemon.ssh_user, key),
-            scheduler=FakeScheduler.cloud_nodes(cfg.node_groups["cpu"].node_names()),
-            ledger=wiring.daemon_ledger(cfg, sql),
-            secrets=Secrets(generate_key(key), b""),
-            leader=SoleLeader("bench"),
-            clock=clock,
+        parts, aws = daemon_parts(
+            cfg, tmp, FakeScheduler.cloud_nodes(cfg.node_groups["cpu"].node_names())
         )
+        store = parts.store
+        assert isinstance(store, Store)
         daemon = wiring.assemble(cfg, parts)
         daemon.prov.drive = launch_only(daemon.prov)  # type: ignore[method-assign,assignment]
         marks = watch(store, aws)
@@ -142,6 +127,33 @@ def run(emu: RemoteEmulator, nodes: int, batch: int) -> Run:
             marks["launch"] - marks["woke"],
             wall,
         )
+
+
+def daemon_parts(
+    cfg: Config, tmp: Path, scheduler: FakeScheduler
+) -> tuple[DaemonParts, LibcloudCloud]:
+    """The daemon's real parts for a run against the emulator (the ledger and state
+    database in ``tmp``), with a fake mesh and Slurm; and the EC2 profile inside."""
+    key = str(tmp / "ssh" / "id_ed25519")
+    sql = wiring.ledger(cfg, check_schema=False)
+    sql.upgrade()
+    clouds = wiring.managed_clouds(cfg)
+    aws = clouds["aws"].inner
+    assert isinstance(aws, LibcloudCloud)
+    aws._size("c5.large")  # the size table, read once at start (as a first launch does)
+    clock = wiring.clock()
+    parts = DaemonParts(
+        store=Store(wiring.state_db_path(cfg)),
+        clouds=clouds,
+        mesh=FakeMesh(clock),  # nothing joins the mesh here
+        connector=SshConnector(cfg.daemon.ssh_user, key),
+        scheduler=scheduler,
+        ledger=wiring.daemon_ledger(cfg, sql),
+        secrets=Secrets(generate_key(key), b""),
+        leader=SoleLeader("bench"),
+        clock=clock,
+    )
+    return parts, aws
 
 
 def watch(store: Store, aws: LibcloudCloud) -> dict[str, float]:

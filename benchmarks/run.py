@@ -150,6 +150,9 @@ if __name__ == "__main__":
     subprocess.run([sys.executable, str(ROOT / "benchmarks" / "reconcile.py")], check=False)
     # resume of 1,000 nodes against the EC2 emulator: batched launch vs one call per node
     subprocess.run([sys.executable, str(ROOT / "benchmarks" / "launch.py")], check=False)
+    # a 1,000-node EC2 burst within EC2's API buckets, hook to all joined (about 3 min)
+    subprocess.run([sys.executable, str(ROOT / "benchmarks" / "scale.py"), "--provider", "ec2",
+                    "--nodes", "1000", "--json"], check=False)  # fmt: skip
     # the burst policy: one pass over 100,000 pending jobs; the simulator on both traces
     subprocess.run([sys.executable, str(ROOT / "benchmarks" / "policy.py")], check=False)
     # the GPU check (8 GPUs, simulated NVML) and one telemetry pass over 1,000 GPU nodes

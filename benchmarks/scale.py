@@ -39,20 +39,14 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from launch import daemon_parts  # noqa: E402
 from slurm_burst_lab.ec2emu import RemoteEmulator, Scale, bucket_of  # noqa: E402
 
 from slurm_burst import wiring  # noqa: E402
-from slurm_burst.adapters.cloud.compute import LibcloudCloud  # noqa: E402
-from slurm_burst.adapters.ha import SoleLeader  # noqa: E402
-from slurm_burst.adapters.ssh.session import SshConnector, generate_key  # noqa: E402
-from slurm_burst.adapters.state.store import Store  # noqa: E402
 from slurm_burst.config import Config, load_config  # noqa: E402
 from slurm_burst.core.cloud import Instance, LaunchSpec  # noqa: E402
 from slurm_burst.core.nodestate import NodeState  # noqa: E402
 from slurm_burst.core.records import NodeRecord  # noqa: E402
-from slurm_burst.services.provisioner import Secrets  # noqa: E402
-from slurm_burst.wiring import DaemonParts  # noqa: E402
-from tests.fakes.mesh import FakeMesh  # noqa: E402
 from tests.fakes.slurm import FakeScheduler  # noqa: E402
 from tests.integration.test_ec2 import CONFIG  # noqa: E402
 
@@ -92,28 +86,11 @@ def run(nodes: int, scale: Scale, join_s: float) -> dict[str, Any]:
 def _run(emu: RemoteEmulator, tmp: Path, nodes: int, scale: Scale, join_s: float) -> dict[str, Any]:
     (tmp / "slurm").mkdir()
     cfg = config(tmp, emu.port, nodes)
-    key = str(tmp / "ssh" / "id_ed25519")
-    sql = wiring.ledger(cfg, check_schema=False)
-    sql.upgrade()
-    store = Store(wiring.state_db_path(cfg))
-    clouds = wiring.managed_clouds(cfg)
-    aws = clouds["aws"].inner
-    assert isinstance(aws, LibcloudCloud)
-    aws._size("c5.large")  # the size table, read once at start (as the daemon's first launch)
-    clock = wiring.clock()
     names = cfg.node_groups["cpu"].node_names()
     slurm = FakeScheduler.cloud_nodes(names)
-    parts = DaemonParts(
-        store=store,
-        clouds=clouds,
-        mesh=FakeMesh(clock),
-        connector=SshConnector(cfg.daemon.ssh_user, key),
-        scheduler=slurm,
-        ledger=wiring.daemon_ledger(cfg, sql),
-        secrets=Secrets(generate_key(key), b""),
-        leader=SoleLeader("bench"),
-        clock=clock,
-    )
+    parts, aws = daemon_parts(cfg, tmp, slurm)
+    store = parts.store
+    clock = parts.clock
     daemon = wiring.assemble(cfg, parts)
     marks: dict[str, float] = {}
     attested: dict[str, float] = {}
@@ -132,8 +109,10 @@ def _run(emu: RemoteEmulator, tmp: Path, nodes: int, scale: Scale, join_s: float
     launch_many = aws.launch_many
 
     def answered(spec: LaunchSpec) -> list[Instance]:
+        marks.setdefault("launch_call", time.perf_counter())
         made = launch_many(spec)
         marks.setdefault("launch_answer", time.perf_counter())
+        marks.setdefault("launch_answer_mono", time.monotonic())
         return made
 
     aws.launch_many = answered  # type: ignore[method-assign]
@@ -184,12 +163,25 @@ def _run(emu: RemoteEmulator, tmp: Path, nodes: int, scale: Scale, join_s: float
         "peak_calls_per_s": _peak([t for t, _, _ in line], 1.0),
         "max_sustained_action_rate_ratio": _sustained(line, scale.throttle),
         "throttled_answers": int(seen["throttled"]),
+        "calls_per_10s": _histogram(line, marks.get("launch_answer_mono", t0) - t0),
+        "hook_to_first_launch_call_s": round(marks.get("launch_call", started) - started, 2),
         "hook_to_launch_answer_s": round(answer - started, 2),
         "launch_to_all_attested_s": round(max(attested.values(), default=answer) - answer, 1),
         "launch_to_all_joined_s": round(max(joined.values(), default=answer) - answer, 1),
         "daemon_cpu_s_per_node": round(cpu / nodes, 4),
         "daemon_peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
     }
+
+
+def _histogram(line: list[tuple[float, str, bool]], answer: float) -> dict[str, list[int]]:
+    """Calls per 10 s from the launch answer, by action (where the time went)."""
+    out: dict[str, list[int]] = {}
+    for t, action, _ in line:
+        k = max(0, int((t - answer) // 10))
+        row = out.setdefault(action, [])
+        row.extend([0] * (k + 1 - len(row)))
+        row[k] += 1
+    return out
 
 
 def _peak(times: list[float], window: float) -> int:
@@ -230,13 +222,31 @@ def main() -> None:
     ap.add_argument("--boot", type=float, default=60.0)
     ap.add_argument("--console", type=float, default=30.0)
     ap.add_argument("--join", type=float, default=10.0)
-    ap.add_argument("--bucket-scale", type=float, default=1.0,
-                    help="EC2's buckets times this in the emulator (0: no throttling)")
+    ap.add_argument(
+        "--bucket-scale",
+        type=float,
+        default=1.0,
+        help="EC2's buckets times this in the emulator (0: no throttling)",
+    )
+    ap.add_argument(
+        "--burners",
+        type=int,
+        default=0,
+        help="CPU-bound processes beside the daemon for the run (a loaded machine)",
+    )
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     os.environ.setdefault("SB_TEST_AWS_KEY", "AKIDEMULATOR000000000")
     os.environ.setdefault("SB_TEST_AWS_SECRET", "emulator-secret")
-    r = run(args.nodes, Scale(args.bucket_scale, args.boot, args.console), args.join)
+    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
+             for _ in range(args.burners)]  # fmt: skip
+    try:
+        r = run(args.nodes, Scale(args.bucket_scale, args.boot, args.console), args.join)
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+    r["cpu_burners"] = args.burners
     r["goals_met"] = goals(r)
     if args.json:
         print(json.dumps(r, indent=1))

@@ -147,6 +147,7 @@ class _Attest:
     running_at: float
     next_read: float | None  # None: parked until a scout learns when consoles are out
     reads: int = 0
+    asked: float | None = None  # when the read now waiting for its turn was due
 
 
 @dataclass
@@ -397,11 +398,14 @@ class Provisioner:
                 raise Later(PARKED_WAIT)
         if now < seen.next_read:
             raise Later(seen.next_read - now)
+        if seen.asked is None:
+            seen.asked = now
         try:
             keys = self.clouds[rec.provider].host_keys(rec.instance_id, seen.size)
         except Busy as exc:  # our budget's turn comes later: no call was made
             raise Later(exc.after) from exc
         seen.reads += 1
+        asked, seen.asked = seen.asked, None
         if not keys:
             if now > deadline:
                 self._stepped(rec.name, "attest", now - seen.running_at, ok=False)
@@ -415,7 +419,12 @@ class Provisioner:
             raise Later(seen.next_read - now)
         del self._attesting[rec.name]
         self._stepped(rec.name, "attest", now - seen.running_at)
-        self._console_seen(rec.provider, rec.name, now - seen.running_at)
+        took = asked - seen.running_at
+        # an empty read before this one, or a first one made at once: the keys came
+        # in between; a later first read that found them says only "no later than
+        # this" (the estimate it was made at), which teaches nothing
+        tight = seen.reads > 1 or took <= ATTEST_RETRY
+        self._console_seen(rec.provider, rec.name, took if tight else None)
         self._record(rec, rec.instance_id, "running", now)
         self.store.transition(
             rec.name,
@@ -442,11 +451,16 @@ class Provisioner:
             self._parked.setdefault(rec.provider, set()).add(rec.name)
             return None
 
-    def _console_seen(self, provider: str, node: str, seconds: float) -> None:
+    def _console_seen(self, provider: str, node: str, seconds: float | None) -> None:
+        """An instance's host keys were read ``seconds`` after it ran (as due, not as
+        our API budget let the read through: a queue of readers must not teach the
+        next ones to wait longer); None: a first read found them, which bounds nothing
+        new (the estimate it was made at stands)."""
         with self._released_lock:
             recent = self._console_delays.setdefault(provider, [])
-            recent.append(seconds)
-            del recent[:-CONSOLE_SAMPLES]
+            if seconds is not None:
+                recent.append(seconds)
+                del recent[:-CONSOLE_SAMPLES]
             self._scouts.get(provider, set()).discard(node)
             parked = self._parked.pop(provider, set())
         if parked:

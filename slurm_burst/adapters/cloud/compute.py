@@ -20,6 +20,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
+from functools import partial
 from typing import Any
 
 from libcloud.common.exceptions import BaseHTTPError
@@ -311,23 +312,19 @@ class LibcloudCloud:
     def terminate(self, instance_id: str) -> None:
         """Destroy the instance; one that is already gone counts as destroyed. EC2: one
         TerminateInstances by id (no describe first; terminating twice is no error)."""
+        destroy: Callable[[], Any]
         if self.kind == "ec2":
             params = {"Action": "TerminateInstances", "InstanceId.1": instance_id}
-            try:
-                self.driver.connection.request(self.driver.path, params=params)
-            except _ERRORS as exc:
-                err = self._error(exc)
-                if isinstance(err, NotFoundError):
-                    return
-                raise err from exc
-            log.info("cloud.terminate provider=%s instance=%s", self.name, instance_id)
-            return
-        node = self._node(instance_id)
-        if node is None or _state(node) == "terminated":
-            log.info("cloud.terminate provider=%s instance=%s already gone", self.name, instance_id)
-            return
+            destroy = partial(self.driver.connection.request, self.driver.path, params=params)
+        else:
+            node = self._node(instance_id)
+            if node is None or _state(node) == "terminated":
+                log.info("cloud.terminate provider=%s instance=%s already gone",
+                         self.name, instance_id)  # fmt: skip
+                return
+            destroy = partial(self.driver.destroy_node, node, **DESTROY_KWARGS.get(self.kind, {}))
         try:
-            self.driver.destroy_node(node, **DESTROY_KWARGS.get(self.kind, {}))
+            destroy()
         except _ERRORS as exc:
             err = self._error(exc)
             if isinstance(err, NotFoundError):

@@ -1,0 +1,31 @@
+"""An EC2 burst through the daemon's real path against the emulator in scale mode, its
+buckets scaled down so that EC2 throttles: every node joins, none fails for it, and the
+daemon slows down instead of hammering (the 1,000-node figures: benchmarks/scale.py)."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+from slurm_burst_lab.ec2emu import Scale
+
+from tests.conftest import ROOT
+
+pytestmark = pytest.mark.integration
+
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import scale  # noqa: E402  (benchmarks/scale.py: the same run, smaller)
+
+
+def test_a_throttled_burst_joins_every_node_and_fails_none(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("SB_TEST_AWS_KEY", "AKIDEMULATOR000000000")
+    monkeypatch.setenv("SB_TEST_AWS_SECRET", "emulator-secret")
+    r = scale.run(24, Scale(throttle=0.1, boot=3.0, console=2.0), join_s=1.0)
+    assert r["nodes_joined"] == 24 and r["nodes_failed"] == 0, r
+    assert r["throttled_answers"] > 0, r  # EC2's buckets at a tenth: it did throttle
+    assert r["calls"]["RunInstances"] == 1 and r["calls"]["DescribeInstanceTypes"] == 1, r
+    # throttled answers are calls too; without them each node costs about two
+    assert r["calls_per_joined_node"] - r["throttled_answers"] / 24 <= 3.0, r
+    assert r["calls"].get("DescribeAddresses", 0) == 0, r  # no per-read address lookups
