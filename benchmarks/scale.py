@@ -168,6 +168,7 @@ def _run(emu: RemoteEmulator, tmp: Path, nodes: int, scale: Scale, join_s: float
         "hook_to_launch_answer_s": round(answer - started, 2),
         "launch_to_all_attested_s": round(max(attested.values(), default=answer) - answer, 1),
         "launch_to_all_joined_s": round(max(joined.values(), default=answer) - answer, 1),
+        "console_delay_learned_s": sorted(round(x, 1) for x in prov._console_delays.get("aws", [])),
         "daemon_cpu_s_per_node": round(cpu / nodes, 4),
         "daemon_peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
     }

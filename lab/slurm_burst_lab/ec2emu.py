@@ -421,8 +421,8 @@ class Ec2Emulator:
             for inst in list(res.instances):
                 tags = dict(backend.tags.get(inst.id, {}))
                 state = inst._state.name
-                with self._lock:
-                    born = self.made.get(inst.id, ("", 0.0))[1]
+                with self._lock:  # one its RunInstances has not answered for: just made
+                    born = self.made.get(inst.id, ("", now))[1]
                 if state == "running" and now - born < self.scale.boot:
                     state = "pending"
                 if ids and inst.id not in ids:

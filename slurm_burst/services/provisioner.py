@@ -79,6 +79,7 @@ GPU_EXPECT = "/etc/slurm-burst/gpu-check.json"  # what the node group promises
 POLL = 0.5  # seconds between looks at a booting instance (a provider without a listing)
 ATTEST_RETRY = 2.0  # a console without host keys is read again after about this ...
 ATTEST_POLL_MAX = 15.0  # ... doubling up to this (jittered: a rate-limited API)
+SCOUT_POLL_MAX = 4.0  # a scout's reads stay this close: they time everyone's first read
 CONSOLE_SAMPLES = 64  # recent running -> host keys times that time the first read
 SCOUTS = 8  # with none yet, this many nodes per provider read early; the rest wait ...
 PARKED_WAIT = 15.0  # ... to be woken by the first one's keys, or look again after this
@@ -414,7 +415,10 @@ class Provisioner:
                 "HostKeyTimeout",
                 f"instance {rec.instance_id} runs but published no SSH host keys",
             )
-            wait = min(ATTEST_POLL_MAX, ATTEST_RETRY * 2 ** (seen.reads - 1))
+            with self._released_lock:
+                scout = rec.name in self._scouts.get(rec.provider, ())
+            most = SCOUT_POLL_MAX if scout else ATTEST_POLL_MAX
+            wait = min(most, ATTEST_RETRY * 2 ** (seen.reads - 1))
             seen.next_read = now + wait * (0.5 + 0.5 * self.rand())
             raise Later(seen.next_read - now)
         del self._attesting[rec.name]

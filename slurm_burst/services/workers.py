@@ -83,8 +83,8 @@ class Workers:
 
     def wake(self, names: Iterable[str]) -> None:
         """Nodes whose instance changed (the fleet listing): those waiting go now."""
-        with self._lock:
-            due = [n for n in names if n in self._waiting]
+        with self._lock:  # one being driven now looks again when its step ends
+            due = [n for n in names if n in self._waiting or n in self._active]
         for n in due:
             self.submit(n)
 
