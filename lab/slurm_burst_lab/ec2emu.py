@@ -200,6 +200,20 @@ class Ec2Emulator:
         with self._lock:
             self._faults.append(Fault(action, code, message or f"injected {code}", http, times))
 
+    def throttle(self, factor: float) -> None:
+        """EC2's request throttling from now on, its buckets times ``factor`` (full
+        buckets); 0 turns it off. The rest of scale mode stays as it was (a lab whose
+        instances boot as VMs keeps their own timing)."""
+        if not (0 <= factor < 1e6):
+            raise ValueError(f"throttle factor {factor!r}: a number from 0")
+        with self._lock:
+            if self.scale is None:
+                self.scale = Scale(throttle=factor, boot=0.0, console=0.0)
+            else:
+                self.scale.throttle = factor
+            self._buckets.clear()
+            self._made_buckets.clear()
+
     def limit(self, instance_type: str, room: int) -> None:
         """Calls of RunInstances for ``instance_type`` make at most ``room`` instances."""
         with self._lock:
@@ -214,18 +228,7 @@ class Ec2Emulator:
             self.throttled = 0
 
     def driver(self, region: str = "us-east-1") -> Any:
-        """libcloud's EC2 driver pointed at the emulator (SigV4, plain HTTP)."""
-        from libcloud.compute.drivers.ec2 import EC2NodeDriver
-
-        return EC2NodeDriver(  # type: ignore[no-untyped-call]
-            "AKIDEMULATOR000000000",
-            "emulator-secret",
-            region=region,
-            secure=False,
-            host="127.0.0.1",
-            port=self.port,
-            signature_version="4",
-        )
+        return driver_for(self.port, region)
 
     # -- WSGI -----------------------------------------------------------------
     def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
@@ -474,7 +477,8 @@ class Ec2Emulator:
 
     def _control(self, environ: dict[str, Any], start_response: StartResponse) -> list[bytes]:
         """For a test in another process: GET /_emulator/calls, POST /_emulator/clear,
-        POST /_emulator/inject?action=&code=&http=&times=."""
+        POST /_emulator/inject?action=&code=&http=&times=, POST
+        /_emulator/throttle?factor=F, GET /_emulator/timeline."""
         path = environ["PATH_INFO"].removeprefix("/_emulator/")
         args = dict(parse_qsl(environ.get("QUERY_STRING", "")))
         if path == "timeline":
@@ -484,6 +488,14 @@ class Ec2Emulator:
             start_response("200 OK", [("Content-Type", "application/json"),
                                       ("Content-Length", str(len(body)))])  # fmt: skip
             return [body]
+        if path == "throttle":
+            try:
+                self.throttle(float(args.get("factor", "0")))
+            except ValueError as exc:
+                said = str(exc).encode()
+                start_response("400 Bad Request", [("Content-Type", "text/plain"),
+                                                   ("Content-Length", str(len(said)))])  # fmt: skip
+                return [said]
         if path == "clear":
             self.clear()
         elif path == "inject":
@@ -525,6 +537,21 @@ def _rewrite(
     environ["wsgi.input"] = io.BytesIO(data)
     query = parse_qsl(environ.get("QUERY_STRING", ""), keep_blank_values=True)
     return query + (parse_qsl(body, keep_blank_values=True) if form else [])
+
+
+def driver_for(port: int, region: str = "us-east-1") -> Any:
+    """libcloud's EC2 driver pointed at an emulator on ``port`` (SigV4, plain HTTP)."""
+    from libcloud.compute.drivers.ec2 import EC2NodeDriver
+
+    return EC2NodeDriver(  # type: ignore[no-untyped-call]
+        "AKIDEMULATOR000000000",
+        "emulator-secret",
+        region=region,
+        secure=False,
+        host="127.0.0.1",
+        port=port,
+        signature_version="4",
+    )
 
 
 def _instance_xml(reservation: str, inst: Any, state: str, tags: dict[str, str]) -> str:
@@ -639,6 +666,13 @@ class RemoteEmulator:
 
     def calls(self) -> dict[str, int]:
         return self._get("calls")
+
+    def driver(self, region: str = "us-east-1") -> Any:
+        return driver_for(self.port, region)
+
+    def throttle(self, factor: float) -> None:
+        """EC2's throttling on (its buckets times ``factor``) or off (0), from now on."""
+        self._get(f"throttle?factor={factor}")
 
     def timeline(self) -> dict[str, Any]:
         """Scale mode: every call as (monotonic seconds, action, throttled), and how many

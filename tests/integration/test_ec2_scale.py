@@ -29,3 +29,33 @@ def test_a_throttled_burst_joins_every_node_and_fails_none(
     # throttled answers are calls too; without them each node costs about two
     assert r["calls_per_joined_node"] - r["throttled_answers"] / 24 <= 3.0, r
     assert r["calls"].get("DescribeAddresses", 0) == 0, r  # no per-read address lookups
+
+
+def test_throttling_is_switched_on_and_off_while_the_emulator_runs() -> None:
+    """The lab's emulator (instances booting as VMs) gets EC2's throttling at run time:
+    a burst of describes past the scaled bucket is refused as EC2 refuses it."""
+    from slurm_burst_lab.ec2emu import RemoteEmulator
+
+    from slurm_burst.adapters.cloud.compute import LibcloudCloud
+    from slurm_burst.core.cloud import ThrottledError
+
+    emu = RemoteEmulator()
+    try:
+        cloud = LibcloudCloud("aws", emu.driver())
+        for _ in range(30):  # unthrottled
+            cloud.list_fleet("c", lambda: None)
+        emu.throttle(0.05)  # DescribeInstances: 5 at once, then 1 a second
+        refused = 0
+        for _ in range(30):
+            try:
+                cloud.list_fleet("c", lambda: None)
+            except ThrottledError as exc:
+                assert exc.code == "RequestLimitExceeded"
+                refused += 1
+        assert 20 <= refused <= 25, refused
+        assert emu.timeline()["throttled"] == refused
+        emu.throttle(0)
+        for _ in range(30):
+            cloud.list_fleet("c", lambda: None)
+    finally:
+        emu.stop()
