@@ -7,7 +7,7 @@ from __future__ import annotations
 import sys
 
 import pytest
-from slurm_burst_lab.ec2emu import Scale
+from slurm_burst_lab.ec2emu import RemoteEmulator, Scale
 
 from tests.conftest import ROOT
 
@@ -34,8 +34,6 @@ def test_a_throttled_burst_joins_every_node_and_fails_none(
 def test_throttling_is_switched_on_and_off_while_the_emulator_runs() -> None:
     """The lab's emulator (instances booting as VMs) gets EC2's throttling at run time:
     a burst of describes past the scaled bucket is refused as EC2 refuses it."""
-    from slurm_burst_lab.ec2emu import RemoteEmulator
-
     from slurm_burst.adapters.cloud.compute import LibcloudCloud
     from slurm_burst.core.cloud import ThrottledError
 
@@ -57,5 +55,42 @@ def test_throttling_is_switched_on_and_off_while_the_emulator_runs() -> None:
         emu.throttle(0)
         for _ in range(30):
             cloud.list_fleet("c", lambda: None)
+    finally:
+        emu.stop()
+
+
+@pytest.mark.parametrize("scaled", [False, True], ids=["moto", "scale-mode"])
+def test_the_fleet_listing_pages_through_next_token(
+    scaled: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One listing in pages (MaxResults, NextToken), a budget token taken before each,
+    the cluster's live instances only: moto's own answer and the scale mode's."""
+    from libcloud.compute.base import NodeImage
+
+    from slurm_burst.adapters.cloud import compute
+    from slurm_burst.adapters.cloud.compute import LibcloudCloud
+
+    emu = RemoteEmulator(Scale(throttle=0, boot=0, console=0) if scaled else None)
+    try:
+        driver = emu.driver()
+        size = next(s for s in driver.list_sizes() if s.id == "c5.large")
+        image = NodeImage("ami-12c6146b", "x", driver)
+        for cluster, count in (("mine", 12), ("other", 3)):
+            driver.create_node(
+                name="x", size=size, image=image, ex_mincount=count, ex_maxcount=count,
+                ex_metadata={"slurm-burst-cluster": cluster},
+            )  # fmt: skip
+        cloud = LibcloudCloud("aws", driver)
+        gone = cloud.list_fleet("mine", lambda: None)[0].id
+        cloud.terminate(gone)
+        monkeypatch.setattr(compute, "EC2_PAGE", 5)
+        pages: list[int] = []
+        listed = cloud.list_fleet("mine", lambda: pages.append(1))
+        assert len(listed) == 11 and gone not in {i.id for i in listed}
+        assert {i.tags["slurm-burst-cluster"] for i in listed} == {"mine"}
+        # the scale mode pages by instance (5 + 5 + 1); moto by reservation, and these
+        # 11 are in one
+        assert len(pages) == (3 if scaled else 1), pages
+        assert emu.calls().get("DescribeAddresses", 0) == 0
     finally:
         emu.stop()
