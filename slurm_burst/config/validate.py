@@ -81,6 +81,8 @@ def validate(
         out.append(Problem("daemon.workers", "must be at least 1"))
     if cfg.daemon.bootstrap_slots < 1:
         out.append(Problem("daemon.bootstrap_slots", "must be at least 1"))
+    else:
+        out.extend(_join_slots(cfg))
     if not (0 < cfg.daemon.api_share <= 1):
         out.append(Problem("daemon.api_share", "must be more than 0 and at most 1"))
     for pname, prov in cfg.providers.items():
@@ -580,3 +582,40 @@ def _network(
     except ValueError as exc:
         out.append(Problem(path, f"is not a network: {exc}"))
         return None
+
+
+FASTEST_BOOT = 60  # seconds: a quick cloud boot, for sizing the bootstrap slots
+FASTEST_BOOTSTRAP = 10  # seconds: a quick SSH bootstrap (keys, tunnel, munge, slurmd)
+
+
+def _join_slots(cfg: Config) -> list[Problem]:
+    """The bootstrap slots should let the largest node group join inside Slurm's
+    ResumeTimeout at the quickest: a boot of a minute, then its nodes in waves of
+    ``bootstrap_slots`` of 10 s each. A warning: a site's images may boot faster."""
+    slots = cfg.daemon.bootstrap_slots
+    if not cfg.node_groups:
+        return []
+    group = max(cfg.node_groups.values(), key=lambda g: g.count)
+    waves = -(-group.count // slots)
+    need = FASTEST_BOOT + waves * FASTEST_BOOTSTRAP
+    limit = cfg.slurm.resume_timeout
+    if need <= limit:
+        return []
+    room = (limit - FASTEST_BOOT) // FASTEST_BOOTSTRAP  # waves that fit
+    if room < 1:
+        return [Problem(
+            "slurm.resume_timeout",
+            f"{limit} s leaves no time for a bootstrap after a {FASTEST_BOOT} s boot "
+            f"(at least {FASTEST_BOOT + FASTEST_BOOTSTRAP} s)",
+            severity="warning",
+        )]  # fmt: skip
+    least = -(-group.count // room)
+    return [Problem(
+        "daemon.bootstrap_slots",
+        f"{slots} slots join node group {group.name}'s {group.count} nodes in {waves} waves: "
+        f"{need} s at the quickest (a {FASTEST_BOOT} s boot, {FASTEST_BOOTSTRAP} s a "
+        f"bootstrap), past slurm.resume_timeout {cfg.slurm.resume_timeout} s; "
+        f"use at least {least}",
+        severity="warning",
+    )]  # fmt: skip
+

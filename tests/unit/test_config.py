@@ -156,6 +156,11 @@ def test_check_json_lists_every_problem(tmp_path: Path) -> None:
             "providers.aws.host_key_reads_per_second",
             "0 (the default) to 10000",
         ),
+        (
+            ('driver = "ec2"', 'driver = "ec2"\napi_limits = { RunInstances = [5, -2] }'),
+            "providers.aws.api_limits.RunInstances",
+            "[burst, refill per second]",
+        ),
     ],
     ids=[
         "inline-secret",
@@ -169,6 +174,7 @@ def test_check_json_lists_every_problem(tmp_path: Path) -> None:
         "no-host-key-source",
         "wrong-host-key-source",
         "huge-read-rate",
+        "bad-api-limit",
     ],
 )
 def test_semantic_errors(tmp_path: Path, edit: tuple[str, str], path: str, fragment: str) -> None:
@@ -326,3 +332,21 @@ def test_groups_sharing_a_size_may_repeat_its_price_but_not_change_it(tmp_path: 
         "node_groups.gpu2.price_per_hour.g5.xlarge" in p.path and "same size" in p.message
         for p in problems
     ), problems
+
+
+def test_too_few_bootstrap_slots_for_the_largest_group(tmp_path: Path) -> None:
+    text = GOOD.replace("count = 3", "count = 1000") + "\n[daemon]\nbootstrap_slots = 10\n"
+    _, problems = check_config(write(tmp_path, text))
+    hits = [p for p in problems if p.path == "daemon.bootstrap_slots"]
+    assert hits and hits[0].message == (
+        "10 slots join node group gpu's 1000 nodes in 100 waves: 1060 s at the quickest "
+        "(a 60 s boot, 10 s a bootstrap), past slurm.resume_timeout 600 s; use at least 19"
+    ), problems
+    _, problems = check_config(write(tmp_path, text.replace("= 10\n", "= 19\n")))
+    assert not [p for p in problems if p.path == "daemon.bootstrap_slots"], problems
+    short = GOOD.replace('onprem_partitions = ["batch"]', 'onprem_partitions = ["batch"]\n'
+                         "resume_timeout = 65")  # fmt: skip
+    _, problems = check_config(write(tmp_path, short))
+    hits = [p for p in problems if p.path == "slurm.resume_timeout"]
+    assert hits and "no time for a bootstrap" in hits[0].message, problems
+
