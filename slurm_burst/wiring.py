@@ -287,9 +287,9 @@ def api_budgets(
         )  # fmt: skip
         if account not in shared:
             overrides = {api: Limit(float(b), float(r)) for api, (b, r) in p.api_limits.items()}
-            rps = p.host_key_reads_per_second or extensions.reads_per_second(p.driver)
-            reads = getattr(built[name], "api_names", {}).get("host_keys", "host_keys")
-            if p.host_key_reads_per_second or (p.driver not in tables and rps):
+            if p.host_key_reads_per_second or p.driver not in tables:  # else: the table's
+                rps = p.host_key_reads_per_second or extensions.reads_per_second(p.driver)
+                reads = getattr(built[name], "api_names", {}).get("host_keys", "host_keys")
                 overrides.setdefault(reads, Limit(max(1.0, rps), rps))
             shared[account] = Budget(
                 name, ApiBudgets(tables.get(p.driver), cfg.daemon.api_share, overrides), metrics

@@ -419,13 +419,14 @@ class Ec2Emulator:
         backend = ec2_backends[ACCOUNT][args.get("Region") or "us-east-1"]
         assert self.scale is not None
         now = time.monotonic()
+        with self._lock:
+            made = dict(self.made)
         rows = []
         for res in list(backend.reservations.values()):
             for inst in list(res.instances):
                 tags = dict(backend.tags.get(inst.id, {}))
                 state = inst._state.name
-                with self._lock:  # one its RunInstances has not answered for: just made
-                    born = self.made.get(inst.id, ("", now))[1]
+                born = made.get(inst.id, ("", now))[1]  # RunInstances not answered: just made
                 if state == "running" and now - born < self.scale.boot:
                     state = "pending"
                 if ids and inst.id not in ids:
@@ -592,10 +593,9 @@ def scale_console(instance_id: str) -> str:
         instance_id.encode()
     ).digest()
     key = base64.b64encode(blob).decode()
-    return (
-        "cloud-init: booting\n-----BEGIN SSH HOST KEY KEYS-----\n"
-        f"ssh-ed25519 {key} root@{instance_id}\n-----END SSH HOST KEY KEYS-----\n"
-    )
+    from slurm_burst.core.hostkeys import BEGIN, END
+
+    return f"cloud-init: booting\n{BEGIN}\nssh-ed25519 {key} root@{instance_id}\n{END}\n"
 
 
 def _fast_image_lookup() -> None:

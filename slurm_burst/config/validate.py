@@ -614,7 +614,7 @@ def _join_slots(cfg: Config) -> list[Problem]:
         "daemon.bootstrap_slots",
         f"{slots} slots join node group {group.name}'s {group.count} nodes in {waves} waves: "
         f"{need} s at the quickest (a {FASTEST_BOOT} s boot, {FASTEST_BOOTSTRAP} s a "
-        f"bootstrap), past slurm.resume_timeout {cfg.slurm.resume_timeout} s; "
+        f"bootstrap), past slurm.resume_timeout {limit} s; "
         f"use at least {least}",
         severity="warning",
     )]  # fmt: skip

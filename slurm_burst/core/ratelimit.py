@@ -14,7 +14,7 @@ joining nodes get their turns instead of racing. Pure: the time is an argument.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 CUT = 0.5  # a throttled answer halves the API's rate ...
@@ -143,9 +143,9 @@ EC2 = ApiTable(
 class ApiBudgets:
     """The daemon's share of a provider account's buckets, per API.
 
-    ``share`` (0 < share <= 1) of each refill is ours (a burst is the account's to
-    spend at once: a 1,000-node launch may take EC2's whole instance bucket); ``overrides`` set an
-    API's (burst, refill) outright. ``table`` None: no limits (a provider whose limits
+    ``share`` (0 < share <= 1) of each refill is ours (a burst is the account's to spend
+    at once: a 1,000-node launch may take EC2's whole instance bucket); ``overrides`` set
+    an API's (burst, refill) outright. ``table`` None: no limits (a provider whose limits
     are per minute or per project and not modelled; its calls still back off on a
     throttled answer). Not thread-safe: the caller holds a lock.
     """
@@ -208,6 +208,3 @@ class ApiBudgets:
         """Tokens saved up per API used so far (finite ones only)."""
         out = {api: b.level(now) for api, b in self._calls.items()}
         return {api: v for api, v in out.items() if math.isfinite(v)}
-
-    def apis(self) -> Iterable[str]:
-        return list(self._calls)

@@ -132,9 +132,7 @@ class ManagedCloud:
         api = self.api(call)
         for attempt in range(self.attempts):
             if wait:
-                pause = self.budget.reserve(api, made)
-                if pause > 0:
-                    self.sleep(pause)
+                self._wait_turn(api, made)
             else:
                 after = self.budget.turn(api, str(args[0]) if args else "")
                 if after > 0:
@@ -147,9 +145,7 @@ class ManagedCloud:
                 error = exc.code
                 if not exc.retryable:
                     raise
-                self.budget.throttled(api)
-                if self.metrics is not None:
-                    self.metrics.api_throttled(self.name, api)
+                self._throttled_answer(api)
                 if not wait or attempt + 1 >= self.attempts:
                     raise
                 delay = backoff(attempt, self.base, self.cap, self.rand())
@@ -168,6 +164,18 @@ class ManagedCloud:
                     self.metrics.cloud_call(self.name, call, time.monotonic() - started, error)
             return result
         raise AssertionError("unreachable: the last attempt returns or raises")
+
+    def _wait_turn(self, api: str, made: int = 0) -> None:
+        """Take the call's token (and ``made`` resource tokens), sleeping until it is due."""
+        pause = self.budget.reserve(api, made)
+        if pause > 0:
+            self.sleep(pause)
+
+    def _throttled_answer(self, api: str) -> None:
+        """The provider throttled ``api``: its shared rate is cut, and it is counted."""
+        self.budget.throttled(api)
+        if self.metrics is not None:
+            self.metrics.api_throttled(self.name, api)
 
     def launch(self, spec: LaunchSpec) -> Instance:
         return self._call("launch", self.inner.launch, spec, made=1)
@@ -202,26 +210,19 @@ class ManagedCloud:
         """The cluster's instances that are not terminated, in pages (one budgeted call
         a page)."""
         pages: Callable[..., list[Instance]] = getattr(self.inner, "list_fleet")  # noqa: B009
+        api = self.api("list")
         started = time.monotonic()
         error: str | None = None
         try:
-            return pages(cluster, lambda: self._take("list"))
+            return pages(cluster, lambda: self._wait_turn(api))
         except CloudError as exc:
             error = exc.code
             if exc.retryable:
-                self.budget.throttled(self.api("list"))
-                if self.metrics is not None:
-                    self.metrics.api_throttled(self.name, self.api("list"))
+                self._throttled_answer(api)
             raise
         finally:
             if self.metrics is not None:
                 self.metrics.cloud_call(self.name, "list", time.monotonic() - started, error)
-
-    def _take(self, call: str) -> None:
-        """A page's token, waited for (the pages of one listing, after its first)."""
-        pause = self.budget.reserve(self.api(call))
-        if pause > 0:
-            self.sleep(pause)
 
     def terminate(self, instance_id: str) -> None:
         self._call("terminate", self.inner.terminate, instance_id, made=1)

@@ -121,11 +121,11 @@ class FleetView:
             self.listings += 1
             for iid, (node, since, was) in list(self._watched.items()):
                 inst = self._by_id.get(iid)
-                now = inst.state if inst else (GONE if taken > since + LISTING_LAG else "")
+                state = inst.state if inst else (GONE if taken > since + LISTING_LAG else "")
                 ready = inst is not None and inst.state == "running" and inst.address
-                if now != was or ready:
-                    self._watched[iid] = (node, since, now)
-                    if ready or now in (GONE, "terminated", "stopped", "error"):
+                if state != was or ready:
+                    self._watched[iid] = (node, since, state)
+                    if ready or state in (GONE, "terminated", "stopped", "error"):
                         changed.append(node)
         if changed:
             self.wake(changed)

@@ -66,7 +66,7 @@ from slurm_burst.ports import (
     RemoteShell,
     Scheduler,
 )
-from slurm_burst.services.fleetview import GONE, FleetView
+from slurm_burst.services.fleetview import FleetView
 from slurm_burst.services.launcher import Launcher, LauncherSettings, timed
 from slurm_burst.services.nodestage import NodeStaging
 from slurm_burst.services.outputs import Outputs
@@ -146,7 +146,7 @@ class _Attest:
     address: str
     size: str
     running_at: float
-    next_read: float | None  # None: parked until a scout learns when consoles are out
+    next_read: float | None  # None: not set yet, or parked until a scout has its keys
     reads: int = 0
     asked: float | None = None  # when the read now waiting for its turn was due
 
@@ -221,6 +221,7 @@ class Provisioner:
         self.views = ports.views
         self.rand = rand
         self._attesting: dict[str, _Attest] = {}  # node -> its instance's host-key reads
+        self._console_lock = threading.Lock()  # the three below, shared by the workers
         self._console_delays: dict[str, list[float]] = {}  # provider -> recent seconds
         self._scouts: dict[str, set[str]] = {}  # provider -> nodes reading before any keys
         self._parked: dict[str, set[str]] = {}  # provider -> nodes waiting for a scout
@@ -389,8 +390,7 @@ class Provisioner:
                 raise Later(view.next_in() + 0.1 if view else POLL)
             now = self.clock.now()
             self._stepped(rec.name, "boot", now - rec.state_since)
-            first = self._first_read(rec, now)
-            seen = _Attest(rec.instance_id, inst.address, inst.size, now, first)
+            seen = _Attest(rec.instance_id, inst.address, inst.size, now, None)
             self._attesting[rec.name] = seen
         now = self.clock.now()
         if seen.next_read is None:
@@ -415,7 +415,7 @@ class Provisioner:
                 "HostKeyTimeout",
                 f"instance {rec.instance_id} runs but published no SSH host keys",
             )
-            with self._released_lock:
+            with self._console_lock:
                 scout = rec.name in self._scouts.get(rec.provider, ())
             most = SCOUT_POLL_MAX if scout else ATTEST_POLL_MAX
             wait = min(most, ATTEST_RETRY * 2 ** (seen.reads - 1))
@@ -444,7 +444,7 @@ class Provisioner:
         (a read before that is almost always wasted, and costs the account's budget).
         With nothing learned yet, :data:`SCOUTS` nodes read at once and back off; the
         rest are parked (None) until the first of them has its keys."""
-        with self._released_lock:
+        with self._console_lock:
             seen = sorted(self._console_delays.get(rec.provider, ()))
             if seen:
                 return running_at + seen[(3 * len(seen)) // 4]
@@ -460,7 +460,7 @@ class Provisioner:
         our API budget let the read through: a queue of readers must not teach the
         next ones to wait longer); None: a first read found them, which bounds nothing
         new (the estimate it was made at stands)."""
-        with self._released_lock:
+        with self._console_lock:
             recent = self._console_delays.setdefault(provider, [])
             if seconds is not None:
                 recent.append(seconds)
@@ -483,18 +483,16 @@ class Provisioner:
 
     def _running(self, rec: NodeRecord) -> Instance | None:
         """The instance once it runs with an address; None while it boots."""
-        cloud = self.clouds[rec.provider]
         view = self.views.get(rec.provider)
+        inst: Instance | None
         if view is not None:
             looked = view.look(rec.instance_id, rec.state_since)
             if looked is None:
                 view.watch(rec.instance_id, rec.name, rec.state_since)
                 return None
-            inst = None if looked == GONE else looked
+            inst = None if isinstance(looked, str) else looked  # str: GONE
         else:
-            got = cloud.get(rec.instance_id)
-            inst = got
-        assert not isinstance(inst, str)
+            inst = self.clouds[rec.provider].get(rec.instance_id)
         if inst is not None and inst.state == "error" and inst.fault:
             self._instance_fault(rec, inst.fault)
         if inst is None or inst.state in ("terminated", "error", "stopped"):
@@ -689,7 +687,7 @@ class Provisioner:
         name = rec.name
         self._attesting.pop(name, None)
         self._throttled.pop(name, None)
-        with self._released_lock:
+        with self._console_lock:
             self._scouts.get(rec.provider, set()).discard(name)
             self._parked.get(rec.provider, set()).discard(name)
         view = self.views.get(rec.provider)

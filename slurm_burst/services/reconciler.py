@@ -283,10 +283,9 @@ class Reconciler:
         if m is not None:
             m.reconcile_pass(report.seconds, ended)
             m.node_counts(by_group, list(self.fleet.node_groups))
-            for cloud in self.clouds.values():  # each account's API budget left
-                budget = getattr(cloud, "budget", None)
-                if budget is not None:
-                    budget.export()
+            budgets = {id(b): b for c in self.clouds.values() if (b := getattr(c, "budget", None))}
+            for budget in budgets.values():  # each account's API budget left, once
+                budget.export()
             for g in self.fleet.node_groups:
                 health = snap.groups.get(g)
                 protected = health is not None and health.protected(snap.now)

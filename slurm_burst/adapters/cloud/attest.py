@@ -38,6 +38,7 @@ from libcloud.common.types import LibcloudError
 from libcloud.compute.base import Node
 
 from slurm_burst import extensions
+from slurm_burst.core.cloud import classify
 from slurm_burst.core.hostkeys import key_entry, parse_console_host_keys
 
 log = logging.getLogger(__name__)
@@ -68,9 +69,9 @@ def http_status(exc: BaseException) -> int | None:
 
 
 def _throttled(exc: BaseException) -> bool:
-    """A throttled answer (EC2's RequestLimitExceeded, HTTP 429 or 503): says nothing of
-    what was asked."""
-    return "RequestLimitExceeded" in str(exc) or http_status(exc) in (429, 503)
+    """A throttled answer (a code :func:`~slurm_burst.core.cloud.classify` retries, or
+    HTTP 429/503, as the adapter types them): says nothing of what was asked."""
+    return classify(str(exc)).retryable or http_status(exc) in (429, 503)
 
 
 class Console:
