@@ -32,7 +32,7 @@ from typing import NamedTuple, TypeVar
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from slurm_burst_lab.ec2emu import RemoteEmulator  # noqa: E402
+from slurm_burst_lab.ec2emu import RemoteEmulator, Scale  # noqa: E402
 
 from slurm_burst import wiring  # noqa: E402
 from slurm_burst.adapters.cloud.compute import LibcloudCloud  # noqa: E402
@@ -50,6 +50,8 @@ from tests.fakes.slurm import FakeScheduler  # noqa: E402
 from tests.integration.test_ec2 import CONFIG  # noqa: E402
 
 T = TypeVar("T")
+# the emulator's scale mode without throttling: EC2's answer times for RunInstances
+SCALE = Scale(throttle=0.0)
 GONE = (NodeState.FAILED, NodeState.TERMINATING, NodeState.TERMINATED)
 
 
@@ -203,7 +205,7 @@ def show(label: str, r: Run) -> None:
 def fresh(nodes: int, batch: int) -> Run:
     """One run against an emulator of its own: moto slows down with every instance it
     holds, and EC2 does not."""
-    emu = RemoteEmulator()  # EC2 is another service: the emulator runs in its own process
+    emu = RemoteEmulator(SCALE)  # EC2 is another service: the emulator runs in its own process
     try:
         return run(emu, nodes, batch)
     finally:

@@ -409,6 +409,10 @@ class Ledger(Protocol):
 
     def instance_event(self, ev: InstanceEvent) -> None: ...
 
+    def instance_events(self, evs: Sequence[InstanceEvent]) -> None:
+        """Several events in one write (a launch's batch): all recorded, or none."""
+        ...
+
     def transfer(self, t: Transfer) -> None: ...
 
 

@@ -71,8 +71,9 @@ class LaunchPlan:
     candidates: tuple[Candidate, ...]  # empty: protected or every size cooling down
 
 
-# (node, instance) launched: the provisioner records the instance in the ledger
-Launched = Callable[[NodeRecord, Instance], None]
+# (node, instance) pairs launched: the provisioner records them in the ledger, in one
+# write for a batch
+Launched = Callable[[Sequence[tuple[NodeRecord, Instance]]], None]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -246,7 +247,7 @@ class Launcher:
                 last = exc
                 self.size_unavailable(rec.name, cand.provider, cand.size, exc)
                 continue
-            self._booting(rec, inst)
+            self._booting([(rec, inst)])
             return
         assert last is not None
         raise last
@@ -266,17 +267,22 @@ class Launcher:
         digest = hashlib.sha256(f"{rec.name}|{rec.launch_seq}|{seq}".encode()).hexdigest()
         return f"{prefix}-{digest[:24]}"
 
-    def _booting(self, rec: NodeRecord, inst: Instance) -> None:
+    def _booting(self, pairs: Sequence[tuple[NodeRecord, Instance]]) -> None:
+        """Nodes given their instances: the ledger first (one write), then their state
+        (one transaction), so that a crash between leaves the ledger ahead, never
+        behind (the batch's recovery records again, once)."""
+        if not pairs:
+            return
+        self.launched(pairs)
+        now = self.clock.now()
+        with self.store.atomically():
+            for rec, inst in pairs:
+                self.store.transition(
+                    rec.name, NodeState.BOOTING, now, instance_id=inst.id, ip=inst.address
+                )
         if self.metrics is not None:
-            self.metrics.launched(rec.group, rec.provider, rec.size)
-        self.launched(rec, inst)
-        self.store.transition(
-            rec.name,
-            NodeState.BOOTING,
-            self.clock.now(),
-            instance_id=inst.id,
-            ip=inst.address,
-        )
+            for rec, _ in pairs:
+                self.metrics.launched(rec.group, rec.provider, rec.size)
 
     def size_unavailable(self, node: str, provider: str, size: str, exc: CloudError) -> None:
         """Cool ``provider/size`` down after a capacity error (every group skips it)."""
@@ -377,12 +383,15 @@ class Launcher:
             recs = [r for r in map(self.store.node, nodes) if r is not None]
             nodes = share_out(nodes, _jobs_of(recs), len(made))
         adopted: list[tuple[str, str, str]] = []
+        pairs: list[tuple[NodeRecord, Instance]] = []
+        held = self.store.nodes_named(nodes)
         for name, inst in zip(nodes, made, strict=False):
-            rec = self.store.node(name)
+            rec = held.get(name)
             if rec is None or rec.state != NodeState.LAUNCHING or rec.token != token:
                 continue  # suspended meanwhile: its instance is an orphan, reconciled away
-            self._booting(rec, inst)
+            pairs.append((rec, inst))
             adopted.append((name, inst.id, rec.provider))
+        self._booting(pairs)
         self.store.meta_delete(f"batch.{token}")
         with self._guard:
             self._unnamed.extend(adopted)

@@ -359,8 +359,15 @@ class Provisioner:
             raise StepError("NotConfigured", f"{rec.name} is in no node group of the config")
         return group
 
-    def _launched(self, rec: NodeRecord, inst: Instance) -> None:
-        self._record(rec, inst.id, "requested", rec.requested_at or self.clock.now())
+    def _launched(self, pairs: Sequence[tuple[NodeRecord, Instance]]) -> None:
+        now = self.clock.now()
+        evs = [
+            self._event(rec, inst.id, "requested", rec.requested_at or now) for rec, inst in pairs
+        ]
+        try:
+            self.ledger.instance_events(evs)
+        except (BurstError, OSError) as exc:  # the database away and its spool full
+            log.error("ledger.write_failed nodes=%d event=requested error=%s", len(evs), exc)
 
     def _instance_fault(self, rec: NodeRecord, fault: str) -> None:
         """An instance the provider accepted and then put in error (OpenStack: the
@@ -887,34 +894,38 @@ class Provisioner:
         if rec is None or rec.want != Want.UP:
             raise Cancelled()
 
-    def _record(
+    def _event(
         self, rec: NodeRecord, instance_id: str, event: str, at: float, detail: str = ""
-    ) -> None:
-        """Record an instance event in the ledger, priced at launch (the ledger port
-        spools it if the database is away; it never stops provisioning)."""
+    ) -> InstanceEvent:
+        """An instance event of ``rec``, priced at its launch."""
         group = self.fleet.group_of(rec.name)
         size = rec.size or (group.size_names[0] if group else "")
         launched = datetime.fromtimestamp(rec.requested_at or at, UTC)
         gpus = group.gpus if group else 0
         price = self.fleet.rate_table.price(size, gpus, launched)
+        return InstanceEvent(
+            node=rec.name,
+            instance_id=instance_id,
+            event=event,
+            at=at,
+            provider=rec.provider,
+            size=size,
+            price_per_hour=float(dollars(price.micros_per_hour)) if price else 0.0,
+            detail=detail,
+            group=group.name if group else "",
+            partition=group.partition if group else "",
+            cpus=group.cpus if group else 0,
+            gpus=gpus,
+            price_source=price.source if price else "none",
+            price_version=price.version if price else "",
+        )
+
+    def _record(
+        self, rec: NodeRecord, instance_id: str, event: str, at: float, detail: str = ""
+    ) -> None:
+        """Record an instance event in the ledger, priced at launch (the ledger port
+        spools it if the database is away; it never stops provisioning)."""
         try:
-            self.ledger.instance_event(
-                InstanceEvent(
-                    node=rec.name,
-                    instance_id=instance_id,
-                    event=event,
-                    at=at,
-                    provider=rec.provider,
-                    size=size,
-                    price_per_hour=float(dollars(price.micros_per_hour)) if price else 0.0,
-                    detail=detail,
-                    group=group.name if group else "",
-                    partition=group.partition if group else "",
-                    cpus=group.cpus if group else 0,
-                    gpus=gpus,
-                    price_source=price.source if price else "none",
-                    price_version=price.version if price else "",
-                )
-            )
+            self.ledger.instance_event(self._event(rec, instance_id, event, at, detail))
         except (BurstError, OSError) as exc:  # the database away and its spool full
             log.error("ledger.write_failed node=%s event=%s error=%s", rec.name, event, exc)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
@@ -13,6 +14,8 @@ _seq = itertools.count(1)
 
 class RecordingLedger(Protocol):
     def instance_event(self, ev: InstanceEvent) -> None: ...
+
+    def instance_events(self, evs: Sequence[InstanceEvent]) -> None: ...
 
     def open_instances(self) -> dict[str, str]: ...
 
@@ -39,6 +42,28 @@ class LedgerContract:
         assert ledger.open_instances()[iid] == "n1"
         ledger.instance_event(InstanceEvent("n1", iid, "terminated", 1_790_000_600.0))
         assert iid not in ledger.open_instances()
+
+    def test_a_batch_of_events_is_recorded_once_each(self, ledger: RecordingLedger) -> None:
+        """A launch's batch in one write: every instance open once, a replay of the
+        batch (or of one of it) adds nothing, a later batch closes them."""
+        ids = [f"i-batch-{next(_seq)}" for _ in range(3)]
+        evs = [
+            InstanceEvent(
+                f"n{k}", iid, "requested", 1_790_000_000.0, provider="lab", size="s1",
+                price_per_hour=0.5, group="cpu", cpus=2,
+            )
+            for k, iid in enumerate(ids)
+        ]
+        ledger.instance_events(evs)
+        ledger.instance_events(evs[1:])
+        ledger.instance_event(evs[0])
+        ledger.instance_events([])
+        opened = ledger.open_instances()
+        assert [opened.get(iid) for iid in ids] == ["n0", "n1", "n2"]
+        ledger.instance_events(
+            [InstanceEvent(f"n{k}", i, "terminated", 1_790_000_600.0) for k, i in enumerate(ids)]
+        )
+        assert not set(ids) & set(ledger.open_instances())
 
     def test_a_transfer_is_recorded_once_and_read_back_by_job(
         self, ledger: RecordingLedger

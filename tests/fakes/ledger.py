@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 from datetime import UTC, date, datetime
 from typing import Any
 
@@ -26,6 +27,12 @@ class FakeLedger:
         with self._lock:
             if not any((e.instance_id, e.event) == (ev.instance_id, ev.event) for e in self.events):
                 self.events.append(ev)
+
+    def instance_events(self, evs: Sequence[InstanceEvent]) -> None:
+        if self.away:
+            raise LedgerUnavailable("ledger database unreachable")
+        for ev in evs:
+            self.instance_event(ev)
 
     def transfer(self, t: Transfer) -> None:
         if self.away:

@@ -12,7 +12,7 @@ import subprocess
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -445,6 +445,9 @@ class SpooledSql:
 
     def instance_event(self, ev: InstanceEvent) -> None:
         self.spooling.instance_event(ev)
+
+    def instance_events(self, evs: Sequence[InstanceEvent]) -> None:
+        self.spooling.instance_events(evs)
 
     def transfer(self, t: Transfer) -> None:
         self.spooling.transfer(t)

@@ -18,7 +18,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +68,23 @@ class SpoolingLedger:
 
     def instance_event(self, ev: InstanceEvent) -> None:
         self._write("instance_event", ev, f"node={ev.node} event={ev.event}")
+
+    def instance_events(self, evs: Sequence[InstanceEvent]) -> None:
+        """One write for the lot while the database is up and nothing waits; else each
+        to the spool, in order."""
+        why = "spool not empty"
+        if evs and not len(self.spool):
+            try:
+                self.ledger.instance_events(evs)
+                return
+            except LedgerError as exc:
+                why = str(exc)
+        for ev in evs:
+            self.spool.put("instance_event", dataclasses.asdict(ev))
+            log.warning(
+                "ledger.spooled kind=instance_event node=%s event=%s reason=%s",
+                ev.node, ev.event, why,
+            )  # fmt: skip
 
     def transfer(self, t: Transfer) -> None:
         self._write("transfer", t, f"job={t.job_id} direction={t.direction}")

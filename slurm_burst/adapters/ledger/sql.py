@@ -128,8 +128,16 @@ class SqlLedger:
 
         The instance's row (node, size, price...) is written by its first event.
         """
-        kind = InstanceEventKind(ev.event)
-        with translated(f"ledger instance {ev.event}"), self.engine.begin() as conn:
+        self.instance_events([ev])
+
+    def instance_events(self, evs: Sequence[InstanceEvent]) -> None:
+        """Record each of ``evs`` once, in one transaction (a launch of 500 is one write,
+        not 500): all of them, or none if the database fails."""
+        if not evs:
+            return
+        kinds = [InstanceEventKind(ev.event) for ev in evs]
+        what = f"ledger instance {evs[0].event}" + (f" (+{len(evs) - 1})" if len(evs) > 1 else "")
+        with translated(what), self.engine.begin() as conn:
             conn.execute(
                 insert_ignore(self.engine, InstanceRow.__table__),  # type: ignore[arg-type]
                 [
@@ -149,6 +157,7 @@ class SqlLedger:
                         "price_source": ev.price_source,
                         "price_version": ev.price_version,
                     }
+                    for ev in evs
                 ],
             )
             conn.execute(
@@ -160,9 +169,11 @@ class SqlLedger:
                         "at": datetime.fromtimestamp(ev.at, UTC),
                         "detail": ev.detail[:512],
                     }
+                    for ev, kind in zip(evs, kinds, strict=True)
                 ],
             )
-        log.info("ledger.instance.%s node=%s instance=%s", ev.event, ev.node, ev.instance_id)
+        for ev in evs:
+            log.info("ledger.instance.%s node=%s instance=%s", ev.event, ev.node, ev.instance_id)
 
     def gpu_usage(self, rows: Sequence[GpuUsage]) -> int:
         """Record GPU usage periods; one already recorded (same job, node and start) is
