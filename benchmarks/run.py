@@ -153,6 +153,9 @@ if __name__ == "__main__":
     # a 1,000-node EC2 burst within EC2's API buckets, hook to all joined (about 3 min)
     subprocess.run([sys.executable, str(ROOT / "benchmarks" / "scale.py"), "--provider", "ec2",
                     "--nodes", "1000", "--json"], check=False)  # fmt: skip
+    # side by side with aws-plugin-for-slurm (a checkout named by AWS_PLUGIN_FOR_SLURM;
+    # said and skipped without one)
+    subprocess.run([sys.executable, str(ROOT / "benchmarks" / "versus.py")], check=False)
     # the burst policy: one pass over 100,000 pending jobs; the simulator on both traces
     subprocess.run([sys.executable, str(ROOT / "benchmarks" / "policy.py")], check=False)
     # the GPU check (8 GPUs, simulated NVML) and one telemetry pass over 1,000 GPU nodes

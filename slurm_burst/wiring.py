@@ -547,6 +547,7 @@ def provisioner_settings(cfg: Config, slurm_release: str | None) -> ProvisionerS
         boot_timeout=cfg.daemon.boot_timeout,
         bootstrap_timeout=cfg.daemon.bootstrap_timeout,
         capacity_cooldown=cfg.daemon.capacity_cooldown,
+        name_each_max=cfg.daemon.name_each_max,
         gpu=cfg.gpu,
         resume_timeout=float(cfg.slurm.resume_timeout),
         slurm_release=slurm_release,

@@ -460,6 +460,15 @@ class DaemonConfig:
         "10 s join in about 50 s with 200.",
         default=200,
     )
+    name_each_max: int = doc(
+        "Launches of at most this many instances have each instance named after its node "
+        "(a CreateTags call per instance, in the background); a larger launch names its "
+        "instances at launch, all alike, after the launch's nodes (a hostlist): no call "
+        "per instance, where 1,000 would take over two minutes of the account's CreateTags "
+        "budget. `slurm-burst nodes --json` maps nodes to instances either way. 0: never "
+        "one by one.",
+        default=100,
+    )
     api_share: float = doc(
         "Share of the provider's documented API refill rates the daemon keeps to (the "
         "account's budget is shared with consoles and other tools); 0 < share <= 1.",

@@ -81,6 +81,8 @@ def validate(
         out.append(Problem("daemon.workers", "must be at least 1"))
     if cfg.daemon.bootstrap_slots < 1:
         out.append(Problem("daemon.bootstrap_slots", "must be at least 1"))
+    if not 0 <= cfg.daemon.name_each_max <= 1_000_000:
+        out.append(Problem("daemon.name_each_max", "must be between 0 and 1000000"))
     else:
         out.extend(_join_slots(cfg))
     if not (0 < cfg.daemon.api_share <= 1):

@@ -34,13 +34,14 @@ import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any, Protocol
 
 from slurm_burst.config import Fleet, NodeGroup
 from slurm_burst.core.cloud import NODE_TAG, CapacityError, CloudError, Instance, LaunchSpec
 from slurm_burst.core.errors import StepError
+from slurm_burst.core.hostlist import compress
 from slurm_burst.core.jobs import job_ids, least_useful, share_out
 from slurm_burst.core.nodestate import NodeState, Want
 from slurm_burst.core.records import NodeRecord
@@ -80,6 +81,7 @@ Launched = Callable[[Sequence[tuple[NodeRecord, Instance]]], None]
 class LauncherSettings:
     fleet: Fleet
     capacity_cooldown: float  # seconds a size that ran out of capacity is skipped
+    name_each_max: int = 100  # a larger launch is named at launch, not one by one
 
 
 class LaunchPorts(Protocol):
@@ -105,6 +107,7 @@ class Launcher:
     ) -> None:
         self.fleet = settings.fleet
         self.capacity_cooldown = settings.capacity_cooldown
+        self.name_each_max = settings.name_each_max
         self.store = ports.store
         self.clouds = ports.clouds
         self.ssh_public_key = ssh_public_key
@@ -206,6 +209,16 @@ class Launcher:
             count=count,
             min_count=min_count,
         )
+
+    def batch_spec(
+        self, group: NodeGroup, names: Sequence[str], size: str, token: str, least: int = 0
+    ) -> LaunchSpec:
+        """What to launch for a batch of ``names``; one of more than ``name_each_max`` is
+        named at launch after its nodes (the same on a repeat: the token's parameters)."""
+        spec = self.spec(group, names[0], size, token, len(names), least)
+        if len(names) <= self.name_each_max:
+            return spec
+        return replace(spec, tags={"Name": launch_name(names), **spec.tags})
 
     # -- one node ---------------------------------------------------------------------
     def launch_one(self, rec: NodeRecord, group: NodeGroup) -> None:
@@ -358,11 +371,10 @@ class Launcher:
                 else:
                     self.store.update(rec.name, **fix)
         least = least_useful(names, _jobs_of(recs)) if group.all_or_nothing == "job" else 1
+        spec = self.batch_spec(group, names, cand.size, token, least)
         try:
             with timed(self.clock, names[0], f"launch-batch[{len(recs)}]", self.metrics):
-                made = self.clouds[cand.provider].launch_many(
-                    self.spec(group, names[0], cand.size, token, len(recs), least)
-                )
+                made = self.clouds[cand.provider].launch_many(spec)
         except CloudError as exc:
             if isinstance(exc, CapacityError):
                 self.size_unavailable(names[0], cand.provider, cand.size, exc)
@@ -379,6 +391,7 @@ class Launcher:
         fewer were made than asked), then forget the batch. Returns the nodes served."""
         info = self.store.meta_get(f"batch.{token}") or {}
         nodes: list[str] = info.get("nodes", [])
+        each = len(nodes) <= self.name_each_max  # else named at launch
         if len(made) < len(nodes):
             recs = [r for r in map(self.store.node, nodes) if r is not None]
             nodes = share_out(nodes, _jobs_of(recs), len(made))
@@ -393,8 +406,9 @@ class Launcher:
             adopted.append((name, inst.id, rec.provider))
         self._booting(pairs)
         self.store.meta_delete(f"batch.{token}")
-        with self._guard:
-            self._unnamed.extend(adopted)
+        if each:
+            with self._guard:
+                self._unnamed.extend(adopted)
         return set(nodes[: len(made)])
 
     def name_later(self) -> None:
@@ -446,8 +460,7 @@ class Launcher:
             names: list[str] = info["nodes"]
             made = cloud.find(rec.token, self.fleet.cluster)
             if len(made) != len(names):
-                spec = self.spec(group, names[0], info["size"], rec.token, len(names))
-                made = cloud.launch_many(spec)
+                made = cloud.launch_many(self.batch_spec(group, names, info["size"], rec.token))
             log.info("node.batch_recovered token=%s count=%d", rec.token, len(made))
             self._adopt_batch(rec.token, made)
         self.name_later()
@@ -455,6 +468,13 @@ class Launcher:
     def _batch_lock(self, token: str) -> threading.Lock:
         with self._guard:
             return self._batch_locks.setdefault(token, threading.Lock())
+
+
+def launch_name(names: Sequence[str]) -> str:
+    """The ``Name`` of a launch's instances: its nodes as a hostlist, cut to EC2's 256
+    characters a tag value (ending in '...' where cut)."""
+    text = compress(list(names))
+    return text if len(text) <= 255 else text[:252] + "..."
 
 
 def _jobs_of(recs: Sequence[NodeRecord]) -> dict[str, set[int]]:

@@ -172,6 +172,7 @@ class ProvisionerSettings:
     bootstrap_timeout: float
     capacity_cooldown: float  # a size that ran out of capacity waits this long
     gpu: GpuConfig
+    name_each_max: int = 100  # larger launches are named at launch, not one by one
     resume_timeout: float = 0.0  # Slurm's ResumeTimeout; 0: never replace an instance
     slurm_release: str | None = None  # slurmctld's; None: slurmd's is not checked
 
@@ -228,7 +229,11 @@ class Provisioner:
         self.wake: Callable[[Sequence[str]], None] = lambda names: None  # the workers' wake
         self._throttled: dict[str, int] = {}  # node -> throttled looks in a row
         self.launcher = Launcher(
-            LauncherSettings(fleet=self.fleet, capacity_cooldown=settings.capacity_cooldown),
+            LauncherSettings(
+                fleet=self.fleet,
+                capacity_cooldown=settings.capacity_cooldown,
+                name_each_max=settings.name_each_max,
+            ),
             ports,
             secrets.ssh_public_key,
             self._launched,

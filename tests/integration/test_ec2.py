@@ -116,17 +116,12 @@ def cfg_factory(
     monkeypatch.setenv("SB_TEST_AWS_KEY", "AKIDEMULATOR000000000")
     monkeypatch.setenv("SB_TEST_AWS_SECRET", "emulator-secret")
 
-    def make(spot: bool = False) -> Config:
+    def make(spot: bool = False, daemon: str = "") -> Config:
         cluster = f"t{time.time_ns() % 10**9}"  # each test its own instances in the emulator
         path = tmp_path / "slurm-burst.toml"
-        path.write_text(
-            CONFIG.format(
-                cluster=cluster,
-                tmp=tmp_path,
-                port=emulator.port,
-                spot=str(spot).lower(),
-            )
-        )
+        text = CONFIG.format(cluster=cluster, tmp=tmp_path, port=emulator.port,
+                             spot=str(spot).lower())  # fmt: skip
+        path.write_text(text.replace("[daemon]\n", f"[daemon]\n{daemon}\n"))
         path.chmod(0o640)
         return load_config(path)
 
@@ -230,6 +225,40 @@ def test_64_node_resume_is_one_runinstances_and_one_tagged_instance_per_node(
         d.stop.set()
         runner.join(timeout=60)
     assert not runner.is_alive()
+
+
+def test_a_launch_over_name_each_max_is_named_at_launch_with_no_call_per_instance(
+    emulator: Ec2Emulator, cfg_factory: Callable[..., Config], tmp_path: Path
+) -> None:
+    """A batch larger than ``daemon.name_each_max`` carries its nodes' hostlist as every
+    instance's Name from RunInstances itself: no CreateTags at all; the state maps each
+    node to its instance by launch index."""
+    cfg = cfg_factory(daemon="name_each_max = 10")
+    (tmp_path / "slurm").mkdir()
+    d = daemon(cfg, tmp_path)
+    prov = d.prov
+    runner = threading.Thread(target=d.run, name="daemon")
+    emulator.calls.clear()
+    runner.start()
+    try:
+        wait(lambda: prov.store.heartbeat() is not None, 30, "the daemon's heartbeat")
+        invoke(["--config", cfg.source, "resume", "aws-[1-20]"])
+        nodes = [f"aws-{i}" for i in range(1, 21)]
+        wait(lambda: all(getattr(prov.store.node(n), "instance_id", "") for n in nodes), 60,
+             "20 instances recorded")  # fmt: skip
+        time.sleep(1.0)  # the naming thread would have started by now
+        live = {n.id: n for n in aws_instances(emulator, cfg.cluster.name)}
+        assert len(live) == 20
+        for i, name in enumerate(nodes):
+            rec = prov.store.node(name)
+            assert rec is not None
+            inst = live[rec.instance_id]
+            assert inst.extra["tags"]["Name"] == "aws-[1-20]"
+            assert inst.extra["launch_index"] == i and NODE_TAG not in inst.extra["tags"]
+        assert emulator.calls["RunInstances"] == 1 and "CreateTags" not in emulator.calls
+    finally:
+        d.stop.set()
+        runner.join(timeout=60)
 
 
 def test_batch_interrupted_after_the_call_is_adopted_not_launched_again(

@@ -694,3 +694,12 @@ def test_a_suspend_while_replacing_leaves_the_node_down(w: World) -> None:
     rec = w.prov.drive(N)
     assert rec is not None and (rec.state, rec.want) == (NodeState.TERMINATED, Want.DOWN)
     assert w.cloud.of_node(N) == [] and rec.launch_seq == 1
+
+
+def test_a_launch_is_named_after_its_nodes_within_ec2s_tag_value_limit() -> None:
+    from slurm_burst.services.launcher import launch_name
+
+    assert launch_name([f"aws-{i}" for i in range(1, 501)]) == "aws-[1-500]"
+    scattered = [f"aws-{i}" for i in range(1, 2000, 2)]  # no two consecutive
+    name = launch_name(scattered)
+    assert len(name) == 255 and name.startswith("aws-[1,3,5,") and name.endswith("...")
