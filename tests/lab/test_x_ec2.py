@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+import time
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -95,6 +96,7 @@ def test_a_burst_of_32_ec2_vms_joins_every_node_and_runs_its_job_while_ec2_throt
     twentieth of EC2's refill would take two minutes: not what is tested)."""
     start = max((e["id"] for e in store.events(limit=10**6)), default=0)
     emulator(lab_config, f"throttle?factor={SCALE}")
+    began = time.monotonic()
     try:
         srun = subprocess.run(
             ["srun", "-p", "burst-ec2x", "-N32", "-t", "5", "hostname"],
@@ -103,12 +105,17 @@ def test_a_burst_of_32_ec2_vms_joins_every_node_and_runs_its_job_while_ec2_throt
         seen = emulator(lab_config, "timeline")
     finally:
         emulator(lab_config, "throttle?factor=0")
+    took = time.monotonic() - began
     assert srun.returncode == 0, srun.stderr[-3000:]
     names = srun.stdout.split()
     assert len(set(names)) == 32 and all(re.fullmatch(r"ip-10-251-0-\d+", n) for n in names)
     recs = [store.node(n) for n in WIDE]
     assert all(r is not None and r.instance_id.startswith("i-") and not r.error for r in recs)
     calls = [(action, throttled) for _, action, throttled in seen["timeline"]]
+    EC2_JOIN["burst-ec2x-[1-32]"] = {  # the run's figures, in the session's summary
+        "srun_s": f"{took:.1f}", "calls": str(len(calls)), "throttled": str(seen["throttled"]),
+        **{a: str(sum(1 for b, _ in calls if b == a)) for a in sorted({a for a, _ in calls})},
+    }  # fmt: skip
     assert seen["throttled"] > 0 and any(t for _, t in calls), "EC2 never throttled"
     assert sum(1 for a, t in calls if a == "RunInstances" and not t) == 1  # one batch
     # no describe per node: the booting nodes read one listing
