@@ -359,18 +359,18 @@ class Launcher:
         digest = hashlib.sha256(f"{key}|{cand.seq}".encode()).hexdigest()[:16]
         token = f"{self._token_prefix()}-b{len(recs)}-{cand.seq}-{digest}"
         fix = {"token": token, "provider": cand.provider, "size": cand.size}
+        least = least_useful(names, _jobs_of(recs)) if group.all_or_nothing == "job" else 1
         with self.store.atomically():  # the token is fixed before the call: a crash repeats it
-            self.store.meta_set(
-                f"batch.{token}",
+            self.store.meta_set(  # with the same parameters: EC2 refuses a token reused
+                f"batch.{token}",  # with others (IdempotentParameterMismatch)
                 {"nodes": names, "provider": cand.provider, "size": cand.size,
-                 "group": group.name},
+                 "group": group.name, "least": least},
             )  # fmt: skip
             for rec in recs:  # as launch_batch read them: requested, or launching still
                 if rec.state == NodeState.REQUESTED:  # after a capacity error of the last size
                     self.store.transition(rec.name, NodeState.LAUNCHING, self.clock.now(), **fix)
                 else:
                     self.store.update(rec.name, **fix)
-        least = least_useful(names, _jobs_of(recs)) if group.all_or_nothing == "job" else 1
         spec = self.batch_spec(group, names, cand.size, token, least)
         try:
             with timed(self.clock, names[0], f"launch-batch[{len(recs)}]", self.metrics):
@@ -460,7 +460,10 @@ class Launcher:
             names: list[str] = info["nodes"]
             made = cloud.find(rec.token, self.fleet.cluster)
             if len(made) != len(names):
-                made = cloud.launch_many(self.batch_spec(group, names, info["size"], rec.token))
+                least = int(info.get("least") or 0)  # 0: a batch recorded before it was kept
+                made = cloud.launch_many(
+                    self.batch_spec(group, names, info["size"], rec.token, least)
+                )
             log.info("node.batch_recovered token=%s count=%d", rec.token, len(made))
             self._adopt_batch(rec.token, made)
         self.name_later()

@@ -290,6 +290,42 @@ def test_batch_interrupted_after_the_call_is_adopted_not_launched_again(
     assert len(aws_instances(emulator, cfg.cluster.name)) == 8
 
 
+def test_a_partial_batch_repeated_after_a_crash_sends_the_same_parameters(
+    emulator: Ec2Emulator, cfg_factory: Callable[..., Config], tmp_path: Path
+) -> None:
+    """A batch that asked for 8 with MinCount 4 got 5 (room for 5), and the daemon died
+    before recording them: the restarted daemon repeats the call with the same token
+    and the same MinCount, so EC2 answers the first call's 5 (another MinCount would be
+    IdempotentParameterMismatch)."""
+    cfg = cfg_factory()
+    prov = provisioner(cfg, tmp_path)
+    names = [f"aws-{i}" for i in range(1, 9)]
+    requested(prov, *names)
+    group = cfg.node_groups["cpu"]
+    token = f"{cfg.cluster.name}-partial"
+    prov.store.meta_set(
+        f"batch.{token}",
+        {"nodes": names, "provider": "aws", "size": "c5.large", "group": "cpu", "least": 4},
+    )
+    for n in names:
+        prov.store.transition(
+            n, NodeState.LAUNCHING, time.time(), token=token, provider="aws", size="c5.large"
+        )
+    emulator.limit("c5.large", 5)
+    made = prov.clouds["aws"].launch_many(
+        prov.launcher.batch_spec(group, names, "c5.large", token, 4)
+    )
+    assert len(made) == 5
+    emulator.calls.clear()
+    prov.stopping.set()  # stop the drive after its first step (no VM will boot)
+    prov.drive(names[0])
+    prov.stopping.clear()
+    assert emulator.calls["RunInstances"] == 1  # repeated, answered from the token
+    got = [getattr(prov.store.node(n), "instance_id", "") for n in names]
+    assert sorted(i for i in got if i) == sorted(i.id for i in made)
+    assert len(aws_instances(emulator, cfg.cluster.name)) == 5
+
+
 def test_clienttoken_makes_a_repeated_runinstances_return_the_same_instances(
     emulator: Ec2Emulator, cfg_factory: Callable[..., Config], tmp_path: Path
 ) -> None:
