@@ -81,10 +81,10 @@ def validate(
         out.append(Problem("daemon.workers", "must be at least 1"))
     if cfg.daemon.bootstrap_slots < 1:
         out.append(Problem("daemon.bootstrap_slots", "must be at least 1"))
-    if not 0 <= cfg.daemon.name_each_max <= 1_000_000:
-        out.append(Problem("daemon.name_each_max", "must be between 0 and 1000000"))
     else:
         out.extend(_join_slots(cfg))
+    if not 0 <= cfg.daemon.name_each_max <= 1_000_000:
+        out.append(Problem("daemon.name_each_max", "must be between 0 and 1000000"))
     if not (0 < cfg.daemon.api_share <= 1):
         out.append(Problem("daemon.api_share", "must be more than 0 and at most 1"))
     for pname, prov in cfg.providers.items():
@@ -620,4 +620,3 @@ def _join_slots(cfg: Config) -> list[Problem]:
         f"use at least {least}",
         severity="warning",
     )]  # fmt: skip
-

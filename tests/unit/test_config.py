@@ -350,3 +350,18 @@ def test_too_few_bootstrap_slots_for_the_largest_group(tmp_path: Path) -> None:
     hits = [p for p in problems if p.path == "slurm.resume_timeout"]
     assert hits and "no time for a bootstrap" in hits[0].message, problems
 
+    # no slots at all: said as such, and the slots' sizing is not attempted
+    _, problems = check_config(write(tmp_path, text.replace("= 10\n", "= 0\n")))
+    assert [p.message for p in problems if p.path == "daemon.bootstrap_slots"] == [
+        "must be at least 1"
+    ], problems
+
+
+def test_name_each_max_is_a_count_of_instances(tmp_path: Path) -> None:
+    for bad in ("-1", "1000001"):
+        _, problems = check_config(write(tmp_path, GOOD + f"\n[daemon]\nname_each_max = {bad}\n"))
+        assert [p.message for p in problems if p.path == "daemon.name_each_max"] == [
+            "must be between 0 and 1000000"
+        ], problems
+    _, problems = check_config(write(tmp_path, GOOD + "\n[daemon]\nname_each_max = 0\n"))
+    assert not [p for p in problems if p.path == "daemon.name_each_max"], problems
