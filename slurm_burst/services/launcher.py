@@ -392,12 +392,12 @@ class Launcher:
         info = self.store.meta_get(f"batch.{token}") or {}
         nodes: list[str] = info.get("nodes", [])
         each = len(nodes) <= self.name_each_max  # else named at launch
+        held = self.store.nodes_named(nodes)
         if len(made) < len(nodes):
-            recs = [r for r in map(self.store.node, nodes) if r is not None]
+            recs = [held[n] for n in nodes if n in held]
             nodes = share_out(nodes, _jobs_of(recs), len(made))
         adopted: list[tuple[str, str, str]] = []
         pairs: list[tuple[NodeRecord, Instance]] = []
-        held = self.store.nodes_named(nodes)
         for name, inst in zip(nodes, made, strict=False):
             rec = held.get(name)
             if rec is None or rec.state != NodeState.LAUNCHING or rec.token != token:

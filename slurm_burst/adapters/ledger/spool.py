@@ -19,6 +19,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,13 @@ _KINDS: dict[str, tuple[type[Any], Callable[[Ledger, Any], None]]] = {
     "instance_event": (InstanceEvent, lambda led, r: led.instance_event(r)),
     "transfer": (Transfer, lambda led, r: led.transfer(r)),
 }
+
+
+def _what(record: InstanceEvent | Transfer) -> str:
+    """A spooled record, for the log."""
+    if isinstance(record, InstanceEvent):
+        return f"node={record.node} event={record.event}"
+    return f"job={record.job_id} direction={record.direction}"
 
 
 class Spool:
@@ -67,42 +75,36 @@ class SpoolingLedger:
         self._replay_lock = threading.Lock()
 
     def instance_event(self, ev: InstanceEvent) -> None:
-        self._write("instance_event", ev, f"node={ev.node} event={ev.event}")
+        self.instance_events([ev])
 
     def instance_events(self, evs: Sequence[InstanceEvent]) -> None:
-        """One write for the lot while the database is up and nothing waits; else each
-        to the spool, in order."""
-        why = "spool not empty"
-        if evs and not len(self.spool):
-            try:
-                self.ledger.instance_events(evs)
-                return
-            except LedgerError as exc:
-                why = str(exc)
-        for ev in evs:
-            self.spool.put("instance_event", dataclasses.asdict(ev))
-            log.warning(
-                "ledger.spooled kind=instance_event node=%s event=%s reason=%s",
-                ev.node, ev.event, why,
-            )  # fmt: skip
+        """One write for the lot (a launch's batch) while the database is up and nothing
+        waits; else each to the spool, in order."""
+        if evs:
+            self._write("instance_event", evs, partial(self.ledger.instance_events, evs))
 
     def transfer(self, t: Transfer) -> None:
-        self._write("transfer", t, f"job={t.job_id} direction={t.direction}")
+        self._write("transfer", [t], partial(self.ledger.transfer, t))
 
     def pending(self) -> int:
         """Writes waiting in the spool."""
         return len(self.spool)
 
-    def _write(self, kind: str, record: InstanceEvent | Transfer, what: str) -> None:
+    def _write(
+        self, kind: str, records: Sequence[InstanceEvent | Transfer], write: Callable[[], None]
+    ) -> None:
+        """``write`` the records to the database (one transaction), or put each in the
+        spool, in order."""
         why = "spool not empty"  # keep order: nothing overtakes what is already waiting
         if not len(self.spool):
             try:
-                _KINDS[kind][1](self.ledger, record)
+                write()
                 return
             except LedgerError as exc:
                 why = str(exc)
-        self.spool.put(kind, dataclasses.asdict(record))
-        log.warning("ledger.spooled kind=%s %s reason=%s", kind, what, why)
+        for record in records:
+            self.spool.put(kind, dataclasses.asdict(record))
+            log.warning("ledger.spooled kind=%s %s reason=%s", kind, _what(record), why)
 
     def replay(self) -> int:
         """Write spooled records in order; stop at the first sign the database is away."""
