@@ -89,28 +89,14 @@ class Run(NamedTuple):
 
 
 def run(emu: RemoteEmulator, nodes: int, batch: int) -> Run:
-    with tempfile.TemporaryDirectory() as d:
-        tmp = Path(d)
-        (tmp / "slurm").mkdir()
-        cfg = config(tmp, emu, nodes, batch)
-        parts, aws = daemon_parts(
-            cfg, tmp, FakeScheduler.cloud_nodes(cfg.node_groups["cpu"].node_names())
-        )
-        store = parts.store
-        assert isinstance(store, Store)
-        daemon = wiring.assemble(cfg, parts)
-        daemon.prov.drive = launch_only(daemon.prov)  # type: ignore[method-assign,assignment]
+    with tempfile.TemporaryDirectory() as d, launching(emu, Path(d), nodes, batch) as (
+        cfg,
+        store,
+        aws,
+    ):
         marks = watch(store, aws)
-        runner = threading.Thread(target=daemon.run, daemon=True)
-        runner.start()
-        while store.heartbeat() is None:
-            time.sleep(0.05)
-        emu.clear()
-        hook = [sys.executable, "-m", "slurm_burst", "--config", cfg.source, "resume",
-                f"aws-[1-{nodes}]"]  # fmt: skip
-        env = {**os.environ, "PYTHONPATH": str(ROOT)}
         started = time.perf_counter()
-        subprocess.run(hook, check=True, env=env, capture_output=True)
+        resume(cfg, nodes)
         while True:  # every node has its instance, or has failed (then say so)
             recs = store.nodes()
             lost = sum(1 for r in recs if not r.instance_id and r.state in GONE)
@@ -120,15 +106,49 @@ def run(emu: RemoteEmulator, nodes: int, batch: int) -> Run:
         if lost:
             print(f"  ({lost} nodes failed: see the log above)")
         wall = time.perf_counter() - started
+    calls = emu.calls()
+    return Run(
+        calls.get("RunInstances", 0),
+        sum(calls.values()),
+        marks["launch"] - marks["woke"],
+        wall,
+    )
+
+
+@contextmanager
+def launching(
+    emu: RemoteEmulator, tmp: Path, nodes: int, batch: int
+) -> Iterator[tuple[Config, Store, LibcloudCloud]]:
+    """The daemon (its real parts, each node's drive stopped after the launch step)
+    running against ``emu`` with its state in ``tmp`` until the block ends; the
+    emulator's counts cleared once it is up."""
+    (tmp / "slurm").mkdir()
+    cfg = config(tmp, emu, nodes, batch)
+    parts, aws = daemon_parts(
+        cfg, tmp, FakeScheduler.cloud_nodes(cfg.node_groups["cpu"].node_names())
+    )
+    store = parts.store
+    assert isinstance(store, Store)
+    daemon = wiring.assemble(cfg, parts)
+    daemon.prov.drive = launch_only(daemon.prov)  # type: ignore[method-assign,assignment]
+    runner = threading.Thread(target=daemon.run, daemon=True)
+    runner.start()
+    try:
+        while store.heartbeat() is None:
+            time.sleep(0.05)
+        emu.clear()
+        yield cfg, store, aws
+    finally:
         daemon.stop.set()
         runner.join(timeout=60)
-        calls = emu.calls()
-        return Run(
-            calls.get("RunInstances", 0),
-            sum(calls.values()),
-            marks["launch"] - marks["woke"],
-            wall,
-        )
+
+
+def resume(cfg: Config, nodes: int) -> None:
+    """Slurm's ResumeProgram for nodes aws-[1-nodes]: the hook, a process of its own."""
+    hook = [sys.executable, "-m", "slurm_burst", "--config", cfg.source, "resume",
+            f"aws-[1-{nodes}]"]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    subprocess.run(hook, check=True, env=env, capture_output=True)
 
 
 def daemon_parts(

@@ -27,7 +27,6 @@ import argparse
 import json
 import os
 import resource
-import subprocess
 import sys
 import tempfile
 import threading
@@ -39,7 +38,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from launch import daemon_parts  # noqa: E402
+from launch import burners, daemon_parts, resume  # noqa: E402
 from slurm_burst_lab.ec2emu import RemoteEmulator, Scale, bucket_of  # noqa: E402
 
 from slurm_burst import wiring  # noqa: E402
@@ -124,11 +123,8 @@ def _run(emu: RemoteEmulator, tmp: Path, nodes: int, scale: Scale, join_s: float
     emu.clear()
     cpu0 = time.process_time()
     t0 = time.monotonic()
-    hook = [sys.executable, "-m", "slurm_burst", "--config", cfg.source, "resume",
-            f"aws-[1-{nodes}]"]  # fmt: skip
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
     started = time.perf_counter()
-    subprocess.run(hook, check=True, env=env, capture_output=True)
+    resume(cfg, nodes)
     deadline = started + scale.boot + scale.console + 900
     failed = 0
     last = -1
@@ -239,14 +235,8 @@ def main() -> None:
     args = ap.parse_args()
     os.environ.setdefault("SB_TEST_AWS_KEY", "AKIDEMULATOR000000000")
     os.environ.setdefault("SB_TEST_AWS_SECRET", "emulator-secret")
-    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
-             for _ in range(args.burners)]  # fmt: skip
-    try:
+    with burners(args.burners):
         r = run(args.nodes, Scale(args.bucket_scale, args.boot, args.console), args.join)
-    finally:
-        for p in procs:
-            p.kill()
-            p.wait()
     r["cpu_burners"] = args.burners
     r["goals_met"] = goals(r)
     if args.json:

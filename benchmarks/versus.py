@@ -37,7 +37,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -45,12 +44,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from launch import burners, config, daemon_parts, launch_only  # noqa: E402
+from launch import burners, launching, resume  # noqa: E402
 from slurm_burst_lab.ec2emu import RemoteEmulator, Scale  # noqa: E402
-
-from slurm_burst import wiring  # noqa: E402
-from slurm_burst.adapters.state.store import Store  # noqa: E402
-from tests.fakes.slurm import FakeScheduler  # noqa: E402
 
 SETTLE_S = 15.0
 KEY, SECRET = "AKIDEMULATOR000000000", "emulator-secret"
@@ -155,27 +150,13 @@ def plugin_run(emu: RemoteEmulator, plugin: Path, nodes: int) -> dict[str, Any]:
 def ours_run(emu: RemoteEmulator, nodes: int) -> dict[str, Any]:
     """slurm-burst's resume of ``nodes`` nodes against ``emu``: the hook, the daemon's
     launch and naming."""
-    with tempfile.TemporaryDirectory() as d:
-        tmp = Path(d)
-        (tmp / "slurm").mkdir()
-        cfg = config(tmp, emu, nodes, 0)
-        parts, _ = daemon_parts(
-            cfg, tmp, FakeScheduler.cloud_nodes(cfg.node_groups["cpu"].node_names())
-        )
-        store = parts.store
-        assert isinstance(store, Store)
-        daemon = wiring.assemble(cfg, parts)
-        daemon.prov.drive = launch_only(daemon.prov)  # type: ignore[method-assign,assignment]
-        runner = threading.Thread(target=daemon.run, daemon=True)
-        runner.start()
-        while store.heartbeat() is None:
-            time.sleep(0.05)
-        emu.clear()
-        hook = [sys.executable, "-m", "slurm_burst", "--config", cfg.source, "resume",
-                f"aws-[1-{nodes}]"]  # fmt: skip
-        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    with tempfile.TemporaryDirectory() as d, launching(emu, Path(d), nodes, 0) as (
+        cfg,
+        store,
+        _,
+    ):
         started = time.monotonic()
-        subprocess.run(hook, check=True, env=env, capture_output=True)
+        resume(cfg, nodes)
         requested = None
         # named one by one (in the background) up to daemon.name_each_max; a larger
         # launch is named by RunInstances itself
@@ -194,8 +175,6 @@ def ours_run(emu: RemoteEmulator, nodes: int) -> dict[str, Any]:
         # the calls over at least SETTLE_S (the plugin's whole run is about 10 s): the
         # daemon's listings and reconcile passes after the launch count too
         time.sleep(max(0.0, started + SETTLE_S - time.monotonic()))
-        daemon.stop.set()
-        runner.join(timeout=60)
     seen = emu.timeline()
     line = [(t - started, a, thr) for t, a, thr in seen["timeline"]]
     return {
