@@ -186,18 +186,29 @@ def aws_instances(emulator: Ec2Emulator, cluster: str) -> list[Any]:
 # -- the daemon path -------------------------------------------------------------------
 
 
-def test_64_node_resume_is_one_runinstances_and_one_tagged_instance_per_node(
-    emulator: Ec2Emulator, cfg_factory: Callable[..., Config], tmp_path: Path
-) -> None:
-    cfg = cfg_factory()
+@contextlib.contextmanager
+def running(cfg: Config, tmp_path: Path, emulator: Ec2Emulator) -> Iterator[Provisioner]:
+    """The daemon running (its heartbeat seen) until the block ends, the emulator's
+    counts cleared before it started; then stopped, and its thread gone."""
     (tmp_path / "slurm").mkdir()
     d = daemon(cfg, tmp_path)
-    prov = d.prov
     runner = threading.Thread(target=d.run, name="daemon")
     emulator.calls.clear()
     runner.start()
     try:
-        wait(lambda: prov.store.heartbeat() is not None, 30, "the daemon's heartbeat")
+        wait(lambda: d.prov.store.heartbeat() is not None, 30, "the daemon's heartbeat")
+        yield d.prov
+    finally:
+        d.stop.set()
+        runner.join(timeout=60)
+    assert not runner.is_alive()
+
+
+def test_64_node_resume_is_one_runinstances_and_one_tagged_instance_per_node(
+    emulator: Ec2Emulator, cfg_factory: Callable[..., Config], tmp_path: Path
+) -> None:
+    cfg = cfg_factory()
+    with running(cfg, tmp_path, emulator) as prov:
         nodes = [f"aws-{i}" for i in range(1, 65)]
         invoke(["--config", cfg.source, "resume", "aws-[1-64]"])  # Slurm's ResumeProgram
 
@@ -221,10 +232,6 @@ def test_64_node_resume_is_one_runinstances_and_one_tagged_instance_per_node(
         time.sleep(1.0)
         assert emulator.calls["RunInstances"] == 1
         assert len(aws_instances(emulator, cfg.cluster.name)) == 64
-    finally:
-        d.stop.set()
-        runner.join(timeout=60)
-    assert not runner.is_alive()
 
 
 def test_a_launch_over_name_each_max_is_named_at_launch_with_no_call_per_instance(
@@ -234,14 +241,7 @@ def test_a_launch_over_name_each_max_is_named_at_launch_with_no_call_per_instanc
     instance's Name from RunInstances itself: no CreateTags at all; the state maps each
     node to its instance by launch index."""
     cfg = cfg_factory(daemon="name_each_max = 10")
-    (tmp_path / "slurm").mkdir()
-    d = daemon(cfg, tmp_path)
-    prov = d.prov
-    runner = threading.Thread(target=d.run, name="daemon")
-    emulator.calls.clear()
-    runner.start()
-    try:
-        wait(lambda: prov.store.heartbeat() is not None, 30, "the daemon's heartbeat")
+    with running(cfg, tmp_path, emulator) as prov:
         invoke(["--config", cfg.source, "resume", "aws-[1-20]"])
         nodes = [f"aws-{i}" for i in range(1, 21)]
         wait(lambda: all(getattr(prov.store.node(n), "instance_id", "") for n in nodes), 60,
@@ -256,9 +256,6 @@ def test_a_launch_over_name_each_max_is_named_at_launch_with_no_call_per_instanc
             assert inst.extra["tags"]["Name"] == "aws-[1-20]"
             assert inst.extra["launch_index"] == i and NODE_TAG not in inst.extra["tags"]
         assert emulator.calls["RunInstances"] == 1 and "CreateTags" not in emulator.calls
-    finally:
-        d.stop.set()
-        runner.join(timeout=60)
 
 
 def test_batch_interrupted_after_the_call_is_adopted_not_launched_again(
