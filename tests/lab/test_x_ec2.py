@@ -25,10 +25,16 @@ from tests.lab.conftest import EC2_JOIN, sh
 NODES = ("burst-ec2-1", "burst-ec2-2")
 
 
-def emulator_calls(cfg: Config) -> dict[str, int]:
+def emulator(cfg: Config, path: str) -> dict[str, Any]:
+    """The lab's EC2 emulator's control endpoint ``/_emulator/<path>``."""
     port = cfg.providers["aws"].options["port"]
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/_emulator/calls", timeout=10) as r:
+    url = f"http://127.0.0.1:{port}/_emulator/{path}"
+    with urllib.request.urlopen(url, timeout=30) as r:
         return dict(json.loads(r.read()))
+
+
+def emulator_calls(cfg: Config) -> dict[str, int]:
+    return emulator(cfg, "calls")
 
 
 def ec2_vms(lab: Lab) -> list[str]:
@@ -76,13 +82,6 @@ def test_a_job_runs_on_ec2_instances_the_ec2_profile_launched_attested_and_joine
 
 WIDE = [f"burst-ec2x-{i}" for i in range(1, 33)]
 SCALE = 0.05  # EC2's buckets at a twentieth: console reads 5 at once and 1 a second
-
-
-def emulator(cfg: Config, path: str) -> dict[str, Any]:
-    port = cfg.providers["aws"].options["port"]
-    url = f"http://127.0.0.1:{port}/_emulator/{path}"
-    with urllib.request.urlopen(url, timeout=30) as r:
-        return dict(json.loads(r.read()))
 
 
 def test_a_burst_of_32_ec2_vms_joins_every_node_and_runs_its_job_while_ec2_throttles(
