@@ -47,7 +47,7 @@ from slurm_burst.services.provisioner import Provisioner, Secrets  # noqa: E402
 from slurm_burst.wiring import DaemonParts  # noqa: E402
 from tests.fakes.mesh import FakeMesh  # noqa: E402
 from tests.fakes.slurm import FakeScheduler  # noqa: E402
-from tests.integration.test_ec2 import CONFIG  # noqa: E402
+from tests.integration.ec2config import CONFIG  # noqa: E402
 
 T = TypeVar("T")
 # the emulator's scale mode without throttling: EC2's answer times for RunInstances

@@ -47,7 +47,7 @@ from slurm_burst.core.cloud import Instance, LaunchSpec  # noqa: E402
 from slurm_burst.core.nodestate import NodeState  # noqa: E402
 from slurm_burst.core.records import NodeRecord  # noqa: E402
 from tests.fakes.slurm import FakeScheduler  # noqa: E402
-from tests.integration.test_ec2 import CONFIG  # noqa: E402
+from tests.integration.ec2config import CONFIG  # noqa: E402
 
 GOALS = {
     "calls_per_joined_node": 3.0,

@@ -7,7 +7,7 @@ A package declares one entry point in the group ``slurm_burst.plugins`` whose ob
 - **cloud drivers** (:class:`CloudDriver`): a libcloud ``NodeDriver`` registered under a
   name that provider profiles then use as ``driver``, with what the daemon needs to know of
   it (its host-key sources, its read rate, whether it needs credentials, filters by tag,
-  offers spot);
+  offers spot, makes placement groups);
 - **config sections** (:class:`ConfigSection`): a top-level table of the config file,
   built into the plugin's own frozen dataclass and checked by the plugin's validator; the
   product's sections refuse unknown keys, and so does a plugin's;
@@ -56,6 +56,9 @@ class CloudDriver:
     credentials: bool = True  # False: the constructor takes no key and secret
     tag_filter: bool = False  # list_nodes(ex_filters={"tag:K": V}) filters on the server
     spot: bool = False  # LaunchSpec.spot is honoured
+    # LaunchSpec.placement_group is honoured, and the driver has libcloud EC2's
+    # ex_create_placement_group(name) and ex_delete_placement_group(name)
+    placement: bool = False
     # "module:function(driver, spec, placement, size, tags) -> create_node kwargs";
     # '' : the generic mapping (the arguments its create_node takes)
     launch_args: str = ""

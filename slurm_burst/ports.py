@@ -169,6 +169,13 @@ class Cloud(Protocol):
     # one read; ``size`` (the instance's type, if known) spares a describe first
     def host_keys(self, instance_id: str, size: str = "") -> list[tuple[str, str]]: ...
 
+    # a placement group for one job's instances (EC2: cluster strategy); making one that
+    # exists and deleting one that is gone are no errors; deleting one that still holds
+    # instances raises InUseError (try again later)
+    def create_placement(self, name: str) -> None: ...
+
+    def delete_placement(self, name: str) -> None: ...
+
 
 class Mesh(Protocol):
     """The WireGuard hub on the controller side."""

@@ -261,8 +261,7 @@ def managed_clouds(cfg: Config, metrics: Metrics | None = None) -> dict[str, Man
     built = clouds(cfg)
     budgets = api_budgets(cfg, built, metrics)
     return {
-        name: ManagedCloud(c, settings, metrics, budget=budgets[name])
-        for name, c in built.items()
+        name: ManagedCloud(c, settings, metrics, budget=budgets[name]) for name, c in built.items()
     }
 
 

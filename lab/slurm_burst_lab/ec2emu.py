@@ -26,6 +26,9 @@ more (see ../shared/docs/LAB-NOTES.md):
   output (no ``Latest``) appears ``buffer_lag`` seconds after the instance was made,
   as EC2 posts it "shortly after" a state change.
 
+- placement groups and spot capacity a test can refuse or withhold
+  (:mod:`slurm_burst_lab.ec2market`, :attr:`Ec2Emulator.market`);
+
 - Booting (opt-in, :class:`~slurm_burst_lab.ec2vms.Ec2Vms`): each instance becomes a
   namespace VM at its private IP. Instances launched without a subnet go to the
   emulator's default subnet (``default_subnet``), a range of the lab bridge's subnet.
@@ -63,6 +66,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qsl, urlencode
 
+from slurm_burst_lab.ec2market import Market
 from slurm_burst_lab.ec2vms import Ec2Vms
 
 NS_MOTO = b'xmlns="http://ec2.amazonaws.com/doc/2016-11-15"'
@@ -182,6 +186,7 @@ class Ec2Emulator:
         self.made: dict[str, tuple[str, float]] = {}  # instance id -> (type, when made)
         self.vms: Ec2Vms | None = None  # instances boot as VMs (the lab)
         self.default_subnet = ""  # SubnetId for a RunInstances that names none
+        self.market = Market(error_document, NS_EC2.decode())
 
     # -- control --------------------------------------------------------------
     def start(self) -> int:
@@ -231,6 +236,7 @@ class Ec2Emulator:
         with self._lock:
             self._faults.clear()
             self._room.clear()
+            self.market.clear()
             self.calls.clear()
             self.timeline.clear()
             self.throttled = 0
@@ -267,6 +273,9 @@ class Ec2Emulator:
                 fault.code, fault.message))  # fmt: skip
         if action == "GetConsoleOutput":
             return self._console(start_response, args)
+        placed = self.market.answer(action, args, self._alive)
+        if placed is not None:
+            return self._answer(start_response, placed[0], [], placed[1])
         if action == "DescribeInstances" and self.scale is not None:
             listed = self._describe(params)
             if listed is not None:
@@ -282,7 +291,9 @@ class Ec2Emulator:
         if action == "RunInstances":
             with self._lock:
                 room = self._room.get(args.get("InstanceType", ""))
-            refused = self._within(environ, params, room)
+            refused = self.market.refuse_run(args, self._alive) or self._within(
+                environ, params, room
+            )
             if refused is not None:
                 return self._answer(start_response, "500 Internal Server Error", [], refused)
         token = args.get("ClientToken") if action == "RunInstances" else None
@@ -341,16 +352,33 @@ class Ec2Emulator:
         ns = {"e": NS_EC2.decode().split('"')[1]}
         now = time.monotonic()
         root = ElementTree.fromstring(answer)  # noqa: S314 - moto's own answer, not input
-        for item in root.iterfind("e:instancesSet/e:item", ns):
+        items = list(root.iterfind("e:instancesSet/e:item", ns))
+        withheld = self.market.made(args, [i.findtext("e:instanceId", "", ns) for i in items])
+        for iid in withheld:  # capacity that never comes: pending, no VM
+            inst = self._moto_instance(iid)
+            if inst is not None:
+                inst._state.name, inst._state.code = "pending", 0
+        for item in items:
             iid = item.findtext("e:instanceId", "", ns)
             with self._lock:
                 self.made.setdefault(iid, (item.findtext("e:instanceType", "", ns), now))
-            if self.vms is not None:
+            if self.vms is not None and iid not in withheld:
                 ip = item.findtext("e:privateIpAddress", "", ns)
                 self.vms.boot(
                     iid, ip, args.get("UserData", ""), args.get("KeyName", ""),
                     args.get("ImageId", ""),
                 )  # fmt: skip
+
+    @staticmethod
+    def _moto_instance(instance_id: str, region: str = "us-east-1") -> Any:
+        from moto.ec2.models import ec2_backends
+
+        return ec2_backends[ACCOUNT][region].get_instance_by_id(instance_id)
+
+    def _alive(self, instance_id: str) -> bool:
+        """Whether moto holds the instance and it is not terminated."""
+        inst = self._moto_instance(instance_id)
+        return inst is not None and inst._state.name != "terminated"
 
     def _console(self, start_response: StartResponse, args: dict[str, str]) -> list[bytes]:
         from moto.ec2.models.instance_types import INSTANCE_TYPES
@@ -493,7 +521,9 @@ class Ec2Emulator:
     def _control(self, environ: dict[str, Any], start_response: StartResponse) -> list[bytes]:
         """For a test in another process: GET /_emulator/calls, POST /_emulator/clear,
         POST /_emulator/inject?action=&code=&http=&times=, POST
-        /_emulator/throttle?factor=F, GET /_emulator/timeline."""
+        /_emulator/throttle?factor=F, GET /_emulator/timeline, POST
+        /_emulator/spot?mode=refuse|withhold| (spot capacity), GET /_emulator/market
+        (placement groups and their members, the spot mode, withheld instances)."""
         path = environ["PATH_INFO"].removeprefix("/_emulator/")
         args = dict(parse_qsl(environ.get("QUERY_STRING", "")))
         if path == "timeline":
@@ -511,6 +541,19 @@ class Ec2Emulator:
                 start_response("400 Bad Request", [("Content-Type", "text/plain"),
                                                    ("Content-Length", str(len(said)))])  # fmt: skip
                 return [said]
+        if path == "spot":
+            try:
+                self.market.set_spot(args.get("mode", ""))
+            except ValueError as exc:
+                said = str(exc).encode()
+                start_response("400 Bad Request", [("Content-Type", "text/plain"),
+                                                   ("Content-Length", str(len(said)))])  # fmt: skip
+                return [said]
+        if path == "market":
+            body = json.dumps(self.market.snapshot()).encode()
+            start_response("200 OK", [("Content-Type", "application/json"),
+                                      ("Content-Length", str(len(body)))])  # fmt: skip
+            return [body]
         if path == "clear":
             self.clear()
         elif path == "inject":
@@ -547,9 +590,7 @@ def _fleet_as_ec2(answer: bytes) -> bytes:
         pools: dict[bytes, Any] = {}
         for item in list(fleet):
             ids = item.find("e:instanceIds", ns)
-            key = b"".join(
-                ElementTree.tostring(child) for child in item if child is not ids
-            )
+            key = b"".join(ElementTree.tostring(child) for child in item if child is not ids)
             first = pools.get(key)
             if first is None:
                 pools[key] = item
@@ -641,9 +682,10 @@ def scale_console(instance_id: str) -> str:
     instance, the form the daemon's parser reads."""
     import hashlib
 
-    blob = b"\x00\x00\x00\x0bssh-ed25519\x00\x00\x00\x20" + hashlib.sha256(
-        instance_id.encode()
-    ).digest()
+    blob = (
+        b"\x00\x00\x00\x0bssh-ed25519\x00\x00\x00\x20"
+        + hashlib.sha256(instance_id.encode()).digest()
+    )
     key = base64.b64encode(blob).decode()
     from slurm_burst.core.hostkeys import BEGIN, END
 
@@ -803,12 +845,24 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--range", dest="vm_range", default="10.251.0.128/25")
     ap.add_argument("--boot-delay", type=float, default=2.0)
     ap.add_argument("--hide", action="append", default=[])
-    ap.add_argument("--throttle", type=float, default=None,
-                    help="scale mode: EC2's API buckets times this (0: none)")
-    ap.add_argument("--boot-after", type=float, default=60.0,
-                    help="scale mode: seconds an instance stays pending")
-    ap.add_argument("--console-after", type=float, default=30.0,
-                    help="scale mode: seconds after boot its console has its host keys")
+    ap.add_argument(
+        "--throttle",
+        type=float,
+        default=None,
+        help="scale mode: EC2's API buckets times this (0: none)",
+    )
+    ap.add_argument(
+        "--boot-after",
+        type=float,
+        default=60.0,
+        help="scale mode: seconds an instance stays pending",
+    )
+    ap.add_argument(
+        "--console-after",
+        type=float,
+        default=30.0,
+        help="scale mode: seconds after boot its console has its host keys",
+    )
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     logging.getLogger("werkzeug").setLevel(logging.ERROR)

@@ -31,9 +31,7 @@ NSCLOUD = CloudDriver(
 PLUGIN = Plugin(
     name="lab",
     clouds=(NSCLOUD,),
-    sections=(
-        ConfigSection(NAME, LabConfig, validate="slurm_burst_lab.config:validate"),
-    ),
+    sections=(ConfigSection(NAME, LabConfig, validate="slurm_burst_lab.config:validate"),),
     driver_wrappers=("slurm_burst_lab.faults:wrap",),
     commands={"lab": "slurm_burst_lab.cli:group"},
 )

@@ -14,9 +14,11 @@ from slurm_burst.services.stagehook import EXIT_FAILED, STAGE_IN_EXIT_CODES
 
 # A hook must not hold slurmctld's power-save thread: Slurm commands get seconds, not minutes.
 HOOK_SLURM_TIMEOUT = 5.0
-_EPILOG = "Exit codes (Slurm logs them): " + "; ".join(
-    f"{code} {text}" for code, text in sorted(HOOK_EXIT_CODES.items())
-) + ". docs/operations.md says what to do for each."
+_EPILOG = (
+    "Exit codes (Slurm logs them): "
+    + "; ".join(f"{code} {text}" for code, text in sorted(HOOK_EXIT_CODES.items()))
+    + ". docs/operations.md says what to do for each."
+)
 
 
 def _hook(kind: str) -> click.Command:
@@ -118,9 +120,11 @@ def prolog_slurmctld(ctx: click.Context) -> None:
     sys.exit(result.code)
 
 
-_STAGE_IN_EPILOG = "Exit codes (Slurm holds the job unless 0): " + "; ".join(
-    f"{code} {text}" for code, text in sorted(STAGE_IN_EXIT_CODES.items())
-) + ". One line on stdout says why: Slurm shows it as the job's reason."
+_STAGE_IN_EPILOG = (
+    "Exit codes (Slurm holds the job unless 0): "
+    + "; ".join(f"{code} {text}" for code, text in sorted(STAGE_IN_EXIT_CODES.items()))
+    + ". One line on stdout says why: Slurm shows it as the job's reason."
+)
 
 
 @click.command("stage-in", epilog=_STAGE_IN_EPILOG)

@@ -75,7 +75,6 @@ def push(
     the tree), 3 no store configured or reachable credentials."""
     import os
 
-
     progress = _Progress(enabled=not check and (not as_json or sys.stderr.isatty()))
 
     def work(st: Stager) -> dict[str, object]:

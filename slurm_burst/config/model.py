@@ -248,6 +248,29 @@ class NodeGroup:
         "EC2: the most to pay per spot instance-hour; 0: up to the on-demand price.",
         default=0.0,
     )
+    spot_fallback: str = doc(
+        "A spot group's on-demand fallback: another node group (not spot; the same "
+        "cpus, memory_mb, gpus and gpu_type, which Slurm knows the nodes by) whose "
+        "providers, sizes, image and prices this group's nodes launch on when spot "
+        "capacity is refused (at once) or has not arrived within spot_fallback_after. "
+        "'': none (a refusal falls back to the group's next size, as on-demand does).",
+        default="",
+    )
+    spot_fallback_after: float = doc(
+        "Seconds a spot launch may wait for its capacity to arrive (instances still "
+        "pending) before its nodes fall back to spot_fallback, a job's nodes together. "
+        "With boot_timeout it must fit in Slurm's ResumeTimeout (config check).",
+        default=120.0,
+    )
+    placement: str = doc(
+        "'cluster': the instances of each multi-node job launch together into a "
+        "placement group made for that launch (EC2: a cluster placement group, one "
+        "network spine), deleted once none of its instances remain, i.e. when the last "
+        "of the job's nodes is released (suspend_time after its last job); a job that "
+        "does not fit falls back whole to the next size or provider, never split. "
+        "'': the provider places each instance.",
+        default="",
+    )
     accelerator: str = doc(
         "The provider's accelerator type for the GPUs (GCE: nvidia-tesla-t4); default gpu_type.",
         default="",

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from slurm_burst import extensions
 from slurm_burst.config.model import _PATTERN, Config, NodeGroup, ProviderConfig
 from slurm_burst.config.schema import Problem
+from slurm_burst.config.validate_launch import launch_problems
 from slurm_burst.config.validate_staging import staging_problems
 from slurm_burst.core.hostlist import HostlistError, expand
 from slurm_burst.core.pricing import PricingError, ambiguous, parse_instant, to_micros
@@ -65,6 +66,7 @@ def validate(
     _policy(cfg, out)
     _ledger(cfg, out)
     _rates(cfg, out)
+    out.extend(launch_problems(cfg))
     out.extend(staging_problems(cfg))
     if not 0.1 <= cfg.daemon.hook_db_timeout <= 60:  # NaN fails both
         out.append(Problem("daemon.hook_db_timeout", "must be between 0.1 and 60 seconds"))

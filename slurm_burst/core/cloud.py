@@ -39,6 +39,7 @@ class LaunchSpec:
     disk_gb: int = 0  # 0: the image's root disk
     count: int = 1  # instances in this one call (a batch: the same spec, ``count`` times)
     min_count: int = 0  # fewest instances the call may make (0: ``count``, all or none)
+    placement_group: str = ""  # the placement group the instances go in ('' : none)
 
 
 class Instance(NamedTuple):
@@ -101,6 +102,19 @@ class NotFoundError(CloudError):
     code = "InvalidInstanceID.NotFound"
 
 
+class InUseError(CloudError):
+    """The resource still holds something (EC2: a placement group with instances in it,
+    shutting down ones included): try again later."""
+
+    code = "InvalidPlacementGroup.InUse"
+
+
+class ExistsError(CloudError):
+    """What the call would make exists already (a repeated create: done)."""
+
+    code = "InvalidPlacementGroup.Duplicate"
+
+
 # Provider error codes -> our types; the code itself is kept on the error.
 CODES: dict[str, type[CloudError]] = {
     "InsufficientInstanceCapacity": CapacityError,
@@ -120,6 +134,9 @@ CODES: dict[str, type[CloudError]] = {
     "QUOTA_EXCEEDED": QuotaError,
     "quotaExceeded": QuotaError,  # GCE, 403
     "InvalidInstanceID.NotFound": NotFoundError,
+    "InvalidPlacementGroup.Unknown": NotFoundError,
+    "InvalidPlacementGroup.InUse": InUseError,
+    "InvalidPlacementGroup.Duplicate": ExistsError,
 }
 
 

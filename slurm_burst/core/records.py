@@ -58,6 +58,8 @@ class NodeRecord(NamedTuple):
     # when the daemon saw slurmctld hear from this life's slurmd (0: not yet); what the
     # PrologSlurmctld waits for
     registered_at: float = 0.0
+    market: str = ""  # the launch's market: "spot", or "" (on-demand)
+    placement: str = ""  # the placement group its instance went in ('' : none)
 
     def host_key_list(self) -> list[tuple[str, str]]:
         return [(str(k[0]), str(k[1])) for k in json.loads(self.host_keys)]

@@ -352,17 +352,29 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--retries", type=int, default=3, help="fetches again of a bad object")
     ap.add_argument("--timeout", type=float, default=60.0, help="seconds without data")
     ap.add_argument("--parallel", type=int, default=4, help="objects fetched at once")
-    ap.add_argument("--plan", help="read the plan from this file, then remove it (its URLs "
-                    "are grants), instead of from standard input")
-    ap.add_argument("--deadline", type=float, default=0.0, help="seconds from now after "
-                    "which no fetch starts (the answer still comes); 0: none")
-    ap.add_argument("--exit-zero", action="store_true", help="exit 0 whatever happened; the "
-                    "JSON's 'exit' is the exit code (the daemon reads the answer whole)")
+    ap.add_argument(
+        "--plan",
+        help="read the plan from this file, then remove it (its URLs "
+        "are grants), instead of from standard input",
+    )
+    ap.add_argument(
+        "--deadline",
+        type=float,
+        default=0.0,
+        help="seconds from now after which no fetch starts (the answer still comes); 0: none",
+    )
+    ap.add_argument(
+        "--exit-zero",
+        action="store_true",
+        help="exit 0 whatever happened; the "
+        "JSON's 'exit' is the exit code (the daemon reads the answer whole)",
+    )
     args = ap.parse_args(argv)
     puller = None
     try:
-        plan = load_plan(_plan_file(args.plan) if args.plan else
-                         sys.stdin.buffer.read(MAX_PLAN + 1)[:MAX_PLAN])
+        plan = load_plan(
+            _plan_file(args.plan) if args.plan else sys.stdin.buffer.read(MAX_PLAN + 1)[:MAX_PLAN]
+        )
         until = time.monotonic() + args.deadline if args.deadline > 0 else 0.0
         puller = Puller(plan, args.retries, args.timeout, args.parallel, until)
         out = puller.run()

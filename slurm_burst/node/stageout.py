@@ -374,8 +374,13 @@ def main(argv: list[str] | None = None) -> int:
     s = sub.add_parser("scan", help="list the files with their SHA-256")
     s.add_argument("--dir", required=True)
     s.add_argument("--cache", help="digests kept between scans (root's file)")
-    s.add_argument("--uid", type=int, default=-1, help="skip files not owned by this uid "
-                   "(a hard link the job made to a file of root's is not sent)")
+    s.add_argument(
+        "--uid",
+        type=int,
+        default=-1,
+        help="skip files not owned by this uid "
+        "(a hard link the job made to a file of root's is not sent)",
+    )
     t = sub.add_parser("send", help="PUT the plan's files to their URLs")
     t.add_argument("--plan", required=True, help="the plan file (removed once read)")
     t.add_argument("--timeout", type=float, default=60.0, help="seconds without progress")

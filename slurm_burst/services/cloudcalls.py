@@ -227,6 +227,12 @@ class ManagedCloud:
     def terminate(self, instance_id: str) -> None:
         self._call("terminate", self.inner.terminate, instance_id, made=1)
 
+    def create_placement(self, name: str) -> None:
+        self._call("create_placement", self.inner.create_placement, name)
+
+    def delete_placement(self, name: str) -> None:
+        self._call("delete_placement", self.inner.delete_placement, name)
+
     def host_keys(self, instance_id: str, size: str = "") -> list[tuple[str, str]]:
         """One read of the instance's host keys, if our budget has a token now; else
         :class:`Busy` (the caller comes back later: it holds no thread meanwhile). A

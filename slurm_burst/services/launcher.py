@@ -52,15 +52,33 @@ log = logging.getLogger(__name__)
 TAG_THREADS = 4  # parallel tag calls after a batch launch (paced by the CreateTags budget)
 BATCH_THREADS = 4  # launch calls of one node group in flight at once
 TOKEN_MAX = 63  # the longest launch token (GCE label values; EC2 ClientToken takes 64)
+PLACEMENT = "placement."  # state meta: a placement group made (or about to be), by name
+
+
+SPOT = "spot"  # NodeRecord.market of a spot launch ('' : on-demand)
 
 
 @dataclass(frozen=True)
 class Candidate:
-    """Where a node may launch: a provider and a size."""
+    """Where a node may launch: a provider, a size and a market, with the launch
+    settings (image, tags, disk) of the node group ``via`` (the node's own, or its
+    spot group's on-demand fallback)."""
 
     seq: int  # its position in the group's fallback list (part of the launch token)
     provider: str
     size: str
+    market: str = ""  # SPOT or "" (on-demand)
+    via: str = ""  # the node group whose launch settings apply
+
+    @property
+    def cooled(self) -> str:
+        """The size as a capacity error cools it down: spot and on-demand capacity of
+        one size are separate pools (a spot refusal leaves on-demand launching)."""
+        return cooled(self.size, self.market)
+
+
+def cooled(size: str, market: str) -> str:
+    return f"{size}/{market}" if market else size
 
 
 @dataclass(frozen=True)
@@ -104,6 +122,7 @@ class Launcher:
         ports: LaunchPorts,
         ssh_public_key: str,
         launched: Launched,
+        fell_back: Callable[[Sequence[NodeRecord]], None] | None = None,
     ) -> None:
         self.fleet = settings.fleet
         self.capacity_cooldown = settings.capacity_cooldown
@@ -113,6 +132,7 @@ class Launcher:
         self.ssh_public_key = ssh_public_key
         self.clock = ports.clock
         self.launched = launched
+        self.fell_back = fell_back or (lambda recs: None)  # spot nodes launched on-demand
         self.metrics = ports.metrics
         self._batch_locks: dict[str, threading.Lock] = {}
         self._unnamed: list[tuple[str, str, str]] = []  # (node, instance, provider) to tag
@@ -148,11 +168,11 @@ class Launcher:
         if health is not None and health.protected(now):
             raise StepError("GroupProtected", f"node group {group.name}: {health.reason}")
         cold = self.store.unavailable(now)
-        every = [Candidate(i, p, s) for i, (p, s) in enumerate(group.candidates())]
-        usable = [c for c in every[start:] if (c.provider, c.size) not in cold or c.seq == keep]
+        every = self.every(group)
+        usable = [c for c in every[start:] if (c.provider, c.cooled) not in cold or c.seq == keep]
         if not usable:
             codes = sorted(
-                {cold[(c.provider, c.size)][1] for c in every if (c.provider, c.size) in cold}
+                {cold[(c.provider, c.cooled)][1] for c in every if (c.provider, c.cooled) in cold}
             )
             raise CapacityError(
                 f"every size of node group {group.name} is cooling down after "
@@ -160,6 +180,27 @@ class Launcher:
                 codes[0] if codes else None,
             )
         return usable
+
+    def every(self, group: NodeGroup) -> list[Candidate]:
+        """Every candidate of ``group`` in fallback order: its own sizes (spot, if it is
+        a spot group), then its spot fallback's (on-demand)."""
+        out: list[Candidate] = []
+        launch_groups = [group]
+        fallback = self.fleet.node_groups.get(group.spot_fallback) if group.spot else None
+        if fallback is not None:
+            launch_groups.append(fallback)
+        for g in launch_groups:
+            market = SPOT if g.spot else ""
+            out += [Candidate(len(out) + i, p, s, market, g.name)
+                    for i, (p, s) in enumerate(g.candidates())]  # fmt: skip
+        return out
+
+    def position(self, group: NodeGroup, rec: NodeRecord) -> int | None:
+        """Where in ``group``'s fallback list ``rec``'s last launch was; None if nowhere."""
+        for c in self.every(group):
+            if (c.provider, c.size, c.market) == (rec.provider, rec.size, rec.market):
+                return c.seq
+        return None
 
     def plan(self, requested: Sequence[NodeRecord]) -> list[LaunchPlan]:
         """Newly requested nodes (as the daemon has just recorded them) by group, with
@@ -189,33 +230,46 @@ class Launcher:
         token: str,
         count: int = 1,
         min_count: int = 0,
+        via: str = "",
+        placement_group: str = "",
     ) -> LaunchSpec:
-        """What to launch for ``node`` (or for a batch of ``count`` led by it)."""
+        """What to launch for ``node`` (or for a batch of ``count`` led by it), with the
+        launch settings of node group ``via`` ('' : ``group``'s own). The instance is
+        tagged with the node's own group either way: that is whose node it is."""
+        launch = self.fleet.node_groups.get(via, group) if via else group
         return LaunchSpec(
             node=node,
             cluster=self.fleet.cluster,
             group=group.name,
             size=size,
-            image=group.image,
+            image=launch.image,
             token=token,
             ssh_public_key=self.ssh_public_key,
             user_data=user_data(self.fleet.cluster, node if count == 1 else group.name),
-            tags=dict(group.tags),
-            spot=group.spot,
-            spot_max_price=group.spot_max_price,
-            gpus=group.gpus,
-            accelerator=group.accelerator or group.gpu_type,
-            disk_gb=group.disk_gb,
+            tags=dict(launch.tags),
+            spot=launch.spot,
+            spot_max_price=launch.spot_max_price,
+            gpus=launch.gpus,
+            accelerator=launch.accelerator or launch.gpu_type,
+            disk_gb=launch.disk_gb,
             count=count,
             min_count=min_count,
+            placement_group=placement_group,
         )
 
     def batch_spec(
-        self, group: NodeGroup, names: Sequence[str], size: str, token: str, least: int = 0
+        self,
+        group: NodeGroup,
+        names: Sequence[str],
+        cand: Candidate,
+        token: str,
+        least: int = 0,
+        placement_group: str = "",
     ) -> LaunchSpec:
         """What to launch for a batch of ``names``; one of more than ``name_each_max`` is
         named at launch after its nodes (the same on a repeat: the token's parameters)."""
-        spec = self.spec(group, names[0], size, token, len(names), least)
+        spec = self.spec(group, names[0], cand.size, token, len(names), least, cand.via,
+                         placement_group)  # fmt: skip
         if len(names) <= self.name_each_max:
             return spec
         return replace(spec, tags={"Name": launch_name(names), **spec.tags})
@@ -234,19 +288,22 @@ class Launcher:
                 self._recover_batch(rec, group, info)
                 return
         start = 0
-        every = group.candidates()
-        if rec.state == NodeState.LAUNCHING and (rec.provider, rec.size) in every:
-            start = every.index((rec.provider, rec.size))  # pick up where it was
+        if rec.state == NodeState.LAUNCHING:  # pick up where it was
+            start = self.position(group, rec) or 0
         keep = start if resumed and resumed == self.token(rec, start) else None
         last: CloudError | None = None
         for cand in self.candidates(group, start, keep):
             token = self.token(rec, cand.seq)
-            fix = {"token": token, "provider": cand.provider, "size": cand.size}
+            fix = {"token": token, "provider": cand.provider, "size": cand.size,
+                   "market": cand.market, "placement": ""}  # fmt: skip
             if rec.state == NodeState.REQUESTED:
                 rec = self.store.transition(rec.name, NodeState.LAUNCHING, self.clock.now(), **fix)
-            elif (rec.token, rec.provider, rec.size) != (token, cand.provider, cand.size):
+            elif (rec.token, rec.provider, rec.size, rec.market, rec.placement) != tuple(
+                fix.values()
+            ):
                 self.store.update(rec.name, **fix)
-                rec = rec._replace(token=token, provider=cand.provider, size=cand.size)
+                rec = rec._replace(token=token, provider=cand.provider, size=cand.size,
+                                   market=cand.market, placement="")  # fmt: skip
             cloud = self.clouds[cand.provider]
             try:
                 with timed(self.clock, rec.name, "launch", self.metrics):
@@ -254,11 +311,13 @@ class Launcher:
                     inst = (
                         found[0]
                         if found
-                        else cloud.launch(self.spec(group, rec.name, cand.size, token))
+                        else cloud.launch(
+                            self.spec(group, rec.name, cand.size, token, via=cand.via)
+                        )
                     )
             except CapacityError as exc:
                 last = exc
-                self.size_unavailable(rec.name, cand.provider, cand.size, exc)
+                self.size_unavailable(rec.name, cand.provider, cand.cooled, exc)
                 continue
             self._booting([(rec, inst)])
             return
@@ -296,9 +355,17 @@ class Launcher:
         if self.metrics is not None:
             for rec, _ in pairs:
                 self.metrics.launched(rec.group, rec.provider, rec.size)
+        fell = [rec for rec, _ in pairs if not rec.market and self._spot_group(rec.group)]
+        if fell:
+            self.fell_back(fell)
+
+    def _spot_group(self, name: str) -> bool:
+        group = self.fleet.node_groups.get(name)
+        return group is not None and group.spot
 
     def size_unavailable(self, node: str, provider: str, size: str, exc: CloudError) -> None:
-        """Cool ``provider/size`` down after a capacity error (every group skips it)."""
+        """Cool ``provider/size`` down after a capacity error (every group skips it);
+        ``size`` as :attr:`Candidate.cooled` names it (spot capacity apart)."""
         now = self.clock.now()
         self.store.mark_unavailable(provider, size, now + self.capacity_cooldown, exc.code)
         self.store.event(now, "size.unavailable", node, f"{provider}/{size}: {exc.code}")
@@ -330,7 +397,7 @@ class Launcher:
             n = self.clouds[cand.provider].batch_max
             if n < 2:
                 break  # this provider launches one by one: the workers do it
-            chunks = [todo[i : i + n] for i in range(0, len(todo), n)]
+            chunks = launch_chunks(todo, n, by_job=bool(plan.group.placement))
             with ThreadPoolExecutor(min(BATCH_THREADS, len(chunks))) as pool:
                 results = list(pool.map(partial(self._batch, plan.group, cand), chunks))
             again: list[str] = []  # for the next candidate
@@ -358,33 +425,52 @@ class Launcher:
         key = ",".join(f"{r.name}:{r.launch_seq}" for r in recs)
         digest = hashlib.sha256(f"{key}|{cand.seq}".encode()).hexdigest()[:16]
         token = f"{self._token_prefix()}-b{len(recs)}-{cand.seq}-{digest}"
-        fix = {"token": token, "provider": cand.provider, "size": cand.size}
+        placed = self.placement_name(recs, cand.provider) if _placed(group, recs) else ""
+        fix = {"token": token, "provider": cand.provider, "size": cand.size,
+               "market": cand.market, "placement": placed}  # fmt: skip
         least = least_useful(names, _jobs_of(recs)) if group.all_or_nothing == "job" else 1
+        if placed:
+            least = len(names)  # one job, one placement: all of it or none
         with self.store.atomically():  # the token is fixed before the call: a crash repeats it
             self.store.meta_set(  # with the same parameters: EC2 refuses a token reused
                 f"batch.{token}",  # with others (IdempotentParameterMismatch)
                 {"nodes": names, "provider": cand.provider, "size": cand.size,
-                 "group": group.name, "least": least},
+                 "group": group.name, "least": least, "market": cand.market,
+                 "via": cand.via, "placement": placed},
             )  # fmt: skip
+            made_pg = bool((self.store.meta_get(f"{PLACEMENT}{placed}") or {}).get("made"))
+            if placed and not made_pg:  # known before it exists: a crash leaks nothing
+                self.store.meta_set(f"{PLACEMENT}{placed}", {"provider": cand.provider})
             for rec in recs:  # as launch_batch read them: requested, or launching still
                 if rec.state == NodeState.REQUESTED:  # after a capacity error of the last size
                     self.store.transition(rec.name, NodeState.LAUNCHING, self.clock.now(), **fix)
                 else:
                     self.store.update(rec.name, **fix)
-        spec = self.batch_spec(group, names, cand.size, token, least)
+        spec = self.batch_spec(group, names, cand, token, least, placed)
         try:
+            if placed and not made_pg:  # once per job and provider, whatever the sizes tried
+                self.clouds[cand.provider].create_placement(placed)
+                self.store.meta_set(f"{PLACEMENT}{placed}", {"provider": cand.provider,
+                                                             "made": True})  # fmt: skip
             with timed(self.clock, names[0], f"launch-batch[{len(recs)}]", self.metrics):
                 made = self.clouds[cand.provider].launch_many(spec)
         except CloudError as exc:
             if isinstance(exc, CapacityError):
-                self.size_unavailable(names[0], cand.provider, cand.size, exc)
+                self.size_unavailable(names[0], cand.provider, cand.cooled, exc)
             self.store.meta_delete(f"batch.{token}")  # nothing was made
             return exc
         served = self._adopt_batch(token, made)
         if len(made) < len(recs):
             short = CapacityError(f"{len(made)} of {len(recs)} made", "PartialCapacity")
-            self.size_unavailable(names[0], cand.provider, cand.size, short)
+            self.size_unavailable(names[0], cand.provider, cand.cooled, short)
         return set(names) - served
+
+    def placement_name(self, recs: Sequence[NodeRecord], provider: str) -> str:
+        """The placement group of one job's launch on ``provider``: the same for a repeat
+        (a crash, the next size there), another for each resume of the nodes."""
+        key = ",".join(sorted(f"{r.name}:{r.launch_seq}" for r in recs))
+        digest = hashlib.sha256(f"{key}|{provider}".encode()).hexdigest()[:16]
+        return f"{self._token_prefix()}-pg-{digest}"
 
     def _adopt_batch(self, token: str, made: Sequence[Instance]) -> set[str]:
         """Give the batch's nodes their instances (by launch index; whole jobs first if
@@ -461,8 +547,13 @@ class Launcher:
             made = cloud.find(rec.token, self.fleet.cluster)
             if len(made) != len(names):
                 least = int(info.get("least") or 0)  # 0: a batch recorded before it was kept
+                cand = Candidate(0, info["provider"], info["size"], info.get("market", ""),
+                                 info.get("via", ""))  # fmt: skip
+                placed = str(info.get("placement") or "")
+                if placed:
+                    cloud.create_placement(placed)  # the crash may have come before it
                 made = cloud.launch_many(
-                    self.batch_spec(group, names, info["size"], rec.token, least)
+                    self.batch_spec(group, names, cand, rec.token, least, placed)
                 )
             log.info("node.batch_recovered token=%s count=%d", rec.token, len(made))
             self._adopt_batch(rec.token, made)
@@ -473,11 +564,45 @@ class Launcher:
             return self._batch_locks.setdefault(token, threading.Lock())
 
 
+def launch_chunks(
+    recs: Sequence[NodeRecord], most: int, by_job: bool = False
+) -> list[list[NodeRecord]]:
+    """``recs`` in launch calls of at most ``most`` nodes; ``by_job`` (placement): each
+    multi-node job's nodes in calls of their own (one placement group each), the rest
+    together. A node serving several jobs goes with its first."""
+    if not by_job:
+        return [list(recs[i : i + most]) for i in range(0, len(recs), most)]
+    jobs: dict[int, list[NodeRecord]] = {}
+    loose: list[NodeRecord] = []
+    for r in recs:
+        ids = sorted(job_ids(r.job_list()))
+        if ids:
+            jobs.setdefault(ids[0], []).append(r)
+        else:
+            loose.append(r)
+    out: list[list[NodeRecord]] = []
+    for members in jobs.values():
+        if len(members) == 1:
+            loose += members
+        else:
+            out += launch_chunks(members, most)
+    return out + launch_chunks(loose, most)
+
+
 def launch_name(names: Sequence[str]) -> str:
     """The ``Name`` of a launch's instances: its nodes as a hostlist, cut to EC2's 256
     characters a tag value (ending in '...' where cut)."""
     text = compress(list(names))
     return text if len(text) <= 255 else text[:252] + "..."
+
+
+def _placed(group: NodeGroup, recs: Sequence[NodeRecord]) -> bool:
+    """Whether this launch gets a placement group: the group asks for one, and the
+    launch is two or more nodes of one job (:func:`launch_chunks` made it so)."""
+    if not group.placement or len(recs) < 2:
+        return False
+    first = [sorted(job_ids(r.job_list()))[:1] for r in recs]
+    return bool(first[0]) and all(f == first[0] for f in first)
 
 
 def _jobs_of(recs: Sequence[NodeRecord]) -> dict[str, set[int]]:

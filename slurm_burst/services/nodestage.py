@@ -278,4 +278,3 @@ def _answer(said: str) -> dict[str, Any]:
     except (ValueError, IndexError):
         return {}
     return out if isinstance(out, dict) else {}
-

@@ -47,6 +47,7 @@ from slurm_burst.core.cloud import (
     classify,
 )
 from slurm_burst.core.errors import BadInput, BurstError, StepError
+from slurm_burst.core.hostlist import compress
 from slurm_burst.core.jobs import job_ids, nodes_by_job, released_with
 from slurm_burst.core.mesh import MeshError, hub_address, parking_address
 from slurm_burst.core.nodestate import LIVE, NodeState, TransitionError, Want, reason
@@ -67,7 +68,7 @@ from slurm_burst.ports import (
     Scheduler,
 )
 from slurm_burst.services.fleetview import FleetView
-from slurm_burst.services.launcher import Launcher, LauncherSettings, timed
+from slurm_burst.services.launcher import SPOT, Launcher, LauncherSettings, cooled, timed
 from slurm_burst.services.nodestage import NodeStaging
 from slurm_burst.services.outputs import Outputs
 
@@ -108,6 +109,7 @@ INSTANCE_FAULTS = frozenset({
     "WireGuardHandshake", "GpuUnhealthy", "StagePull",
 })  # fmt: skip
 REPLACED = "replaced.{node}"  # meta: when the node's request came, and its new instance
+SPOT_WAIT = "SpotCapacityWait"  # a spot launch's capacity did not come in time
 
 
 @contextmanager
@@ -135,6 +137,12 @@ class Later(Exception):
 
 class NeedsJoinSlot(Exception):
     """The node is ready to bootstrap: that takes one of the bootstrap slots."""
+
+
+class Relaunch(Exception):
+    """The node was asked for anew on its spot group's on-demand fallback (its spot
+    capacity never came): the worker hands it on, to launch in one batch with the
+    others falling back at the same time (a job's nodes wait out the same deadline)."""
 
 
 @dataclass
@@ -237,6 +245,7 @@ class Provisioner:
             ports,
             secrets.ssh_public_key,
             self._launched,
+            self._fell_back,
         )
         node_files = resources.files("slurm_burst.node")
         self.script = node_files.joinpath("bootstrap.sh").read_bytes()
@@ -258,6 +267,9 @@ class Provisioner:
                 if not blocking:
                     raise
                 self.clock.sleep(later.seconds)
+            except Relaunch:
+                if not blocking:
+                    raise  # else this caller launches it, on its own
 
     def _drive(self, name: str, join: bool) -> NodeRecord | None:
         while True:
@@ -374,13 +386,30 @@ class Provisioner:
         except (BurstError, OSError) as exc:  # the database away and its spool full
             log.error("ledger.write_failed nodes=%d event=requested error=%s", len(evs), exc)
 
+    def _fell_back(self, recs: Sequence[NodeRecord]) -> None:
+        """Nodes of a spot group launched on their fallback's on-demand capacity: in the
+        events and in Slurm's node reason (where ``scontrol show node`` shows it)."""
+        now = self.clock.now()
+        for r in recs:
+            self.store.event(now, "spot.fallback", r.name, f"on-demand {r.provider}/{r.size}")
+        names = [r.name for r in recs]
+        log.warning("node.spot_fallback_launched count=%d hostlist=%s", len(names),
+                    compress(names))  # fmt: skip
+        try:
+            self.scheduler.update_nodes(
+                names, reason=f"slurm-burst: no spot capacity, on-demand {recs[0].size}"
+            )
+        except SchedulerError as exc:
+            log.warning("node.reason_failed count=%d error=%s", len(names), exc)
+
     def _instance_fault(self, rec: NodeRecord, fault: str) -> None:
         """An instance the provider accepted and then put in error (OpenStack: the
         scheduler found no host). A capacity fault cools the size down, as a capacity
         error at launch does: Slurm's next resume of the node lands on the next size."""
         err = classify(fault)
         if isinstance(err, CapacityError):
-            self.launcher.size_unavailable(rec.name, rec.provider, rec.size, err)
+            self.launcher.size_unavailable(rec.name, rec.provider, cooled(rec.size, rec.market),
+                                           err)  # fmt: skip
         raise StepError(err.code if err.code != CloudError.code else "InstanceError", fault)
 
     def _boot(self, rec: NodeRecord) -> None:
@@ -395,6 +424,8 @@ class Provisioner:
         if seen is None or seen.instance_id != rec.instance_id:
             inst = self._running(rec)
             if inst is None:
+                if self._spot_waited(rec):
+                    raise Relaunch()
                 if self.clock.now() > deadline:
                     self._stepped(rec.name, "boot", self.clock.now() - rec.state_since, ok=False)
                 self._past(deadline, "BootTimeout", f"instance {rec.instance_id} not running")
@@ -449,6 +480,30 @@ class Provisioner:
             ip=seen.address,
             host_keys=json.dumps(keys),
         )
+
+    def _spot_waited(self, rec: NodeRecord) -> bool:
+        """A spot launch whose capacity has not come within its group's
+        ``spot_fallback_after``: the spot size cooled down (as a refusal cools it), the
+        pending instance let go, and the node asked for anew, on the fallback group's
+        on-demand capacity; True if so."""
+        group = self._group(rec)
+        waited = self.clock.now() - rec.state_since
+        if rec.market != SPOT or not group.spot_fallback or waited < group.spot_fallback_after:
+            return False
+        exc = CapacityError(
+            f"spot capacity for {rec.provider}/{rec.size} did not arrive within "
+            f"{group.spot_fallback_after:g} s",
+            SPOT_WAIT,
+        )
+        self.launcher.size_unavailable(rec.name, rec.provider, cooled(rec.size, SPOT), exc)
+        log.warning("node.spot_fallback node=%s waited=%.0f instance=%s fallback=%s",
+                    rec.name, waited, rec.instance_id, group.spot_fallback)  # fmt: skip
+        self.store.update(rec.name, error=SPOT_WAIT, message=str(exc))
+        self._teardown(self.store.node(rec.name) or rec, replacing=True)
+        again = self.store.node(rec.name)
+        if again is not None and again.want == Want.UP:
+            self._request_again(again)
+        return True
 
     def _first_read(self, rec: NodeRecord, running_at: float) -> float | None:
         """When to read a running instance's console first: once as long has passed as

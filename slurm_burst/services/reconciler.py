@@ -27,8 +27,10 @@ from functools import partial
 from typing import Any
 
 from slurm_burst.config import Fleet
+from slurm_burst.core.cloud import CloudError, InUseError
 from slurm_burst.core.errors import BurstError
 from slurm_burst.core.nodestate import LIVE, Want
+from slurm_burst.core.placement import unheld
 from slurm_burst.core.pricing import dollars
 from slurm_burst.core.reconcile import (
     Action,
@@ -44,6 +46,7 @@ from slurm_burst.core.usage import InstanceEvent
 from slurm_burst.ports import AccountingLedger, Clock, Cloud, Mesh, Metrics, NodeStore, Scheduler
 from slurm_burst.services.fleetview import FleetView
 from slurm_burst.services.groups import GroupControl
+from slurm_burst.services.launcher import PLACEMENT
 from slurm_burst.services.periodic import contain
 from slurm_burst.services.status import spend_rate
 
@@ -248,6 +251,32 @@ class Reconciler:
         else:
             raise ValueError(f"unknown action {a.kind}")
 
+    def sweep_placements(self, snap: Snapshot, report: PassReport) -> None:
+        """Delete the per-job placement groups no node holds an instance in any more. A
+        group whose instances are still shutting down (EC2: InUse) waits for a later
+        pass; one the provider no longer knows is forgotten."""
+        made = {
+            key.removeprefix(PLACEMENT): str(info.get("provider", ""))
+            for key, info in self.store.meta_items(PLACEMENT).items()
+            if isinstance(info, dict)
+        }
+        for name, provider in unheld(made, snap.records.values()):
+            cloud = self.clouds.get(provider)
+            if cloud is None:  # the provider left the config: nothing can delete it here
+                continue
+            try:
+                cloud.delete_placement(name)
+            except InUseError:
+                log.info("reconcile.placement_in_use name=%s provider=%s", name, provider)
+                continue
+            except CloudError as exc:
+                report.errors[f"act.delete_placement.{name}"] = str(exc)
+                log.warning("reconcile.placement_delete_failed name=%s error=%s", name, exc)
+                continue
+            self.store.meta_delete(f"{PLACEMENT}{name}")
+            self.store.event(snap.now, "placement.deleted", "", f"{provider}/{name}")
+            report.actions["delete_placement"] = report.actions.get("delete_placement", 0) + 1
+
     # -- one pass ----------------------------------------------------------------
     def pass_once(self) -> PassReport:
         report = PassReport(started=self.clock.now())
@@ -255,6 +284,7 @@ class Reconciler:
         snap = self.observe(report)
         p = plan(snap, self.policy)
         self.act(p, snap, report)
+        self.sweep_placements(snap, report)
         self.store.meta_set("suspects", p.suspects)
         report.seconds = self.clock.monotonic() - t0
         self.record(snap, report, p)

@@ -98,6 +98,7 @@ class WarmKeeper:
             out[group] = (want, up, down)
         return out
 
+
 def wanted(
     g: NodeGroup,
     store: NodeStore,

@@ -31,11 +31,14 @@ from slurm_burst.core.records import NodeRecord
 from slurm_burst.ports import NodeStore
 from slurm_burst.services.launcher import LaunchPlan
 from slurm_burst.services.periodic import contain
-from slurm_burst.services.provisioner import Later, NeedsJoinSlot, Provisioner
+from slurm_burst.services.provisioner import Later, NeedsJoinSlot, Provisioner, Relaunch
 
 log = logging.getLogger(__name__)
 
 TIMER_TICK = 0.05  # the longest the timer thread sleeps before looking again
+# nodes falling back from spot are launched together this long after the first: a
+# job's nodes, waking on the same fleet listing, reach their deadline within it
+RELAUNCH_GATHER = 0.5
 
 # A node claimed by the request the daemon is handling (no worker yet).
 _RESERVED: Future[None] = Future()
@@ -62,6 +65,8 @@ class Workers:
         self._waiting: dict[str, float] = {}  # node -> when it is looked at again
         self._timers: list[tuple[float, str]] = []  # heap of (due, node); stale ones skipped
         self._tick = threading.Condition(self._lock)
+        self._relaunch: list[str] = []  # nodes asked for anew, to launch together
+        self._relaunch_due = 0.0
         self._closed = False
         self._timer = threading.Thread(target=self._run_timers, name="node-timers", daemon=True)
         self._timer.start()
@@ -106,10 +111,15 @@ class Workers:
                     due, name = heapq.heappop(self._timers)
                     if self._waiting.get(name) == due:
                         ready.append(name)
-                if not ready and not self._timers:
+                relaunch: list[str] = []
+                if self._relaunch and self._relaunch_due <= now:
+                    relaunch, self._relaunch = self._relaunch, []
+                if not ready and not self._timers and not self._relaunch and not relaunch:
                     self._tick.wait(timeout=1.0)
                     continue
-                wait = self._timers[0][0] - now if self._timers else 0.0
+                wait = self._timers[0][0] - now if self._timers else TIMER_TICK
+            if relaunch:
+                self._launch_again(relaunch)
             if not ready:  # the clock's own sleep: a test's fake clock moves on
                 self.clock.sleep(min(max(wait, 0.001), TIMER_TICK))
                 continue
@@ -191,6 +201,16 @@ class Workers:
                     if handed:
                         self._later(name, later.seconds)
                         return
+                except Relaunch:
+                    with self._lock:
+                        self._again.discard(name)
+                        self._active[name] = _RESERVED  # no rescan takes it meanwhile
+                        if not self._relaunch:
+                            self._relaunch_due = self.clock.monotonic() + RELAUNCH_GATHER
+                        self._relaunch.append(name)
+                        self._tick.notify()
+                    handed = True
+                    return
                 except NeedsJoinSlot:
                     with self._lock:
                         self._again.discard(name)  # the join re-reads the node anyway
@@ -213,6 +233,16 @@ class Workers:
             if not handed:
                 with self._lock:
                     self._active.pop(name, None)
+
+    def _launch_again(self, names: list[str]) -> None:
+        """Nodes asked for anew (spot fallback): planned and launched as new requests."""
+        try:
+            recs = [r for r in map(self.store.node, names) if r is not None]
+            log.info("daemon.relaunch count=%d hostlist=%s", len(recs), compress(names))
+            self.submit_launch(recs, names)
+        except Exception as exc:  # boundary: the timer thread; a rescan picks them up
+            self._release(names)
+            contain("node.relaunch", exc, self.prov.metrics)
 
     def _submit_released(self) -> None:
         """Nodes let go because their job lost a node: each to a worker, to tear down."""

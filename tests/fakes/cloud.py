@@ -18,6 +18,7 @@ from slurm_burst.core.cloud import (
     CapacityError,
     CloudError,
     Instance,
+    InUseError,
     LaunchSpec,
     NotFoundError,
 )
@@ -65,6 +66,8 @@ class FakeCloud:
     errors: dict[str, list[BurstError]] = field(default_factory=dict)
     calls: Counter[str] = field(default_factory=Counter)
     vms: dict[str, _Vm] = field(default_factory=dict)
+    placements: dict[str, set[str]] = field(default_factory=dict)  # name -> instance ids
+    spot: str = ""  # "refuse": spot launches fail for capacity; "withhold": stay pending
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     # -- the port ---------------------------------------------------------------
@@ -123,6 +126,21 @@ class FakeCloud:
             if vm is not None:
                 vm.state = "terminated"
 
+    def create_placement(self, name: str) -> None:
+        self._call("create_placement")
+        with self._lock:
+            self.placements.setdefault(name, set())
+
+    def delete_placement(self, name: str) -> None:
+        self._call("delete_placement")
+        with self._lock:
+            members = self.placements.get(name)
+            if members is None:
+                return
+            if any(self._state(self.vms[i]) != "terminated" for i in members if i in self.vms):
+                raise InUseError(f"placement group {name} holds instances")
+            del self.placements[name]
+
     def host_keys(self, instance_id: str, size: str = "") -> list[tuple[str, str]]:
         self._call("host_keys")
         with self._lock:
@@ -165,6 +183,13 @@ class FakeCloud:
         self._call(call)
         if spec.size in self.capacity:
             raise CapacityError(f"InsufficientInstanceCapacity: no {spec.size} left")
+        if spec.spot and self.spot == "refuse":
+            raise CapacityError(f"InsufficientInstanceCapacity: no spot {spec.size} left")
+        if spec.placement_group and spec.placement_group not in self.placements:
+            raise NotFoundError(
+                f"InvalidPlacementGroup.Unknown: {spec.placement_group}",
+                "InvalidPlacementGroup.Unknown",
+            )
         room = self.limit.get(spec.size, count)
         if room < min(count, spec.min_count or count):  # as EC2: MinCount or nothing
             raise CapacityError(f"InsufficientInstanceCapacity: {room} {spec.size} left")
@@ -189,6 +214,10 @@ class FakeCloud:
                     self.vms[vm_id] = _Vm(
                         vm_id, name, spec.size, self.clock.now(), spec.token, i, tags
                     )
+                    if spec.spot and self.spot == "withhold":
+                        self.vms[vm_id].state = "pending"  # capacity never arrives
+                    if spec.placement_group:
+                        self.placements[spec.placement_group].add(vm_id)
                     made.append(self.vms[vm_id])
             return [self._instance(v) for v in made]
 

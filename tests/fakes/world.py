@@ -84,9 +84,7 @@ def make_world(
     nodes read a shared fleet listing, as EC2's do."""
     cfg = lab_config_in(tmp_path, extra_config, edits)
     clock = FakeClock()
-    cloud = FakeCloud(
-        "lab", clock, batch_max=batch_max, boot_seconds=2.0, lists_fleet=lists_fleet
-    )
+    cloud = FakeCloud("lab", clock, batch_max=batch_max, boot_seconds=2.0, lists_fleet=lists_fleet)
     mesh = FakeMesh(clock)
     mesh.ensure_hub()
 

@@ -5,6 +5,7 @@ from typing import Any
 
 import pytest
 
+from tests.integration.ec2config import cfg_factory  # noqa: F401  (a fixture)
 from tests.providers import azure, gce, http, openstack  # noqa: F401  (fixtures)
 from tests.s3server import S3Server, s3_server
 

@@ -133,7 +133,7 @@ def test_the_installed_units_are_the_shipped_ones(unit: str, header: tuple[int, 
     variables["slurm_burst_config_file"] = "/etc/slurm-burst/slurm-burst.toml"
     rendered = env.from_string(template.read_text()).render(variables).splitlines()
     shipped = (ROOT / "slurm-conf" / "systemd" / unit).read_text().splitlines()
-    assert rendered[header[0]:] == shipped[header[1]:]
+    assert rendered[header[0] :] == shipped[header[1] :]
     timer = "slurm-burst-stage-gc.timer"
     assert (role / "files" / timer).read_bytes() == (ROOT / "slurm-conf" / "systemd" / timer
                                                      ).read_bytes()  # fmt: skip

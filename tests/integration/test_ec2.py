@@ -41,6 +41,7 @@ from slurm_burst.core.jobs import jobs_by_node
 from slurm_burst.core.nodestate import NodeState, Want, reason
 from slurm_burst.core.ratelimit import ApiBudgets
 from slurm_burst.services.daemon import Daemon
+from slurm_burst.services.launcher import Candidate
 from slurm_burst.services.provisioner import Later, Provisioner, Secrets
 from slurm_burst.wiring import DaemonParts
 from tests.conftest import invoke, wait
@@ -55,77 +56,6 @@ moto = pytest.importorskip(
 from slurm_burst_lab.ec2emu import Ec2Emulator  # noqa: E402 - after the importorskip
 
 from tests.providers import FIXTURES, NOVA, Http  # noqa: E402
-
-CONFIG = """
-[cluster]
-name = "{cluster}"
-controller_host = "ctl"
-controller_addr = "10.0.0.1"
-
-[slurm]
-onprem_partitions = ["batch"]
-conf_dir = "{tmp}/slurm"
-hook_dir = "{tmp}/bin"
-
-[mesh]
-endpoint = "203.0.113.10"
-interface = "wg-ec2test"
-state_dir = "{tmp}/wg"
-
-[providers.aws]
-driver = "ec2"
-region = "us-east-1"
-credentials = {{ key_env = "SB_TEST_AWS_KEY", secret_env = "SB_TEST_AWS_SECRET" }}
-options = {{ host = "127.0.0.1", port = {port}, secure = false, signature_version = "4" }}
-
-[node_groups.cpu]
-pattern = "aws-{{n}}"
-count = 64
-partition = "burst-aws"
-providers = ["aws"]
-sizes = ["c5.large", "c5.xlarge"]
-image = "ami-12345678"
-cpus = 2
-memory_mb = 3500
-spot = {spot}
-tags = {{ "cost-center" = "hpc-42" }}
-price_per_hour = {{ "c5.large" = 0.085, "c5.xlarge" = 0.17 }}
-
-[ledger]
-url = "sqlite:///{tmp}/ledger.db"
-accounting = false
-
-[daemon]
-state_dir = "{tmp}/state"
-socket = "{tmp}/daemon.sock"
-hook_log = "{tmp}/hooks.log"
-boot_timeout = 600
-workers = 8
-poll_period = 1
-heartbeat_stale = 30
-metrics_listen = ""
-api_backoff = 0.01
-api_backoff_max = 0.05
-"""
-
-
-@pytest.fixture
-def cfg_factory(
-    emulator: Ec2Emulator, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> Callable[..., Config]:
-    monkeypatch.setenv("SB_TEST_AWS_KEY", "AKIDEMULATOR000000000")
-    monkeypatch.setenv("SB_TEST_AWS_SECRET", "emulator-secret")
-
-    def make(spot: bool = False, daemon: str = "") -> Config:
-        cluster = f"t{time.time_ns() % 10**9}"  # each test its own instances in the emulator
-        path = tmp_path / "slurm-burst.toml"
-        text = CONFIG.format(cluster=cluster, tmp=tmp_path, port=emulator.port,
-                             spot=str(spot).lower())  # fmt: skip
-        path.write_text(text.replace("[daemon]\n", f"[daemon]\n{daemon}\n"))
-        path.chmod(0o640)
-        return load_config(path)
-
-    return make
 
 
 def daemon(cfg: Config, tmp: Path, slurm: FakeScheduler | None = None) -> Daemon:
@@ -142,7 +72,8 @@ def daemon(cfg: Config, tmp: Path, slurm: FakeScheduler | None = None) -> Daemon
         clouds=wiring.managed_clouds(cfg),
         mesh=FakeMesh(clock),
         connector=SshConnector(cfg.daemon.ssh_user, key),
-        scheduler=slurm or FakeScheduler.cloud_nodes(cfg.node_groups["cpu"].node_names()),
+        scheduler=slurm
+        or FakeScheduler.cloud_nodes([n for g in cfg.node_groups.values() for n in g.node_names()]),
         ledger=wiring.daemon_ledger(cfg, sql),
         secrets=Secrets(public, b"unused"),
         leader=SoleLeader("test"),
@@ -162,7 +93,8 @@ def requested(prov: Provisioner, *names: str, jobs: Sequence[dict[str, object]] 
     by_node = jobs_by_node(jobs, names)
     for n in names:
         prov.store.transition(
-            n, NodeState.REQUESTED, time.time(), group="cpu", want=Want.UP, launch_seq=1,
+            n, NodeState.REQUESTED, time.time(), group=getattr(prov.fleet.group_of(n), "name", ""),
+            want=Want.UP, launch_seq=1,
             jobs=json.dumps(by_node.get(n, [])),
         )  # fmt: skip
 
@@ -310,7 +242,7 @@ def test_a_partial_batch_repeated_after_a_crash_sends_the_same_parameters(
         )
     emulator.limit("c5.large", 5)
     made = prov.clouds["aws"].launch_many(
-        prov.launcher.batch_spec(group, names, "c5.large", token, 4)
+        prov.launcher.batch_spec(group, names, Candidate(0, "aws", "c5.large"), token, 4)
     )
     assert len(made) == 5
     emulator.calls.clear()

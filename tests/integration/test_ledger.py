@@ -554,5 +554,7 @@ def test_storage_booked_by_gc_is_charged_to_the_account_once_a_period(led: SqlLe
     assert by_job["(storage)"]["staging_micros"] == total and by_job["(storage)"]["user"] == ""
     assert led.spent(date(day.year, day.month, 1), day + timedelta(days=1))[acct] == total
     lines = [ln for ln in led.charge_lines(day, day + timedelta(days=1)) if ln[1] == acct]
-    assert [(ln[6], ln[8], ln[2], ln[4]) for ln in lines] == [("staging-stored", 23_000, "", ""),
-                                                             ("staging-stored", 3_151, "", "")]
+    assert [(ln[6], ln[8], ln[2], ln[4]) for ln in lines] == [
+        ("staging-stored", 23_000, "", ""),
+        ("staging-stored", 3_151, "", ""),
+    ]

@@ -585,7 +585,7 @@ def test_the_command_line_pushes_and_reports_and_says_what_is_wrong(
         f'[stores.lab]\nbucket = "{server.bucket}"\nendpoint = "{server.endpoint}"\n'
         'secure = false\nprefix = "cli/"\n'
         'credentials = { key_env = "SB_S3_KEY", secret_env = "SB_S3_SECRET" }\n'
-        'upload_per_gb = 0.5\nstorage_per_gb_month = 0.25\n'
+        "upload_per_gb = 0.5\nstorage_per_gb_month = 0.25\n"
         '[staging]\nstore = "lab"\nonprem_only_paths = ["/srv/medical"]\n'
         f'[ledger]\nurl = "sqlite:///{tmp_path}/ledger.db"\n'
         f'[daemon]\nstate_dir = "{tmp_path}/state"\n'
@@ -671,8 +671,9 @@ def test_an_object_gone_from_the_store_is_named_for_the_daemon_to_send_again(
     dest = tmp_path / "node" / "gone"
     plan = plan_for(server, root, dest, account="gone")
     [f] = plan["files"]
-    store(server).delete(Layout(PREFIX, namespace("gone")).object(
-        f"o/{f['sha256'][:2]}/{f['sha256']}"))  # deleted as gc does: through the API
+    store(server).delete(
+        Layout(PREFIX, namespace("gone")).object(f"o/{f['sha256'][:2]}/{f['sha256']}")
+    )  # deleted as gc does: through the API
     code, out = pull(plan)
     assert code == 1 and out.get("corrupt") == [f["sha256"]], out
 

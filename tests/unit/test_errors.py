@@ -34,6 +34,9 @@ INTERNAL = {
     "node to a timer (Workers._work), or sleeps in a blocking Provisioner.drive",
     "slurm_burst.services.provisioner.NeedsJoinSlot": "control flow: a node ready to "
     "bootstrap moves to the join pool (Workers._work)",
+    "slurm_burst.services.provisioner.Relaunch": "control flow: a node falling back from "
+    "spot is launched again with the others (Workers._work), or at once in a blocking "
+    "Provisioner.drive",
     "slurm_burst.adapters.cloud.attest.NoSource": "a LibcloudError inside the cloud "
     "adapter, turned into the node's HostKeys failure there",
     "slurm_burst.node.stagein.Refused": "the node's stage-in program (standard library "

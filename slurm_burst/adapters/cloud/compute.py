@@ -44,6 +44,7 @@ from slurm_burst.core.cloud import (
     NODE_TAG,
     TOKEN_TAG,
     CloudError,
+    ExistsError,
     Instance,
     LaunchSpec,
     NotFoundError,
@@ -213,6 +214,36 @@ class LibcloudCloud:
         if size is None:
             raise CloudError(f"{self.name}: size {size_id!r} is not offered", "InvalidSize")
         return size
+
+    # -- placement groups -------------------------------------------------------
+    def create_placement(self, name: str) -> None:
+        """A cluster placement group ``name`` (EC2's CreatePlacementGroup through
+        libcloud; a plugin driver offering placement has the same method). One that
+        exists already is no error: the call is repeated after a crash or per size."""
+        try:
+            self._placement_call("ex_create_placement_group", name)
+        except ExistsError:
+            return
+        log.info("cloud.placement_created provider=%s name=%s", self.name, name)
+
+    def delete_placement(self, name: str) -> None:
+        """Delete placement group ``name``; one that is gone is no error, one with
+        instances still in it (shutting down included) raises :class:`InUseError`."""
+        try:
+            self._placement_call("ex_delete_placement_group", name)
+        except NotFoundError:
+            return
+        log.info("cloud.placement_deleted provider=%s name=%s", self.name, name)
+
+    def _placement_call(self, method: str, name: str) -> None:
+        call = getattr(self.driver, method, None)
+        if call is None:
+            raise CloudError(f"{self.name}: driver {self.kind} makes no placement groups",
+                             "NotSupported")  # fmt: skip
+        try:
+            call(name)
+        except _ERRORS as exc:
+            raise self._error(exc) from exc
 
     # -- read -----------------------------------------------------------------
     def get(self, instance_id: str) -> Instance | None:

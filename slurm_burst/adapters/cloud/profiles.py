@@ -43,7 +43,8 @@ API_NAMES: dict[str, dict[str, str]] = {
     "ec2": {
         "launch": "RunInstances", "find": "DescribeInstances", "get": "DescribeInstances",
         "list": "DescribeInstances", "tag": "CreateTags", "terminate": "TerminateInstances",
-        "host_keys": "GetConsoleOutput",
+        "host_keys": "GetConsoleOutput", "create_placement": "CreatePlacementGroup",
+        "delete_placement": "DeletePlacementGroup",
     },
 }  # fmt: skip
 # drivers that filter a listing by tag on the server side (a plugin's says so itself)
@@ -138,6 +139,8 @@ def ec2(
         kw["ex_spot"] = True
         if spec.spot_max_price:
             kw["ex_spot_max_price"] = spec.spot_max_price
+    if spec.placement_group:
+        kw["ex_placement_group"] = spec.placement_group
     if spec.count > 1:  # EC2 makes as many as it can between the two, or none
         kw["ex_maxcount"] = spec.count
         kw["ex_mincount"] = spec.min_count or spec.count

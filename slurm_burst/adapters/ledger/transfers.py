@@ -153,4 +153,3 @@ def charge_line(
 
 def day_start(d: date) -> datetime:
     return datetime.combine(d, time(0), UTC)
-

@@ -82,7 +82,9 @@ CREATE TABLE IF NOT EXISTS nodes (
     jobs        TEXT NOT NULL DEFAULT '[]',
     requested_at REAL NOT NULL DEFAULT 0,
     state_since REAL NOT NULL DEFAULT 0,
-    registered_at REAL NOT NULL DEFAULT 0  -- when slurmctld was seen to hear from its slurmd
+    registered_at REAL NOT NULL DEFAULT 0, -- when slurmctld was seen to hear from its slurmd
+    market      TEXT NOT NULL DEFAULT '',   -- 'spot' or '' (on-demand)
+    placement   TEXT NOT NULL DEFAULT ''    -- the placement group of its instance
 );
 CREATE TABLE IF NOT EXISTS mesh_addresses (
     address      TEXT PRIMARY KEY,
@@ -150,6 +152,8 @@ MIGRATIONS: tuple[str, ...] = (
     "ALTER TABLE requests ADD COLUMN uid TEXT",
     "CREATE INDEX IF NOT EXISTS stages_state ON stages (state)",  # stages: made by SCHEMA
     "SELECT 1",  # outputs: made by SCHEMA
+    "ALTER TABLE nodes ADD COLUMN market TEXT NOT NULL DEFAULT ''",
+    "ALTER TABLE nodes ADD COLUMN placement TEXT NOT NULL DEFAULT ''",
 )
 _OUTPUT_FIELDS = frozenset(
     {"sync", "state", "node", "manifest", "files", "bytes", "synced_at", "message"}
@@ -175,7 +179,12 @@ def _record(row: sqlite3.Row) -> NodeRecord:
 
 def _stage(row: sqlite3.Row) -> StageRecord:
     owner = JobOwner(
-        row["job_id"], row["user"], row["uid"], row["gid"], row["account"], row["qos"],
+        row["job_id"],
+        row["user"],
+        row["uid"],
+        row["gid"],
+        row["account"],
+        row["qos"],
         tuple(row["partitions"].split(",")) if row["partitions"] else (),
     )
     return StageRecord(

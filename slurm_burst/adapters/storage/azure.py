@@ -103,9 +103,11 @@ class AzureBlobStore(S3Store):
                              {"Content-Length": str(n), "Content-MD5": md5})  # fmt: skip
             ids.append(block)
             sent += n
-        listing = "<?xml version='1.0' encoding='utf-8'?><BlockList>" + "".join(
-            f"<Latest>{b}</Latest>" for b in ids
-        ) + "</BlockList>"
+        listing = (
+            "<?xml version='1.0' encoding='utf-8'?><BlockList>"
+            + "".join(f"<Latest>{b}</Latest>" for b in ids)
+            + "</BlockList>"
+        )
         commit = listing.encode()
         md5 = base64.b64encode(hashlib.md5(commit, usedforsecurity=False).digest()).decode()
         self._block_call(key, commit, {"comp": "blocklist"},
@@ -150,4 +152,3 @@ class AzureBlobStore(S3Store):
 
     def _path(self, key: str) -> str:
         return f"/{self.bucket}/{quote(key, safe='/~')}"
-

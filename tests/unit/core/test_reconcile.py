@@ -31,6 +31,7 @@ class Rec:
     wg_pubkey: str = ""
     requested_at: float = NOW - 30
     state_since: float = NOW - 10
+    placement: str = ""
 
 
 def inst(i: str, node: str, state: str = "running") -> Instance:
