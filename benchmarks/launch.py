@@ -89,10 +89,13 @@ class Run(NamedTuple):
 
 
 def run(emu: RemoteEmulator, nodes: int, batch: int) -> Run:
-    with tempfile.TemporaryDirectory() as d, launching(emu, Path(d), nodes, batch) as (
-        cfg,
-        store,
-        aws,
+    with (
+        tempfile.TemporaryDirectory() as d,
+        launching(emu, Path(d), nodes, batch) as (
+            cfg,
+            store,
+            aws,
+        ),
     ):
         marks = watch(store, aws)
         started = time.perf_counter()

@@ -161,7 +161,7 @@ def bench(release: str | None) -> dict[str, Any]:
         pushed = json.loads(_run([*SB, "stage", "push", str(data), "-A", "physics",
                                   "--as-user", JOB_USER, "--json"], keys))  # fmt: skip
         store = Store(state_db_path(cfg), create=False)
-        script = f"#!/bin/sh\n#BB_LUA stage_in src={data} dst=d\ntest -d \"$SLURM_BURST_STAGE_D\"\n"
+        script = f'#!/bin/sh\n#BB_LUA stage_in src={data} dst=d\ntest -d "$SLURM_BURST_STAGE_D"\n'
         warm: list[dict[str, Any]] = []
         cold: list[dict[str, Any]] = []
         node = "burst-cpu-30"

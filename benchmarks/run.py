@@ -156,6 +156,8 @@ if __name__ == "__main__":
     # side by side with aws-plugin-for-slurm (a checkout named by AWS_PLUGIN_FOR_SLURM;
     # said and skipped without one)
     subprocess.run([sys.executable, str(ROOT / "benchmarks" / "versus.py")], check=False)
+    # spot refused -> on-demand, and the calls a placement group adds per job
+    subprocess.run([sys.executable, str(ROOT / "benchmarks" / "capacity.py")], check=False)
     # the burst policy: one pass over 100,000 pending jobs; the simulator on both traces
     subprocess.run([sys.executable, str(ROOT / "benchmarks" / "policy.py")], check=False)
     # the GPU check (8 GPUs, simulated NVML) and one telemetry pass over 1,000 GPU nodes

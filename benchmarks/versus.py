@@ -150,10 +150,13 @@ def plugin_run(emu: RemoteEmulator, plugin: Path, nodes: int) -> dict[str, Any]:
 def ours_run(emu: RemoteEmulator, nodes: int) -> dict[str, Any]:
     """slurm-burst's resume of ``nodes`` nodes against ``emu``: the hook, the daemon's
     launch and naming."""
-    with tempfile.TemporaryDirectory() as d, launching(emu, Path(d), nodes, 0) as (
-        cfg,
-        store,
-        _,
+    with (
+        tempfile.TemporaryDirectory() as d,
+        launching(emu, Path(d), nodes, 0) as (
+            cfg,
+            store,
+            _,
+        ),
     ):
         started = time.monotonic()
         resume(cfg, nodes)

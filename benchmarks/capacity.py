@@ -1,0 +1,105 @@
+"""Spot fallback and placement per job against the EC2 emulator (issue 32's figures).
+
+- **Provider calls a placement adds per job**: a 4-node job of a group with
+  ``placement = "cluster"`` launched (RunInstances into a new cluster placement group),
+  released, and the reconcile pass run: CreatePlacementGroup + DeletePlacementGroup
+  (+ any describe) per job (goal <= 2).
+- **Spot refusal -> on-demand launch**: the emulator refuses spot capacity; the time
+  from the spot RunInstances reaching EC2 to the fallback's on-demand RunInstances
+  reaching it (the emulator's call timeline), and the whole launch call, quiet and with
+  two CPU burners beside it.
+
+The daemon's real launcher, provisioner and reconciler on the SQLite state, libcloud's
+EC2 driver over HTTP to the emulator in this process (scale mode without throttling:
+EC2's answer form); the hub and Slurm are fakes, as in tests/integration/test_ec2.py.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from launch import burners  # noqa: E402
+from slurm_burst_lab.ec2emu import Ec2Emulator, Scale  # noqa: E402
+
+from slurm_burst.config import Config, load_config  # noqa: E402
+from slurm_burst.core.nodestate import Want  # noqa: E402
+from tests.integration.ec2config import CONFIG  # noqa: E402
+from tests.integration.test_ec2 import daemon, launch_batch, requested  # noqa: E402
+from tests.integration.test_ec2_capacity import SPOT  # noqa: E402
+
+RUNS = 10
+NODES = [f"spot-{i}" for i in range(1, 5)]
+JOB = [{"job_id": 7, "nodes": "spot-[1-4]"}]
+PLACEMENT_CALLS = ("CreatePlacementGroup", "DeletePlacementGroup", "DescribePlacementGroups")
+
+
+def config(tmp: Path, port: int, run: int) -> Config:
+    text = CONFIG.format(cluster=f"cap{run}-{time.time_ns() % 10**9}", tmp=tmp, port=port,
+                         spot="false")  # fmt: skip
+    text = text.replace("[slurm]\n", "[slurm]\nresume_timeout = 900\n")
+    path = tmp / "slurm-burst.toml"
+    path.write_text(text + SPOT.format(wait=30))
+    path.chmod(0o640)
+    return load_config(path)
+
+
+def one_job(emu: Ec2Emulator, run: int, refuse: bool) -> tuple[int, float, float]:
+    """(placement calls, spot -> on-demand seconds or 0, launch seconds) of one job."""
+    with tempfile.TemporaryDirectory() as d:
+        tmp = Path(d)
+        (tmp / "slurm").mkdir()
+        cfg = config(tmp, emu.port, run)
+        dm = daemon(cfg, tmp)
+        prov = dm.prov
+        requested(prov, *NODES, jobs=JOB)
+        emu.market.set_spot("refuse" if refuse else "")
+        emu.calls.clear()
+        emu.timeline.clear()
+        started = time.perf_counter()
+        launch_batch(prov, NODES)
+        took = time.perf_counter() - started
+        runs = [t for t, action, _ in emu.timeline if action == "RunInstances"]
+        fallback = runs[1] - runs[0] if refuse and len(runs) == 2 else 0.0
+        for n in NODES:
+            prov.store.update(n, want=Want.DOWN)
+            prov.drive(n)
+        dm.reconciler.pass_once()
+        calls = sum(emu.calls.get(a, 0) for a in PLACEMENT_CALLS)
+        emu.market.set_spot("")
+        return calls, fallback, took
+
+
+def main() -> None:
+    logging.disable(logging.WARNING)  # the fallbacks' warnings are what is measured
+    os.environ.setdefault("SB_TEST_AWS_KEY", "AKIDEMULATOR000000000")
+    os.environ.setdefault("SB_TEST_AWS_SECRET", "emulator-secret")
+    emu = Ec2Emulator(scale=Scale(throttle=0.0, boot=0.0, console=0.0))
+    emu.start()
+    try:
+        placed = [one_job(emu, i, refuse=False)[0] for i in range(RUNS)]
+        print(f"placement: provider calls added per 4-node job  max {max(placed)}  "
+              f"(goal <= 2){'  OK' if max(placed) <= 2 else '  OVER GOAL'}")  # fmt: skip
+        for label, load in (("quiet", 0), ("2 CPU burners", 2)):
+            with burners(load):
+                got = [one_job(emu, 100 * (load + 1) + i, refuse=True) for i in range(RUNS)]
+            fall = [g[1] * 1000 for g in got]
+            launch = [g[2] * 1000 for g in got]
+            print(f"spot refused -> on-demand RunInstances ({label}): median "
+                  f"{statistics.median(fall):6.1f} ms  max {max(fall):6.1f} ms; whole launch "
+                  f"median {statistics.median(launch):6.1f} ms")  # fmt: skip
+    finally:
+        emu.stop()
+
+
+if __name__ == "__main__":
+    main()
