@@ -109,6 +109,7 @@ class Scheduler(Protocol):
         reason: str | None = None,
         addrs: Sequence[str] | None = None,
         hostnames: Sequence[str] | None = None,
+        comment: str | None = None,  # the node's Comment ('' clears it)
     ) -> None: ...
 
 

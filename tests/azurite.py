@@ -49,8 +49,9 @@ def azurite_server(root: Path, container: str = "stage") -> Iterator[Azurite]:
     proc = subprocess.Popen(cmd, stdout=log, stderr=log, cwd=root)
     try:
         wait_listening(proc, port, root / "azurite.log", "Azurite", 30)
-        driver = AzureBlobsStorageDriver(ACCOUNT, ACCOUNT_KEY, host="127.0.0.1", port=port,
-                                         secure=False)  # type: ignore[no-untyped-call]
+        driver = AzureBlobsStorageDriver(
+            ACCOUNT, ACCOUNT_KEY, host="127.0.0.1", port=port, secure=False
+        )  # type: ignore[no-untyped-call]
         driver.create_container(container)  # type: ignore[no-untyped-call]
         yield Azurite(port, container)
     finally:

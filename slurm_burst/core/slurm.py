@@ -27,6 +27,7 @@ def check_update(
     reason: str | None,
     addrs: Sequence[str] | None,
     hostnames: Sequence[str] | None,
+    comment: str | None = None,
 ) -> None:
     """What every ``Scheduler.update_nodes`` refuses before asking Slurm: addresses or
     host names that do not pair one-to-one with the names, or nothing to change."""
@@ -34,7 +35,7 @@ def check_update(
         raise ValueError("addrs must pair one-to-one with names")
     if hostnames is not None and len(hostnames) != len(names):
         raise ValueError("hostnames must pair one-to-one with names")
-    if state is None and reason is None and addrs is None and hostnames is None:
+    if state is None and reason is None and addrs is None and hostnames is None and comment is None:
         raise ValueError("nothing to update")
 
 

@@ -110,6 +110,7 @@ INSTANCE_FAULTS = frozenset({
 })  # fmt: skip
 REPLACED = "replaced.{node}"  # meta: when the node's request came, and its new instance
 SPOT_WAIT = "SpotCapacityWait"  # a spot launch's capacity did not come in time
+FELL_BACK = "slurm-burst: no spot capacity, on-demand"  # the node's Slurm comment
 
 
 @contextmanager
@@ -388,19 +389,24 @@ class Provisioner:
 
     def _fell_back(self, recs: Sequence[NodeRecord]) -> None:
         """Nodes of a spot group launched on their fallback's on-demand capacity: in the
-        events and in Slurm's node reason (where ``scontrol show node`` shows it)."""
+        events and in the node's Slurm comment (``scontrol show node``), cleared when
+        the node is released."""
         now = self.clock.now()
         for r in recs:
             self.store.event(now, "spot.fallback", r.name, f"on-demand {r.provider}/{r.size}")
         names = [r.name for r in recs]
         log.warning("node.spot_fallback_launched count=%d hostlist=%s", len(names),
                     compress(names))  # fmt: skip
-        try:
-            self.scheduler.update_nodes(
-                names, reason=f"slurm-burst: no spot capacity, on-demand {recs[0].size}"
-            )
+        try:  # a comment: Slurm keeps a reason only on a node DOWN or drained
+            self.scheduler.update_nodes(names, comment=f"{FELL_BACK} {recs[0].size}")
         except SchedulerError as exc:
-            log.warning("node.reason_failed count=%d error=%s", len(names), exc)
+            log.warning("node.comment_failed count=%d error=%s", len(names), exc)
+
+    def _fell_back_comment(self, rec: NodeRecord) -> bool:
+        """Whether the node carries our fallback comment: a spot group's node launched
+        on-demand."""
+        group = self.fleet.group_of(rec.name)
+        return group is not None and group.spot and bool(rec.instance_id) and not rec.market
 
     def _instance_fault(self, rec: NodeRecord, fault: str) -> None:
         """An instance the provider accepted and then put in error (OpenStack: the
@@ -771,12 +777,19 @@ class Provisioner:
             if rec.wg_pubkey:
                 self.mesh.remove_peer(rec.wg_pubkey)
             released = self.store.release_address(name)  # given at the request, or bootstrap
+            fell = "" if self._fell_back_comment(rec) else None  # our comment goes with it
             if released or rec.mesh_addr:
                 try:  # NodeAddr parked: nothing points at a released address
                     park = parking_address(self.settings.mesh_subnet)
-                    self.scheduler.update_nodes([name], addrs=[park], hostnames=[name])
+                    self.scheduler.update_nodes([name], addrs=[park], hostnames=[name],
+                                                comment=fell)  # fmt: skip
                 except SchedulerError as exc:
                     log.warning("node.nodeaddr_reset_failed node=%s error=%s", name, exc)
+            elif fell is not None:
+                try:
+                    self.scheduler.update_nodes([name], comment=fell)
+                except SchedulerError as exc:
+                    log.warning("node.comment_failed count=1 error=%s", exc)
             if rec.instance_id:
                 self._record(rec, rec.instance_id, "terminated", self.clock.now(), rec.error)
         self.store.transition(

@@ -49,8 +49,15 @@ class LedgerContract:
         ids = [f"i-batch-{next(_seq)}" for _ in range(3)]
         evs = [
             InstanceEvent(
-                f"n{k}", iid, "requested", 1_790_000_000.0, provider="lab", size="s1",
-                price_per_hour=0.5, group="cpu", cpus=2,
+                f"n{k}",
+                iid,
+                "requested",
+                1_790_000_000.0,
+                provider="lab",
+                size="s1",
+                price_per_hour=0.5,
+                group="cpu",
+                cpus=2,
             )
             for k, iid in enumerate(ids)
         ]

@@ -86,11 +86,13 @@ class FakeScheduler:
         reason: str | None = None,
         addrs: Sequence[str] | None = None,
         hostnames: Sequence[str] | None = None,
+        comment: str | None = None,
     ) -> None:
-        check_update(names, state, reason, addrs, hostnames)
+        check_update(names, state, reason, addrs, hostnames, comment)
         with self._lock:
+            said = {"comment": comment} if comment is not None else {}
             self.updates.append(
-                {"nodes": list(names), "state": state, "reason": reason, "addrs": addrs}
+                {"nodes": list(names), "state": state, "reason": reason, "addrs": addrs, **said}
             )
             change = {"state": state, "reason": reason, "addrs": addrs, "hostnames": hostnames}
             refused = self.refuse(names, change) if self.refuse is not None else None

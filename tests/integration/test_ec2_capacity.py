@@ -142,9 +142,13 @@ def test_spot_refused_falls_back_to_on_demand_at_once_in_the_same_placement_grou
     assert ("aws", "c5.large") not in prov.store.unavailable(time.time())  # on-demand apart
     fell = [e["node"] for e in prov.store.events() if e["event"] == "spot.fallback"]
     assert sorted(fell) == NODES
-    reasons = [u for u in prov.scheduler.updates if u["reason"]]  # type: ignore[attr-defined]
-    assert reasons and "no spot capacity" in reasons[-1]["reason"]
-    assert sorted(reasons[-1]["nodes"]) == NODES
+    said = [u for u in prov.scheduler.updates if u.get("comment")]  # type: ignore[attr-defined]
+    assert said and said[-1]["comment"] == "slurm-burst: no spot capacity, on-demand c5.large"
+    assert sorted(said[-1]["nodes"]) == NODES
+    prov.store.update(NODES[0], want=Want.DOWN)
+    prov.drive(NODES[0])  # released: the comment goes with the instance
+    last = [u for u in prov.scheduler.updates if NODES[0] in u["nodes"]][-1]  # type: ignore[attr-defined]
+    assert last.get("comment") == "", last
 
 
 def test_spot_capacity_withheld_falls_back_after_the_wait_in_one_launch(

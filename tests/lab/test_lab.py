@@ -19,12 +19,11 @@ def test_sinfo_shows_onprem_idle_and_burst_idle_powered_down(lab: Lab) -> None:
     assert states and set(states.values()) == {"idle~"}
     assert set(states) == {f"burst-cpu-{i}" for i in range(1, 33)} | {
         f"burst-gpu-{i}" for i in range(1, 9)} | {"burst-ec2-1", "burst-ec2-2"} | {
-        f"burst-ec2x-{i}" for i in range(1, 33)}  # fmt: skip
+        f"burst-ec2x-{i}" for i in range(1, 33)} | {
+        f"burst-spot-{i}" for i in range(1, 5)}  # fmt: skip
 
 
-def test_the_labs_slurmctld_reads_back_what_the_config_meant(
-    lab: Lab, lab_config: Config
-) -> None:
+def test_the_labs_slurmctld_reads_back_what_the_config_meant(lab: Lab, lab_config: Config) -> None:
     """The fragment conf render wrote for the lab's release, as its slurmctld loaded it."""
     check_read_back(lab_config, lambda argv: run(argv, env=lab.env()).stdout)
 

@@ -313,9 +313,7 @@ class Deployed:
 
 
 @pytest.fixture(scope="module")
-def deployed(
-    work: Path, inventory: Path, controller: Node, pkey: paramiko.Ed25519Key
-) -> Deployed:
+def deployed(work: Path, inventory: Path, controller: Node, pkey: paramiko.Ed25519Key) -> Deployed:
     rc, out = play(work, inventory, SITE / "site.yml")
     assert rc == 0, out[-4000:]
     site_conf = run_on(controller, pkey, "cat /etc/slurm/slurm.conf").splitlines()

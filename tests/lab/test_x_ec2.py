@@ -131,3 +131,98 @@ def test_a_burst_of_32_ec2_vms_joins_every_node_and_runs_its_job_while_ec2_throt
         120,
         "the 32 EC2 nodes torn down",
     )
+
+
+SPOTS = [f"burst-spot-{i}" for i in range(1, 5)]
+
+
+def _thaw_spot(store: Store) -> None:
+    """End the spot size's cooldown a test before left (every test starts asking spot)."""
+    store.mark_unavailable("aws", "t3.micro/spot", 0.0, "")
+
+
+def _release(env: dict[str, str], lab: Lab, store: Store, nodes: list[str]) -> None:
+    recs = [store.node(n) for n in nodes]
+    ids = {r.instance_id for r in recs if r is not None}
+    sh(env, "scontrol", "update", f"nodename={','.join(nodes)}", "state=power_down")
+    wait(lambda: not ids & set(ec2_vms(lab)), 120, "the VMs halted")
+    wait(
+        lambda: all(str(getattr(store.node(n), "state", "")) == "terminated" for n in nodes),
+        60,
+        "the nodes torn down",
+    )
+
+
+def test_spot_refused_runs_a_4_node_job_on_demand_in_one_placement_group(
+    lab: Lab, lab_config: Config, env: dict[str, str], store: Store
+) -> None:
+    """The emulator refuses spot capacity: the job's four nodes launch at once on the
+    fallback group's on-demand t3.micro, into one cluster placement group made for the
+    job; Slurm's node reason and the events say why; the placement group is deleted once
+    the nodes are released."""
+    _thaw_spot(store)
+    start = max((e["id"] for e in store.events(limit=10**6)), default=0)
+    before = emulator_calls(lab_config)
+    emulator(lab_config, "spot?mode=refuse")
+    try:
+        srun = subprocess.run(
+            ["srun", "-p", "burst-spot", "-N4", "-t", "5", "hostname"],
+            env=env, capture_output=True, text=True, timeout=300, check=False,
+        )  # fmt: skip
+    finally:
+        emulator(lab_config, "spot?mode=")
+    assert srun.returncode == 0, srun.stderr[-3000:]
+    assert len(set(srun.stdout.split())) == 4, srun.stdout
+    recs = [store.node(n) for n in SPOTS]
+    assert all(r is not None and (r.market, r.size) == ("", "t3.micro") for r in recs), recs
+    (placed,) = {r.placement for r in recs if r is not None}
+    market = emulator(lab_config, "market")
+    members = market["groups"][placed]["members"]
+    assert sorted(members) == sorted(r.instance_id for r in recs if r is not None)
+    calls = emulator_calls(lab_config)
+    added = {
+        a: calls.get(a, 0) - before.get(a, 0) for a in ("RunInstances", "CreatePlacementGroup")
+    }
+    # spot refused, then on-demand, into the one placement group
+    assert added == {"RunInstances": 2, "CreatePlacementGroup": 1}, added
+    fell = {e["node"] for e in store.events(since_id=start, limit=10**6)
+            if e["event"] == "spot.fallback"}  # fmt: skip
+    assert fell == set(SPOTS)
+    shown = sh(env, "scontrol", "show", "node", SPOTS[0])
+    assert "no spot capacity" in shown, shown
+    _release(env, lab, store, SPOTS)
+    wait(lambda: placed not in emulator(lab_config, "market")["groups"], 60,
+         "the job's placement group deleted")  # fmt: skip
+
+
+def test_spot_withheld_falls_back_after_the_wait_and_the_job_runs(
+    lab: Lab, lab_config: Config, env: dict[str, str], store: Store
+) -> None:
+    """The emulator makes the spot instances and never runs them (capacity that does not
+    arrive): after the group's spot_fallback_after (15 s) they are terminated and the
+    job's nodes launch on-demand together; the job runs, no node fails."""
+    _thaw_spot(store)
+    nodes = SPOTS[:2]
+    start = max((e["id"] for e in store.events(limit=10**6)), default=0)
+    emulator(lab_config, "spot?mode=withhold")
+    began = time.monotonic()
+    try:
+        srun = subprocess.run(
+            ["srun", "-p", "burst-spot", "-N2", "-t", "5", "hostname"],
+            env=env, capture_output=True, text=True, timeout=300, check=False,
+        )  # fmt: skip
+    finally:
+        withheld = emulator(lab_config, "market")["withheld"]
+        emulator(lab_config, "spot?mode=")
+    took = time.monotonic() - began
+    assert srun.returncode == 0, srun.stderr[-3000:]
+    assert took >= 15, took  # it waited for the spot capacity first
+    recs = [store.node(n) for n in nodes]
+    assert all(r is not None and r.market == "" and r.instance_id not in withheld for r in recs)
+    assert len(withheld) >= 2 and not set(withheld) & set(ec2_vms(lab))
+    events = store.events(since_id=start, limit=10**6)
+    assert any(e["event"] == "size.unavailable" and "SpotCapacityWait" in e["detail"]
+               for e in events)  # fmt: skip
+    assert not [e for e in events if e["event"] in ("node.failed", "node.released")], events
+    EC2_JOIN["spot withheld -> on-demand, job ran"] = {"srun_s": f"{took:.1f}"}
+    _release(env, lab, store, nodes)

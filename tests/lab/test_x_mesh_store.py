@@ -114,11 +114,30 @@ def test_a_node_pulls_and_sends_through_the_mesh_store_inside_its_tunnel(
         assert tx1 - tx0 >= 3 << 20, "the dataset did not go through the node's tunnel"
 
         # out: the node's outputs scanned and sent, then brought home verified
-        in_vm(cloud, vm, "sh", "-c", "mkdir -p /tmp/mesh-out/ckpt && head -c 2097152 "
-              "/dev/urandom > /tmp/mesh-out/ckpt/step-1.pt && echo done > /tmp/mesh-out/log")
-        scan = json.loads(in_vm(cloud, vm, "python3", str(NODE_DIR / "stageout.py"),
-                                "--exit-zero", "scan", "--dir", "/tmp/mesh-out",
-                                "--cache", "/tmp/mesh-cache.json").strip().splitlines()[-1])
+        in_vm(
+            cloud,
+            vm,
+            "sh",
+            "-c",
+            "mkdir -p /tmp/mesh-out/ckpt && head -c 2097152 "
+            "/dev/urandom > /tmp/mesh-out/ckpt/step-1.pt && echo done > /tmp/mesh-out/log",
+        )
+        scan = json.loads(
+            in_vm(
+                cloud,
+                vm,
+                "python3",
+                str(NODE_DIR / "stageout.py"),
+                "--exit-zero",
+                "scan",
+                "--dir",
+                "/tmp/mesh-out",
+                "--cache",
+                "/tmp/mesh-cache.json",
+            )
+            .strip()
+            .splitlines()[-1]
+        )
         assert scan["exit"] == 0 and len(scan["files"]) == 2, scan
         home = tmp_path / "results" / str(job_id)
         home.parent.mkdir()

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from slurm_burst.config import ConfigError, check_config, load_config
-from tests.conftest import invoke
+from tests.conftest import LAB_CONFIG, invoke
 
 LAB = Path(__file__).resolve().parents[2] / "slurm-conf" / "lab" / "slurm-burst.toml"
 
@@ -365,3 +365,45 @@ def test_name_each_max_is_a_count_of_instances(tmp_path: Path) -> None:
         ], problems
     _, problems = check_config(write(tmp_path, GOOD + "\n[daemon]\nname_each_max = 0\n"))
     assert not [p for p in problems if p.path == "daemon.name_each_max"], problems
+
+
+# The lab's spot group (spot_fallback = "ec2", placement = "cluster"), each edit a mistake.
+SPOT_GROUP = 'spot_fallback = "ec2"\nspot_fallback_after = 15\nplacement = "cluster"'
+
+
+@pytest.mark.parametrize(
+    ("new", "path", "fragment"),
+    [
+        (SPOT_GROUP.replace('"ec2"', '"nope"'), "spot_fallback", "no node group 'nope'"),
+        (SPOT_GROUP.replace('"ec2"', '"ec2spot"'), "spot_fallback", "is spot: a fallback"),
+        (SPOT_GROUP.replace("= 15", "= 30"), "spot_fallback_after",
+         "not less than daemon.boot_timeout"),
+        (SPOT_GROUP.replace("= 15", "= 1e9"), "spot_fallback_after", "0 to 86,400"),
+        (SPOT_GROUP.replace('"cluster"', '"spread"'), "placement", "'cluster' or ''"),
+        (SPOT_GROUP + '\nall_or_nothing = "node"', "placement", "all_or_nothing = 'job'"),
+    ],
+    ids=["unknown-fallback", "spot-fallback", "wait-past-boot", "huge-wait", "strategy",
+         "best-effort"],
+)  # fmt: skip
+def test_spot_fallback_and_placement_mistakes(
+    tmp_path: Path, new: str, path: str, fragment: str
+) -> None:
+    text = LAB_CONFIG.read_text()
+    assert SPOT_GROUP in text
+    _, problems = check_config(write(tmp_path, text.replace(SPOT_GROUP, new)))
+    hits = [p for p in problems if p.path == f"node_groups.ec2spot.{path}"]
+    assert hits and fragment in hits[0].message, problems
+
+
+def test_a_fallback_of_another_shape_and_placement_off_ec2_are_refused(tmp_path: Path) -> None:
+    text = LAB_CONFIG.read_text().replace(SPOT_GROUP, SPOT_GROUP.replace('"ec2"', '"cpu"'))
+    text = text.replace('providers = ["aws"]\nsizes = ["t3.micro"]\nimage = "ami-12345678"\n'
+                        'cpus = 2\nmemory_mb = 1000\nspot = true',
+                        'providers = ["lab"]\nsizes = ["ns.cpu2"]\nimage = "host"\n'
+                        'cpus = 2\nmemory_mb = 1000\nspot = true')  # fmt: skip
+    text = text.replace('price_per_hour = { "t3.micro" = 0.0104 }\n\n[mesh]',
+                        'price_per_hour = { "ns.cpu2" = 0.085 }\n\n[mesh]')  # fmt: skip
+    _, problems = check_config(write(tmp_path, text))
+    said = {p.path: p.message for p in problems if p.severity == "error"}
+    assert "provider 'lab' (nscloud)" in said["node_groups.ec2spot.placement"], said
+    assert set(said) == {"node_groups.ec2spot.placement"}, said  # cpu has the same shape

@@ -127,9 +127,7 @@ def boom_command() -> Iterator[None]:
     RAISE.clear()
 
 
-@pytest.mark.parametrize(
-    "cls", [c for c in CLASSES if issubclass(c, BurstError)], ids=_name
-)
+@pytest.mark.parametrize("cls", [c for c in CLASSES if issubclass(c, BurstError)], ids=_name)
 def test_the_cli_maps_each_error_to_its_exit_code_in_one_place(
     cls: type[BurstError], boom_command: None
 ) -> None:

@@ -213,8 +213,10 @@ def test_a_running_instance_without_host_keys_times_out_reading_less_and_less(
         w.prov.drive(N)
     assert_released(w, N, "HostKeyTimeout")
     reads = w.cloud.calls["host_keys"]
-    # 30 s of boot_timeout at a fixed 0.5 s would be ~56 reads; backing off to 5 s: ~10
-    assert 3 <= reads <= 12, reads
+    # 30 s of boot_timeout at a fixed 0.5 s would be ~56 reads; a first reader (a scout)
+    # backs off to SCOUT_POLL_MAX (4 s, jittered down to half): 16 at most (12 was seen
+    # exceeded once in 25 runs: the jitter, not a fault)
+    assert 3 <= reads <= 16, reads
     steps = [r.getMessage() for r in caplog.records if "node.step" in r.getMessage()]
     assert any("step=boot " in m for m in steps) and any("step=attest " in m for m in steps)
 

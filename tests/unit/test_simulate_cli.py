@@ -73,8 +73,17 @@ def test_the_baselines_and_the_policy(cfg: Path, tmp_path: Path) -> None:
         ("; only a header\n", [], "no job that ran"),
         (SWF, ["--limit-factor", "nan"], "not a finite number"),
     ],
-    ids=["sweep-word", "sweep-inf", "fields", "no-pool", "format", "bad-gzip", "binary", "empty",
-         "limit-factor-nan"],
+    ids=[
+        "sweep-word",
+        "sweep-inf",
+        "fields",
+        "no-pool",
+        "format",
+        "bad-gzip",
+        "binary",
+        "empty",
+        "limit-factor-nan",
+    ],
 )
 def test_bad_input_is_named_and_exits_2(
     cfg: Path, tmp_path: Path, content: str | bytes, args: list[str], message: str

@@ -68,8 +68,9 @@ def test_a_mesh_store_is_served_on_the_hubs_address_with_a_key_only_root_reads(
 
     state = Path(str(tmp_path))
     st = StoreConfig(name="m", driver="mesh", directory=str(state / "store"))
-    cfg = dataclasses.replace(base, stores={"m": st},
-                              daemon=dataclasses.replace(base.daemon, state_dir=str(state)))
+    cfg = dataclasses.replace(
+        base, stores={"m": st}, daemon=dataclasses.replace(base.daemon, state_dir=str(state))
+    )
     with pytest.raises(StorageUnavailable, match="made by the daemon at its start"):
         object_store(cfg, "m")  # before the daemon ever ran
     [server] = mesh_store_servers(cfg)

@@ -337,8 +337,10 @@ def test_a_second_node_of_the_job_finding_the_same_bad_copy_waits_for_the_same_p
                 store.update_stage(42, clock.t, state=StageState.PUSHING)
             return super().run(argv, timeout)
 
-    sh = Meanwhile({**CORRUPT, "corrupt": [manifest.entries[0].sha256]},
-                   {"ok": True, "exit": 0, "files": 3, "bytes": 300, "fetched_bytes": 100})
+    sh = Meanwhile(
+        {**CORRUPT, "corrupt": [manifest.entries[0].sha256]},
+        {"ok": True, "exit": 0, "files": 3, "bytes": 300, "fetched_bytes": 100},
+    )
     node = store.node("gpu-01")
     assert node is not None
     assert staging.pull(sh, node, clock.t + 30, lambda: None) == 100

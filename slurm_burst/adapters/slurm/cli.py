@@ -239,13 +239,17 @@ class SlurmCli:
         reason: str | None = None,
         addrs: Sequence[str] | None = None,
         hostnames: Sequence[str] | None = None,
+        comment: str | None = None,
     ) -> None:
         """``scontrol update nodename=...`` for ``names`` in batches.
 
         ``addrs``/``hostnames``, when given, pair one-to-one with ``names``.
-        The reason is one argv element: quotes or spaces in it are data.
+        The reason and the comment are one argv element each: quotes or spaces in them
+        are data. (A reason is kept only with a DOWN or DRAIN state; the comment, which
+        Slurm shows in ``scontrol show node`` whatever the state, says what a node that
+        is up should tell.)
         """
-        check_update(names, state, reason, addrs, hostnames)
+        check_update(names, state, reason, addrs, hostnames, comment)
         for start in range(0, len(names), self.batch):
             chunk = list(names[start : start + self.batch])
             args = ["update", f"nodename={compress(chunk)}"]
@@ -257,6 +261,8 @@ class SlurmCli:
                 args.append(f"state={state}")
             if reason is not None:
                 args.append(f"reason={reason}")
+            if comment is not None:
+                args.append(f"comment={comment}")
             log.info(
                 "slurm.update nodes=%d hostlist=%s state=%s", len(chunk), compress(chunk), state
             )

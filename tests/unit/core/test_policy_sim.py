@@ -77,7 +77,8 @@ def test_a_jobs_data_adds_its_move_to_the_threshold_and_its_dollars_to_the_cost(
     data = DataMove(seconds=1200, cost=1.0, bytes=150 << 30)
     d = decide(JOB, NOW, NOW + 6000, OFFER, Rule(), None, data)
     assert (d.verdict, d.reason) == (
-        Verdict.WAIT, "expected on-prem wait 1.7 h <= 1.8 h (with 20 min to move its data)"
+        Verdict.WAIT,
+        "expected on-prem wait 1.7 h <= 1.8 h (with 20 min to move its data)",
     )
     d = decide(JOB, NOW, NOW + 7000, OFFER, Rule(), None, data)
     assert (d.verdict, d.reason) == (
