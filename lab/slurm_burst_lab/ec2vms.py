@@ -122,6 +122,7 @@ def images(state_dir: Path) -> dict[str, str]:
 def register_image(state_dir: str | Path, ami: str, root: str | Path | None) -> None:
     """Instances of ``ami`` boot ``root`` from now on (None: the host's file system)."""
     state = Path(state_dir)
+    state.mkdir(parents=True, exist_ok=True)
     known = images(state)
     if root is None:
         known.pop(ami, None)

@@ -30,6 +30,7 @@ from slurm_burst.wiring import cloud_driver, mesh_hub, scheduler
 from slurm_burst_lab import accounting, images, simnvml
 from slurm_burst_lab import components as c
 from slurm_burst_lab.config import settings
+from slurm_burst_lab.ec2vms import register_image
 from slurm_burst_lab.nscloud import net, vm
 from slurm_burst_lab.slurmroot import RootError, SlurmRoot, remove_tree
 
@@ -200,6 +201,11 @@ class Lab:
             self.progress("cloud: EC2 emulator (its instances boot as VMs on that bridge)")
             record["processes"]["ec2"] = vars(c.start_ec2(self.cfg, self.paths))
             self._write_record(record)
+            # on another release its EC2 instances boot that release's image, as the
+            # namespace cloud's VMs do: their slurmd is the controller's release
+            for ami in {g.image for g in self.cfg.node_groups.values()
+                        if self.lab.ec2_provider in g.providers}:  # fmt: skip
+                register_image(self.paths.state / "ec2", ami, image)
         if self.lab.daemon:
             self.progress("slurm-burst daemon (WireGuard hub, provisioning)")
             record["processes"]["daemon"] = vars(c.start_daemon(self.cfg, self.paths))
