@@ -386,6 +386,21 @@ def mesh_store_servers(cfg: Config) -> list[MeshStoreServer]:
     return out
 
 
+def node_api_server(cfg: Config, store: NodeStore, hub_key: str) -> ServedStore | None:
+    """The node API on the hub's mesh address, for the agents of groups that tunnel
+    directly (cloud_to_cloud = "wireguard"); None if no group does."""
+    if not any(g.cloud_to_cloud == "wireguard" for g in cfg.node_groups.values()):
+        return None
+    from slurm_burst.adapters.nodeapi import NodeApiServer
+    from slurm_burst.core.mesh import hub_address
+    from slurm_burst.services.nodeapi import NodeApi, NodeApiSettings
+
+    m = cfg.mesh
+    settings = NodeApiSettings(cfg.fleet, m.subnet, hub_key, m.node_port, m.sync_interval)
+    api = NodeApi(settings, store, clock())
+    return NodeApiServer(api.peers, (hub_address(m.subnet), m.api_port), m.interface)
+
+
 def kept_home(cfg: Config) -> KeptHome:
     """What the site keeps on-prem: staging's paths, and the on-prem-only accounts and QOS
     of the burst policy."""
@@ -550,6 +565,9 @@ def provisioner_settings(cfg: Config, slurm_release: str | None) -> ProvisionerS
         gpu=cfg.gpu,
         resume_timeout=float(cfg.slurm.resume_timeout),
         slurm_release=slurm_release,
+        mesh_api_port=cfg.mesh.api_port,
+        mesh_node_port=cfg.mesh.node_port,
+        mesh_sync_interval=cfg.mesh.sync_interval,
     )
 
 
@@ -762,7 +780,10 @@ def daemon(cfg: Config) -> Daemon:
     prom = metrics(cfg)
     slurm = scheduler(cfg)
     state = node_store(cfg, upgrade=True)
-    served = mesh_store_servers(cfg)  # before the stager: it reads the grant keys made here
+    served: list[ServedStore] = [*mesh_store_servers(cfg)]  # before the stager: its keys
+    api = node_api_server(cfg, state, hub.ensure_hub())
+    if api is not None:
+        served.append(api)
     parts = DaemonParts(
         store=state,
         clouds=managed_clouds(cfg, prom),

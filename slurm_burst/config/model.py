@@ -262,6 +262,15 @@ class NodeGroup:
         "With boot_timeout it must fit in Slurm's ResumeTimeout (config check).",
         default=120.0,
     )
+    cloud_to_cloud: str = doc(
+        "How the group's nodes reach other cloud nodes of the same provider profile "
+        "(provider and region): 'hub', through the on-prem hub like everything else; "
+        "'wireguard', WireGuard tunnels between the nodes themselves (their private "
+        "addresses, mesh.node_port), so an all-reduce between two of them never crosses "
+        "the site's link. Traffic to on-prem goes through the hub either way, and "
+        "Slurm's NodeAddr (the mesh address) works for both.",
+        default="hub",
+    )
     placement: str = doc(
         "'cluster': the instances of each multi-node job launch together into a "
         "placement group made for that launch (EC2: a cluster placement group, one "
@@ -371,6 +380,21 @@ class MeshConfig:
     state_dir: str = doc(
         "Hub key and persistent WireGuard config (mode 0700).",
         default="/var/lib/slurm-burst/wireguard",
+    )
+    node_port: int = doc(
+        "UDP port on which the nodes of a group with cloud_to_cloud = 'wireguard' take "
+        "each other's tunnels (their security group must let it in from each other).",
+        default=51820,
+    )
+    api_port: int = doc(
+        "TCP port of the daemon's node API on the hub's mesh address (only over the "
+        "tunnel): the nodes' agents read their direct peers from it.",
+        default=51821,
+    )
+    sync_interval: float = doc(
+        "Seconds between a node agent's reads of its direct peers (a new node's traffic "
+        "goes through the hub until its peers have read it).",
+        default=5.0,
     )
 
 

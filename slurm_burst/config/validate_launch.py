@@ -1,5 +1,5 @@
-"""Semantic checks of how a node group launches: spot with an on-demand fallback, and
-placement per job. Pure: no file or network access."""
+"""Semantic checks of how a node group launches and talks: spot with an on-demand
+fallback, placement per job, cloud-to-cloud tunnels. Pure: no file or network access."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from slurm_burst.config.schema import Problem
 # are not in libcloud's drivers)
 PLACEMENT_DRIVERS = frozenset({"ec2"})
 PLACEMENTS = ("", "cluster")
+CLOUD_TO_CLOUD = ("hub", "wireguard")
 # what Slurm knows a node by: a fallback launching a group's nodes must offer the same
 SHAPE = ("cpus", "memory_mb", "gpus", "gpu_type")
 
@@ -24,6 +25,13 @@ def launch_problems(cfg: Config) -> list[Problem]:
         base = f"node_groups.{name}"
         _spot_fallback(cfg, g, base, out)
         _placement(cfg, g, base, out)
+        if g.cloud_to_cloud not in CLOUD_TO_CLOUD:
+            out.append(Problem(f"{base}.cloud_to_cloud", "must be 'hub' or 'wireguard'"))
+    for key in ("node_port", "api_port"):
+        if not 1 <= getattr(cfg.mesh, key) <= 65_535:
+            out.append(Problem(f"mesh.{key}", "must be a port, 1 to 65,535"))
+    if not 0.5 <= cfg.mesh.sync_interval <= 3600:  # NaN fails both
+        out.append(Problem("mesh.sync_interval", "must be 0.5 to 3,600 seconds"))
     return out
 
 

@@ -95,6 +95,16 @@ health-check)
     chmod 0755 "$program.tmp"
     mv -f "$program.tmp" "$program"
     ;;
+agent-start)
+    # agent-start PYTHON ARGS...: the node agent (direct tunnels to the node's cloud peers,
+    # /etc/slurm-burst/agent.py, put there by the daemon), started once and detached; its
+    # log is /var/log/slurm-burst-agent.log.
+    py=$1; shift
+    pid=/run/slurm-burst-agent.pid
+    if [ -s "$pid" ] && kill -0 "$(cat "$pid")" 2>/dev/null; then exit 0; fi
+    setsid "$py" /etc/slurm-burst/agent.py "$@" </dev/null >>/var/log/slurm-burst-agent.log 2>&1 &
+    echo $! > "$pid"
+    ;;
 slurmd-start)
     # slurmd-start NODE CONF_SERVER: start slurmd (once) in configless mode as NODE.
     node=$1; server=$2

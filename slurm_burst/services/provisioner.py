@@ -76,6 +76,7 @@ log = logging.getLogger(__name__)
 
 REMOTE_SCRIPT = "/run/slurm-burst-bootstrap.sh"
 GPU_CHECK = "/etc/slurm-burst/gpucheck.py"  # the node's GPU check (bootstrap.sh, telemetry)
+AGENT = "/etc/slurm-burst/agent.py"  # the node agent: direct tunnels (bootstrap.sh)
 GPU_EXPECT = "/etc/slurm-burst/gpu-check.json"  # what the node group promises
 POLL = 0.5  # seconds between looks at a booting instance (a provider without a listing)
 ATTEST_RETRY = 2.0  # a console without host keys is read again after about this ...
@@ -184,6 +185,9 @@ class ProvisionerSettings:
     name_each_max: int = 100  # larger launches are named at launch, not one by one
     resume_timeout: float = 0.0  # Slurm's ResumeTimeout; 0: never replace an instance
     slurm_release: str | None = None  # slurmctld's; None: slurmd's is not checked
+    mesh_api_port: int = 51821  # the daemon's node API on the hub's mesh address
+    mesh_node_port: int = 51820  # where a node's direct tunnels listen
+    mesh_sync_interval: float = 5.0  # seconds between a node agent's reads of its peers
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -251,6 +255,7 @@ class Provisioner:
         node_files = resources.files("slurm_burst.node")
         self.script = node_files.joinpath("bootstrap.sh").read_bytes()
         self.gpucheck = node_files.joinpath("gpucheck.py").read_bytes()
+        self.agent = node_files.joinpath("agent.py").read_bytes()
         self._released: list[str] = []  # nodes let go with a failed job, for the workers
         self._released_lock = threading.Lock()
 
@@ -626,6 +631,9 @@ class Provisioner:
                 sh.put(conf.encode(), conf_path, 0o600)
                 self._step(sh, "wg-up", iface, f"{addr}/{net.prefixlen}", conf_path, *routes)
                 self._wait_handshake(rec.name, pub, deadline)
+            if group.cloud_to_cloud == "wireguard":
+                with self._timed(rec.name, "agent"):
+                    self._start_agent(sh, addr)
             with self._timed(rec.name, "munge"):
                 uid, gid = (int(x) for x in self._step(sh, "munge-dirs").strip().split(":"))
                 sh.put(self.secrets.munge_key, "/etc/munge/munge.key", 0o400, (uid, gid))
@@ -658,6 +666,19 @@ class Provisioner:
         if self.metrics is not None and rec.requested_at > 0:
             self.metrics.joined(rec.group, took)
         log.info("node.joined node=%s mesh_addr=%s total_seconds=%.1f", rec.name, addr, took)
+
+    def _start_agent(self, sh: RemoteShell, addr: str) -> None:
+        """The node agent, for direct tunnels to the node's cloud peers (node/agent.py):
+        it reads them from the daemon's node API over the tunnel just made."""
+        s = self.settings
+        hub_ip = hub_address(s.mesh_subnet)
+        sh.put(self.agent, AGENT, 0o644)
+        self._step(
+            sh, "agent-start", "python3", "--iface", s.mesh_interface,
+            "--direct", f"{s.mesh_interface[:12]}-d", "--address", addr,
+            "--api", f"http://{hub_ip}:{s.mesh_api_port}",
+            "--port", str(s.mesh_node_port), "--interval", f"{s.mesh_sync_interval:g}",
+        )  # fmt: skip
 
     def _check_slurmd_version(self, sh: RemoteShell) -> None:
         """Refuse an image whose slurmd cannot join this slurmctld (newer, or older than

@@ -1,0 +1,133 @@
+"""The node API's HTTP server: the hub's mesh address, the hub interface only.
+
+``GET /v1/peers?endpoint=ADDRESS:PORT`` answers the calling node's direct peers as JSON
+(``services.nodeapi.NodeApi.peers``, passed in). The caller is the TCP peer address:
+the socket is bound to the hub interface (``SO_BINDTODEVICE``), so every connection came
+through a WireGuard tunnel, whose source address WireGuard has checked against the
+peer's key. Requests are small and bounded: a URL of at most 1 KiB, no body, a socket
+timeout, at most ``connections`` answered at once (503 beyond).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.server
+import json
+import logging
+import socket
+import threading
+from collections.abc import Callable
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+from slurm_burst.core.mesh import Refused
+
+# the service's answer to GET /v1/peers: (caller's address, its endpoint) -> JSON body
+Answer = Callable[[str, str], dict[str, Any]]
+
+log = logging.getLogger(__name__)
+
+MAX_URL = 1024
+
+
+class NodeApiServer:
+    """Serves ``peers`` at ``listen`` (host, port), on ``device`` only where given."""
+
+    def __init__(
+        self, peers: Answer, listen: tuple[str, int], device: str = "", *,
+        connections: int = 64, timeout: float = 10.0,
+    ) -> None:  # fmt: skip
+        self.peers = peers
+        self.listen = listen
+        self.device = device
+        self.timeout = timeout
+        self.slots = threading.BoundedSemaphore(connections)
+        self._httpd: _Server | None = None
+
+    @property
+    def up(self) -> bool:
+        return self._httpd is not None
+
+    @property
+    def address(self) -> tuple[str, int]:
+        if self._httpd is None:
+            return self.listen
+        host, port = self._httpd.server_address[:2]
+        return str(host), int(port)
+
+    def start(self) -> None:
+        """Bind and serve in a thread (OSError while the address or device is not here)."""
+        if self._httpd is not None:
+            return
+        httpd = _Server(self.listen, _Handler, bind_and_activate=False)
+        try:
+            if self.device:
+                httpd.socket.setsockopt(socket.SOL_SOCKET, socket.SO_BINDTODEVICE,
+                                        self.device.encode())  # fmt: skip
+            httpd.server_bind()
+            httpd.server_activate()
+        except OSError:
+            httpd.server_close()
+            raise
+        httpd.owner = self  # type: ignore[attr-defined]
+        self._httpd = httpd
+        threading.Thread(target=httpd.serve_forever, name="node-api", daemon=True).start()
+        log.info("node_api.serving listen=%s:%d device=%s", *self.address, self.device or "-")
+
+    def close(self) -> None:
+        httpd, self._httpd = self._httpd, None
+        if httpd is not None:
+            httpd.shutdown()
+            httpd.server_close()
+
+
+class _Server(http.server.ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        log.error("node_api.request_failed client=%s", client_address[0], exc_info=True)
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    server_version = "slurm-burst-node-api"
+    sys_version = ""
+
+    @property
+    def owner(self) -> NodeApiServer:
+        return self.server.owner  # type: ignore[attr-defined,no-any-return]
+
+    def setup(self) -> None:
+        self.request.settimeout(self.owner.timeout)
+        super().setup()
+
+    def log_message(self, format: str, *args: Any) -> None:
+        log.debug("node_api.request %s", format % args)
+
+    def do_GET(self) -> None:
+        if not self.owner.slots.acquire(blocking=False):
+            self._answer(503, {"error": "busy"})
+            return
+        try:
+            url = urlsplit(self.path[: MAX_URL + 1])
+            if len(self.path) > MAX_URL or url.path != "/v1/peers":
+                self._answer(404, {"error": "no such resource"})
+                return
+            endpoint = parse_qs(url.query).get("endpoint", [""])[0]
+            try:
+                said = self.owner.peers(self.client_address[0], endpoint)
+            except Refused as exc:
+                self._answer(exc.status, {"error": str(exc)})
+                return
+            self._answer(200, said)
+        finally:
+            self.owner.slots.release()
+
+    def _answer(self, status: int, body: dict[str, Any]) -> None:
+        data = json.dumps(body, separators=(",", ":")).encode()
+        with contextlib.suppress(OSError):  # the node went away: nothing to tell it
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)

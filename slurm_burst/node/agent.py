@@ -1,0 +1,171 @@
+"""slurm-burst's node agent: direct WireGuard tunnels to the node's cloud peers.
+
+Started by the bootstrap (``agent-start``) on a node whose group has
+``cloud_to_cloud = "wireguard"``; standard library only, as root. The direct tunnels
+live on an interface of their own (``--direct``, the node's WireGuard key, listening on
+``mesh.node_port``) beside the tunnel to the hub, so what goes where is the routing
+table's choice, one route per peer. Every INTERVAL seconds the agent asks the daemon's
+node API (over the tunnel to the hub) for its direct peers, saying where its own tunnel
+listens, and brings the direct interface in line:
+
+- a new peer is added with its mesh address, endpoint and a keepalive: the handshake
+  starts, and a packet the peer sends directly is taken at once;
+- the node's own traffic to the peer is routed to the direct interface only once the
+  peer has answered (a handshake in the last 3 minutes); until then, and whenever the
+  peer stops answering (a security group that does not let ``mesh.node_port`` in), it
+  goes through the hub as before: nothing is ever sent into a tunnel that is not up;
+- a peer no longer offered is removed, with its route.
+
+It never exits on a failed request or command: it says so on stderr and tries again
+next round. The private key stays in its file; ``wg`` reads it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from typing import Any
+
+FRESH = 180  # seconds: a handshake this recent means the peer has us too
+KEEPALIVE = 25
+PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+def wg(*argv: str) -> str:
+    return subprocess.run(["wg", *argv], check=True, capture_output=True, text=True,
+                          timeout=10).stdout  # fmt: skip
+
+
+def own_endpoint(hub: str, port: int) -> str:
+    """This node's private address (the source of its route towards the hub's
+    endpoint: the interface its tunnels use) and the tunnel port."""
+    said = subprocess.run(["ip", "-o", "route", "get", hub], check=True, capture_output=True,
+                          text=True, timeout=10).stdout.split()  # fmt: skip
+    return f"{said[said.index('src') + 1]}:{port}"
+
+
+def hub_endpoint(iface: str) -> str:
+    """Where the hub's tunnel ends: the one peer of the interface to the hub."""
+    for line in wg("show", iface, "endpoints").splitlines():
+        _key, _, endpoint = line.partition("\t")
+        if endpoint and endpoint != "(none)":
+            return endpoint.rpartition(":")[0].strip("[]")
+    raise RuntimeError(f"{iface}: the hub's peer has no endpoint")
+
+
+def current(iface: str) -> dict[str, dict[str, Any]]:
+    """The interface's peers: key -> allowed addresses, endpoint, latest handshake."""
+    out: dict[str, dict[str, Any]] = {}
+    for line in wg("show", iface, "dump").splitlines()[1:]:  # the first: the interface
+        f = line.split("\t")
+        if len(f) >= 8:
+            allowed = [] if f[3] == "(none)" else f[3].split(",")
+            out[f[0]] = {"allowed": allowed, "endpoint": f[2], "handshake": int(f[4] or 0)}
+    return out
+
+
+def routed(direct: str) -> set[str]:
+    """The addresses routed to the direct interface."""
+    said = ip("-o", "route", "show", "dev", direct)
+    return {line.split()[0].removesuffix("/32") for line in said.splitlines() if line.strip()}
+
+
+def ip(*argv: str) -> str:
+    return subprocess.run(["ip", *argv], check=True, capture_output=True, text=True,
+                          timeout=10).stdout  # fmt: skip
+
+
+def ensure_direct(direct: str, key_file: str, port: int) -> None:
+    """The direct interface, up, with the node's key and the tunnel port (once)."""
+    if subprocess.run(["ip", "link", "show", "dev", direct], capture_output=True,
+                      timeout=10).returncode != 0:  # fmt: skip
+        made = subprocess.run(["ip", "link", "add", "dev", direct, "type", "wireguard"],
+                              capture_output=True, timeout=10)  # fmt: skip
+        if made.returncode != 0:  # no kernel module: the userspace implementation
+            env = {"WG_I_PREFER_BUGGY_USERSPACE_TO_POLISHED_KMOD": "1", "PATH": PATH}
+            subprocess.run(["wireguard-go", direct], check=True, env=env, timeout=30)
+    wg("set", direct, "private-key", key_file, "listen-port", str(port))
+    ip("link", "set", "dev", direct, "up")
+    with open(f"/proc/sys/net/ipv4/conf/{direct}/rp_filter", "w") as fh:
+        fh.write("2\n")  # a peer's packets arrive here before our route to it does
+
+
+def ask(api: str, endpoint: str) -> dict[str, Any]:
+    url = f"{api}/v1/peers?{urllib.parse.urlencode({'endpoint': endpoint})}"
+    with urllib.request.urlopen(url, timeout=10) as r:  # noqa: S310 - the hub, over the tunnel
+        data = json.loads(r.read(1 << 20))
+    if not isinstance(data, dict) or not isinstance(data.get("peers"), list):
+        raise ValueError("the node API's answer has no peer list")
+    return data
+
+
+def sync(direct: str, source: str, said: dict[str, Any], now: float) -> list[str]:
+    """Bring the direct interface in line with ``said``; what was done."""
+    wanted = {str(p["key"]): p for p in said["peers"] if isinstance(p, dict) and p.get("key")}
+    have = current(direct)
+    routes = routed(direct)
+    done = []
+    for key, peer in have.items():
+        if key not in wanted:
+            for address in peer["allowed"]:
+                if address.removesuffix("/32") in routes:
+                    ip("route", "del", address, "dev", direct)
+            wg("set", direct, "peer", key, "remove")
+            done.append(f"removed {key[:8]}")
+    for key, p in wanted.items():
+        address = str(p["address"])
+        seen = have.get(key)
+        if (
+            seen is None
+            or seen["endpoint"] != p["endpoint"]
+            or seen["allowed"] != [f"{address}/32"]
+        ):
+            wg("set", direct, "peer", key, "endpoint", str(p["endpoint"]),
+               "allowed-ips", f"{address}/32", "persistent-keepalive", str(KEEPALIVE))  # fmt: skip
+            done.append(f"added {p['node']} at {p['endpoint']}")
+            continue
+        answered = bool(seen["handshake"]) and now - seen["handshake"] < FRESH
+        if answered and address not in routes:
+            ip("route", "replace", f"{address}/32", "dev", direct, "src", source)
+            done.append(f"{p['node']} now direct")
+        elif not answered and address in routes:
+            ip("route", "del", f"{address}/32", "dev", direct)
+            done.append(f"{p['node']} back through the hub (no handshake)")
+    return done
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="slurm-burst-agent")
+    ap.add_argument("--iface", required=True, help="the tunnel to the hub")
+    ap.add_argument("--direct", required=True, help="the direct tunnels' interface")
+    ap.add_argument("--address", required=True, help="this node's mesh address")
+    ap.add_argument("--api", required=True, help="http://HUB-MESH-ADDRESS:PORT")
+    ap.add_argument("--port", type=int, required=True, help="this node's tunnel port")
+    ap.add_argument("--interval", type=float, default=5.0)
+    ap.add_argument("--once", action="store_true", help="one round, then exit")
+    args = ap.parse_args(argv)
+    endpoint = ""
+    while True:
+        try:
+            if not endpoint:
+                ensure_direct(args.direct, f"/etc/wireguard/{args.iface}.key", args.port)
+                endpoint = own_endpoint(hub_endpoint(args.iface), args.port)
+            said = ask(args.api, endpoint)
+            for line in sync(args.direct, args.address, said, time.time()):
+                print(f"slurm-burst-agent: {line}", file=sys.stderr, flush=True)
+        except (OSError, ValueError, KeyError, RuntimeError, subprocess.SubprocessError,
+                urllib.error.URLError) as exc:  # fmt: skip
+            print(f"slurm-burst-agent: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+        if args.once:
+            return 0
+        time.sleep(args.interval)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
