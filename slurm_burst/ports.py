@@ -113,6 +113,16 @@ class Scheduler(Protocol):
     ) -> None: ...
 
 
+class JobControl(Protocol):
+    """What is done to a running job when its node is to be reclaimed (SlurmCli has it)."""
+
+    def batch_script(self, job_id: int) -> str: ...  # '' if it has none (an salloc)
+
+    def signal_job(self, job_id: int, signal: str, batch_only: bool) -> None: ...
+
+    def requeue(self, job_ids: Sequence[int]) -> None: ...
+
+
 class DaemonHost(Protocol):
     """The daemon's own process on its host: the one-per-host lock, the wake-up channel
     the hooks poke, and the heap it hands back after a pass (adapters/host.py)."""

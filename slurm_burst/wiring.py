@@ -35,6 +35,8 @@ if TYPE_CHECKING:
     from slurm_burst.adapters.state.store import Store
     from slurm_burst.adapters.storage.mesh import MeshStoreServer
     from slurm_burst.config.model import StoreConfig
+    from slurm_burst.core.cloud import CapacityError
+    from slurm_burst.core.records import NodeRecord
     from slurm_burst.core.simulate import Comparison
     from slurm_burst.core.staging import KeptHome
     from slurm_burst.ports import (
@@ -43,6 +45,7 @@ if TYPE_CHECKING:
         Cloud,
         Connector,
         DaemonHost,
+        JobControl,
         JobSteering,
         LeaderElection,
         Ledger,
@@ -63,7 +66,9 @@ if TYPE_CHECKING:
     from slurm_burst.services.fleetview import FleetView
     from slurm_burst.services.gputelemetry import TelemetrySettings
     from slurm_burst.services.groups import GroupControl
-    from slurm_burst.services.provisioner import ProvisionerSettings, Secrets
+    from slurm_burst.services.interruptions import Interruptions
+    from slurm_burst.services.nodeapi import NodeApi
+    from slurm_burst.services.provisioner import Provisioner, ProvisionerSettings, Secrets
     from slurm_burst.services.reconciler import (
         NodeHands,
         Reconciler,
@@ -73,6 +78,7 @@ if TYPE_CHECKING:
     from slurm_burst.services.staging import Progress, Stager
     from slurm_burst.services.transfers import StorageBook, StorePrices, TransferBook
     from slurm_burst.services.warmpool import WarmSettings
+    from slurm_burst.services.workers import Workers
 
 
 # -- the state store -----------------------------------------------------------------
@@ -386,19 +392,20 @@ def mesh_store_servers(cfg: Config) -> list[MeshStoreServer]:
     return out
 
 
-def node_api_server(cfg: Config, store: NodeStore, hub_key: str) -> ServedStore | None:
-    """The node API on the hub's mesh address, for the agents of groups that tunnel
-    directly (cloud_to_cloud = "wireguard"); None if no group does."""
-    if not any(g.cloud_to_cloud == "wireguard" for g in cfg.node_groups.values()):
-        return None
-    from slurm_burst.adapters.nodeapi import NodeApiServer
-    from slurm_burst.core.mesh import hub_address
-    from slurm_burst.services.nodeapi import NodeApi, NodeApiSettings
+def notice_providers(cfg: Config) -> frozenset[str]:
+    """The provider profiles whose instances hear of their reclaim beforehand (EC2's
+    spot ``instance-action``, read from the instance metadata service)."""
+    return frozenset(n for n, p in cfg.providers.items() if p.driver == "ec2")
 
-    m = cfg.mesh
-    settings = NodeApiSettings(cfg.fleet, m.subnet, hub_key, m.node_port, m.sync_interval)
-    api = NodeApi(settings, store, clock())
-    return NodeApiServer(api.peers, (hub_address(m.subnet), m.api_port), m.interface)
+
+def agents_wanted(cfg: Config) -> bool:
+    """Whether any node runs an agent: a group that tunnels directly, or a spot group on
+    a provider with interruption notices."""
+    notices = notice_providers(cfg)
+    return any(
+        g.cloud_to_cloud == "wireguard" or (g.spot and notices & set(g.providers))
+        for g in cfg.node_groups.values()
+    )
 
 
 def kept_home(cfg: Config) -> KeptHome:
@@ -546,6 +553,8 @@ class DaemonParts:
     pusher: StagePusher | None = None  # pushes as the jobs' users (with stager)
     promoter: OutputPromoter | None = None  # brings outputs home as the jobs' users
     served: Sequence[ServedStore] = ()  # mesh stores the daemon serves while it leads
+    jobs: JobControl | None = None  # what is done to jobs whose node is to be reclaimed
+    serve_node_api: bool = False  # serve the node API on the hub's address (the daemon)
 
 
 # Each service's settings, from the config: the one place a service's knobs are read.
@@ -568,6 +577,7 @@ def provisioner_settings(cfg: Config, slurm_release: str | None) -> ProvisionerS
         mesh_api_port=cfg.mesh.api_port,
         mesh_node_port=cfg.mesh.node_port,
         mesh_sync_interval=cfg.mesh.sync_interval,
+        notice_providers=notice_providers(cfg),
     )
 
 
@@ -749,19 +759,58 @@ def assemble(cfg: Config, parts: DaemonParts) -> Daemon:
     warm = None
     if any(g.warm for g in cfg.node_groups.values()):
         warm = WarmKeeper(warm_settings(cfg), p.scheduler, p.store, p.clock)
+    node_api, interruptions, served = node_agents(cfg, p, provisioner, workers)
     return Daemon(
         daemon_settings(cfg),
         DaemonPorts(
             store=p.store, leader=p.leader, clock=p.clock, host=p.host or daemon_host(cfg),
-            spool=request_spool(cfg), metrics=p.metrics, served=p.served,
+            spool=request_spool(cfg), metrics=p.metrics, served=served,
         ),
         DaemonServices(
             provisioner=provisioner, workers=workers, reconciler=reconcile,
             registrations=registrations, ledger_loop=ledger_loop, telemetry=telemetry,
-            policy=policy, warm=warm, stagework=stagework,
+            policy=policy, warm=warm, stagework=stagework, node_api=node_api,
+            interruptions=interruptions,
         ),
         stop,
     )  # fmt: skip
+
+
+def node_agents(
+    cfg: Config, p: DaemonParts, provisioner: Provisioner, workers: Workers
+) -> tuple[NodeApi | None, Interruptions | None, list[ServedStore]]:
+    """What the nodes' agents talk to: the node API (direct peers; interruption notices,
+    handed to the interruptions service where jobs can be requeued), and its server on
+    the hub's mesh address, among what the daemon serves (``serve_node_api``)."""
+    from slurm_burst.adapters.nodeapi import NodeApiServer
+    from slurm_burst.core.mesh import hub_address
+    from slurm_burst.services.interruptions import InterruptionPorts, Interruptions
+    from slurm_burst.services.launcher import cooled
+    from slurm_burst.services.nodeapi import NodeApi, NodeApiSettings
+
+    served = list(p.served)
+    if not agents_wanted(cfg):
+        return None, None, served
+    m = cfg.mesh
+    api = NodeApi(NodeApiSettings(cfg.fleet, m.subnet, m.node_port, m.sync_interval),
+                  p.store, p.clock)  # fmt: skip
+    interruptions = None
+    if p.jobs is not None:
+
+        def cool(rec: NodeRecord, exc: CapacityError) -> None:
+            size = cooled(rec.size, rec.market)
+            provisioner.launcher.size_unavailable(rec.name, rec.provider, size, exc)
+
+        interruptions = Interruptions(
+            InterruptionPorts(store=p.store, scheduler=p.scheduler, jobs=p.jobs, clock=p.clock,
+                              cool=cool, fail=provisioner.fail, submit=workers.submit),
+            cfg.burst_partitions(),
+        )  # fmt: skip
+        api.noticed = interruptions.notice
+    if p.serve_node_api:
+        served.append(NodeApiServer(api.peers, (hub_address(m.subnet), m.api_port), m.interface,
+                                    notice=api.notice))  # fmt: skip
+    return api, interruptions, served
 
 
 def daemon(cfg: Config) -> Daemon:
@@ -780,10 +829,7 @@ def daemon(cfg: Config) -> Daemon:
     prom = metrics(cfg)
     slurm = scheduler(cfg)
     state = node_store(cfg, upgrade=True)
-    served: list[ServedStore] = [*mesh_store_servers(cfg)]  # before the stager: its keys
-    api = node_api_server(cfg, state, hub.ensure_hub())
-    if api is not None:
-        served.append(api)
+    served = mesh_store_servers(cfg)  # before the stager: it reads the grant keys made here
     parts = DaemonParts(
         store=state,
         clouds=managed_clouds(cfg, prom),
@@ -803,6 +849,8 @@ def daemon(cfg: Config) -> Daemon:
         pusher=child if cfg.staging.store else None,
         promoter=child if cfg.staging.store else None,
         served=served,
+        jobs=slurm,
+        serve_node_api=True,
     )
     return assemble(cfg, parts)
 

@@ -66,8 +66,11 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qsl, urlencode
 
+from slurm_burst_lab.ec2imds import Imds
 from slurm_burst_lab.ec2market import Market
 from slurm_burst_lab.ec2vms import Ec2Vms
+
+log = logging.getLogger(__name__)
 
 NS_MOTO = b'xmlns="http://ec2.amazonaws.com/doc/2016-11-15"'
 NS_EC2 = b'xmlns="http://ec2.amazonaws.com/doc/2016-11-15/"'
@@ -187,6 +190,7 @@ class Ec2Emulator:
         self.vms: Ec2Vms | None = None  # instances boot as VMs (the lab)
         self.default_subnet = ""  # SubnetId for a RunInstances that names none
         self.market = Market(error_document, NS_EC2.decode())
+        self.imds = Imds()  # each booted instance's metadata, in its own namespace
 
     # -- control --------------------------------------------------------------
     def start(self) -> int:
@@ -343,6 +347,7 @@ class Ec2Emulator:
         elif self.vms is not None and action == "TerminateInstances":
             for key, value in params:
                 if key.startswith("InstanceId."):
+                    self.imds.stop(value)
                     self.vms.halt(value)
 
     def _made(self, args: dict[str, str], answer: bytes) -> None:
@@ -368,6 +373,29 @@ class Ec2Emulator:
                     iid, ip, args.get("UserData", ""), args.get("KeyName", ""),
                     args.get("ImageId", ""),
                 )  # fmt: skip
+                self.imds.serve(iid, self.vms.netns_of(iid))
+
+    def interrupt(self, instance_id: str, seconds: float) -> dict[str, str]:
+        """A spot interruption notice on ``instance_id`` (its metadata says so at once),
+        and the reclaim ``seconds`` later: terminated, its VM halted, as EC2 does."""
+        if not (0 < seconds <= 3600) or self._moto_instance(instance_id) is None:
+            raise ValueError(f"interrupt {instance_id!r} in {seconds!r} s: no such instance, "
+                             "or not 0 < seconds <= 3600")  # fmt: skip
+        notice = self.imds.interrupt(instance_id, seconds)
+        timer = threading.Timer(seconds, self._reclaim, args=(instance_id,))
+        timer.daemon = True
+        timer.start()
+        return notice
+
+    def _reclaim(self, instance_id: str) -> None:
+        inst = self._moto_instance(instance_id)
+        with self._moto:
+            if inst is not None and inst._state.name != "terminated":
+                inst.terminate()
+        self.imds.stop(instance_id)
+        if self.vms is not None:
+            self.vms.halt(instance_id)
+        log.info("ec2emu.reclaimed instance=%s", instance_id)
 
     @staticmethod
     def _moto_instance(instance_id: str, region: str = "us-east-1") -> Any:
@@ -523,7 +551,9 @@ class Ec2Emulator:
         POST /_emulator/inject?action=&code=&http=&times=, POST
         /_emulator/throttle?factor=F, GET /_emulator/timeline, POST
         /_emulator/spot?mode=refuse|withhold| (spot capacity), GET /_emulator/market
-        (placement groups and their members, the spot mode, withheld instances)."""
+        (placement groups and their members, the spot mode, withheld instances), POST
+        /_emulator/interrupt?instance=I&in=S (a spot interruption notice, the reclaim S
+        seconds later)."""
         path = environ["PATH_INFO"].removeprefix("/_emulator/")
         args = dict(parse_qsl(environ.get("QUERY_STRING", "")))
         if path == "timeline":
@@ -549,6 +579,19 @@ class Ec2Emulator:
                 start_response("400 Bad Request", [("Content-Type", "text/plain"),
                                                    ("Content-Length", str(len(said)))])  # fmt: skip
                 return [said]
+        if path == "interrupt":
+            iid = args.get("instance", "")
+            try:
+                notice = self.interrupt(iid, float(args.get("in", "120")))
+            except ValueError as exc:
+                said = str(exc).encode()
+                start_response("400 Bad Request", [("Content-Type", "text/plain"),
+                                                   ("Content-Length", str(len(said)))])  # fmt: skip
+                return [said]
+            body = json.dumps(notice).encode()
+            start_response("200 OK", [("Content-Type", "application/json"),
+                                      ("Content-Length", str(len(body)))])  # fmt: skip
+            return [body]
         if path == "market":
             body = json.dumps(self.market.snapshot()).encode()
             start_response("200 OK", [("Content-Type", "application/json"),

@@ -77,7 +77,7 @@ class Ec2Vms:
         spec = vm.VmSpec(
             id=instance_id,
             hostname="ip-" + ip.replace(".", "-"),  # EC2's own name for it
-            netns=f"sbl-ns-{short}",  # the lab's VM networks, swept by `lab down`
+            netns=self.netns_of(instance_id).name,  # the lab's VM networks, swept by `lab down`
             host_if=f"sbv{short}",
             bridge=self.bridge,
             address=f"{ip}/{self.subnet.prefixlen}",
@@ -92,6 +92,11 @@ class Ec2Vms:
         pid, start = vm.boot(vmdir, spec, user_data)
         vm.write_json_atomic(vmdir / "meta.json", {"launcher_pid": pid, "launcher_start": start})
         log.info("ec2vms.boot instance=%s ip=%s", instance_id, ip)
+
+    @staticmethod
+    def netns_of(instance_id: str) -> Path:
+        """The instance's VM's network namespace (its file, once the VM has made it)."""
+        return net.NETNS_DIR / f"sbl-ns-{instance_id.removeprefix('i-')[:12]}"
 
     def console(self, instance_id: str) -> str | None:
         """The VM's console so far; None for an instance that has no VM."""

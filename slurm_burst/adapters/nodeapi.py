@@ -1,11 +1,13 @@
 """The node API's HTTP server: the hub's mesh address, the hub interface only.
 
 ``GET /v1/peers?endpoint=ADDRESS:PORT`` answers the calling node's direct peers as JSON
-(``services.nodeapi.NodeApi.peers``, passed in). The caller is the TCP peer address:
-the socket is bound to the hub interface (``SO_BINDTODEVICE``), so every connection came
-through a WireGuard tunnel, whose source address WireGuard has checked against the
-peer's key. Requests are small and bounded: a URL of at most 1 KiB, no body, a socket
-timeout, at most ``connections`` answered at once (503 beyond).
+(``services.nodeapi.NodeApi.peers``, passed in); ``POST /v1/notice`` takes the node's
+interruption notice (``NodeApi.notice``), a JSON body of at most 4 KiB. The caller is
+the TCP peer address: the socket is bound to the hub interface (``SO_BINDTODEVICE``),
+so every connection came through a WireGuard tunnel, whose source address WireGuard
+has checked against the peer's key. Requests are small and bounded: a URL of at most
+1 KiB, a sized body of at most 4 KiB, a socket timeout, at most ``connections``
+answered at once (503 beyond).
 """
 
 from __future__ import annotations
@@ -24,6 +26,9 @@ from slurm_burst.core.mesh import Refused
 
 # the service's answer to GET /v1/peers: (caller's address, its endpoint) -> JSON body
 Answer = Callable[[str, str], dict[str, Any]]
+# ... and to POST /v1/notice: (caller's address, the request's body) -> JSON body
+Told = Callable[[str, bytes], dict[str, Any]]
+MAX_BODY = 4096
 
 log = logging.getLogger(__name__)
 
@@ -35,9 +40,11 @@ class NodeApiServer:
 
     def __init__(
         self, peers: Answer, listen: tuple[str, int], device: str = "", *,
+        notice: Told | None = None,
         connections: int = 64, timeout: float = 10.0,
     ) -> None:  # fmt: skip
         self.peers = peers
+        self.notice = notice
         self.listen = listen
         self.device = device
         self.timeout = timeout
@@ -116,6 +123,29 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             endpoint = parse_qs(url.query).get("endpoint", [""])[0]
             try:
                 said = self.owner.peers(self.client_address[0], endpoint)
+            except Refused as exc:
+                self._answer(exc.status, {"error": str(exc)})
+                return
+            self._answer(200, said)
+        finally:
+            self.owner.slots.release()
+
+    def do_POST(self) -> None:
+        if not self.owner.slots.acquire(blocking=False):
+            self._answer(503, {"error": "busy"})
+            return
+        try:
+            told = self.owner.notice
+            size = self.headers.get("Content-Length", "")
+            if self.path != "/v1/notice" or told is None:
+                self._answer(404, {"error": "no such resource"})
+                return
+            if not (size.isascii() and size.isdigit()) or int(size) > MAX_BODY:
+                self._answer(413, {"error": f"a body of at most {MAX_BODY} bytes, sized"})
+                return
+            body = self.rfile.read(int(size))
+            try:
+                said = told(self.client_address[0], body)
             except Refused as exc:
                 self._answer(exc.status, {"error": str(exc)})
                 return

@@ -97,9 +97,7 @@ def ensure_direct(direct: str, key_file: str, port: int) -> None:
 
 
 def ask(api: str, endpoint: str) -> dict[str, Any]:
-    url = f"{api}/v1/peers?{urllib.parse.urlencode({'endpoint': endpoint})}"
-    with urllib.request.urlopen(url, timeout=10) as r:  # noqa: S310 - the hub, over the tunnel
-        data = json.loads(r.read(1 << 20))
+    data = json.loads(fetch(f"{api}/v1/peers?{urllib.parse.urlencode({'endpoint': endpoint})}"))
     if not isinstance(data, dict) or not isinstance(data.get("peers"), list):
         raise ValueError("the node API's answer has no peer list")
     return data
@@ -140,31 +138,113 @@ def sync(direct: str, source: str, said: dict[str, Any], now: float) -> list[str
     return done
 
 
+def fetch(
+    url: str,
+    method: str = "GET",
+    headers: dict[str, str] | None = None,
+    data: bytes | None = None,
+    timeout: float = 10.0,
+    most: int = 1 << 20,
+) -> bytes:
+    """One HTTP request (http:// only: the hub's node API and the link-local metadata
+    service); at most ``most`` bytes of the answer. HTTPError for a non-2xx answer."""
+    if not url.startswith("http://"):
+        raise ValueError(f"{url[:60]!r}: only http:// is asked here")
+    req = urllib.request.Request(url, data=data, method=method, headers=headers or {})  # noqa: S310
+    with urllib.request.urlopen(req, timeout=timeout) as r:  # noqa: S310 - checked above
+        return bytes(r.read(most))
+
+
+class Notices:
+    """The provider's interruption notice, read as EC2 documents it (IMDSv2: a session
+    token, then ``spot/instance-action``: 404 until the instance is to be reclaimed),
+    and told to the daemon once."""
+
+    def __init__(self, imds: str, api: str) -> None:
+        self.imds = imds.rstrip("/")
+        self.api = api
+        self.token = ""
+        self.told = False
+
+    def look(self) -> str:
+        if self.told:
+            return ""
+        notice = self._read()
+        if notice is None:
+            return ""
+        body = json.dumps({"action": notice.get("action", ""), "time": notice.get("time", "")})
+        fetch(f"{self.api}/v1/notice", "POST", {"Content-Type": "application/json"},
+              body.encode())  # fmt: skip
+        self.told = True
+        return f"interruption notice told to the daemon: {body}"
+
+    def _read(self) -> dict[str, Any] | None:
+        for _ in range(2):  # a stale token is made again once
+            if not self.token:
+                self.token = fetch(f"{self.imds}/latest/api/token", "PUT",
+                                   {"X-aws-ec2-metadata-token-ttl-seconds": "21600"},
+                                   timeout=2, most=256).decode().strip()  # fmt: skip
+            try:
+                said = fetch(
+                    f"{self.imds}/latest/meta-data/spot/instance-action",
+                    headers={"X-aws-ec2-metadata-token": self.token},
+                    timeout=2,
+                )
+            except urllib.error.HTTPError as exc:
+                if exc.code == 404:
+                    return None
+                if exc.code != 401:
+                    raise
+                self.token = ""
+                continue
+            notice = json.loads(said)
+            return notice if isinstance(notice, dict) else None
+        return None
+
+
+def say(line: str) -> None:
+    print(f"slurm-burst-agent: {line}", file=sys.stderr, flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="slurm-burst-agent")
     ap.add_argument("--iface", required=True, help="the tunnel to the hub")
-    ap.add_argument("--direct", required=True, help="the direct tunnels' interface")
-    ap.add_argument("--address", required=True, help="this node's mesh address")
     ap.add_argument("--api", required=True, help="http://HUB-MESH-ADDRESS:PORT")
-    ap.add_argument("--port", type=int, required=True, help="this node's tunnel port")
-    ap.add_argument("--interval", type=float, default=5.0)
+    ap.add_argument("--direct", default="", help="the direct tunnels' interface ('': none)")
+    ap.add_argument("--address", default="", help="this node's mesh address (with --direct)")
+    ap.add_argument("--port", type=int, default=0, help="this node's tunnel port")
+    ap.add_argument("--interval", type=float, default=5.0, help="seconds between peer reads")
+    ap.add_argument("--imds", default="", help="the instance metadata service ('': no notices)")
+    ap.add_argument("--notice-interval", type=float, default=2.0)
     ap.add_argument("--once", action="store_true", help="one round, then exit")
     args = ap.parse_args(argv)
+    notices = Notices(args.imds, args.api) if args.imds else None
     endpoint = ""
+    tick = min(args.interval if args.direct else 3600.0,
+               args.notice_interval if notices else 3600.0)  # fmt: skip
+    next_sync = 0.0
     while True:
-        try:
-            if not endpoint:
-                ensure_direct(args.direct, f"/etc/wireguard/{args.iface}.key", args.port)
-                endpoint = own_endpoint(hub_endpoint(args.iface), args.port)
-            said = ask(args.api, endpoint)
-            for line in sync(args.direct, args.address, said, time.time()):
-                print(f"slurm-burst-agent: {line}", file=sys.stderr, flush=True)
-        except (OSError, ValueError, KeyError, RuntimeError, subprocess.SubprocessError,
-                urllib.error.URLError) as exc:  # fmt: skip
-            print(f"slurm-burst-agent: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+        now = time.monotonic()
+        if notices is not None:
+            try:
+                if line := notices.look():
+                    say(line)
+            except (OSError, ValueError) as exc:  # URLError and HTTPError are OSErrors
+                say(f"notice: {type(exc).__name__}: {exc}")
+        if args.direct and now >= next_sync:
+            next_sync = now + args.interval
+            try:
+                if not endpoint:
+                    ensure_direct(args.direct, f"/etc/wireguard/{args.iface}.key", args.port)
+                    endpoint = own_endpoint(hub_endpoint(args.iface), args.port)
+                for line in sync(args.direct, args.address, ask(args.api, endpoint), time.time()):
+                    say(line)
+            except (OSError, ValueError, KeyError, RuntimeError,
+                    subprocess.SubprocessError) as exc:  # fmt: skip
+                say(f"peers: {type(exc).__name__}: {exc}")
         if args.once:
             return 0
-        time.sleep(args.interval)
+        time.sleep(tick)
 
 
 if __name__ == "__main__":

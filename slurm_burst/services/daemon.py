@@ -36,6 +36,8 @@ from slurm_burst.ports import (
 from slurm_burst.services.burstpolicy import BurstPolicy
 from slurm_burst.services.chargeback import ChargebackLoop
 from slurm_burst.services.gputelemetry import GpuTelemetry
+from slurm_burst.services.interruptions import Interruptions
+from slurm_burst.services.nodeapi import NodeApi
 from slurm_burst.services.periodic import contain
 from slurm_burst.services.provisioner import Provisioner
 from slurm_burst.services.reconciler import Reconciler
@@ -83,6 +85,8 @@ class DaemonServices:
     policy: BurstPolicy | None = None  # the burst policy's passes (policy.enabled)
     warm: WarmKeeper | None = None  # keeps warm pools up by schedule, after each pass
     stagework: StageWork | None = None  # jobs' stage-ins, as their users (staging.store)
+    node_api: NodeApi | None = None  # the nodes' agents: direct peers, interruption notices
+    interruptions: Interruptions | None = None  # reclaims noticed: signal, requeue, replace
 
 
 class Daemon:
@@ -112,6 +116,8 @@ class Daemon:
         self.policy = services.policy
         self.warm = services.warm
         self.stagework = services.stagework
+        self.node_api = services.node_api
+        self.interruptions = services.interruptions
         self.stop = stop  # set by a signal, or when leadership is lost; the workers see it
         self.node_id = ports.leader.node_id
         self._reconcile_thread: threading.Thread | None = None

@@ -1,4 +1,5 @@
-"""What the daemon tells a cloud node's agent, and hears from it, over the mesh.
+"""What the daemon tells a cloud node's agent, and hears from it, over the mesh: its
+direct peers, and the provider's interruption notices.
 
 The node agent (``node/agent.py``, started by the bootstrap of a group with
 ``cloud_to_cloud = "wireguard"``) asks every ``mesh.sync_interval`` seconds for its
@@ -16,13 +17,15 @@ refused.
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from slurm_burst.config import Fleet
+from slurm_burst.core.interruption import Notice, parse_notice
 from slurm_burst.core.mesh import NodeLink, Refused, direct_peers, endpoint_of
 from slurm_burst.core.nodestate import NodeState
 from slurm_burst.core.records import NodeRecord
@@ -40,7 +43,6 @@ CACHE_SECONDS = 1.0  # the live nodes are read again at most this often
 class NodeApiSettings:
     fleet: Fleet
     subnet: str  # the mesh subnet: endpoints inside it are refused
-    hub_key: str  # the hub's public key: the one peer an agent never touches
     node_port: int
     sync_interval: float
 
@@ -53,7 +55,20 @@ class NodeApi:
         self.clock = clock
         self._endpoints: dict[str, str] = {}  # node -> where its tunnel listens (its agent)
         self._cache: tuple[float, list[NodeLink]] | None = None  # (when, live nodes)
+        # what a node's interruption notice is handed to (services.interruptions)
+        self.noticed: Callable[[NodeRecord, Notice], dict[str, Any]] | None = None
         self._lock = threading.Lock()
+
+    def notice(self, source: str, body: bytes) -> dict[str, Any]:
+        """An interruption notice the node at ``source`` read from its provider."""
+        rec = self.caller(source)
+        if self.noticed is None:
+            raise Refused(404, "this daemon takes no interruption notices")
+        try:
+            notice = parse_notice(json.loads(body), self.clock.now())
+        except ValueError as exc:  # json's errors are ValueErrors too
+            raise Refused(400, str(exc)[:200]) from None
+        return self.noticed(rec, notice)
 
     def caller(self, source: str) -> NodeRecord:
         """The live node whose mesh address ``source`` is; :class:`Refused` otherwise."""
@@ -80,7 +95,6 @@ class NodeApi:
             self._endpoints[me.node] = said
         return {
             "node": me.node,
-            "hub": self.settings.hub_key,
             "port": self.settings.node_port,
             "interval": self.settings.sync_interval,
             "peers": [

@@ -76,7 +76,8 @@ log = logging.getLogger(__name__)
 
 REMOTE_SCRIPT = "/run/slurm-burst-bootstrap.sh"
 GPU_CHECK = "/etc/slurm-burst/gpucheck.py"  # the node's GPU check (bootstrap.sh, telemetry)
-AGENT = "/etc/slurm-burst/agent.py"  # the node agent: direct tunnels (bootstrap.sh)
+AGENT = "/etc/slurm-burst/agent.py"  # the node agent: direct tunnels, notices (bootstrap.sh)
+IMDS = "http://169.254.169.254"  # EC2's instance metadata service, where notices are read
 GPU_EXPECT = "/etc/slurm-burst/gpu-check.json"  # what the node group promises
 POLL = 0.5  # seconds between looks at a booting instance (a provider without a listing)
 ATTEST_RETRY = 2.0  # a console without host keys is read again after about this ...
@@ -98,6 +99,7 @@ JOB_FAILED = "JobFailed"
 NOT_LAUNCH_FAILURES = frozenset({
     "GroupProtected", "SlurmPoweredDown", "ResumeLost",
     ThrottledError.code, Busy.code,  # the account's API budget, not the group's health
+    "SpotInterruption",  # the provider took back an instance it had given
 })  # fmt: skip
 
 # Failures of one instance that a new one may well not have (and any ``Bootstrap.STEP``):
@@ -188,6 +190,7 @@ class ProvisionerSettings:
     mesh_api_port: int = 51821  # the daemon's node API on the hub's mesh address
     mesh_node_port: int = 51820  # where a node's direct tunnels listen
     mesh_sync_interval: float = 5.0  # seconds between a node agent's reads of its peers
+    notice_providers: frozenset[str] = frozenset()  # profiles with interruption notices
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -631,9 +634,11 @@ class Provisioner:
                 sh.put(conf.encode(), conf_path, 0o600)
                 self._step(sh, "wg-up", iface, f"{addr}/{net.prefixlen}", conf_path, *routes)
                 self._wait_handshake(rec.name, pub, deadline)
-            if group.cloud_to_cloud == "wireguard":
+            direct = group.cloud_to_cloud == "wireguard"
+            notices = group.spot and rec.provider in self.settings.notice_providers
+            if direct or notices:
                 with self._timed(rec.name, "agent"):
-                    self._start_agent(sh, addr)
+                    self._start_agent(sh, addr, direct, notices)
             with self._timed(rec.name, "munge"):
                 uid, gid = (int(x) for x in self._step(sh, "munge-dirs").strip().split(":"))
                 sh.put(self.secrets.munge_key, "/etc/munge/munge.key", 0o400, (uid, gid))
@@ -667,18 +672,21 @@ class Provisioner:
             self.metrics.joined(rec.group, took)
         log.info("node.joined node=%s mesh_addr=%s total_seconds=%.1f", rec.name, addr, took)
 
-    def _start_agent(self, sh: RemoteShell, addr: str) -> None:
-        """The node agent, for direct tunnels to the node's cloud peers (node/agent.py):
-        it reads them from the daemon's node API over the tunnel just made."""
+    def _start_agent(self, sh: RemoteShell, addr: str, direct: bool, notices: bool) -> None:
+        """The node agent (node/agent.py), over the tunnel just made: direct tunnels to
+        the node's cloud peers, read from the daemon's node API; the provider's
+        interruption notice, passed on to it."""
         s = self.settings
-        hub_ip = hub_address(s.mesh_subnet)
+        args = ["--iface", s.mesh_interface,
+                "--api", f"http://{hub_address(s.mesh_subnet)}:{s.mesh_api_port}"]  # fmt: skip
+        if direct:
+            args += ["--direct", f"{s.mesh_interface[:12]}-d", "--address", addr,
+                     "--port", str(s.mesh_node_port),
+                     "--interval", f"{s.mesh_sync_interval:g}"]  # fmt: skip
+        if notices:
+            args += ["--imds", IMDS]
         sh.put(self.agent, AGENT, 0o644)
-        self._step(
-            sh, "agent-start", "python3", "--iface", s.mesh_interface,
-            "--direct", f"{s.mesh_interface[:12]}-d", "--address", addr,
-            "--api", f"http://{hub_ip}:{s.mesh_api_port}",
-            "--port", str(s.mesh_node_port), "--interval", f"{s.mesh_sync_interval:g}",
-        )  # fmt: skip
+        self._step(sh, "agent-start", "python3", *args)
 
     def _check_slurmd_version(self, sh: RemoteShell) -> None:
         """Refuse an image whose slurmd cannot join this slurmctld (newer, or older than

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 from slurm_burst.core.slurm import (
@@ -33,6 +34,9 @@ class FakeScheduler:
         self.registered_calls = 0
         self.gpus: dict[int, dict[str, tuple[int, ...]]] = {}  # job -> node -> GPU indices
         self.job_gpus_calls: list[list[int]] = []
+        self.scripts: dict[int, str] = {}  # job -> its batch script
+        self.signals: list[tuple[int, str, bool]] = []  # (job, signal, batch only) sent
+        self.requeued: list[int] = []
         self._lock = threading.Lock()
 
     @classmethod
@@ -77,6 +81,20 @@ class FakeScheduler:
 
     def ping(self) -> bool:
         return True
+
+    # -- JobControl ------------------------------------------------------------------
+    def batch_script(self, job_id: int) -> str:
+        return self.scripts.get(job_id, "")
+
+    def signal_job(self, job_id: int, signal: str, batch_only: bool) -> None:
+        with self._lock:
+            self.signals.append((job_id, signal, batch_only))
+
+    def requeue(self, job_ids: Sequence[int]) -> None:
+        with self._lock:
+            self.requeued.extend(job_ids)
+            self._jobs = [j if j.job_id not in job_ids else replace(j, state="PENDING", nodes="")
+                          for j in self._jobs]  # fmt: skip
 
     def update_nodes(
         self,

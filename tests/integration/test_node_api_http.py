@@ -65,9 +65,39 @@ def test_what_is_not_served_is_said_in_json(
     assert got == status and "error" in body
 
 
-def test_a_post_is_not_served(server: tuple[NodeApiServer, list[tuple[str, str]]]) -> None:
-    host, port = server[0].address
-    req = urllib.request.Request(f"http://{host}:{port}/v1/peers", data=b"x", method="POST")
-    with pytest.raises(urllib.error.HTTPError) as caught:
-        urllib.request.urlopen(req, timeout=10)
-    assert caught.value.code == 501
+def post(srv: NodeApiServer, path: str, body: bytes) -> tuple[int, dict[str, Any]]:
+    host, port = srv.address
+    req = urllib.request.Request(f"http://{host}:{port}{path}", data=body, method="POST")
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def test_a_notice_is_posted_by_the_callers_own_address_and_bounded() -> None:
+    told: list[tuple[str, bytes]] = []
+
+    def notice(source: str, body: bytes) -> dict[str, Any]:
+        told.append((source, body))
+        if body == b"refuse":
+            raise Refused(400, "not a notice")
+        return {"jobs": []}
+
+    srv = NodeApiServer(lambda s, e: {}, ("127.0.0.1", 0), "lo", notice=notice)
+    srv.start()
+    try:
+        assert post(srv, "/v1/notice", b'{"action": "terminate"}') == (200, {"jobs": []})
+        assert told == [("127.0.0.1", b'{"action": "terminate"}')]
+        assert post(srv, "/v1/notice", b"refuse")[0] == 400
+        assert post(srv, "/v1/notice", b"x" * 5000)[0] == 413  # never read, never handed on
+        assert post(srv, "/v1/peers", b"{}")[0] == 404
+        assert len(told) == 2
+    finally:
+        srv.close()
+
+
+def test_without_a_notice_handler_a_notice_is_not_served(
+    server: tuple[NodeApiServer, list[tuple[str, str]]],
+) -> None:
+    assert post(server[0], "/v1/notice", b"{}")[0] == 404

@@ -40,7 +40,7 @@ def api_with(tmp_path: Path, *nodes: tuple[str, NodeState, str]) -> tuple[NodeAp
         for step in PATH[: PATH.index(state) + 1]:
             store.transition(name, step, 0.0)
         store.update(name, provider=provider, wg_pubkey=f"key{i}=", mesh_addr=addr)
-    settings = NodeApiSettings(cfg.fleet, SUBNET, "hubkey=", 51820, 1.0)
+    settings = NodeApiSettings(cfg.fleet, SUBNET, 51820, 1.0)
     return NodeApi(settings, store, FakeClock()), store
 
 
@@ -54,7 +54,7 @@ def test_a_node_is_offered_to_its_peers_once_its_agent_says_where_it_listens(
     api, store = api_with(tmp_path, ("burst-dir-1", NodeState.JOINED, "lab"),
                           ("burst-dir-2", NodeState.BOOTSTRAPPING, "lab"))  # fmt: skip
     first = api.peers(addr(store, "burst-dir-1"), "10.251.0.11:51820")
-    assert first["peers"] == [] and first["hub"] == "hubkey=" and first["node"] == "burst-dir-1"
+    assert first["peers"] == [] and first["node"] == "burst-dir-1"
     api.clock.sleep(1.1)  # past the records' cache
     second = api.peers(addr(store, "burst-dir-2"), "10.251.0.12:51820")
     assert second["peers"] == [{"node": "burst-dir-1", "key": "key2=",

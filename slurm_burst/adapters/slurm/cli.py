@@ -224,6 +224,31 @@ class SlurmCli:
                      res.returncode)  # fmt: skip
         return complaints
 
+    # -- what is done to a job whose node is to be reclaimed -------------------
+    def batch_script(self, job_id: int) -> str:
+        """The job's batch script (``scontrol write batch_script ID -``); '' for a job
+        without one (an allocation by salloc or srun)."""
+        try:
+            return self._cmd("scontrol", "write", "batch_script", str(int(job_id)), "-")
+        except SlurmError as exc:
+            if "no batch script" in str(exc).lower() or "not a batch job" in str(exc).lower():
+                return ""
+            raise
+
+    def signal_job(self, job_id: int, signal: str, batch_only: bool) -> None:
+        """``scancel --signal=SIG [--batch] ID``: its steps, or with ``batch_only`` its
+        batch shell, get ``signal`` (a name or number; the job goes on)."""
+        if not (signal.isascii() and signal.isalnum()):
+            raise ValueError(f"signal {signal[:20]!r}: a name or a number")
+        args = [f"--signal={signal}", *(["--batch"] if batch_only else []), str(int(job_id))]
+        self._cmd("scancel", *args)
+
+    def requeue(self, job_ids: Sequence[int]) -> None:
+        """``scontrol requeue ID,...``: back to pending, to run again (SIGTERM now,
+        SIGKILL after KillWait)."""
+        if job_ids:
+            self._cmd("scontrol", "requeue", ",".join(str(int(j)) for j in job_ids))
+
     def ping(self) -> bool:
         try:
             return " is UP" in self._cmd("scontrol", "ping")

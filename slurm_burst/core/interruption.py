@@ -1,0 +1,87 @@
+"""A provider's interruption notice (EC2's spot ``instance-action``): what it says, which
+signal a job asked for before its end, and when to requeue it. Pure: no I/O.
+
+A job says what it wants before it is stopped with ``--signal=[{R|B}:]SIG[@TIME]``:
+SIG (a name or a number) sent TIME seconds before its end, to its steps, or with ``B:``
+to its batch shell only. An interruption is such an end: the job gets its signal at
+once, and is requeued shortly before the reclaim (``margin`` seconds before it), so it
+has as long as the provider gives to checkpoint. A job that asked for no signal is
+requeued at once: Slurm's requeue sends SIGTERM, and SIGKILL ``KillWait`` later.
+
+Slurm 22.05's commands do not show a job's ``--signal``: it is read from the job's
+batch script (``#SBATCH --signal=...``, as sbatch reads the directives: up to the first
+line that is neither blank nor a comment).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from datetime import datetime
+
+ACTIONS = frozenset({"terminate", "stop", "hibernate"})
+MARGIN = 10.0  # seconds before the reclaim at which a signalled job is requeued
+_SIGNAL = re.compile(r"(?:([RB]):)?((?:SIG)?[A-Z][A-Z0-9+]*|[0-9]{1,2})(?:@([0-9]{1,5}))?")
+_DIRECTIVE = re.compile(r"#SBATCH\s+--signal(?:=|\s+)(\S+)")
+
+
+@dataclass(frozen=True)
+class Notice:
+    action: str  # terminate | stop | hibernate
+    at: float  # unix time of the reclaim
+
+
+@dataclass(frozen=True)
+class Declared:
+    """The signal a job asked for (``--signal``)."""
+
+    signal: str  # as scancel takes it: a name without SIG, or a number
+    batch_only: bool  # "B:": the batch shell only
+
+
+def parse_notice(body: object, now: float) -> Notice:
+    """A notice as a node's agent passes it on (EC2's JSON ``{"action", "time"}``); a
+    time in the past or more than a day ahead is clamped; ValueError for anything
+    else."""
+    if not isinstance(body, dict):
+        raise ValueError("a notice is a JSON object")
+    action, when = body.get("action"), body.get("time")
+    if action not in ACTIONS:
+        raise ValueError(f"action {str(action)[:40]!r}: one of {', '.join(sorted(ACTIONS))}")
+    if not isinstance(when, str) or len(when) > 40:
+        raise ValueError("time: an ISO 8601 time such as 2026-11-27T15:04:05Z")
+    try:
+        at = datetime.fromisoformat(when.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        raise ValueError(f"time {when!r}: not an ISO 8601 time") from None
+    return Notice(str(action), min(max(at, now), now + 86_400))
+
+
+def declared_signal(script: str) -> Declared | None:
+    """The ``--signal`` of a batch script's ``#SBATCH`` directives (the last one wins, as
+    for sbatch); None if it asks for none or names no signal sbatch would take."""
+    found: Declared | None = None
+    for n, line in enumerate(script.splitlines()):
+        text = line.strip()
+        if n == 0 and text.startswith("#!"):
+            continue
+        if text and not text.startswith("#"):
+            break  # sbatch reads no directive after the first command
+        m = _DIRECTIVE.match(text)
+        if m is None:
+            continue
+        spec = _SIGNAL.fullmatch(m.group(1).upper())
+        if spec is None:
+            found = None
+            continue
+        name = spec.group(2).removeprefix("SIG")
+        if name.isdigit() and not 0 < int(name) < 65:
+            continue
+        found = Declared(name, spec.group(1) == "B")
+    return found
+
+
+def requeue_at(notice: Notice, signalled: bool, now: float, margin: float = MARGIN) -> float:
+    """When to requeue the node's jobs: shortly before the reclaim if they got a signal
+    to checkpoint on, else at once."""
+    return max(now, notice.at - margin) if signalled else now

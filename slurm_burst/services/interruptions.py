@@ -1,0 +1,126 @@
+"""A cloud node to be reclaimed (a spot interruption notice, passed on by the node's
+agent through the node API): its jobs checkpoint and are requeued, and its capacity is
+replaced by the fallback.
+
+On a notice, at once:
+
+1. the event ``spot.interruption`` (once per instance: a repeated notice is known);
+2. the node's spot size cools down (``SpotInterruption``): the node's next launch, and
+   any other node's, goes to the next candidate, the spot group's on-demand fallback;
+3. each job running on the node gets the signal it asked for with ``--signal`` (read
+   from its batch script; ``B:`` to the batch shell only), to checkpoint on.
+
+Then, shortly before the reclaim (``core.interruption.MARGIN`` seconds) for a job that
+got a signal, at once for one that did not: its jobs are requeued (``scontrol
+requeue``), and the node is failed with ``SpotInterruption`` and torn down (the ledger's
+``terminated`` event says so), then returned to Slurm's service: a requeued job that
+lands on it again gets a new instance, on the fallback.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from slurm_burst.core.cloud import CapacityError
+from slurm_burst.core.errors import BurstError
+from slurm_burst.core.hostlist import HostlistError, expand
+from slurm_burst.core.interruption import Notice, declared_signal, requeue_at
+from slurm_burst.core.records import NodeRecord
+from slurm_burst.ports import Clock, JobControl, NodeStore, Scheduler
+from slurm_burst.services.periodic import contain
+
+log = logging.getLogger(__name__)
+
+CODE = "SpotInterruption"
+NOTICED = "notice."  # state meta, by instance id: the notice, once
+
+
+@dataclass(frozen=True)
+class InterruptionPorts:
+    store: NodeStore
+    scheduler: Scheduler
+    jobs: JobControl
+    clock: Clock
+    cool: Callable[[NodeRecord, CapacityError], None]  # the node's size cooled down
+    fail: Callable[[str, str, str], bool]  # fails a node from outside its worker
+    submit: Callable[[str], None]  # hands a node to its worker
+
+
+class Interruptions:
+    def __init__(self, ports: InterruptionPorts, partitions: Sequence[str]) -> None:
+        self.p = ports
+        self.partitions = list(partitions)
+        self.timers: list[threading.Timer] = []
+
+    def notice(self, rec: NodeRecord, notice: Notice) -> dict[str, Any]:
+        """Handle ``rec``'s notice (see the module); what was done, for the agent."""
+        p = self.p
+        now = p.clock.now()
+        key = f"{NOTICED}{rec.instance_id}"
+        if p.store.meta_get(key) is not None:
+            return {"known": True}
+        p.store.meta_set(key, {"node": rec.name, "action": notice.action, "at": notice.at})
+        left = notice.at - now
+        p.store.event(now, "spot.interruption", rec.name,
+                      f"{notice.action} in {left:.0f} s ({rec.instance_id})")  # fmt: skip
+        log.warning("node.interruption node=%s instance=%s action=%s in=%.0f",
+                    rec.name, rec.instance_id, notice.action, left)  # fmt: skip
+        p.cool(rec, CapacityError(f"{rec.provider}/{rec.size}: interruption notice", CODE))
+        jobs = self._running_on(rec.name)
+        signalled: list[int] = []
+        for job_id in jobs:
+            try:
+                declared = declared_signal(p.jobs.batch_script(job_id))
+                if declared is not None:
+                    p.jobs.signal_job(job_id, declared.signal, declared.batch_only)
+                    signalled.append(job_id)
+                    p.store.event(p.clock.now(), "job.signalled", rec.name,
+                                  f"job {job_id}: {declared.signal}")  # fmt: skip
+            except (BurstError, ValueError) as exc:  # the job ended meanwhile; a bad spec
+                log.warning("node.interruption_signal_failed job=%d error=%s", job_id, exc)
+        when = requeue_at(notice, bool(signalled), now)
+        timer = threading.Timer(max(0.0, when - now), self._reclaim, (rec.name, jobs))
+        timer.daemon = True
+        self.timers.append(timer)
+        timer.start()
+        return {"jobs": jobs, "signalled": signalled, "requeue_at": when}
+
+    def _running_on(self, node: str) -> list[int]:
+        out = []
+        try:
+            listed = self.p.scheduler.jobs(self.partitions)
+        except BurstError as exc:
+            log.warning("node.interruption_jobs_unread node=%s error=%s", node, exc)
+            return []
+        for j in listed:
+            try:
+                on = node in expand(j.nodes) if j.nodes else False
+            except HostlistError:
+                on = False
+            if j.state == "RUNNING" and on:
+                out.append(j.job_id)
+        return sorted(out)
+
+    def _reclaim(self, node: str, jobs: list[int]) -> None:
+        """Requeue the node's jobs, then fail the node (torn down, back in service)."""
+        p = self.p
+        try:
+            if jobs:
+                p.jobs.requeue(jobs)
+                p.store.event(p.clock.now(), "job.requeued", node,
+                              ",".join(map(str, jobs)))  # fmt: skip
+        except BurstError as exc:  # ended meanwhile: nothing to requeue
+            log.warning("node.interruption_requeue_failed node=%s error=%s", node, exc)
+        try:
+            if p.fail(node, CODE, "the provider reclaims the instance (interruption notice)"):
+                p.submit(node)
+        except Exception as exc:  # boundary: a timer thread; the reconcile loop sees it gone
+            contain("node.interruption", exc, None)
+
+    def close(self) -> None:
+        for t in self.timers:
+            t.cancel()

@@ -1,0 +1,163 @@
+"""Interruption notices: what a notice says, which signal a job asked for, and what the
+daemon does with a notice (signal now, requeue before the reclaim, replace the node), on
+fakes. The lab raises a real notice on an EC2 VM (tests/lab/test_x_ec2.py)."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from slurm_burst.core.cloud import CapacityError
+from slurm_burst.core.interruption import (
+    Declared,
+    Notice,
+    declared_signal,
+    parse_notice,
+    requeue_at,
+)
+from slurm_burst.core.mesh import Refused
+from slurm_burst.core.nodestate import NodeState, Want
+from slurm_burst.core.records import NodeRecord
+from slurm_burst.core.slurm import SlurmJob
+from slurm_burst.services.interruptions import InterruptionPorts, Interruptions
+from slurm_burst.services.nodeapi import NodeApi, NodeApiSettings
+from tests.conftest import lab_config_in, wait
+from tests.fakes.clock import FakeClock
+from tests.fakes.slurm import FakeScheduler
+from tests.fakes.store import MemoryStore
+
+pytestmark = pytest.mark.unit
+
+NOW = 1_790_000_000.0
+
+
+@pytest.mark.parametrize(
+    ("script", "want"),
+    [
+        ("#!/bin/sh\n#SBATCH --signal=B:USR1@120\nsrun app\n", Declared("USR1", True)),
+        ("#!/bin/bash\n#SBATCH -N2\n#SBATCH --signal=SIGUSR2\n", Declared("USR2", False)),
+        ("#!/bin/sh\n#SBATCH --signal 10@30\n", Declared("10", False)),
+        ("#!/bin/sh\n#SBATCH --signal=R:TERM@60\n", Declared("TERM", False)),
+        ("#!/bin/sh\necho hi\n#SBATCH --signal=USR1\n", None),  # after a command: not read
+        ("#!/bin/sh\n#SBATCH --signal=usr1@60\n", Declared("USR1", False)),
+        ("#!/bin/sh\n#SBATCH --signal=99\n", None),
+        ("#!/bin/sh\n#SBATCH --signal=B:$(reboot)\n", None),
+        ("", None),
+        ("#!/bin/sh\n# --signal=USR1 in a comment\nsrun app\n", None),
+    ],
+    ids=["batch-only", "name-with-sig", "number-space", "reservation-flag", "after-command",
+         "lower-case", "no-such-signal", "injection", "no-script", "plain-comment"],
+)  # fmt: skip
+def test_the_signal_a_job_asked_for_is_read_from_its_script(
+    script: str, want: Declared | None
+) -> None:
+    assert declared_signal(script) == want
+
+
+@pytest.mark.parametrize(
+    ("body", "error"),
+    [
+        ({"action": "terminate", "time": "2026-11-27T15:00:00Z"}, ""),
+        ({"action": "reboot", "time": "2026-11-27T15:00:00Z"}, "action"),
+        ({"action": "stop", "time": "soon"}, "ISO 8601"),
+        ({"action": "stop", "time": 5}, "ISO 8601"),
+        (["terminate"], "JSON object"),
+    ],
+    ids=["ec2", "bad-action", "bad-time", "number-time", "a-list"],
+)  # fmt: skip
+def test_a_notice_is_checked(body: object, error: str) -> None:
+    if error:
+        with pytest.raises(ValueError, match=error):
+            parse_notice(body, NOW)
+        return
+    notice = parse_notice(body, NOW)
+    assert notice.action == "terminate" and NOW <= notice.at <= NOW + 86_400
+
+
+def test_a_signalled_job_is_requeued_before_the_reclaim_and_another_at_once() -> None:
+    notice = Notice("terminate", NOW + 120)
+    assert requeue_at(notice, True, NOW) == NOW + 110
+    assert requeue_at(notice, False, NOW) == NOW
+    assert requeue_at(Notice("terminate", NOW + 5), True, NOW) == NOW  # already too late
+
+
+def spot_node(store: MemoryStore, name: str = "burst-spot-1") -> NodeRecord:
+    store.transition(name, NodeState.REQUESTED, NOW, group="ec2spot", want=Want.UP)
+    for s in (NodeState.LAUNCHING, NodeState.BOOTING, NodeState.BOOTSTRAPPING, NodeState.JOINED):
+        store.transition(name, s, NOW)
+    store.update(name, provider="aws", size="t3.micro", market="spot", instance_id="i-1")
+    addr = store.allocate_address(name, "10.77.0.0/24", NOW)
+    store.update(name, mesh_addr=addr)
+    rec = store.node(name)
+    assert rec is not None
+    return rec
+
+
+def test_a_notice_signals_the_jobs_requeues_them_and_replaces_the_node(tmp_path: Path) -> None:
+    store = MemoryStore()
+    rec = spot_node(store)
+    slurm = FakeScheduler(jobs=[
+        SlurmJob(7, "train", "RUNNING", "burst-spot", nodes="burst-spot-[1-4]"),
+        SlurmJob(8, "other", "RUNNING", "burst-spot", nodes="burst-spot-[5-6]"),
+        SlurmJob(9, "quick", "RUNNING", "burst-spot", nodes="burst-spot-1"),
+    ])  # fmt: skip
+    slurm.scripts[7] = "#!/bin/sh\n#SBATCH --signal=B:USR1@60\nsrun train\n"
+    cooled: list[tuple[str, str]] = []
+    failed: list[tuple[str, str]] = []
+    submitted: list[str] = []
+
+    def cool(r: NodeRecord, exc: CapacityError) -> None:
+        cooled.append((r.name, exc.code))
+
+    def fail(node: str, code: str, message: str) -> bool:
+        failed.append((node, code))
+        return True
+
+    clock = FakeClock(time.time())
+    service = Interruptions(
+        InterruptionPorts(store=store, scheduler=slurm, jobs=slurm, clock=clock, cool=cool,
+                          fail=fail, submit=submitted.append),
+        ["burst-spot"],
+    )  # fmt: skip
+    said = service.notice(rec, Notice("terminate", clock.now() + 10.5))
+    assert said["jobs"] == [7, 9] and said["signalled"] == [7]
+    assert slurm.signals == [(7, "USR1", True)]  # at once, as the job asked; 9 asked none
+    assert cooled == [("burst-spot-1", "SpotInterruption")]
+    events = [e["event"] for e in store.events()]
+    assert "spot.interruption" in events and "job.signalled" in events
+    assert service.notice(rec, Notice("terminate", clock.now() + 10.5)) == {"known": True}
+    # the requeue waits until shortly before the reclaim (10 s before: 0.5 s here)
+    assert slurm.requeued == []
+    wait(lambda: slurm.requeued, 10, "the requeue")
+    assert slurm.requeued == [7, 9] and failed == [("burst-spot-1", "SpotInterruption")]
+    assert submitted == ["burst-spot-1"]
+    service.close()
+
+
+def test_the_node_api_hands_a_live_nodes_notice_on_and_refuses_others(tmp_path: Path) -> None:
+    cfg = lab_config_in(tmp_path)
+    store = MemoryStore()
+    rec = spot_node(store)
+    api = NodeApi(NodeApiSettings(cfg.fleet, "10.77.0.0/24", 51820, 1.0), store, FakeClock())
+    with pytest.raises(Refused) as no_handler:
+        api.notice(rec.mesh_addr, b"{}")
+    assert no_handler.value.status == 404
+    told: list[tuple[str, Notice]] = []
+
+    def noticed(r: NodeRecord, n: Notice) -> dict[str, Any]:
+        told.append((r.name, n))
+        return {"ok": True}
+
+    api.noticed = noticed
+    body = json.dumps({"action": "terminate", "time": "2099-01-01T00:00:00Z"}).encode()
+    assert api.notice(rec.mesh_addr, body) == {"ok": True}
+    assert told and told[0][0] == "burst-spot-1"
+    for source, bad, status in [("10.77.0.99", body, 403), (rec.mesh_addr, b"\xff\x00", 400),
+                                (rec.mesh_addr, b'{"action": "x", "time": "y"}', 400)]:  # fmt: skip
+        with pytest.raises(Refused) as caught:
+            api.notice(source, bad)
+        assert caught.value.status == status
