@@ -179,6 +179,8 @@ if __name__ == "__main__":
     bench_trace_stream()
     if os.geteuid() == 0:
         bench_lab()
+        # cloud-to-cloud throughput direct and through the hub; notice -> the job's signal
+        subprocess.run([sys.executable, str(ROOT / "benchmarks" / "cloudnet.py")], check=False)
         burst.bench_lab_burst()
     else:
         print("lab benchmarks skipped: they need root")

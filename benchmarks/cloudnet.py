@@ -1,0 +1,145 @@
+"""Cloud-to-cloud traffic and interruption notices in the lab (root; issue 32's figures).
+
+- **Throughput between two cloud nodes**, directly against through the hub, on the same
+  lab links: a job on burst-dir-[1-2] sends 256 MiB from the batch host to a task on
+  the other node through srun's standard input, three times each way round: with the
+  direct tunnel up, and with the batch host's agent stopped and its direct routes
+  removed (its traffic back on the hub's tunnel). MiB/s and the hub's bytes per run.
+- **Interruption notice -> the job's signal**: a job on a spot EC2 node that asked for
+  ``--signal=B:USR1``; the emulator raises EC2's notice on its instance; the time until
+  the batch shell has the signal (goal <= 5 s), three times.
+
+Brings the lab up if it is down (and down again after); with a lab of yours up, it uses
+it and leaves it up.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from slurm_burst_lab.service import Lab  # noqa: E402
+
+from slurm_burst.adapters.state.store import Store  # noqa: E402
+from slurm_burst.config import Config, load_config  # noqa: E402
+from slurm_burst.wiring import state_db_path  # noqa: E402
+
+SENT = 256 * 2**20
+RUNS = 3
+SEND = """#!/bin/sh
+{prepare}
+i=0
+until [ -n "{through_hub}" ] || ip -o route show dev wg-burst-d | grep -q .; do
+    i=$((i + 1)); [ $i -gt 120 ] && exit 3; sleep 0.5
+done
+start=$(date +%s%N)
+head -c {sent} /dev/zero | srun -N1 -n1 -x "$(hostname)" --input=all wc -c
+end=$(date +%s%N)
+echo "ms $(( (end - start) / 1000000 ))"
+"""
+HUB = "pkill -f /etc/slurm-burst/agent.py; ip route flush dev wg-burst-d; sleep 1"
+CHECKPOINTING = """#!/bin/sh
+trap 'date +%s.%N > "{shared}/usr1.$SLURM_JOB_ID"; exit 0' USR1
+while :; do sleep 0.2; done
+"""
+
+
+def run(env: dict[str, str], *argv: str) -> str:
+    return subprocess.run(argv, env=env, capture_output=True, text=True, check=True,
+                          timeout=600).stdout  # fmt: skip
+
+
+def sbatch_wait(env: dict[str, str], shared: str, *args: str) -> tuple[int, str]:
+    out = run(env, "sbatch", "--parsable", "--wait", "-t", "10", "-o", f"{shared}/%j.out",
+              "-D", shared, *args)  # fmt: skip
+    job = int(out.strip().split(";")[0])
+    return job, Path(shared, f"{job}.out").read_text(errors="replace")
+
+
+def hub_bytes(cfg: Config) -> int:
+    stats = Path("/sys/class/net", cfg.mesh.interface, "statistics")
+    return sum(int((stats / f).read_text()) for f in ("rx_bytes", "tx_bytes"))
+
+
+def throughput(lab: Lab, cfg: Config, env: dict[str, str]) -> None:
+    shared = lab.lab.shared_dir
+    run(env, "srun", "-p", "burst-direct", "-N2", "-t", "5", "true")  # both up, joined
+    for label, prepare in (("direct", ""), ("through the hub", HUB)):
+        script = Path(shared, "send.sh")
+        script.write_text(SEND.format(prepare=prepare, through_hub="y" if prepare else "",
+                                      sent=SENT))  # fmt: skip
+        rates, moved = [], []
+        for _ in range(RUNS):
+            before = hub_bytes(cfg)
+            _job, out = sbatch_wait(env, shared, "-p", "burst-direct", "-N2", str(script))
+            moved.append((hub_bytes(cfg) - before) / 2**20)
+            ms = int(out.split("ms")[-1].split()[0])
+            rates.append(SENT / 2**20 / (ms / 1000))
+        rate, hub = statistics.median(rates), statistics.median(moved)
+        print(f"cloud-to-cloud {label:<16} {rate:7.1f} MiB/s median (best {max(rates):.1f}); "
+              f"hub carried {hub:7.1f} MiB a run")  # fmt: skip
+        if prepare:  # the agents are gone: release the nodes, they come back with new ones
+            run(env, "scontrol", "update", "nodename=burst-dir-[1-2]", "state=power_down")
+            time.sleep(15)
+    run(env, "scontrol", "update", "nodename=burst-dir-[1-2]", "state=power_down")
+
+
+def notices(lab: Lab, cfg: Config, env: dict[str, str]) -> None:
+    shared = lab.lab.shared_dir
+    port = cfg.providers["aws"].options["port"]
+    store = Store(state_db_path(cfg))
+    script = Path(shared, "checkpointing.sh")
+    script.write_text(CHECKPOINTING.format(shared=shared))
+    took = []
+    for _ in range(RUNS):
+        store.mark_unavailable("aws", "t3.micro/spot", 0.0, "")  # the last run cooled it
+        job = int(run(env, "sbatch", "--parsable", "-p", "burst-spot", "-N1", "-t", "10",
+                      "--signal=B:USR1@60", "-o", f"{shared}/%j.out", "-D", shared,
+                      str(script)).split(";")[0])  # fmt: skip
+        while "RUNNING" not in run(env, "squeue", "-h", "-j", str(job), "-o", "%T"):
+            time.sleep(0.5)
+        node = run(env, "squeue", "-h", "-j", str(job), "-o", "%N").strip()
+        rec = store.node(node)
+        assert rec is not None
+        time.sleep(3)  # the batch shell's trap is set
+        at = time.time()
+        url = f"http://127.0.0.1:{port}/_emulator/interrupt?instance={rec.instance_id}&in=60"
+        with urllib.request.urlopen(url, timeout=10) as r:
+            json.loads(r.read())
+        mark = Path(shared, f"usr1.{job}")
+        deadline = time.monotonic() + 30
+        while not (mark.exists() and mark.read_text().strip()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        took.append(float(mark.read_text()) - at if mark.exists() else float("inf"))
+        run(env, "scancel", str(job))
+        run(env, "scontrol", "update", f"nodename={node}", "state=power_down")
+    verdict = "OK" if statistics.median(took) <= 5 else "OVER GOAL"
+    print(f"interruption notice -> the job's USR1: median {statistics.median(took):.2f} s, "
+          f"max {max(took):.2f} s (goal <= 5 s)  {verdict}")  # fmt: skip
+
+
+def main() -> None:
+    cfg = load_config(ROOT / "slurm-conf" / "lab" / "slurm-burst.toml")
+    lab = Lab(cfg)
+    was_up = bool(lab.status()["up"])
+    if not was_up:
+        lab.up()
+    env = lab.env()
+    try:
+        throughput(lab, cfg, env)
+        notices(lab, cfg, env)
+    finally:
+        if not was_up:
+            lab.down()
+
+
+if __name__ == "__main__":
+    main()
