@@ -45,7 +45,7 @@ head -c {sent} /dev/zero | srun -N1 -n1 -x "$(hostname)" --input=all wc -c
 end=$(date +%s%N)
 echo "ms $(( (end - start) / 1000000 ))"
 """
-HUB = "pkill -f /etc/slurm-burst/agent.py; ip route flush dev wg-burst-d; sleep 1"
+HUB = "pkill -f /run/slurm-burst-agent.py; ip route flush dev wg-burst-d; sleep 1"
 CHECKPOINTING = """#!/bin/sh
 trap 'date +%s.%N > "{shared}/usr1.$SLURM_JOB_ID"; exit 0' USR1
 while :; do sleep 0.2; done

@@ -116,6 +116,8 @@ class Scheduler(Protocol):
 class JobControl(Protocol):
     """What is done to a running job when its node is to be reclaimed (SlurmCli has it)."""
 
+    def running_on(self, node: str) -> list[int]: ...  # the jobs running on ``node``
+
     def batch_script(self, job_id: int) -> str: ...  # '' if it has none (an salloc)
 
     def signal_job(self, job_id: int, signal: str, batch_only: bool) -> None: ...

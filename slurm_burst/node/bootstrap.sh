@@ -97,12 +97,12 @@ health-check)
     ;;
 agent-start)
     # agent-start PYTHON ARGS...: the node agent (direct tunnels to the node's cloud peers,
-    # /etc/slurm-burst/agent.py, put there by the daemon), started once and detached; its
+    # /run/slurm-burst-agent.py, put there by the daemon), started once and detached; its
     # log is /var/log/slurm-burst-agent.log.
     py=$1; shift
     pid=/run/slurm-burst-agent.pid
     if [ -s "$pid" ] && kill -0 "$(cat "$pid")" 2>/dev/null; then exit 0; fi
-    setsid "$py" /etc/slurm-burst/agent.py "$@" </dev/null >>/var/log/slurm-burst-agent.log 2>&1 &
+    setsid "$py" /run/slurm-burst-agent.py "$@" </dev/null >>/var/log/slurm-burst-agent.log 2>&1 &
     echo $! > "$pid"
     ;;
 slurmd-start)

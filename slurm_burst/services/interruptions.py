@@ -37,6 +37,7 @@ log = logging.getLogger(__name__)
 
 CODE = "SpotInterruption"
 NOTICED = "notice."  # state meta, by instance id: the notice, once
+LEAVE_WAIT = 8.0  # seconds a requeued job gets to leave the node before it is failed
 
 
 @dataclass(frozen=True)
@@ -90,20 +91,11 @@ class Interruptions:
         return {"jobs": jobs, "signalled": signalled, "requeue_at": when}
 
     def _running_on(self, node: str) -> list[int]:
-        out = []
         try:
-            listed = self.p.scheduler.jobs(self.partitions)
+            return self.p.jobs.running_on(node)
         except BurstError as exc:
             log.warning("node.interruption_jobs_unread node=%s error=%s", node, exc)
             return []
-        for j in listed:
-            try:
-                on = node in expand(j.nodes) if j.nodes else False
-            except HostlistError:
-                on = False
-            if j.state == "RUNNING" and on:
-                out.append(j.job_id)
-        return sorted(out)
 
     def _reclaim(self, node: str, jobs: list[int]) -> None:
         """Requeue the node's jobs, then fail the node (torn down, back in service)."""
@@ -115,12 +107,35 @@ class Interruptions:
                               ",".join(map(str, jobs)))  # fmt: skip
         except BurstError as exc:  # ended meanwhile: nothing to requeue
             log.warning("node.interruption_requeue_failed node=%s error=%s", node, exc)
+        self._left(node, jobs)
         try:
             if p.fail(node, CODE, "the provider reclaims the instance (interruption notice)"):
                 p.submit(node)
         except Exception as exc:  # boundary: a timer thread; the reconcile loop sees it gone
             contain("node.interruption", exc, None)
 
+    def _left(self, node: str, jobs: list[int]) -> None:
+        """Wait (up to LEAVE_WAIT s) until the requeued jobs have left the node: failing
+        the node while one still completes there makes Slurm requeue it a second time."""
+        if not jobs:
+            return
+        deadline = self.p.clock.monotonic() + LEAVE_WAIT
+        while self.p.clock.monotonic() < deadline:
+            try:
+                listed = self.p.scheduler.jobs(self.partitions)
+            except BurstError:
+                return
+            if not any(j.job_id in jobs and _on(node, j.nodes) for j in listed):
+                return
+            self.p.clock.sleep(0.5)
+
     def close(self) -> None:
         for t in self.timers:
             t.cancel()
+
+
+def _on(node: str, hostlist: str) -> bool:
+    try:
+        return bool(hostlist) and node in expand(hostlist)
+    except HostlistError:
+        return False

@@ -76,7 +76,7 @@ log = logging.getLogger(__name__)
 
 REMOTE_SCRIPT = "/run/slurm-burst-bootstrap.sh"
 GPU_CHECK = "/etc/slurm-burst/gpucheck.py"  # the node's GPU check (bootstrap.sh, telemetry)
-AGENT = "/etc/slurm-burst/agent.py"  # the node agent: direct tunnels, notices (bootstrap.sh)
+AGENT = "/run/slurm-burst-agent.py"  # the node agent: direct tunnels, notices (bootstrap.sh)
 IMDS = "http://169.254.169.254"  # EC2's instance metadata service, where notices are read
 GPU_EXPECT = "/etc/slurm-burst/gpu-check.json"  # what the node group promises
 POLL = 0.5  # seconds between looks at a booting instance (a provider without a listing)
@@ -683,8 +683,8 @@ class Provisioner:
             args += ["--direct", f"{s.mesh_interface[:12]}-d", "--address", addr,
                      "--port", str(s.mesh_node_port),
                      "--interval", f"{s.mesh_sync_interval:g}"]  # fmt: skip
-        if notices:
-            args += ["--imds", IMDS]
+        if notices:  # EC2 asks for a look every 5 s; the service is local: every second
+            args += ["--imds", IMDS, "--notice-interval", "1"]
         sh.put(self.agent, AGENT, 0o644)
         self._step(sh, "agent-start", "python3", *args)
 

@@ -83,6 +83,12 @@ class FakeScheduler:
         return True
 
     # -- JobControl ------------------------------------------------------------------
+    def running_on(self, node: str) -> list[int]:
+        from slurm_burst.core.hostlist import expand
+
+        return sorted(j.job_id for j in self._jobs
+                      if j.state == "RUNNING" and j.nodes and node in expand(j.nodes))  # fmt: skip
+
     def batch_script(self, job_id: int) -> str:
         return self.scripts.get(job_id, "")
 
