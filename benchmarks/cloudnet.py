@@ -47,6 +47,7 @@ echo "ms $(( (end - start) / 1000000 ))"
 """
 HUB = "pkill -f /run/slurm-burst-agent.py; ip route flush dev wg-burst-d; sleep 1"
 CHECKPOINTING = """#!/bin/sh
+#SBATCH --signal=B:USR1@60
 trap 'date +%s.%N > "{shared}/usr1.$SLURM_JOB_ID"; exit 0' USR1
 while :; do sleep 0.2; done
 """
@@ -65,8 +66,11 @@ def sbatch_wait(env: dict[str, str], shared: str, *args: str) -> tuple[int, str]
 
 
 def hub_bytes(cfg: Config) -> int:
-    stats = Path("/sys/class/net", cfg.mesh.interface, "statistics")
-    return sum(int((stats / f).read_text()) for f in ("rx_bytes", "tx_bytes"))
+    """Bytes through the hub's tunnels so far, in and out, as WireGuard counts them per
+    peer (the interface's own counters miss what wireguard-go forwards between peers)."""
+    said = subprocess.run(["wg", "show", cfg.mesh.interface, "transfer"], capture_output=True,
+                          text=True, check=True, timeout=10).stdout  # fmt: skip
+    return sum(int(n) for line in said.splitlines() for n in line.split("\t")[1:])
 
 
 def throughput(lab: Lab, cfg: Config, env: dict[str, str]) -> None:
@@ -102,7 +106,7 @@ def notices(lab: Lab, cfg: Config, env: dict[str, str]) -> None:
     for _ in range(RUNS):
         store.mark_unavailable("aws", "t3.micro/spot", 0.0, "")  # the last run cooled it
         job = int(run(env, "sbatch", "--parsable", "-p", "burst-spot", "-N1", "-t", "10",
-                      "--signal=B:USR1@60", "-o", f"{shared}/%j.out", "-D", shared,
+                      "-o", f"{shared}/%j.out", "-D", shared,
                       str(script)).split(";")[0])  # fmt: skip
         while "RUNNING" not in run(env, "squeue", "-h", "-j", str(job), "-o", "%T"):
             time.sleep(0.5)

@@ -81,7 +81,7 @@ def ip(*argv: str) -> str:
                           timeout=10).stdout  # fmt: skip
 
 
-def ensure_direct(direct: str, key_file: str, port: int) -> None:
+def ensure_direct(direct: str, iface: str, port: int) -> None:
     """The direct interface, up, with the node's key and the tunnel port (once)."""
     if subprocess.run(["ip", "link", "show", "dev", direct], capture_output=True,
                       timeout=10).returncode != 0:  # fmt: skip
@@ -90,13 +90,29 @@ def ensure_direct(direct: str, key_file: str, port: int) -> None:
         if made.returncode != 0:  # no kernel module: the userspace implementation
             env = {"WG_I_PREFER_BUGGY_USERSPACE_TO_POLISHED_KMOD": "1", "PATH": PATH}
             subprocess.run(["wireguard-go", direct], check=True, env=env, timeout=30)
-    wg("set", direct, "private-key", key_file, "listen-port", str(port))
+    wg("set", direct, "private-key", f"/etc/wireguard/{iface}.key", "listen-port", str(port))
     ip("link", "set", "dev", direct, "up")
-    try:  # a peer's packets arrive here before our route to it does: loose checking
-        with open(f"/proc/sys/net/ipv4/conf/{direct}/rp_filter", "w") as fh:
-            fh.write("2\n")
-    except OSError as exc:  # a read-only /proc/sys: strict checking may drop them a while
-        say(f"rp_filter of {direct} left as it is: {exc}")
+    no_source_check(direct, iface)
+
+
+def no_source_check(direct: str, iface: str) -> None:
+    """No reverse-path filtering on the two tunnels. While two nodes' routes to each
+    other disagree (one routes the other directly, the other not yet), a node's packets
+    arrive on one tunnel and its answers leave by the other, which the kernel's source
+    check drops, in loose mode too (seen in the lab). WireGuard checks every packet's
+    source against its peer's key already. The kernel applies the larger of ``all`` and
+    the interface's value, so ``all`` goes to 0 as well where an image set it (said)."""
+    for name in ("all", iface, direct):
+        path = f"/proc/sys/net/ipv4/conf/{name}/rp_filter"
+        try:
+            with open(path) as fh:
+                if fh.read().strip() == "0":
+                    continue
+            with open(path, "w") as fh:
+                fh.write("0\n")
+            say(f"rp_filter of {name} set to 0 (the tunnels' sources are WireGuard's to check)")
+        except OSError as exc:  # a read-only /proc/sys: mismatched routes drop for a while
+            say(f"rp_filter of {name} left as it is: {exc}")
 
 
 def ask(api: str, endpoint: str) -> dict[str, Any]:
@@ -238,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
             next_sync = now + args.interval
             try:
                 if not endpoint:
-                    ensure_direct(args.direct, f"/etc/wireguard/{args.iface}.key", args.port)
+                    ensure_direct(args.direct, args.iface, args.port)
                     endpoint = own_endpoint(hub_endpoint(args.iface), args.port)
                 for line in sync(args.direct, args.address, ask(args.api, endpoint), time.time()):
                     say(line)
