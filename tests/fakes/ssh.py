@@ -40,6 +40,9 @@ class FakeNode:
     gpu_report: dict[str, object] = field(default_factory=lambda: {"ok": True, "problems": []})
     gpu_sample: dict[str, object] = field(default_factory=lambda: {"gpus": []})
     health_check: list[str] = field(default_factory=list)  # the health-check step's args
+    # directories a file may be put in: an image's, then what the bootstrap steps make
+    dirs: set[str] = field(default_factory=lambda: {"/run", "/etc", "/tmp", "/var/log"})
+    agent: list[str] = field(default_factory=list)  # the agent-start step's args
 
     def run(self, argv: Sequence[str]) -> str:
         self.ran.append(list(argv))
@@ -68,6 +71,7 @@ class FakeNode:
                 f"{self.host}: sh bootstrap {step} exited 1: {self.fail[step]}", "RemoteCommand"
             )
         if step == "wg-key":
+            self.dirs.add("/etc/wireguard")
             self.wg_pub = self.wg_pub or wg_key(f"node:{self.host}")
             return "not a key\n" if self.bad_key else self.wg_pub + "\n"
         if step == "wg-up":
@@ -77,6 +81,7 @@ class FakeNode:
                 self.mesh.handshake(self.wg_pub)
             return ""
         if step == "munge-dirs":
+            self.dirs.add("/etc/munge")
             return MUNGE_IDS + "\n"
         if step == "munge-start":
             if "/etc/munge/munge.key" not in self.files:
@@ -84,6 +89,12 @@ class FakeNode:
             self.munged = True
             return ""
         if step == "gpu-prepare":
+            self.dirs.add("/etc/slurm-burst")
+            return ""
+        if step == "agent-start":
+            if "/run/slurm-burst-agent.py" not in self.files:
+                raise RemoteError(f"{self.host}: agent-start: no agent", "RemoteCommand")
+            self.agent = list(args)
             return ""
         if step == "gpu-check":
             for need in ("/etc/slurm-burst/gpucheck.py", "/etc/slurm-burst/gpu-check.json"):
@@ -122,6 +133,9 @@ class FakeShell:
     def put(self, data: bytes, path: str, mode: int, owner: tuple[int, int] | None = None) -> None:
         if self.closed or path in self.fail_put:
             raise RemoteError(f"{self.node.host}: sftp put {path}: failure", "RemoteCommand")
+        if path.rpartition("/")[0] not in self.node.dirs:  # as SFTP: no directory, no file
+            raise RemoteError(f"{self.node.host}: sftp put {path}: [Errno 2] No such file",
+                              "RemoteCommand")  # fmt: skip
         self.node.files[path] = (bytes(data), mode, owner)
 
     def close(self) -> None:

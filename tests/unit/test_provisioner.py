@@ -705,3 +705,25 @@ def test_a_launch_is_named_after_its_nodes_within_ec2s_tag_value_limit() -> None
     scattered = [f"aws-{i}" for i in range(1, 2000, 2)]  # no two consecutive
     name = launch_name(scattered)
     assert len(name) == 255 and name.startswith("aws-[1,3,5,") and name.endswith("...")
+
+
+def test_a_node_of_a_directly_tunnelling_group_starts_its_agent_and_others_do_not(
+    w: World,
+) -> None:
+    """burst-dir-* (cloud_to_cloud = "wireguard"): the agent goes to /run and starts with
+    its direct interface, mesh address, the node API and the lab's 1-s interval; a
+    burst-cpu node (through the hub, not spot) gets none."""
+    w.slurm.add_cloud_nodes(["burst-dir-1"], "burst-direct")
+    w.request("burst-dir-1", N)
+    for name in ("burst-dir-1", N):
+        rec = w.prov.drive(name)
+        assert rec is not None and rec.state == NodeState.JOINED, rec
+    direct = w.connector.nodes[w.cloud.of_node("burst-dir-1")[0].address]
+    addr = w.rec("burst-dir-1").mesh_addr
+    assert direct.agent == ["python3", "--iface", "wg-burst", "--api", "http://10.77.0.1:51821",
+                         "--direct", "wg-burst-d", "--address", addr, "--port", "51820",
+                         "--interval", "1"]  # fmt: skip
+    assert direct.files["/run/slurm-burst-agent.py"][1] == 0o644
+    cpu = w.connector.nodes[w.cloud.of_node(N)[0].address]
+    assert not cpu.agent
+    assert "/run/slurm-burst-agent.py" not in cpu.files
