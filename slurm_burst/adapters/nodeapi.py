@@ -22,6 +22,7 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+from slurm_burst.adapters.served import Served
 from slurm_burst.core.mesh import Refused
 
 # the service's answer to GET /v1/peers: (caller's address, its endpoint) -> JSON body
@@ -35,7 +36,7 @@ log = logging.getLogger(__name__)
 MAX_URL = 1024
 
 
-class NodeApiServer:
+class NodeApiServer(Served):
     """Serves ``peers`` at ``listen`` (host, port), on ``device`` only where given."""
 
     def __init__(
@@ -50,17 +51,6 @@ class NodeApiServer:
         self.timeout = timeout
         self.slots = threading.BoundedSemaphore(connections)
         self._httpd: _Server | None = None
-
-    @property
-    def up(self) -> bool:
-        return self._httpd is not None
-
-    @property
-    def address(self) -> tuple[str, int]:
-        if self._httpd is None:
-            return self.listen
-        host, port = self._httpd.server_address[:2]
-        return str(host), int(port)
 
     def start(self) -> None:
         """Bind and serve in a thread (OSError while the address or device is not here)."""
@@ -80,12 +70,6 @@ class NodeApiServer:
         self._httpd = httpd
         threading.Thread(target=httpd.serve_forever, name="node-api", daemon=True).start()
         log.info("node_api.serving listen=%s:%d device=%s", *self.address, self.device or "-")
-
-    def close(self) -> None:
-        httpd, self._httpd = self._httpd, None
-        if httpd is not None:
-            httpd.shutdown()
-            httpd.server_close()
 
 
 class _Server(http.server.ThreadingHTTPServer):
@@ -112,46 +96,40 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         log.debug("node_api.request %s", format % args)
 
     def do_GET(self) -> None:
+        self._serve(self._peers)
+
+    def do_POST(self) -> None:
+        self._serve(self._notice)
+
+    def _serve(self, handle: Callable[[], dict[str, Any]]) -> None:
+        """One request within the server's slots; a refusal answered with its status."""
         if not self.owner.slots.acquire(blocking=False):
             self._answer(503, {"error": "busy"})
             return
         try:
-            url = urlsplit(self.path[: MAX_URL + 1])
-            if len(self.path) > MAX_URL or url.path != "/v1/peers":
-                self._answer(404, {"error": "no such resource"})
-                return
-            endpoint = parse_qs(url.query).get("endpoint", [""])[0]
-            try:
-                said = self.owner.peers(self.client_address[0], endpoint)
-            except Refused as exc:
-                self._answer(exc.status, {"error": str(exc)})
-                return
+            said = handle()
+        except Refused as exc:
+            self._answer(exc.status, {"error": str(exc)})
+        else:
             self._answer(200, said)
         finally:
             self.owner.slots.release()
 
-    def do_POST(self) -> None:
-        if not self.owner.slots.acquire(blocking=False):
-            self._answer(503, {"error": "busy"})
-            return
-        try:
-            told = self.owner.notice
-            size = self.headers.get("Content-Length", "")
-            if self.path != "/v1/notice" or told is None:
-                self._answer(404, {"error": "no such resource"})
-                return
-            if not (size.isascii() and size.isdigit()) or int(size) > MAX_BODY:
-                self._answer(413, {"error": f"a body of at most {MAX_BODY} bytes, sized"})
-                return
-            body = self.rfile.read(int(size))
-            try:
-                said = told(self.client_address[0], body)
-            except Refused as exc:
-                self._answer(exc.status, {"error": str(exc)})
-                return
-            self._answer(200, said)
-        finally:
-            self.owner.slots.release()
+    def _peers(self) -> dict[str, Any]:
+        url = urlsplit(self.path[: MAX_URL + 1])
+        if len(self.path) > MAX_URL or url.path != "/v1/peers":
+            raise Refused(404, "no such resource")
+        endpoint = parse_qs(url.query).get("endpoint", [""])[0]
+        return self.owner.peers(self.client_address[0], endpoint)
+
+    def _notice(self) -> dict[str, Any]:
+        told = self.owner.notice
+        if self.path != "/v1/notice" or told is None:
+            raise Refused(404, "no such resource")
+        size = self.headers.get("Content-Length", "")
+        if not (size.isascii() and size.isdigit()) or int(size) > MAX_BODY:
+            raise Refused(413, f"a body of at most {MAX_BODY} bytes, sized")
+        return told(self.client_address[0], self.rfile.read(int(size)))
 
     def _answer(self, status: int, body: dict[str, Any]) -> None:
         data = json.dumps(body, separators=(",", ":")).encode()

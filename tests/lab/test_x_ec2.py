@@ -141,6 +141,24 @@ def _thaw_spot(store: Store) -> None:
     store.mark_unavailable("aws", "t3.micro/spot", 0.0, "")
 
 
+def _srun_with_spot(
+    cfg: Config, env: dict[str, str], mode: str, count: int
+) -> tuple[subprocess.CompletedProcess[str], list[str]]:
+    """``srun -N count hostname`` on burst-spot while the emulator's spot capacity is
+    ``mode`` (refuse, withhold); its spot capacity normal again after; the instances it
+    withheld meanwhile."""
+    emulator(cfg, f"spot?mode={mode}")
+    try:
+        srun = subprocess.run(
+            ["srun", "-p", "burst-spot", f"-N{count}", "-t", "5", "hostname"],
+            env=env, capture_output=True, text=True, timeout=300, check=False,
+        )  # fmt: skip
+        withheld = list(emulator(cfg, "market")["withheld"])
+    finally:
+        emulator(cfg, "spot?mode=")
+    return srun, withheld
+
+
 def _release(env: dict[str, str], lab: Lab, store: Store, nodes: list[str]) -> None:
     recs = [store.node(n) for n in nodes]
     ids = {r.instance_id for r in recs if r is not None}
@@ -158,19 +176,12 @@ def test_spot_refused_runs_a_4_node_job_on_demand_in_one_placement_group(
 ) -> None:
     """The emulator refuses spot capacity: the job's four nodes launch at once on the
     fallback group's on-demand t3.micro, into one cluster placement group made for the
-    job; Slurm's node reason and the events say why; the placement group is deleted once
-    the nodes are released."""
+    job; the node's Slurm comment and the events say why; the placement group is deleted
+    once the nodes are released."""
     _thaw_spot(store)
     start = max((e["id"] for e in store.events(limit=10**6)), default=0)
     before = emulator_calls(lab_config)
-    emulator(lab_config, "spot?mode=refuse")
-    try:
-        srun = subprocess.run(
-            ["srun", "-p", "burst-spot", "-N4", "-t", "5", "hostname"],
-            env=env, capture_output=True, text=True, timeout=300, check=False,
-        )  # fmt: skip
-    finally:
-        emulator(lab_config, "spot?mode=")
+    srun, _ = _srun_with_spot(lab_config, env, "refuse", 4)
     assert srun.returncode == 0, srun.stderr[-3000:]
     assert len(set(srun.stdout.split())) == 4, srun.stdout
     recs = [store.node(n) for n in SPOTS]
@@ -204,16 +215,8 @@ def test_spot_withheld_falls_back_after_the_wait_and_the_job_runs(
     _thaw_spot(store)
     nodes = SPOTS[:2]
     start = max((e["id"] for e in store.events(limit=10**6)), default=0)
-    emulator(lab_config, "spot?mode=withhold")
     began = time.monotonic()
-    try:
-        srun = subprocess.run(
-            ["srun", "-p", "burst-spot", "-N2", "-t", "5", "hostname"],
-            env=env, capture_output=True, text=True, timeout=300, check=False,
-        )  # fmt: skip
-    finally:
-        withheld = emulator(lab_config, "market")["withheld"]
-        emulator(lab_config, "spot?mode=")
+    srun, withheld = _srun_with_spot(lab_config, env, "withhold", 2)
     took = time.monotonic() - began
     assert srun.returncode == 0, srun.stderr[-3000:]
     assert took >= 15, took  # it waited for the spot capacity first

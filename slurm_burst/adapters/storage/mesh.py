@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 from urllib.parse import parse_qs, quote, unquote, urlencode, urlsplit
 
+from slurm_burst.adapters.served import Served
 from slurm_burst.core.staging import StorageError, StorageUnavailable
 
 log = logging.getLogger(__name__)
@@ -112,7 +113,7 @@ def load_key(path: Path, create: bool) -> bytes:
 # -- the server, in the daemon ------------------------------------------------------------
 
 
-class MeshStoreServer:
+class MeshStoreServer(Served):
     """Serves ``root`` at ``listen`` (host, port) to whoever holds a grant."""
 
     def __init__(
@@ -129,18 +130,6 @@ class MeshStoreServer:
         self.slots = threading.BoundedSemaphore(connections)
         self._httpd: _Server | None = None
         self._root_fd = -1
-
-    @property
-    def up(self) -> bool:
-        return self._httpd is not None
-
-    @property
-    def address(self) -> tuple[str, int]:
-        """Where it serves (the port bound, where ``listen`` asked for any)."""
-        if self._httpd is None:
-            return self.listen
-        host, port = self._httpd.server_address[:2]
-        return str(host), int(port)
 
     def start(self) -> None:
         """Bind and serve in a thread (OSError when the address is not this host's)."""
@@ -162,10 +151,7 @@ class MeshStoreServer:
         log.info("mesh_store.serving root=%s listen=%s:%d", self.root, *self.listen)
 
     def close(self) -> None:
-        httpd, self._httpd = self._httpd, None
-        if httpd is not None:
-            httpd.shutdown()
-            httpd.server_close()
+        super().close()
         if self._root_fd >= 0:
             os.close(self._root_fd)
             self._root_fd = -1
