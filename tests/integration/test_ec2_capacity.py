@@ -198,3 +198,29 @@ def test_config_check_refuses_a_fallback_that_cannot_be_one(
     out = result.stdout + result.stderr
     assert "spot_fallback_after" in out and "resume_timeout" in out, out
     assert "has memory_mb 3500" in out, out
+
+
+def test_a_job_that_does_not_fit_its_placement_group_is_never_split(
+    emulator: Ec2Emulator, cfg_factory: Callable[..., Config], tmp_path: Path
+) -> None:
+    """The job's cluster placement group has room for 2 of its 4 instances (a full
+    spine): every size on the provider is refused in that group (MinCount is the whole
+    job), nothing is made, and the job's nodes fail together: none runs apart from the
+    others."""
+    cfg = make(cfg_factory, 30)
+    prov = provisioner(cfg, tmp_path)
+    requested(prov, *NODES, jobs=JOB)
+    recs = [r for r in map(prov.store.node, NODES) if r is not None]
+    emulator.market.room(prov.launcher.placement_name(recs, "aws"), 2)
+    emulator.calls.clear()
+    launch_batch(prov, NODES)
+    # spot c5.large, then the fallback's c5.large and c5.xlarge: all refused, all or none
+    assert emulator.calls["RunInstances"] == 3 and emulator.calls["CreatePlacementGroup"] == 1
+    assert aws_instances(emulator, cfg.cluster.name) == []
+    for n in NODES:  # their workers: every size is cooling down, no launch on its own
+        prov.drive(n)
+    assert emulator.calls["RunInstances"] == 3 and aws_instances(emulator, cfg.cluster.name) == []
+    recs = [r for r in map(prov.store.node, NODES) if r is not None]
+    # the first fails for want of capacity, the job's others are released with it
+    assert {r.state for r in recs} == {NodeState.TERMINATED}, recs
+    assert sorted(r.error for r in recs) == ["InsufficientInstanceCapacity", *["JobFailed"] * 3]
