@@ -50,9 +50,10 @@ lab-down: venv
 # share of the rest, so that each newer release is covered and CI stays in its time:
 # 24.11 a requeue through the prolog, the faults that touch Slurm's states and an array's
 # stage-in (burst_buffer/lua's hooks' arguments differ by release), a spot launch whose
-# capacity never comes; 26.05 the burst policy's read and update of the queue, a slurmd
-# that never registers, stage-in's bad copy sent again and sensitive data refused,
-# stage-out's resume after a reclaim, and a spot refusal run on-demand in a placement group.
+# capacity never comes, two cloud nodes talking off the hub; 26.05 the burst policy's read
+# and update of the queue, a slurmd that never registers, stage-in's bad copy sent again
+# and sensitive data refused, stage-out's resume after a reclaim, a spot refusal run
+# on-demand in a placement group, and an interruption notice's signal and requeue.
 # The whole suite runs on the host's release (22.05) first.
 LAB_RELEASES := 24.11 26.05
 VERSION_TESTS_COMMON := tests/lab/test_lab.py tests/lab/test_x_burst.py tests/lab/test_y_ledger.py
@@ -62,14 +63,16 @@ VERSION_TESTS_24.11 := \
 	tests/lab/test_y_faults.py::test_suspend_during_bootstrap \
 	tests/lab/test_y_faults.py::test_slurmctld_restarted_mid_resume \
 	tests/lab/test_x_stage.py::test_each_task_of_an_array_gets_its_data \
-	tests/lab/test_x_ec2.py::test_spot_withheld_falls_back_after_the_wait_and_the_job_runs
+	tests/lab/test_x_ec2.py::test_spot_withheld_falls_back_after_the_wait_and_the_job_runs \
+	tests/lab/test_x_mesh_direct.py
 VERSION_TESTS_26.05 := \
 	tests/lab/test_x_policy.py::test_a_long_wait_bursts_and_a_short_one_stays_on_prem \
 	'tests/lab/test_y_faults.py::test_node_failure_is_named_and_the_job_requeued[slurmd-never-registers]' \
 	tests/lab/test_x_stage.py::test_a_corrupt_object_in_the_store_never_reaches_the_job_and_is_sent_again \
 	tests/lab/test_x_stage.py::test_sensitive_data_is_refused_at_submit_and_by_the_daemon_and_nothing_leaves \
 	tests/lab/test_x_stage.py::test_outputs_come_home_verified_and_their_node_outlives_suspend_time_until_they_do \
-	tests/lab/test_x_ec2.py::test_spot_refused_runs_a_4_node_job_on_demand_in_one_placement_group
+	tests/lab/test_x_ec2.py::test_spot_refused_runs_a_4_node_job_on_demand_in_one_placement_group \
+	tests/lab/test_x_ec2.py::test_an_interruption_notice_signals_the_job_which_is_requeued_and_completes_elsewhere
 version_tests = $(VERSION_TESTS_COMMON) $(VERSION_TESTS_$(1)) tests/lab/test_zz_lab_down.py::test_down_removes_everything
 
 # pytest exits 5 when it collected nothing (e.g. a -m selection with no tests): say so.
