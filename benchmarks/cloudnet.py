@@ -7,7 +7,8 @@
   removed (its traffic back on the hub's tunnel). MiB/s and the hub's bytes per run.
 - **Interruption notice -> the job's signal**: a job on a spot EC2 node that asked for
   ``--signal=B:USR1``; the emulator raises EC2's notice on its instance; the time until
-  the batch shell has the signal (goal <= 5 s), three times.
+  the batch shell has the signal (goal <= 5 s), three times quiet and three times with
+  two CPU burners beside it.
 
 Brings the lab up if it is down (and down again after); with a lab of yours up, it uses
 it and leaves it up.
@@ -25,7 +26,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
+from launch import burners  # noqa: E402
 from slurm_burst_lab.service import Lab  # noqa: E402
 
 from slurm_burst.adapters.state.store import Store  # noqa: E402
@@ -96,7 +99,7 @@ def throughput(lab: Lab, cfg: Config, env: dict[str, str]) -> None:
     run(env, "scontrol", "update", "nodename=burst-dir-[1-2]", "state=power_down")
 
 
-def notices(lab: Lab, cfg: Config, env: dict[str, str]) -> None:
+def notices(lab: Lab, cfg: Config, env: dict[str, str], label: str = "quiet") -> None:
     shared = lab.lab.shared_dir
     port = cfg.providers["aws"].options["port"]
     store = Store(state_db_path(cfg))
@@ -126,7 +129,7 @@ def notices(lab: Lab, cfg: Config, env: dict[str, str]) -> None:
         run(env, "scancel", str(job))
         run(env, "scontrol", "update", f"nodename={node}", "state=power_down")
     verdict = "OK" if statistics.median(took) <= 5 else "OVER GOAL"
-    print(f"interruption notice -> the job's USR1: median {statistics.median(took):.2f} s, "
+    print(f"interruption notice -> the job's USR1 ({label}): median {statistics.median(took):.2f} s, "
           f"max {max(took):.2f} s (goal <= 5 s)  {verdict}")  # fmt: skip
 
 
@@ -140,6 +143,8 @@ def main() -> None:
     try:
         throughput(lab, cfg, env)
         notices(lab, cfg, env)
+        with burners(2):
+            notices(lab, cfg, env, "2 CPU burners")
     finally:
         if not was_up:
             lab.down()
