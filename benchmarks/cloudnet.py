@@ -128,8 +128,9 @@ def notices(lab: Lab, cfg: Config, env: dict[str, str], label: str = "quiet") ->
         took.append(float(mark.read_text()) - at if mark.exists() else float("inf"))
         run(env, "scancel", str(job))
         run(env, "scontrol", "update", f"nodename={node}", "state=power_down")
-    verdict = "OK" if statistics.median(took) <= 5 else "OVER GOAL"
-    print(f"interruption notice -> the job's USR1 ({label}): median {statistics.median(took):.2f} s, "
+    mid = statistics.median(took)
+    verdict = "OK" if mid <= 5 else "OVER GOAL"
+    print(f"interruption notice -> the job's USR1 ({label}): median {mid:.2f} s, "
           f"max {max(took):.2f} s (goal <= 5 s)  {verdict}")  # fmt: skip
 
 
