@@ -232,6 +232,8 @@ class Daemon:
         self.workers.shutdown()
         if self.stagework is not None:
             self.stagework.shutdown()
+        if self.interruptions is not None:  # a requeue not done yet: the reclaim's node
+            self.interruptions.close()  # failure requeues the job (the next daemon sees it)
         self.host.close()  # the wake-up socket, if this daemon led
         for served in self.served:
             served.close()
