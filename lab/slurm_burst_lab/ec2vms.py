@@ -86,6 +86,7 @@ class Ec2Vms:
             hide=self.hide,
             authorized_keys=(key,) if key else (),
             root=images(self.state_dir).get(image, ""),
+            binds=binds_of(self.state_dir).get(image, ()),
         )
         vmdir = self.state_dir / "vms" / instance_id
         self.ensure_network()
@@ -124,16 +125,34 @@ def images(state_dir: Path) -> dict[str, str]:
     return {str(k): str(v) for k, v in data.items()} if isinstance(data, dict) else {}
 
 
-def register_image(state_dir: str | Path, ami: str, root: str | Path | None) -> None:
-    """Instances of ``ami`` boot ``root`` from now on (None: the host's file system)."""
+def register_image(
+    state_dir: str | Path, ami: str, root: str | Path | None, binds: tuple[str, ...] = ()
+) -> None:
+    """Instances of ``ami`` boot ``root`` from now on (None: the host's file system), with
+    ``binds`` (host directories, at the same paths: the lab's shared directory)."""
     state = Path(state_dir)
     state.mkdir(parents=True, exist_ok=True)
     known = images(state)
-    if root is None:
-        known.pop(ami, None)
-    else:
+    bound = binds_of(state)
+    known.pop(ami, None)
+    bound.pop(ami, None)
+    if root is not None:
         known[ami] = str(root)
+        if binds:
+            bound[ami] = tuple(binds)
     vm.write_json_atomic(state / "images.json", known)
+    vm.write_json_atomic(state / "image-binds.json", {k: list(v) for k, v in bound.items()})
+
+
+def binds_of(state_dir: Path) -> dict[str, tuple[str, ...]]:
+    """AMI -> the host directories bound into its instances (image-based ones only)."""
+    try:
+        data = json.loads((state_dir / "image-binds.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(data, dict):
+        return {}
+    return {str(k): tuple(str(p) for p in v) for k, v in data.items() if isinstance(v, list)}
 
 
 def halt(vmdir: Path) -> None:

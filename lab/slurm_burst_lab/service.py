@@ -205,7 +205,7 @@ class Lab:
             # namespace cloud's VMs do: their slurmd is the controller's release
             for ami in {g.image for g in self.cfg.node_groups.values()
                         if self.lab.ec2_provider in g.providers}:  # fmt: skip
-                register_image(self.paths.state / "ec2", ami, image)
+                register_image(self.paths.state / "ec2", ami, image, (self.lab.shared_dir,))
         if self.lab.daemon:
             self.progress("slurm-burst daemon (WireGuard hub, provisioning)")
             record["processes"]["daemon"] = vars(c.start_daemon(self.cfg, self.paths))
