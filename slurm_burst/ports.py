@@ -116,7 +116,8 @@ class Scheduler(Protocol):
 class JobControl(Protocol):
     """What is done to a running job when its node is to be reclaimed (SlurmCli has it)."""
 
-    def running_on(self, node: str) -> list[int]: ...  # the jobs running on ``node``
+    # the jobs on ``node`` in ``states`` (squeue's: "RUNNING", "all", a comma list)
+    def jobs_on(self, node: str, states: str = "RUNNING") -> list[int]: ...
 
     def batch_script(self, job_id: int) -> str: ...  # '' if it has none (an salloc)
 

@@ -792,8 +792,7 @@ def node_agents(
     if not agents_wanted(cfg):
         return None, None, served
     m = cfg.mesh
-    api = NodeApi(NodeApiSettings(cfg.fleet, m.subnet, m.node_port, m.sync_interval),
-                  p.store, p.clock)  # fmt: skip
+    api = NodeApi(NodeApiSettings(cfg.fleet, m.subnet), p.store, p.clock)
     interruptions = None
     if p.jobs is not None:
 
@@ -802,9 +801,8 @@ def node_agents(
             provisioner.launcher.size_unavailable(rec.name, rec.provider, size, exc)
 
         interruptions = Interruptions(
-            InterruptionPorts(store=p.store, scheduler=p.scheduler, jobs=p.jobs, clock=p.clock,
-                              cool=cool, fail=provisioner.fail, submit=workers.submit),
-            cfg.burst_partitions(),
+            InterruptionPorts(store=p.store, jobs=p.jobs, clock=p.clock, cool=cool,
+                              fail=provisioner.fail, submit=workers.submit)
         )  # fmt: skip
         api.noticed = interruptions.notice
     if p.serve_node_api:

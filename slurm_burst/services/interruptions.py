@@ -21,16 +21,15 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from slurm_burst.core.cloud import CapacityError
 from slurm_burst.core.errors import BurstError
-from slurm_burst.core.hostlist import HostlistError, expand
 from slurm_burst.core.interruption import Notice, declared_signal, requeue_at
 from slurm_burst.core.records import NodeRecord
-from slurm_burst.ports import Clock, JobControl, NodeStore, Scheduler
+from slurm_burst.ports import Clock, JobControl, NodeStore
 from slurm_burst.services.periodic import contain
 
 log = logging.getLogger(__name__)
@@ -43,7 +42,6 @@ LEAVE_WAIT = 8.0  # seconds a requeued job gets to leave the node before it is f
 @dataclass(frozen=True)
 class InterruptionPorts:
     store: NodeStore
-    scheduler: Scheduler
     jobs: JobControl
     clock: Clock
     cool: Callable[[NodeRecord, CapacityError], None]  # the node's size cooled down
@@ -52,9 +50,8 @@ class InterruptionPorts:
 
 
 class Interruptions:
-    def __init__(self, ports: InterruptionPorts, partitions: Sequence[str]) -> None:
+    def __init__(self, ports: InterruptionPorts) -> None:
         self.p = ports
-        self.partitions = list(partitions)
         self.timers: list[threading.Timer] = []
 
     def notice(self, rec: NodeRecord, notice: Notice) -> dict[str, Any]:
@@ -86,13 +83,14 @@ class Interruptions:
         when = requeue_at(notice, bool(signalled), now)
         timer = threading.Timer(max(0.0, when - now), self._reclaim, (rec.name, jobs))
         timer.daemon = True
+        self.timers = [t for t in self.timers if t.is_alive()]  # the ones that fired: gone
         self.timers.append(timer)
         timer.start()
         return {"jobs": jobs, "signalled": signalled, "requeue_at": when}
 
     def _running_on(self, node: str) -> list[int]:
         try:
-            return self.p.jobs.running_on(node)
+            return self.p.jobs.jobs_on(node)
         except BurstError as exc:
             log.warning("node.interruption_jobs_unread node=%s error=%s", node, exc)
             return []
@@ -122,20 +120,13 @@ class Interruptions:
         deadline = self.p.clock.monotonic() + LEAVE_WAIT
         while self.p.clock.monotonic() < deadline:
             try:
-                listed = self.p.scheduler.jobs(self.partitions)
+                there = self.p.jobs.jobs_on(node, "all")  # completing ones too
             except BurstError:
                 return
-            if not any(j.job_id in jobs and _on(node, j.nodes) for j in listed):
+            if not set(jobs) & set(there):
                 return
             self.p.clock.sleep(0.5)
 
     def close(self) -> None:
         for t in self.timers:
             t.cancel()
-
-
-def _on(node: str, hostlist: str) -> bool:
-    try:
-        return bool(hostlist) and node in expand(hostlist)
-    except HostlistError:
-        return False

@@ -355,13 +355,14 @@ class Launcher:
         if self.metrics is not None:
             for rec, _ in pairs:
                 self.metrics.launched(rec.group, rec.provider, rec.size)
-        fell = [rec for rec, _ in pairs if not rec.market and self._spot_group(rec.group)]
+        fell = [rec for rec, _ in pairs if self.on_fallback(rec)]
         if fell:
             self.fell_back(fell)
 
-    def _spot_group(self, name: str) -> bool:
-        group = self.fleet.node_groups.get(name)
-        return group is not None and group.spot
+    def on_fallback(self, rec: NodeRecord) -> bool:
+        """Whether ``rec``'s launch is its spot group's on-demand fallback."""
+        group = self.fleet.node_groups.get(rec.group)
+        return group is not None and group.spot and not rec.market
 
     def size_unavailable(self, node: str, provider: str, size: str, exc: CloudError) -> None:
         """Cool ``provider/size`` down after a capacity error (every group skips it);
@@ -438,7 +439,7 @@ class Launcher:
                  "group": group.name, "least": least, "market": cand.market,
                  "via": cand.via, "placement": placed},
             )  # fmt: skip
-            made_pg = bool((self.store.meta_get(f"{PLACEMENT}{placed}") or {}).get("made"))
+            made_pg = bool(placed) and self._placement_made(placed)
             if placed and not made_pg:  # known before it exists: a crash leaks nothing
                 self.store.meta_set(f"{PLACEMENT}{placed}", {"provider": cand.provider})
             for rec in recs:  # as launch_batch read them: requested, or launching still
@@ -449,9 +450,7 @@ class Launcher:
         spec = self.batch_spec(group, names, cand, token, least, placed)
         try:
             if placed and not made_pg:  # once per job and provider, whatever the sizes tried
-                self.clouds[cand.provider].create_placement(placed)
-                self.store.meta_set(f"{PLACEMENT}{placed}", {"provider": cand.provider,
-                                                             "made": True})  # fmt: skip
+                self._make_placement(cand.provider, placed)
             with timed(self.clock, names[0], f"launch-batch[{len(recs)}]", self.metrics):
                 made = self.clouds[cand.provider].launch_many(spec)
         except CloudError as exc:
@@ -464,6 +463,14 @@ class Launcher:
             short = CapacityError(f"{len(made)} of {len(recs)} made", "PartialCapacity")
             self.size_unavailable(names[0], cand.provider, cand.cooled, short)
         return set(names) - served
+
+    def _placement_made(self, name: str) -> bool:
+        return bool((self.store.meta_get(f"{PLACEMENT}{name}") or {}).get("made"))
+
+    def _make_placement(self, provider: str, name: str) -> None:
+        """Make placement group ``name`` (recorded already) and note that it is made."""
+        self.clouds[provider].create_placement(name)
+        self.store.meta_set(f"{PLACEMENT}{name}", {"provider": provider, "made": True})
 
     def placement_name(self, recs: Sequence[NodeRecord], provider: str) -> str:
         """The placement group of one job's launch on ``provider``: the same for a repeat
@@ -550,8 +557,8 @@ class Launcher:
                 cand = Candidate(0, info["provider"], info["size"], info.get("market", ""),
                                  info.get("via", ""))  # fmt: skip
                 placed = str(info.get("placement") or "")
-                if placed:
-                    cloud.create_placement(placed)  # the crash may have come before it
+                if placed and not self._placement_made(placed):  # the crash came before it
+                    self._make_placement(info["provider"], placed)
                 made = cloud.launch_many(
                     self.batch_spec(group, names, cand, rec.token, least, placed)
                 )

@@ -21,7 +21,7 @@ import json
 import logging
 import threading
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from slurm_burst.config import Fleet
@@ -43,8 +43,6 @@ CACHE_SECONDS = 1.0  # the live nodes are read again at most this often
 class NodeApiSettings:
     fleet: Fleet
     subnet: str  # the mesh subnet: endpoints inside it are refused
-    node_port: int
-    sync_interval: float
 
 
 class NodeApi:
@@ -86,7 +84,8 @@ class NodeApi:
             raise Refused(400, str(exc)) from None
         with self._lock:
             endpoints = dict(self._endpoints)
-        me = next((n for n in self._links(endpoints).values() if n.address == source), None)
+        links = self._links(endpoints)
+        me = next((n for n in links if n.address == source), None)
         if me is None:
             raise Refused(403, f"{source} is no live node of a group that tunnels directly")
         with self._lock:
@@ -95,15 +94,13 @@ class NodeApi:
             self._endpoints[me.node] = said
         return {
             "node": me.node,
-            "port": self.settings.node_port,
-            "interval": self.settings.sync_interval,
             "peers": [
                 {"node": p.node, "key": p.public_key, "address": p.address, "endpoint": p.endpoint}
-                for p in direct_peers(me, self._links(endpoints).values())
+                for p in direct_peers(me, links)
             ],
         }
 
-    def _links(self, endpoints: Mapping[str, str]) -> dict[str, NodeLink]:
+    def _links(self, endpoints: Mapping[str, str]) -> list[NodeLink]:
         """Every live node of a directly tunnelling group, with its agent's endpoint. The
         records are read at most once a second: a thousand agents asking every few
         seconds must not each read the whole state database."""
@@ -119,12 +116,4 @@ class NodeApi:
             cached = (now, live)
             with self._lock:
                 self._cache = cached
-        return {
-            n.node: NodeLink(n.node, n.provider, n.public_key, n.address, endpoints.get(n.node, ""))
-            for n in cached[1]
-        }
-
-    def forget(self, node: str) -> None:
-        """A node let go: its endpoint is no one's to tunnel to."""
-        with self._lock:
-            self._endpoints.pop(node, None)
+        return [replace(n, endpoint=endpoints.get(n.node, "")) for n in cached[1]]

@@ -410,12 +410,6 @@ class Provisioner:
         except SchedulerError as exc:
             log.warning("node.comment_failed count=%d error=%s", len(names), exc)
 
-    def _fell_back_comment(self, rec: NodeRecord) -> bool:
-        """Whether the node carries our fallback comment: a spot group's node launched
-        on-demand."""
-        group = self.fleet.group_of(rec.name)
-        return group is not None and group.spot and bool(rec.instance_id) and not rec.market
-
     def _instance_fault(self, rec: NodeRecord, fault: str) -> None:
         """An instance the provider accepted and then put in error (OpenStack: the
         scheduler found no host). A capacity fault cools the size down, as a capacity
@@ -806,7 +800,8 @@ class Provisioner:
             if rec.wg_pubkey:
                 self.mesh.remove_peer(rec.wg_pubkey)
             released = self.store.release_address(name)  # given at the request, or bootstrap
-            fell = "" if self._fell_back_comment(rec) else None  # our comment goes with it
+            # our fallback comment goes with the instance that was launched on-demand
+            fell = "" if rec.instance_id and self.launcher.on_fallback(rec) else None
             if released or rec.mesh_addr:
                 try:  # NodeAddr parked: nothing points at a released address
                     park = parking_address(self.settings.mesh_subnet)

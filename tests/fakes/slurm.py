@@ -83,11 +83,13 @@ class FakeScheduler:
         return True
 
     # -- JobControl ------------------------------------------------------------------
-    def running_on(self, node: str) -> list[int]:
+    def jobs_on(self, node: str, states: str = "RUNNING") -> list[int]:
         from slurm_burst.core.hostlist import expand
 
+        wanted = None if states == "all" else set(states.split(","))
         return sorted(j.job_id for j in self._jobs
-                      if j.state == "RUNNING" and j.nodes and node in expand(j.nodes))  # fmt: skip
+                      if (wanted is None or j.state in wanted)
+                      and j.nodes and node in expand(j.nodes))  # fmt: skip
 
     def batch_script(self, job_id: int) -> str:
         return self.scripts.get(job_id, "")

@@ -119,9 +119,8 @@ def test_a_notice_signals_the_jobs_requeues_them_and_replaces_the_node(tmp_path:
 
     clock = FakeClock(time.time())
     service = Interruptions(
-        InterruptionPorts(store=store, scheduler=slurm, jobs=slurm, clock=clock, cool=cool,
-                          fail=fail, submit=submitted.append),
-        ["burst-spot"],
+        InterruptionPorts(store=store, jobs=slurm, clock=clock, cool=cool, fail=fail,
+                          submit=submitted.append)
     )  # fmt: skip
     said = service.notice(rec, Notice("terminate", clock.now() + 10.5))
     assert said["jobs"] == [7, 9] and said["signalled"] == [7]
@@ -142,7 +141,7 @@ def test_the_node_api_hands_a_live_nodes_notice_on_and_refuses_others(tmp_path: 
     cfg = lab_config_in(tmp_path)
     store = MemoryStore()
     rec = spot_node(store)
-    api = NodeApi(NodeApiSettings(cfg.fleet, "10.77.0.0/24", 51820, 1.0), store, FakeClock())
+    api = NodeApi(NodeApiSettings(cfg.fleet, "10.77.0.0/24"), store, FakeClock())
     with pytest.raises(Refused) as no_handler:
         api.notice(rec.mesh_addr, b"{}")
     assert no_handler.value.status == 404

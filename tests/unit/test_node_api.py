@@ -40,7 +40,7 @@ def api_with(tmp_path: Path, *nodes: tuple[str, NodeState, str]) -> tuple[NodeAp
         for step in PATH[: PATH.index(state) + 1]:
             store.transition(name, step, 0.0)
         store.update(name, provider=provider, wg_pubkey=f"key{i}=", mesh_addr=addr)
-    settings = NodeApiSettings(cfg.fleet, SUBNET, 51820, 1.0)
+    settings = NodeApiSettings(cfg.fleet, SUBNET)
     return NodeApi(settings, store, FakeClock()), store
 
 

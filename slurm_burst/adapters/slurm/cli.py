@@ -225,10 +225,10 @@ class SlurmCli:
         return complaints
 
     # -- what is done to a job whose node is to be reclaimed -------------------
-    def running_on(self, node: str) -> list[int]:
-        """The jobs running on ``node``: one ``squeue --nodelist`` of ids only (fast:
-        the whole queue's JSON takes a second on a busy controller)."""
-        out = self._cmd("squeue", "--noheader", f"--nodelist={node}", "--states=RUNNING",
+    def jobs_on(self, node: str, states: str = "RUNNING") -> list[int]:
+        """The jobs on ``node`` in ``states``: one ``squeue --nodelist`` of ids only
+        (fast: the whole queue's JSON takes a second on a busy controller)."""
+        out = self._cmd("squeue", "--noheader", f"--nodelist={node}", f"--states={states}",
                         "--format=%i")  # fmt: skip
         return sorted(int(w) for w in out.split() if w.isascii() and w.isdigit())
 
