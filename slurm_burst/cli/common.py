@@ -6,6 +6,7 @@ import json
 import logging
 import math
 import sys
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -154,3 +155,29 @@ class FiniteRange(click.FloatRange):
 
 def ts(t: float) -> str:
     return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%SZ") if t else ""
+
+
+class Progress:
+    """One line on stderr, rewritten at most five times a second: step, share, bytes
+    (``counts``: step, done of total)."""
+
+    def __init__(self, enabled: bool, counts: bool = False) -> None:
+        self.enabled = enabled
+        self.counts = counts
+        self.last = 0.0
+        self.shown = False
+
+    def __call__(self, step: str, done: int, total: int) -> None:
+        now = time.monotonic()
+        if not self.enabled or (now - self.last < 0.2 and done < total):
+            return
+        self.last = now
+        share = 100.0 * done / total if total else 100.0
+        mb = f"{share:5.1f}% of {total / 1e6:,.1f} MB"
+        said = f"{done:,} of {total:,}" if self.counts else mb
+        click.echo(f"\r{f'{step}: {said}':<72}", nl=False, err=True)
+        self.shown = True
+
+    def done(self) -> None:
+        if self.shown:
+            click.echo("", err=True)

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import sys
-import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 
-from slurm_burst.cli.common import FiniteRange, app, emit, json_option, ts
+from slurm_burst.cli.common import FiniteRange, Progress, app, emit, json_option, ts
 from slurm_burst.core.errors import BurstError
 
 if TYPE_CHECKING:
@@ -75,7 +74,7 @@ def push(
     the tree), 3 no store configured or reachable credentials."""
     import os
 
-    progress = _Progress(enabled=not check and (not as_json or sys.stderr.isatty()))
+    progress = Progress(enabled=not check and (not as_json or sys.stderr.isatty()))
 
     def work(st: Stager) -> dict[str, object]:
         return st.check(src, account, qos) if check else st.push(src, account, qos).as_dict()
@@ -183,7 +182,7 @@ def gc(
             booked = book.booked()
         except (BurstError, OSError) as exc:
             _not_booked(exc)
-    progress = _Progress(enabled=not as_json or sys.stderr.isatty(), counts=True)
+    progress = Progress(enabled=not as_json or sys.stderr.isatty(), counts=True)
     report = stager(cfg, store, progress).gc(
         keep_days if keep_days is not None else cfg.staging.keep_days,
         live, grace_hours * 3600, dry_run, booked,
@@ -391,7 +390,7 @@ def promote(
         _said(exc, as_json)
     if os.geteuid() == 0 and not as_user:
         _refuse("as root, say whose outputs these are: --as-user USER", as_json)
-    progress = _Progress(enabled=not as_json or sys.stderr.isatty())
+    progress = Progress(enabled=not as_json or sys.stderr.isatty())
     _, out = _as_user(ctx, store, progress, as_user, as_json,
                       lambda st: st.promote(account, manifest, home))  # fmt: skip
     progress.done()
@@ -418,7 +417,7 @@ def _said(exc: Any, as_json: bool) -> NoReturn:
 
 
 def _as_user(
-    ctx: click.Context, store: str, progress: _Progress, as_user: str | None, as_json: bool,
+    ctx: click.Context, store: str, progress: Progress, as_user: str | None, as_json: bool,
     work: Callable[[Stager], dict[str, object]],
 ) -> tuple[Stager, dict[str, object]]:  # fmt: skip
     """``work`` on the stager of ``store`` (its keys read here, as root), run as
@@ -463,27 +462,3 @@ def _push_row(r: dict[str, object]) -> list[object]:
             r["seconds"]]  # fmt: skip
 
 
-class _Progress:
-    """One line on stderr, rewritten at most five times a second: step, share, bytes
-    (``counts``: step, done of total)."""
-
-    def __init__(self, enabled: bool, counts: bool = False) -> None:
-        self.enabled = enabled
-        self.counts = counts
-        self.last = 0.0
-        self.shown = False
-
-    def __call__(self, step: str, done: int, total: int) -> None:
-        now = time.monotonic()
-        if not self.enabled or (now - self.last < 0.2 and done < total):
-            return
-        self.last = now
-        share = 100.0 * done / total if total else 100.0
-        mb = f"{share:5.1f}% of {total / 1e6:,.1f} MB"
-        said = f"{done:,} of {total:,}" if self.counts else mb
-        click.echo(f"\r{f'{step}: {said}':<72}", nl=False, err=True)
-        self.shown = True
-
-    def done(self) -> None:
-        if self.shown:
-            click.echo("", err=True)

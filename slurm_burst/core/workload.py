@@ -37,10 +37,12 @@ from slurm_burst.core.numbers import is_digits, whole
 SWF_FIELDS = 18
 MAX_LINE = 4096  # a trace line is < 200 bytes; a longer one is not a trace
 # Bounds on what a trace may say (docs/operations.md, "Input bounds"): beyond them a value
-# is a corrupt field, not a job. A job runs at most a year (the longest of the Parallel
-# Workloads Archive ran 53 days); a trace spans at most 30 years.
-MAX_RUN = 366 * 86400.0
-MAX_SPAN = 30 * 366 * 86400.0
+# is a corrupt field, not a job. A job runs at most 40 years (the longest of the Parallel
+# Workloads Archive ran 53 days, but a what-if trace may hold a job of 10**9 s: the
+# simulator's work does not grow with it); a trace spans at most 100 years. Sums of such
+# times stay exact in floating point.
+MAX_RUN = 40 * 366 * 86400.0
+MAX_SPAN = 100 * 366 * 86400.0
 MAX_PROCS = 10_000_000
 MAX_GPUS = 4096
 _NUMBER = re.compile(r"[-+]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]{1,3})?", re.ASCII)
@@ -110,9 +112,9 @@ def _number(text: str, number: int, what: str) -> float:
 
 def _job_times(number: int, submit: float, run: float) -> None:
     if submit < 0 or submit > MAX_SPAN:
-        raise TraceError(f"line {number}: submit time {submit:g} s is not within 30 years")
+        raise TraceError(f"line {number}: submit time {submit:g} s is not within 100 years")
     if run > MAX_RUN:
-        raise TraceError(f"line {number}: run time {run:g} s is over a year: not a job's")
+        raise TraceError(f"line {number}: run time {run:g} s is over 40 years: not a job's")
 
 
 def _limit(run: float, requested: float, factor: float) -> float:
@@ -137,6 +139,9 @@ def parse_swf(lines: Iterable[str], source: str = "", limit_factor: float = 2.0)
             raise TraceError(f"line {number}: {len(fields)} fields, SWF has {SWF_FIELDS}")
         v = [_number(f, number, f"field {i + 1}") for i, f in enumerate(fields)]
         submit, run, allocated, requested_procs, requested_time = v[1], v[3], v[4], v[7], v[8]
+        if submit == -1:  # SWF's "unknown" (LLNL-Thunder has such lines)
+            skipped["no submit time"] = skipped.get("no submit time", 0) + 1
+            continue
         _job_times(number, submit, run)
         if run <= 0:
             skipped["never ran"] = skipped.get("never ran", 0) + 1

@@ -20,6 +20,7 @@ SWF = """\
    13   567314  15757   8071    8   7334    -1    8  64800    -1  1 150   6 13592  4 -1 -1 -1
    14   571164  21568     -1   -1     -1    -1   32  64800    -1  5   6   6 13602  3 -1 -1 -1
    16   561164     10    100   -1     -1    -1    4     -1    -1  1   6   6 13602  3 -1 -1 -1
+   17       -1     -1     -1   -1     -1    -1   -1     -1    -1  1  36  -1  66 -1  2 -1 -1
 """
 
 
@@ -27,7 +28,7 @@ def test_swf() -> None:
     t = parse_swf(SWF.splitlines(), "x", limit_factor=3)
     assert (t.max_procs, t.max_nodes, t.start_epoch) == (128, 128, 893466664.0)
     assert [j.id for j in t.jobs] == ["16", "11", "13"]  # by submit time
-    assert t.skipped == {"never ran": 1}
+    assert t.skipped == {"never ran": 1, "no submit time": 1}
     first, eleven, thirteen = t.jobs
     assert (first.cpus, first.limit) == (4, 300)  # no requested time: run x factor
     assert eleven.limit == 28826  # ran past its request: the run time is its limit
@@ -50,8 +51,8 @@ def test_swf() -> None:
         (" 1 1_0 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18\n", "line 1: field 2 is not a number"),
         (" 1 1e300 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18\n", "field 2 '1e300' is out of bounds"),
         (
-            " 1 0 3 1000000000 5 6 7 8 9 10 11 12 13 14 15 16 17 18\n",
-            "run time 1e\\+09 s is over a year",
+            " 1 0 3 2000000000 5 6 7 8 9 10 11 12 13 14 15 16 17 18\n",
+            "run time 2e\\+09 s is over 40 years",
         ),
         ("; MaxProcs: " + "9" * 400 + "\n", "line 1: MaxProcs .* is not a whole number"),
         ("; MaxProcs: 99999999999\n", "line 1: MaxProcs 99,999,999,999 is not between"),
@@ -67,7 +68,7 @@ def test_swf() -> None:
         "arabic-indic",
         "underscore",
         "magnitude",
-        "run-1e9-s",
+        "run-2e9-s",
         "header-400-digits",
         "header-too-big",
         "procs",

@@ -1,0 +1,104 @@
+"""The fast simulator (issue 33) against the slow reference it replaced: the same outcome,
+job for job, on random traces that exercise backfill, GPUs, full node groups, warm pools,
+per-account rules and every recheck interval; and its work bounded by a trace's events,
+not its span."""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import replace
+
+import pytest
+
+from slurm_burst.core.policy import ALWAYS, NEVER, Rule
+from slurm_burst.core.simulate import CloudGroup, Outcome, Setup, simulate
+from slurm_burst.core.warm import window
+from slurm_burst.core.workload import TraceJob
+from tests.unit.core.simulate_reference import simulate_reference
+
+
+def random_case(seed: int) -> tuple[list[TraceJob], Setup]:
+    r = random.Random(seed)
+    pool = r.choice([4, 16, 64])
+    on_gpus = r.choice([0, 0, 4])
+    whole = r.random() < 0.5  # integer times: ties between events are common
+    t = 0.0
+    jobs = []
+    for k in range(r.randint(1, 250)):
+        t += r.expovariate(1 / r.choice([30, 300, 3000]))
+        run = r.choice([5, 60, 600, 3600, 36000]) * r.random() + 1
+        limit = run * r.choice([1, 1.5, 3])
+        if whole:
+            t, run, limit = float(int(t)), float(max(1, int(run))), float(int(limit) + 1)
+        cpus = r.randint(1, pool + 2) if r.random() < 0.9 else r.randint(1, 3)
+        gpus = r.choice([0, 0, 0, 1, 2]) if on_gpus else 0
+        jobs.append(TraceJob(str(k), t, run, limit, cpus, gpus, r.choice(["a", "b"])))
+    warm = (window(r.randint(1, 3), "mon-sun", "08:00", "18:00"),) if r.random() < 0.3 else ()
+    groups = (
+        CloudGroup("c", 8, 0, r.choice([0.1, 0.4, 2.0]), r.choice([2, 10, 1000]),
+                   r.choice([60.0, 180.0]), warm),
+        CloudGroup("g", 8, 1, 1.8, r.choice([1, 4, 100]), 180.0),
+    )  # fmt: skip
+    rule = r.choice([
+        Rule(recheck=r.choice([10.0, 60.0, 300.0]), min_wait=r.choice([0.0, 600.0]),
+             wait_per_dollar=r.choice([600.0, 3600.0, 20000.0]),
+             wait_factor=r.choice([0.0, 0.5])),
+        ALWAYS,
+        NEVER,
+    ])  # fmt: skip
+    if rule.recheck < 60:  # the reference decides each waiting job every 10 s: keep it short
+        jobs = jobs[:40]
+    rules = {"b": replace(rule, wait_per_dollar=100.0)} if r.random() < 0.3 else {}
+    depth = r.choice([1, 3, 100])
+    setup = Setup(cpus=pool, gpus=on_gpus, groups=groups, rule=rule, rules=rules,
+                  backfill_depth=depth, week_origin=r.randint(0, 10079))  # fmt: skip
+    return jobs, setup
+
+
+def same(a: Outcome, b: Outcome) -> list[int]:
+    """The jobs whose fates differ."""
+
+    def close(x: float, y: float) -> bool:
+        return (math.isnan(x) and math.isnan(y)) or abs(x - y) <= 1e-6 * max(1.0, abs(x))
+
+    return [
+        i
+        for i in range(len(a.start))
+        if a.where[i] != b.where[i] or not close(a.start[i], b.start[i])
+        or not close(a.cost[i], b.cost[i]) or a.warm[i] != b.warm[i]
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("seed", range(120))
+def test_the_same_outcome_as_the_reference(seed: int) -> None:
+    jobs, setup = random_case(seed)
+    fast, slow = simulate(jobs, setup), simulate_reference(jobs, setup)
+    assert same(fast, slow) == []
+    assert fast.warm_cost == pytest.approx(slow.warm_cost)
+
+
+def test_the_work_is_bounded_by_the_events_not_the_span() -> None:
+    """Three jobs of 10**9 s on a one-CPU pool with a recheck of 10 s: the reference
+    would decide the waiting ones 10**8 times; the fast one decides each a few times."""
+    jobs = [TraceJob(str(k), float(k), 1e9, 1e9, 1) for k in range(3)]
+    setup = Setup(cpus=1, groups=(CloudGroup("c", 1, 0, 0.01, 10),),
+                  rule=Rule(recheck=10.0, wait_per_dollar=1e6))  # fmt: skip
+    out = simulate(jobs, setup)
+    assert out.where == ["onprem", "onprem", "onprem"]
+    assert out.start == [0.0, 1e9, 2e9]
+    assert out.decisions <= 6
+
+
+def test_a_busy_queue_is_decided_at_its_changes_not_every_recheck() -> None:
+    """A queue of 100 one-CPU jobs behind a long one, none worth bursting: each is
+    decided when it arrives and again only when a start could move its estimate."""
+    jobs = [TraceJob("long", 0.0, 3600.0, 3600.0, 4)]
+    jobs += [TraceJob(str(k), 60.0 + k, 120.0, 120.0, 1) for k in range(100)]
+    setup = Setup(cpus=4, groups=(CloudGroup("c", 4, 0, 1.0, 10),),
+                  rule=Rule(recheck=10.0, wait_per_dollar=1e7))  # fmt: skip
+    out = simulate(jobs, setup)
+    assert out.where.count("onprem") == 101
+    rechecks = sum(out.start[i] - j.submit for i, j in enumerate(jobs)) / 10
+    assert rechecks > 30_000 and out.decisions < 2_000
+    assert same(out, simulate_reference(jobs, setup)) == []
