@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     from slurm_burst.core.records import NodeRecord
     from slurm_burst.core.simulate import Comparison
     from slurm_burst.core.staging import KeptHome
+    from slurm_burst.core.tuning import Point
     from slurm_burst.ports import (
         AccountingLedger,
         Clock,
@@ -484,6 +485,13 @@ def plot_simulation(rows: list[Comparison], title: str, directory: str) -> list[
     from slurm_burst.adapters.plots import plot
 
     return plot(rows, title, directory)
+
+
+def plot_tuning(points: Sequence[Point], target: float, title: str, directory: str) -> list[str]:
+    """The tuning's frontier plot (matplotlib, imported here: only ``--plot`` needs it)."""
+    from slurm_burst.adapters.plots import plot_frontier
+
+    return plot_frontier(points, target, title, directory)
 
 
 def ledger(cfg: Config, check_schema: bool = True) -> SqlLedger:

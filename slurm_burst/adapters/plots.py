@@ -3,9 +3,11 @@ cloud cost against mean wait across the policies (the frontier a sweep traces)."
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 from slurm_burst.core.simulate import Comparison
+from slurm_burst.core.tuning import Point, frontier
 
 
 def plot(rows: list[Comparison], title: str, directory: str) -> list[str]:
@@ -46,3 +48,34 @@ def plot(rows: list[Comparison], title: str, directory: str) -> list[str]:
     fig.savefig(frontier, dpi=110)
     plt.close(fig)
     return [str(cdf), str(frontier)]
+
+
+def plot_frontier(points: Sequence[Point], target: float, title: str, directory: str) -> list[str]:
+    """One PNG in ``directory``: every setting the tuning measured, as its share of
+    burst-always's cost against its share of the wait cut, the frontier drawn through
+    them, and the target and the goal (90 % of the cut at half the cost) marked."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+
+    import matplotlib.pyplot as plt
+
+    Path(directory).mkdir(parents=True, exist_ok=True)
+    out = Path(directory) / "tuning-frontier.png"
+    shown = [p for p in points if p.cost_share is not None and p.wait_cut is not None]
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    ax.scatter([p.cost_share for p in shown], [p.wait_cut for p in shown], s=10,
+               color="tab:gray", label="settings measured")  # fmt: skip
+    edge = frontier(shown)
+    ax.plot([p.cost_share for p in edge], [p.wait_cut for p in edge], "o-", color="tab:blue",
+            label="frontier")  # fmt: skip
+    ax.axhline(target, color="tab:green", linestyle="--", linewidth=1, label="target")
+    ax.axvline(0.5, color="tab:red", linestyle=":", linewidth=1, label="half the cost")
+    ax.set_xlabel("cloud cost, share of burst-always's")
+    ax.set_ylabel("mean-wait cut, share of burst-always's")
+    ax.set_title(f"Tuning frontier: {title}", fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return [str(out)]

@@ -39,6 +39,7 @@ COMMANDS = {
     "status": "slurm_burst.cli.status_cmd:status",
     "group": "slurm_burst.cli.group_cmd:group",
     "simulate": "slurm_burst.cli.simulate_cmd:simulate",
+    "policy": "slurm_burst.cli.policy_cmd:group",
     "jobs": "slurm_burst.cli.jobs_cmd:jobs",
     "stage": "slurm_burst.cli.stage_cmd:group",
 }

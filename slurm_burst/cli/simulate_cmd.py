@@ -8,9 +8,9 @@ import itertools
 import os
 import stat
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 import click
 
@@ -24,6 +24,7 @@ from slurm_burst.cli.common import (
     json_option,
 )
 from slurm_burst.config import Config, ConfigError, load_config
+from slurm_burst.core.workload import Trace
 
 COLUMNS = ["POLICY", "MEAN WAIT", "MEDIAN", "P95", "BSLD", "BURST JOBS", "CLOUD $", "NODE-H",
            "GPU-H", "UTIL", "GPU UTIL", "WAIT CUT", "COST"]  # fmt: skip
@@ -89,7 +90,7 @@ def example_config() -> Path:
     return Path(sys.prefix) / "share" / "slurm-burst" / "example" / "slurm-burst.toml"
 
 
-def _config(ctx: click.Context) -> Config:
+def config_or_example(ctx: click.Context) -> Config:
     """The site's config; where there is none (a laptop, a trial), the shipped example's
     node groups, prices and policy, said on stderr."""
     a = app(ctx)
@@ -101,6 +102,40 @@ def _config(ctx: click.Context) -> Config:
         return load_config(example)
     except ConfigError as exc:
         fail(f"the example config {example}: {exc}", EXIT_PRECONDITION)
+
+
+def load_trace(trace_path: str, fmt: str, limit_factor: float) -> Trace:
+    """The trace at ``trace_path`` (``fmt``: swf, alibaba, sacct or auto), or exit 2
+    saying what is wrong with it and where."""
+    from slurm_burst.core.workload import TraceError, parse_alibaba, parse_sacct, parse_swf
+
+    try:
+        kind, lines = _format(_read(trace_path), fmt)
+        parser = {"swf": parse_swf, "alibaba": parse_alibaba, "sacct": parse_sacct}[kind]
+        trace = parser(lines, trace_path, limit_factor)
+    except TraceError as exc:
+        fail(f"--trace {trace_path}: {exc}", EXIT_BAD_INPUT)
+    if not trace.jobs:
+        fail(f"--trace {trace_path}: no job that ran", EXIT_BAD_INPUT)
+    return trace
+
+
+def pool_of(trace: Trace, cpus: int | None, gpus: int) -> int:
+    """The on-prem CPUs: ``--cpus``, else the SWF header's MaxProcs (exit 2 if neither)."""
+    pool = cpus or trace.max_procs
+    if pool is None:
+        fail("--cpus is needed: the trace does not say how many processors it ran on",
+             EXIT_BAD_INPUT)  # fmt: skip
+    if trace.gpus and not gpus:
+        click.echo("note: the trace has GPU jobs and --gpus is 0: they can only burst", err=True)
+    return pool
+
+
+def trace_options(f: Callable[..., Any]) -> Callable[..., Any]:
+    """--trace, --format, --cpus, --gpus and --limit-factor (simulate, policy tune)."""
+    for option in reversed(_TRACE_OPTIONS):
+        f = option(f)
+    return f
 
 
 def _format(lines: Iterator[str], given: str) -> tuple[str, Iterator[str]]:
@@ -124,43 +159,48 @@ def _format(lines: Iterator[str], given: str) -> tuple[str, Iterator[str]]:
     fail("cannot tell the trace's format: give --format swf, alibaba or sacct", EXIT_BAD_INPUT)
 
 
+_TRACE_OPTIONS = [
+    click.option(
+        "--trace",
+        "trace_path",
+        required=True,
+        metavar="FILE",
+        help="A job trace: SWF (.swf or .swf.gz), Alibaba's GPU CSV, or sacct output.",
+    ),
+    click.option(
+        "--format",
+        "fmt",
+        type=click.Choice(["auto", "swf", "alibaba", "sacct"]),
+        default="auto",
+        show_default=True,
+        help="The trace's format.",
+    ),
+    click.option(
+        "--cpus",
+        type=click.IntRange(1, 10_000_000),
+        metavar="N",
+        help="On-prem CPUs [default: the SWF header's MaxProcs].",
+    ),
+    click.option(
+        "--gpus",
+        type=click.IntRange(0, 1_000_000),
+        metavar="N",
+        default=0,
+        show_default=True,
+        help="On-prem GPUs.",
+    ),
+    click.option(
+        "--limit-factor",
+        type=FiniteRange(1, 1000),
+        default=2.0,
+        show_default=True,
+        help="A job's time limit where the trace has none: its run time times this.",
+    ),
+]
+
+
 @click.command("simulate")
-@click.option(
-    "--trace",
-    "trace_path",
-    required=True,
-    metavar="FILE",
-    help="A job trace: SWF (.swf or .swf.gz), Alibaba's GPU CSV, or sacct output.",
-)
-@click.option(
-    "--format",
-    "fmt",
-    type=click.Choice(["auto", "swf", "alibaba", "sacct"]),
-    default="auto",
-    show_default=True,
-    help="The trace's format.",
-)
-@click.option(
-    "--cpus",
-    type=click.IntRange(1, 10_000_000),
-    metavar="N",
-    help="On-prem CPUs [default: the SWF header's MaxProcs].",
-)
-@click.option(
-    "--gpus",
-    type=click.IntRange(0, 1_000_000),
-    metavar="N",
-    default=0,
-    show_default=True,
-    help="On-prem GPUs.",
-)
-@click.option(
-    "--limit-factor",
-    type=FiniteRange(1, 1000),
-    default=2.0,
-    show_default=True,
-    help="A job's time limit where the trace has none: its run time times this.",
-)
+@trace_options
 @click.option(
     "--sweep",
     metavar="F,F,...",
@@ -174,6 +214,13 @@ def _format(lines: Iterator[str], given: str) -> tuple[str, Iterator[str]]:
     metavar="DIR",
     help="Also write wait-cdf.png and frontier.png there (needs matplotlib).",
 )
+@click.option(
+    "--tune",
+    is_flag=True,
+    help="Also tune the policy on the first half of the jobs (by submit time), as "
+    "`slurm-burst policy tune` does, and report never, always, policy and tuned on the "
+    "second half.",
+)
 @json_option
 @click.pass_context
 def simulate(
@@ -185,6 +232,7 @@ def simulate(
     limit_factor: float,
     sweep: str,
     plot_dir: str | None,
+    tune: bool,
     as_json: bool,
 ) -> None:  # fmt: skip
     """Replay a job trace through a model of the on-prem cluster (FCFS with EASY
@@ -201,8 +249,8 @@ def simulate(
       sacct -a -X -P -n -S 2026-10-01 -o JobIDRaw,Account,User,Submit,Start,End,\\
         TimelimitRaw,NCPUS,AllocTRES > last-month.txt
       slurm-burst simulate --trace last-month.txt --cpus 512 --sweep 900,1800,7200 --json
+      slurm-burst simulate --trace last-month.txt --cpus 512 --tune --json
     """
-    from slurm_burst.core.workload import TraceError, parse_alibaba, parse_sacct, parse_swf
     from slurm_burst.services.simulation import as_json as doc_of
     from slurm_burst.services.simulation import cloud_groups, run
 
@@ -212,21 +260,17 @@ def simulate(
         fail(f"--sweep {sweep!r}: comma-separated numbers, e.g. 1800,3600,7200", EXIT_BAD_INPUT)
     if any(not 0 <= f <= 1e9 for f in factors):  # NaN fails too
         fail("--sweep: each value between 0 and 1e9 (seconds a dollar)", EXIT_BAD_INPUT)
-    cfg = _config(ctx)
-    try:
-        kind, lines = _format(_read(trace_path), fmt)
-        parser = {"swf": parse_swf, "alibaba": parse_alibaba, "sacct": parse_sacct}[kind]
-        trace = parser(lines, trace_path, limit_factor)
-    except TraceError as exc:
-        fail(f"--trace {trace_path}: {exc}", EXIT_BAD_INPUT)
-    if not trace.jobs:
-        fail(f"--trace {trace_path}: no job that ran", EXIT_BAD_INPUT)
-    pool = cpus or trace.max_procs
-    if pool is None:
-        fail("--cpus is needed: the trace does not say how many processors it ran on",
+    if tune and factors:
+        fail("--tune and --sweep: one or the other (the tuning searches the values)",
              EXIT_BAD_INPUT)  # fmt: skip
-    if trace.gpus and not gpus:
-        click.echo("note: the trace has GPU jobs and --gpus is 0: they can only burst", err=True)
+    cfg = config_or_example(ctx)
+    trace = load_trace(trace_path, fmt, limit_factor)
+    pool = pool_of(trace, cpus, gpus)
+    if tune:
+        from slurm_burst.cli.policy_cmd import run_tuning
+
+        run_tuning(trace, cfg, pool, gpus, as_json=as_json, plot_dir=plot_dir, simulate=True)
+        return
     groups = cloud_groups(cfg)
     rows = run(trace, cfg, pool, gpus, factors, groups)
     doc = doc_of(trace, pool, gpus, groups, rows)
@@ -240,6 +284,12 @@ def simulate(
             fail("--plot needs matplotlib: pip install 'slurm-burst[sim]'", EXIT_PRECONDITION)
         except OSError as exc:
             fail(f"--plot {plot_dir}: {exc.strerror or exc}", EXIT_BAD_INPUT)
+    title = f"{len(trace.jobs):,} jobs on {pool:,} CPUs, {gpus:,} GPUs ({trace_path})"
+    emit_simulation(doc, as_json, gpus, title)
+
+
+def emit_simulation(doc: dict[str, Any], as_json: bool, gpus: int, title: str) -> None:
+    """The policies' figures: a table, or ``doc`` as JSON."""
     emit(
         doc,
         as_json,
@@ -262,7 +312,7 @@ def simulate(
             ]
             for name, p in d["policies"].items()
         ],
-        title=f"{len(trace.jobs):,} jobs on {pool:,} CPUs, {gpus:,} GPUs ({trace_path})",
+        title=title,
     )
 
 

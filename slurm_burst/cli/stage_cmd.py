@@ -460,5 +460,3 @@ def _push_row(r: dict[str, object]) -> list[object]:
     sent = f"{r['objects_sent']}/{r['objects']}"
     return [r["src"], str(r["manifest"])[:16], r["files"], r["bytes"], sent, r["bytes_sent"],
             r["seconds"]]  # fmt: skip
-
-

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import re
 import tomllib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import fields, replace
 from pathlib import Path
 from types import MappingProxyType
@@ -71,13 +71,26 @@ def check_config(
     except UnicodeDecodeError as exc:
         return None, [Problem("", f"the config is not UTF-8 text (byte {exc.start})")]
     problems = _file_mode_problems(path, "the config file")
-    cfg, more = parse_config(text, source, driver_exists)
+    overlays, more = read_dropins(path)
+    problems += more
+    cfg, more = parse_config(text, source, driver_exists, overlays)
     problems += more
     if cfg is not None:
         problems += _credential_file_problems(cfg) + _program_problems(cfg)
         problems += _group_problems(cfg)
-    lines = _key_lines(text)
+    lines = dict(_key_lines(text))
+    for overlay in overlays:  # a value a drop-in set is not on the config's line
+        for key in _dotted(overlay):
+            lines.pop(key, None)
     return cfg, [_with_line(p, lines) for p in problems]
+
+
+def _dotted(table: Mapping[str, Any], prefix: str = "") -> list[str]:
+    out = []
+    for key, value in table.items():
+        name = f"{prefix}{key}"
+        out += _dotted(value, f"{name}.") if isinstance(value, dict) else [name]
+    return out
 
 
 def load_config(path: Path, driver_exists: Callable[[str], bool] | None = None) -> Config:
@@ -88,16 +101,89 @@ def load_config(path: Path, driver_exists: Callable[[str], bool] | None = None) 
     return cfg
 
 
-def parse_config(
-    text: str, source: str = "<string>", driver_exists: Callable[[str], bool] | None = None
-) -> tuple[Config | None, list[Problem]]:
+def dropin_dir(path: Path) -> Path:
+    """The drop-in directory of the config ``path``: /etc/slurm-burst/slurm-burst.d for
+    /etc/slurm-burst/slurm-burst.toml. Its ``*.toml`` files are read after the config,
+    in name order; a table of theirs adds to the config's and a key replaces its value
+    (``slurm-burst policy tune --apply`` writes one, leaving the config as it is)."""
+    return path.with_name(f"{path.stem}.d")
+
+
+DROPINS_MAX = 64  # files in the drop-in directory
+
+
+def read_dropins(path: Path) -> tuple[list[dict[str, Any]], list[Problem]]:
+    """The parsed drop-ins of the config ``path`` (none without a directory), and what is
+    wrong with them, each problem naming its file."""
+    where = dropin_dir(path)
     try:
-        data = tomllib.loads(text)
+        names = sorted(n for n in os.listdir(where) if n.endswith(".toml") and n[:1] != ".")
+    except (FileNotFoundError, NotADirectoryError):
+        return [], []
+    except OSError as exc:
+        return [], [Problem("", f"cannot read the drop-in directory {where}: {exc.strerror}")]
+    problems = _file_mode_problems(where, "the drop-in directory")
+    if len(names) > DROPINS_MAX:
+        return [], [Problem("", f"{where}: {len(names)} drop-ins, at most {DROPINS_MAX} read")]
+    out = []
+    for name in names:
+        file = where / name
+        problems += _file_mode_problems(file, "the drop-in")
+        try:
+            out.append(_toml(read_regular(file, CONFIG_MAX).decode("utf-8")))
+        except FileRefused as exc:
+            problems.append(Problem("", f"cannot read the drop-in: {exc}"))
+        except OSError as exc:
+            problems.append(Problem("", f"cannot read the drop-in {file}: {exc.strerror or exc}"))
+        except UnicodeDecodeError as exc:
+            problems.append(Problem("", f"the drop-in {file} is not UTF-8 text (byte {exc.start})"))
+        except _TomlProblem as exc:
+            problems.append(replace(exc.problem, message=f"{file}: {exc.problem.message}"))
+    return out, problems
+
+
+class _TomlProblem(Exception):
+    def __init__(self, problem: Problem) -> None:
+        self.problem = problem
+
+
+def _toml(text: str) -> dict[str, Any]:
+    try:
+        return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         m = re.search(r"line ([0-9]+)", str(exc), re.ASCII)
-        return None, [Problem("", f"not valid TOML: {exc}", int(m.group(1)) if m else None)]
+        raise _TomlProblem(
+            Problem("", f"not valid TOML: {exc}", int(m.group(1)) if m else None)
+        ) from None
     except RecursionError:  # tomllib descends into nested arrays and tables recursively
-        return None, [Problem("", f"nested more than {MAX_DEPTH} levels deep: no setting is")]
+        raise _TomlProblem(
+            Problem("", f"nested more than {MAX_DEPTH} levels deep: no setting is")
+        ) from None
+
+
+def _merge(into: dict[str, Any], over: Mapping[str, Any]) -> None:
+    """``over``'s tables added to ``into``'s, its other values replacing theirs."""
+    for key, value in over.items():
+        mine = into.get(key)
+        if isinstance(mine, dict) and isinstance(value, dict):
+            _merge(mine, value)
+        else:
+            into[key] = value
+
+
+def parse_config(
+    text: str,
+    source: str = "<string>",
+    driver_exists: Callable[[str], bool] | None = None,
+    overlays: Sequence[Mapping[str, Any]] = (),
+) -> tuple[Config | None, list[Problem]]:
+    """``text`` as a config, with ``overlays`` (drop-ins, parsed) over it."""
+    try:
+        data = _toml(text)
+    except _TomlProblem as exc:
+        return None, [exc.problem]
+    for overlay in overlays:
+        _merge(data, overlay)
     problems = shape_problems(data)
     bad = hidden_character(source)
     if bad:  # the path is written into the rendered Slurm files' header

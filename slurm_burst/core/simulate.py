@@ -38,6 +38,7 @@ from slurm_burst.core.warm import WEEK, Window, node_seconds, seconds_until_belo
 from slurm_burst.core.workload import TraceJob
 
 BOUND = 10.0  # seconds: the bounded slowdown's floor for a job's run time
+MONTH = 365.25 / 12 * 86400  # seconds: the simulator's budget period
 
 
 @dataclass(frozen=True)
@@ -78,6 +79,11 @@ class Setup:
     backfill_depth: int = 100
     week_origin: int = 0  # minute of the week (Monday 00:00 = 0, local) at trace time 0
     record_estimates: bool = False  # keep each job's expected start at its arrival
+    # money, a month at a time (MONTH seconds from trace time 0): the policy's spend cap
+    # for all accounts and budgets per account, in dollars; a burst commits its cost at
+    # its time limit, as the daemon counts it (warm pools are not counted)
+    spend_cap: float | None = None
+    budgets: Mapping[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -178,7 +184,7 @@ class _Sim:
       a warm window opens or a cloud node frees.
     """
 
-    ARRIVE, END_ONPREM, END_CLOUD, WARM_UP, CHECK = range(5)
+    ARRIVE, END_ONPREM, END_CLOUD, WARM_UP, NEW_MONTH, CHECK = range(6)
 
     def __init__(
         self, jobs: Sequence[TraceJob], setup: Setup, progress: Callable[[float], None] | None
@@ -226,6 +232,8 @@ class _Sim:
         self.turns: list[tuple[float, int, int]] = []
         self.room: dict[str, list[int]] = {g.name: [] for g in setup.groups}
         self.warm_up_at = math.inf  # the pending WARM_UP event's time
+        self.spent: dict[tuple[int, str | None], float] = {}  # (month, account; None: all)
+        self.broke: list[int] = []  # jobs waiting for the next month's money
 
     # -- events ----------------------------------------------------------------------
     def push(self, at: float, kind: int, job: int) -> int:
@@ -257,9 +265,13 @@ class _Sim:
                 if self.check_seq[i] == seq and i in self.queue:
                     self.check_seq[i], self.check_at[i] = 0, math.inf
                     self.consider(now, i)
-            else:
+            elif kind == self.WARM_UP:
                 self.warm_up_at = math.inf
                 self.wake_all(now)
+            else:
+                waiting, self.broke = self.broke, []
+                for j in waiting:
+                    self.wake(j, now)
         self._price_warm_pools()
         return self.out
 
@@ -523,9 +535,16 @@ class _Sim:
             return  # decide() says never, and it stays so: no estimate needed
         pending = PendingJob(str(i), job.limit, job.cpus, job.gpus, job.account, submit=job.submit)
         free_at, queued = self._expected(now, i)
-        d = decide(pending, now, free_at + queued, offer, rule)
+        month = int(now // MONTH)
+        money = self._money(month, job.account)
+        d = decide(pending, now, free_at + queued, offer, rule, money)
         self.out.decisions += 1
-        if d.verdict == Verdict.WAIT and d.look_again is not None:
+        if d.verdict == Verdict.WAIT and d.note:  # no money left this month
+            self.wait(now, i, d.look_again - now if d.look_again else rule.recheck, math.inf)
+            if not self.broke:
+                self.push((month + 1) * MONTH, self.NEW_MONTH, -1)
+            self.broke.append(i)
+        elif d.verdict == Verdict.WAIT and d.look_again is not None:
             # its wait grows with free_at alone: it bursts once free_at passes the turn
             self.wait(now, i, d.look_again - now, free_at + d.threshold - d.wait)
         elif d.verdict == Verdict.BURST and d.offer is not None:
@@ -535,6 +554,9 @@ class _Sim:
                 self.room[group].append(i)
                 return
             self.cloud_nodes[group] += d.offer.nodes
+            if money is not None:
+                for key in ((month, None), (month, job.account)):
+                    self.spent[key] = self.spent.get(key, 0.0) + d.cost
             self.leave(i)
             self.out.start[i] = now + d.offer.boot
             self.out.where[i] = group
@@ -543,6 +565,17 @@ class _Sim:
             self.push(now + d.offer.boot + job.run, self.END_CLOUD, i)
             self.last_pass = None
             self.schedule(now)  # the head may have gone
+
+    def _money(self, month: int, account: str) -> float | None:
+        """Dollars left this month to a job of ``account`` (None: no limit applies)."""
+        left = None
+        if self.s.spend_cap is not None:
+            left = self.s.spend_cap - self.spent.get((month, None), 0.0)
+        budget = self.s.budgets.get(account)
+        if budget is not None:
+            own = budget - self.spent.get((month, account), 0.0)
+            left = own if left is None else min(left, own)
+        return left
 
 
 def _rises(profiles: Mapping[str, list[int]]) -> list[int]:

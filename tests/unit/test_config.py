@@ -407,3 +407,25 @@ def test_a_fallback_of_another_shape_and_placement_off_ec2_are_refused(tmp_path:
     said = {p.path: p.message for p in problems if p.severity == "error"}
     assert "provider 'lab' (nscloud)" in said["node_groups.ec2spot.placement"], said
     assert set(said) == {"node_groups.ec2spot.placement"}, said  # cpu has the same shape
+
+
+def test_drop_ins_add_to_the_config_in_name_order(tmp_path: Path) -> None:
+    """slurm-burst.d/*.toml over slurm-burst.toml: a key replaces, a table adds; a bad
+    drop-in is named; a value it set is not blamed on the config's line."""
+    path = write(tmp_path, GOOD)
+    (tmp_path / "slurm-burst.d").mkdir(mode=0o755)
+    (tmp_path / "slurm-burst.d" / "50-policy.toml").write_text(
+        "[policy]\nwait_per_dollar = 42\n[policy.accounts.chem]\nmin_wait = 60\n"
+    )
+    (tmp_path / "slurm-burst.d" / "60-later.toml").write_text("[policy]\nwait_per_dollar = 43\n")
+    (tmp_path / "slurm-burst.d" / "notes.txt").write_text("not read")
+    cfg = load_config(path)
+    assert cfg.policy.wait_per_dollar == 43 and cfg.policy.accounts["chem"].min_wait == 60
+    assert cfg.node_groups["gpu"].hostlist == "gpu-[01-03]"  # the rest as it was
+    (tmp_path / "slurm-burst.d" / "70-bad.toml").write_text("[policy\n")
+    _, problems = check_config(path)
+    assert any("70-bad.toml: not valid TOML" in p.message for p in problems)
+    (tmp_path / "slurm-burst.d" / "70-bad.toml").write_text("[policy]\nmin_wait = -5\n")
+    _, problems = check_config(path)
+    bad = [p for p in problems if p.path == "policy.min_wait"]
+    assert bad and bad[0].line is None

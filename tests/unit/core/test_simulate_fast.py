@@ -12,7 +12,7 @@ from dataclasses import replace
 import pytest
 
 from slurm_burst.core.policy import ALWAYS, NEVER, Rule
-from slurm_burst.core.simulate import CloudGroup, Outcome, Setup, simulate
+from slurm_burst.core.simulate import MONTH, CloudGroup, Outcome, Setup, simulate
 from slurm_burst.core.warm import window
 from slurm_burst.core.workload import TraceJob
 from tests.unit.core.simulate_reference import simulate_reference
@@ -102,3 +102,26 @@ def test_a_busy_queue_is_decided_at_its_changes_not_every_recheck() -> None:
     rechecks = sum(out.start[i] - j.submit for i, j in enumerate(jobs)) / 10
     assert rechecks > 30_000 and out.decisions < 2_000
     assert same(out, simulate_reference(jobs, setup)) == []
+
+
+def test_the_spend_cap_and_budgets_hold_bursts_to_the_next_month() -> None:
+    """$1 bursts against a $2.50 monthly cap: two a month; an account with a $1 budget
+    gets one. The held jobs burst at their first recheck of the next month."""
+    jobs = [TraceJob("long", 0.0, 200 * 86400.0, 200 * 86400.0, 1)]
+    jobs += [TraceJob(str(k), float(k), 3600.0, 3600.0, 1, account="a" if k > 5 else "")
+             for k in range(1, 8)]  # fmt: skip
+    group = CloudGroup("c", 1, 0, 1.0, 100, boot=0.0)
+    setup = Setup(cpus=1, groups=(group,), rule=ALWAYS, spend_cap=2.5, budgets={"a": 1.0})
+    out = simulate(jobs, setup)
+
+    def tick(submit: float, month: int) -> float:  # first recheck of the month
+        return submit + math.ceil((month * MONTH - submit) / ALWAYS.recheck) * ALWAYS.recheck
+
+    assert out.where[1:] == ["c"] * 7
+    assert out.start[1:] == [
+        1.0, 2.0,  # the cap's first month
+        tick(3, 1), tick(4, 1),
+        tick(5, 2), tick(6, 2),  # "a" has its dollar this month, and the cap room
+        tick(7, 3),  # "a"'s budget: one a month
+    ]  # fmt: skip
+    assert sum(out.cost) == pytest.approx(7.0)
