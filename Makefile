@@ -46,7 +46,9 @@ lab-down: venv
 	$(SB) --config $(LAB_CONFIG) lab down --yes
 
 # On each other Slurm release the lab runs (from its image; docs/slurm-versions.md) the
-# burst end to end, the ledger and budget, and the lab's removal; then each release a
+# burst end to end (a 2-node job over WireGuard, a GPU job's gres, the idle nodes'
+# suspend and release; the rest of test_x_burst is our own code, run on 22.05), the
+# ledger and budget, and the lab's removal; then each release a
 # share of the rest, so that each newer release is covered and CI stays in its time:
 # 24.11 a requeue through the prolog, the faults that touch Slurm's states and an array's
 # stage-in (burst_buffer/lua's hooks' arguments differ by release), a spot launch whose
@@ -56,7 +58,11 @@ lab-down: venv
 # on-demand in a placement group, and an interruption notice's signal and requeue.
 # The whole suite runs on the host's release (22.05) first.
 LAB_RELEASES := 24.11 26.05
-VERSION_TESTS_COMMON := tests/lab/test_lab.py tests/lab/test_x_burst.py tests/lab/test_y_ledger.py
+VERSION_TESTS_COMMON := tests/lab/test_lab.py \
+	tests/lab/test_x_burst.py::test_two_node_job_runs_on_cloud_nodes_joined_over_wireguard \
+	tests/lab/test_x_burst.py::test_gpu_job_runs_with_the_group_gres \
+	tests/lab/test_x_burst.py::test_idle_nodes_are_suspended_and_everything_released \
+	tests/lab/test_y_ledger.py
 VERSION_TESTS_24.11 := \
 	tests/lab/test_x_prolog.py::test_a_node_failing_in_bootstrap_requeues_its_job_which_then_runs \
 	tests/lab/test_y_faults.py::test_a_node_whose_slurmd_release_slurmctld_cannot_take_is_refused \

@@ -160,6 +160,8 @@ if __name__ == "__main__":
     subprocess.run([sys.executable, str(ROOT / "benchmarks" / "capacity.py")], check=False)
     # the burst policy: one pass over 100,000 pending jobs; the simulator on both traces
     subprocess.run([sys.executable, str(ROOT / "benchmarks" / "policy.py")], check=False)
+    # the simulator in seconds, whatever the recheck (issue 33)
+    subprocess.run([sys.executable, str(ROOT / "benchmarks" / "simulator.py")], check=False)
     # the GPU check (8 GPUs, simulated NVML) and one telemetry pass over 1,000 GPU nodes
     subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu.py")], check=False)
     # one scrape of a 20,000-node daemon state: its series and its CPU

@@ -1,13 +1,21 @@
-"""The simulator against the real slurmctld (issue 18): a slice of an SWF trace replayed in
-the lab, time-scaled, as sleep jobs on several on-prem nodes with bursting off, then the
-same slice through the simulator; compares start order, waits, and the start estimates
-(Slurm's backfill estimate and the simulator's own) with the starts that happened.
+"""The simulator against the real slurmctld and daemon: a slice of an SWF trace replayed in
+the lab, time-scaled, as sleep jobs on several on-prem nodes, then the same slice through
+the simulator.
+
+Without ``--burst`` (issue 18) bursting is off; it compares start order, waits, and the
+start estimates (Slurm's backfill estimate and the simulator's own) with the starts that
+happened. With ``--burst`` (issue 33) the daemon's burst policy runs (the lab's
+``[policy]``, ``--wait-factor`` its wait_factor, the ``cpu`` node group): it compares which
+jobs each sent to the cloud, and the start times of the jobs both ran in the same place
+(within one recheck plus the lab's boot timeout).
 
 Runs outside CI (about as long as the scaled slice, 10-15 minutes by default), as root,
 with no other lab running: it brings the lab up with its own copy of the lab config
-(``--nodes`` on-prem nodes of 2 CPUs, the policy off) and takes it down at the end.
+(``--nodes`` on-prem nodes of 2 CPUs) and takes it down at the end.
 
     python scripts/fidelity.py --skip 30000 --jobs 40 --scale 120 --nodes 4
+    python scripts/fidelity.py --burst --skip 30000 --jobs 60 --nodes 2 --max-cpus 2 \\
+        --out tests/data/fidelity-burst.json
 
 Prints the figures and writes them, with every job's times, to ``--out`` (JSON).
 """
@@ -49,13 +57,18 @@ def lab_env() -> dict[str, str]:
     }
 
 
-def config_copy(nodes: int, directory: Path) -> Path:
-    """The lab config with ``nodes`` on-prem nodes and the burst policy off."""
+def config_copy(nodes: int, directory: Path, wait_factor: float | None = None) -> Path:
+    """The lab config with ``nodes`` on-prem nodes, and the burst policy off, or (with a
+    ``wait_factor``) on with that wait_factor, bursting to the ``cpu`` group only."""
     text = LAB_CONFIG.read_text()
     text = re.sub(r"(?m)^onprem_nodes = \d+", f"onprem_nodes = {nodes}", text)
     if "onprem_nodes" not in text:
         text = text.replace("[lab]\n", f"[lab]\nonprem_nodes = {nodes}\n", 1)
-    text = text.replace("[policy]\nenabled = true", "[policy]\nenabled = false", 1)
+    if wait_factor is None:
+        text = text.replace("[policy]\nenabled = true", "[policy]\nenabled = false", 1)
+    else:
+        text = re.sub(r"(?m)^wait_factor = .*$", f"wait_factor = {wait_factor:g}", text, count=1)
+        text = re.sub(r'(?m)^groups = \["cpu", "gpu"\].*$', 'groups = ["cpu"]', text, count=1)
     path = directory / "slurm-burst.toml"
     path.write_text(text)
     path.chmod(0o640)
@@ -98,17 +111,19 @@ def replay(jobs: list[TraceJob], env: dict[str, str]) -> dict[str, dict[str, Any
                 estimates[ids[job_id]] = start  # the first estimate Slurm gave
         time.sleep(1.0)
     acct = subprocess.run(
-        ["sacct", "-X", "-n", "-P", "-j", ",".join(ids), "-o", "JobIDRaw,Submit,Start,End"],
+        ["sacct", "-X", "-n", "-P", "-j", ",".join(ids), "-o",
+         "JobIDRaw,Submit,Start,End,Partition"],
         env=env, capture_output=True, text=True, check=True, timeout=60,
     ).stdout  # fmt: skip
     out: dict[str, dict[str, Any]] = {}
     for line in acct.splitlines():
-        job_id, submit, start, end = line.split("|")
+        job_id, submit, start, end, partition = line.split("|")
         if job_id in ids:
             out[ids[job_id]] = {
                 "submit": float(submit) - begin,
                 "start": float(start) - begin,
                 "end": float(end) - begin,
+                "partition": partition,
                 "slurm_estimate": estimates[ids[job_id]] - begin
                 if ids[job_id] in estimates
                 else None,
@@ -177,6 +192,54 @@ def compare(jobs: list[TraceJob], real: dict[str, dict[str, Any]], cpus: int) ->
     }
 
 
+def compare_burst(
+    jobs: list[TraceJob], real: dict[str, dict[str, Any]], cpus: int, cfg_path: Path
+) -> dict[str, Any]:
+    """Which jobs the daemon sent to the cloud and which the simulator would (the lab's
+    policy, its node groups and prices, its boot estimate), given the submit times that
+    happened; and the start times of the jobs both ran in the same place."""
+    from slurm_burst.config import load_config
+    from slurm_burst.services.simulation import cloud_groups
+
+    cfg = load_config(cfg_path)
+    groups = tuple(g for g in cloud_groups(cfg) if g.name in cfg.policy.groups)
+    order = [j for j in jobs if j.id in real]
+    replayed = [TraceJob(j.id, real[j.id]["submit"], j.run, j.limit, j.cpus) for j in order]
+    out = simulate(replayed, Setup(cpus=cpus, groups=groups, rule=cfg.policy.rule()))
+    slack = cfg.policy.recheck + cfg.daemon.boot_timeout
+    rows = []
+    for i, j in enumerate(replayed):
+        r = real[j.id]
+        lab_cloud = r["partition"] != "onprem"
+        sim_cloud = out.where[i] not in ("onprem", "")
+        rows.append({
+            "job": j.id, "cpus": j.cpus, "run": j.run, "limit": j.limit,
+            "submit": round(r["submit"], 1), "start": round(r["start"], 1),
+            "partition": r["partition"], "sim_where": out.where[i],
+            "sim_start": round(out.start[i], 1), "same_place": lab_cloud == sim_cloud,
+        })  # fmt: skip
+    return {"policy": {"wait_per_dollar": cfg.policy.wait_per_dollar,
+                       "min_wait": cfg.policy.min_wait, "wait_factor": cfg.policy.wait_factor,
+                       "recheck": cfg.policy.recheck, "boot_estimate": cfg.policy.boot_estimate},
+            "start_slack": slack, **burst_figures(rows, slack), "rows": rows}  # fmt: skip
+
+
+def burst_figures(rows: list[dict[str, Any]], slack: float) -> dict[str, Any]:
+    """The figures of ``compare_burst``'s rows (tests/unit/test_fidelity.py reads them
+    back from the committed result)."""
+    same = [r for r in rows if r["same_place"]]
+    off = [abs(r["start"] - r["sim_start"]) for r in same]
+    return {
+        "jobs": len(rows),
+        "burst_lab": sum(r["partition"] != "onprem" for r in rows),
+        "burst_sim": sum(r["sim_where"] not in ("onprem", "") for r in rows),
+        "same_burst_decision": len(same) / len(rows) if rows else None,
+        "start_within_slack": sum(d <= slack for d in off) / len(off) if off else None,
+        "start_mean_abs_difference": sum(off) / len(off) if off else None,
+        "start_max_abs_difference": max(off, default=None),
+    }
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--trace", type=Path, default=TRACE)
@@ -185,21 +248,30 @@ def main() -> int:
     ap.add_argument("--scale", type=float, default=120.0, help="trace seconds per lab second")
     ap.add_argument("--nodes", type=int, default=4, help="on-prem nodes of 2 CPUs")
     ap.add_argument("--out", type=Path, default=Path("fidelity.json"))
+    ap.add_argument("--burst", action="store_true", help="the burst policy on (issue 33)")
+    ap.add_argument("--wait-factor", type=float, default=2.0, help="with --burst")
+    ap.add_argument("--max-cpus", type=int, default=0, help="a job's CPUs at most (0: pool)")
     args = ap.parse_args()
     if os.geteuid() != 0:
         print("fidelity: run as root (the lab needs it)", file=sys.stderr)
         return 3
     cpus = 2 * args.nodes
-    jobs = slice_of(args.trace, args.skip, args.jobs, args.scale, cpus)
+    jobs = slice_of(args.trace, args.skip, args.jobs, args.scale, args.max_cpus or cpus)
     with tempfile.TemporaryDirectory() as tmp:
-        cfg = config_copy(args.nodes, Path(tmp))
+        cfg = config_copy(args.nodes, Path(tmp), args.wait_factor if args.burst else None)
         subprocess.run([*SB, "--config", str(cfg), "lab", "down", "--yes"], check=False)
         subprocess.run([*SB, "--config", str(cfg), "lab", "up"], check=True)
         try:
             real = replay(jobs, lab_env())
         finally:
             subprocess.run([*SB, "--config", str(cfg), "lab", "down", "--yes"], check=False)
-    result = compare(jobs, real, cpus)
+        if args.burst:
+            result = compare_burst(jobs, real, cpus, cfg)
+            result["slice"] = {"trace": args.trace.name, "skip": args.skip, "jobs": args.jobs,
+                               "scale": args.scale, "nodes": args.nodes,
+                               "max_cpus": args.max_cpus}  # fmt: skip
+    if not args.burst:
+        result = compare(jobs, real, cpus)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     for key, value in result.items():
         if key != "rows":

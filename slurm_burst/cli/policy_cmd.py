@@ -232,7 +232,8 @@ def _say(result: Any, doc: dict[str, Any], block: str) -> None:
         for p in doc["frontier"]:
             click.echo(
                 f"  wait_per_dollar {p['wait_per_dollar']:>10g}  min_wait {p['min_wait']:>5g}"
-                f"  wait_factor {p['wait_factor']:g}  warm x{p['warm']:g}:  "
+                f"  wait_factor {p['wait_factor']:g}  burst_share {p['burst_share']:g}"
+                f"  warm x{p['warm']:g}:  "
                 f"cut {_pct(p['wait_cut'])}  cost {_pct(p['cost_share'])}"
             )
     if "applied" in doc:

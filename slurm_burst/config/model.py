@@ -628,6 +628,7 @@ class PolicyOverride:
     wait_per_dollar: float | None = doc("Overrides policy.wait_per_dollar.", default=None)
     wait_factor: float | None = doc("Overrides policy.wait_factor.", default=None)
     max_job_cost: float | None = doc("Overrides policy.max_job_cost.", default=None)
+    burst_share: float | None = doc("Overrides policy.burst_share.", default=None)
     onprem_only: bool | None = doc(
         "Never burst (sensitive data); Slurm is told too (conf render).", default=None
     )
@@ -671,6 +672,14 @@ class PolicyConfig:
         default=0.0,
     )
     recheck: float = doc("Seconds between looks at a job that waits.", default=300.0)
+    burst_share: float = doc(
+        "0: off. Else (0 < share < 1) a job's wait_per_dollar is at most the bar that "
+        "this share of the jobs that waited over the last week passed (their expected wait "
+        "per dollar, each counted once, at its first decision): the bar follows the load, "
+        "so about that share of the waiting jobs bursts in a busy month as in a quiet one "
+        "(`slurm-burst policy tune` weighs it against a fixed wait_per_dollar).",
+        default=0.0,
+    )
     boot_estimate: float = doc(
         "Seconds from launch to a job running on its cloud nodes (costs, the simulator).",
         default=180.0,
@@ -699,13 +708,14 @@ class PolicyConfig:
             "wait_factor": self.wait_factor,
             "max_job_cost": self.max_job_cost or None,
             "onprem_only": False,
+            "burst_share": self.burst_share,
         }
         for table, key in ((self.partitions, partition), (self.qos, qos), (self.accounts, account)):
             o = table.get(key) if key else None
             if o is None:
                 continue
             for name in ("min_wait", "wait_per_dollar", "wait_factor", "max_job_cost",
-                         "onprem_only"):  # fmt: skip
+                         "onprem_only", "burst_share"):  # fmt: skip
                 value = getattr(o, name)
                 if value is not None:  # a max_job_cost of 0 lifts the cap
                     values[name] = (value or None) if name == "max_job_cost" else value

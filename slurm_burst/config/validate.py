@@ -546,7 +546,8 @@ def _policy(cfg: Config, out: list[Problem]) -> None:
               ("wait_per_dollar", p.wait_per_dollar, 0, 1e9),
               ("max_job_cost", p.max_job_cost, 0, 1e9), ("recheck", p.recheck, 1, 86400),
               ("boot_estimate", p.boot_estimate, 0, 86400), ("interval", p.interval, 1, 3600),
-              ("spend_cap", p.spend_cap, 0, 1e12)]  # fmt: skip
+              ("spend_cap", p.spend_cap, 0, 1e12),
+              ("burst_share", p.burst_share, 0, 0.99)]  # fmt: skip
     for name in p.groups:
         if name not in cfg.node_groups:
             out.append(Problem("policy.groups", f"no node group {name!r}"))
@@ -558,7 +559,8 @@ def _policy(cfg: Config, out: list[Problem]) -> None:
         for name, o in getattr(p, kind).items():
             if not is_name(name):
                 out.append(Problem(f"policy.{kind}.{name}", "must be a Slurm name"))
-            for key in ("min_wait", "wait_per_dollar", "wait_factor", "max_job_cost"):
+            for key in ("min_wait", "wait_per_dollar", "wait_factor", "max_job_cost",
+                        "burst_share"):  # fmt: skip
                 value = getattr(o, key)
                 if value is not None:
                     low, high = next((lo, hi) for k, _, lo, hi in checks if k == key)

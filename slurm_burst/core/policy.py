@@ -24,8 +24,10 @@ from __future__ import annotations
 
 import enum
 import math
+from bisect import bisect_left, insort
+from collections import deque
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import NamedTuple, Protocol
 
 from slurm_burst.core.pricing import GB
@@ -47,6 +49,9 @@ class Rule:
     max_job_cost: float | None = None  # dollars: never burst a job costing more
     onprem_only: bool = False  # sensitive data: never burst (Slurm enforces it too)
     recheck: float = 300.0  # seconds between looks at a job that waits
+    # 0: off. Else each job's wait_per_dollar is at most the bar that this share of the
+    # jobs that waited over the last week passed (RecentBar): the bar follows the load
+    burst_share: float = 0.0
 
 
 ALWAYS = Rule(min_wait=0.0, wait_per_dollar=0.0, wait_factor=0.0)  # burst-always, a baseline
@@ -258,6 +263,55 @@ def decide_all(
                 cap -= d.cost
         out[i] = d
     return [d for d in out if d is not None]
+
+
+class RecentBar:
+    """The expected wait per dollar of the jobs that waited over the last ``window``
+    seconds, each counted once, at its first decision with an estimate; ``bar(share)``
+    is the value that ``share`` of them passed. With ``Rule.burst_share`` a job's
+    wait_per_dollar is at most the bar when it is first decided: when the queue's waits
+    grow (or shrink) with the load, so does the bar, and about the same share of the
+    waiting jobs bursts. Until ``least`` jobs have been seen there is no bar."""
+
+    def __init__(self, window: float = 7 * 86400.0, least: int = 50) -> None:
+        self.window = window
+        self.least = least
+        self._seen: deque[tuple[float, float]] = deque()  # (when, ratio), oldest first
+        self._sorted: list[float] = []
+
+    def __len__(self) -> int:
+        return len(self._sorted)
+
+    def add(self, now: float, ratio: float) -> None:
+        if not math.isfinite(ratio):
+            return  # a job that can never run on-prem says nothing of the queue's waits
+        self._seen.append((now, ratio))
+        insort(self._sorted, ratio)
+
+    def bar(self, now: float, share: float) -> float | None:
+        seen, ordered = self._seen, self._sorted
+        while seen and seen[0][0] < now - self.window:
+            _, old = seen.popleft()
+            del ordered[bisect_left(ordered, old)]
+        if len(ordered) < self.least:
+            return None
+        return ordered[min(len(ordered) - 1, int(len(ordered) * (1.0 - share)))]
+
+    def rule_for(
+        self, job: Job, now: float, expected_start: float | None, offer: Offer | None, rule: Rule
+    ) -> Rule | None:
+        """The job's own rule under ``rule.burst_share``, made at its first decision with
+        an estimate and kept by the caller (None: no estimate yet; ask again)."""
+        if expected_start is None or offer is None:
+            return None
+        submit = now if job.submit is None or job.submit > now else job.submit
+        cost = offer.cost(job.limit)
+        ratio = (max(expected_start, now) - submit) / cost if cost > 0 else math.inf
+        bar = self.bar(now, rule.burst_share)
+        self.add(now, ratio)
+        if bar is None or bar >= rule.wait_per_dollar:
+            return rule
+        return replace(rule, wait_per_dollar=bar)
 
 
 def _usd(dollars: float) -> str:

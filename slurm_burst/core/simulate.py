@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import accumulate, compress, islice
 
-from slurm_burst.core.policy import Offer, PendingJob, Rule, Verdict, decide
+from slurm_burst.core.policy import Offer, PendingJob, RecentBar, Rule, Verdict, decide
 from slurm_burst.core.warm import WEEK, Window, node_seconds, seconds_until_below, week_profile
 from slurm_burst.core.workload import TraceJob
 
@@ -234,6 +234,8 @@ class _Sim:
         self.warm_up_at = math.inf  # the pending WARM_UP event's time
         self.spent: dict[tuple[int, str | None], float] = {}  # (month, account; None: all)
         self.broke: list[int] = []  # jobs waiting for the next month's money
+        self.recent = RecentBar()  # rules with a burst_share: the bar that follows the load
+        self.own_rules: dict[int, Rule] = {}
 
     # -- events ----------------------------------------------------------------------
     def push(self, at: float, kind: int, job: int) -> int:
@@ -535,6 +537,13 @@ class _Sim:
             return  # decide() says never, and it stays so: no estimate needed
         pending = PendingJob(str(i), job.limit, job.cpus, job.gpus, job.account, submit=job.submit)
         free_at, queued = self._expected(now, i)
+        if rule.burst_share > 0:  # its own bar, set at its first decision (then fixed)
+            own = self.own_rules.get(i)
+            if own is None:
+                own = self.own_rules[i] = (
+                    self.recent.rule_for(pending, now, free_at + queued, offer, rule) or rule
+                )
+            rule = own
         month = int(now // MONTH)
         money = self._money(month, job.account)
         d = decide(pending, now, free_at + queued, offer, rule, money)

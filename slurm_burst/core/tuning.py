@@ -5,9 +5,10 @@ What is searched: ``wait_per_dollar`` (the seconds of wait a dollar must save), 
 of a few ``min_wait``, ``wait_factor`` and warm-pool sizes. For those fixed, a larger
 ``wait_per_dollar`` bursts fewer jobs, so the wait cut and the cost both fall as it
 grows: a bisection on its logarithm finds the largest value (the cheapest setting) that
-still reaches the target share of burst-always's mean-wait cut. The best setting is the
-cheapest of those; every setting measured is a point of the cost/wait frontier, which is
-what the command shows when no setting reaches the target.
+still reaches the target share of burst-always's mean-wait cut. Then the same for
+``burst_share`` (the bar that follows the load), where a smaller share bursts fewer.
+The best setting is the cheapest of those; every setting measured is a point of the
+cost/wait frontier, which is what the command shows when no setting reaches the target.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ class Knobs:
     min_wait: float
     wait_factor: float
     warm: float = 1.0  # the config's warm pools' nodes times this (0: none)
+    burst_share: float = 0.0  # the bar that follows the load (core.policy.RecentBar); 0: off
 
 
 @dataclass(frozen=True)
@@ -53,10 +55,16 @@ class Space:
     low: float = 1.0
     high: float = 1e6
     steps: int = 9  # bisections: the answer within a factor (high/low) ** (1 / 2**steps)
+    shares: bool = True  # also search burst_share (each min_wait, wait_factor 0)
+    share_cap: float = 3600.0  # wait_per_dollar with burst_share: the most a bar may be
 
-    def combos(self) -> list[tuple[float, float, float]]:
-        """Each (min_wait, wait_factor, warm) to bisect ``wait_per_dollar`` over."""
-        return [(m, f, w) for w in self.warm for m in self.min_waits for f in self.wait_factors]
+    def combos(self) -> list[tuple[str, float, float, float]]:
+        """Each (what to bisect, min_wait, wait_factor, warm): ``wait_per_dollar`` with
+        the others fixed, or ``burst_share`` (wait_per_dollar at ``share_cap``)."""
+        fixed = [("wait_per_dollar", m, f, w)
+                 for w in self.warm for m in self.min_waits for f in self.wait_factors]  # fmt: skip
+        shares = [("burst_share", m, 0.0, w) for w in self.warm for m in self.min_waits]
+        return fixed + (shares if self.shares else [])
 
 
 def bisect_wait_per_dollar(
@@ -89,6 +97,35 @@ def bisect_wait_per_dollar(
             lo = mid
         else:
             hi = mid
+    return points
+
+
+def bisect_burst_share(
+    measure: Callable[[Knobs], Point], target: float, min_wait: float, warm: float, space: Space
+) -> list[Point]:
+    """Every point measured while looking for the smallest ``burst_share`` (the highest
+    bar) that reaches ``target``; wait_per_dollar at ``space.share_cap`` caps the bar (a
+    bar with no cap rises with a queue that grows without end)."""
+
+    def at(share: float) -> Point:
+        return measure(Knobs(space.share_cap, min_wait, 0.0, warm, round(share, 3)))
+
+    lo, hi = 0.02, 0.98
+    top = at(hi)
+    if not top.reaches(target):
+        return [top]  # none does with these settings
+    bottom = at(lo)
+    points = [top, bottom]
+    if bottom.reaches(target):
+        return points
+    for _ in range(max(1, space.steps - 2)):  # 0.96 / 2**7: within a hundredth
+        mid = (lo + hi) / 2
+        p = at(mid)
+        points.append(p)
+        if p.reaches(target):
+            hi = mid
+        else:
+            lo = mid
     return points
 
 

@@ -41,6 +41,7 @@ from slurm_burst.core.policy import (
     DataMove,
     Decision,
     Offer,
+    RecentBar,
     Rule,
     Verdict,
     data_move,
@@ -133,6 +134,8 @@ class BurstPolicy:
         self.look_again: dict[str, float] = {}  # job -> when its next look is due
         self._ours: dict[tuple[str, ...], str] = {}  # partition list -> its on-prem one
         self._rules: dict[tuple[str, str, str], Rule] = {}
+        self._recent = RecentBar()  # burst_share: the waiting jobs' wait per dollar, a week
+        self._own: dict[str, Rule] = {}  # job -> its rule under burst_share
         self._closed: set[str] = set()  # protected node groups, this pass
         self.last: dict[str, Decision] = {}  # job -> its last decision (pending jobs)
         self._thread: threading.Thread | None = None
@@ -324,6 +327,7 @@ class BurstPolicy:
         rules: dict[str, Rule] = {}
         cache: dict[tuple[int, int, int, float], Offer | None] = {}
         known, ours = self._rules, self._ours  # the loop runs 100,000 times: no calls in it
+        owned = self._own
         for j in jobs:
             starts[j.id] = j.expected_start
             key = (j.cpus, j.gpus, j.nodes, j.limit)
@@ -335,7 +339,16 @@ class BurstPolicy:
             rule = known.get(which)
             if rule is None:
                 rule = known[which] = self.policy.rule(*which)
+            if rule.burst_share:  # the job's own bar, set at its first estimate, then kept
+                own = owned.get(j.id)
+                if own is None:
+                    own = self._recent.rule_for(j, now, j.expected_start, offers[j.id], rule)
+                    if own is not None:
+                        owned[j.id] = own
+                rule = own or rule
             rules[j.id] = rule
+        if owned:  # forget the jobs that left the queue
+            self._own = {k: v for k, v in owned.items() if k in starts}
         return decide_all(jobs, now, starts, offers, rules, budgets=budgets, spend_cap=cap,
                           data=self._data(jobs))  # fmt: skip
 

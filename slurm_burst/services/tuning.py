@@ -23,6 +23,7 @@ from slurm_burst.core.tuning import (
     Point,
     Space,
     best_within,
+    bisect_burst_share,
     bisect_wait_per_dollar,
     cheapest,
     frontier,
@@ -51,7 +52,7 @@ class Bench:
         p = self.policy
         if knobs is not None:
             p = replace(p, wait_per_dollar=knobs.wait_per_dollar, min_wait=knobs.min_wait,
-                        wait_factor=knobs.wait_factor)  # fmt: skip
+                        wait_factor=knobs.wait_factor, burst_share=knobs.burst_share)  # fmt: skip
         return p.rule(), {a: p.rule(account=a) for a in p.accounts}
 
     def setup(self, rule: Rule, rules: Mapping[str, Rule], warm: float, money: bool) -> Setup:
@@ -150,12 +151,17 @@ def _measure(b: Bench, jobs: list[TraceJob], never: Summary, always: Summary, k:
     return Point(k, cut, share, s.cloud_cost, s.mean_wait, s.p95_wait)
 
 
-def _combo(args: tuple[float, float, float, float, Space]) -> list[Point]:
+def _combo(args: tuple[str, float, float, float, float, Space]) -> list[Point]:
     assert _BENCH is not None
     b, jobs, never, always = _BENCH
-    min_wait, wait_factor, warm, target, space = args
-    return bisect_wait_per_dollar(lambda k: _measure(b, jobs, never, always, k), target,
-                                  min_wait, wait_factor, warm, space)  # fmt: skip
+    kind, min_wait, wait_factor, warm, target, space = args
+
+    def measure(k: Knobs) -> Point:
+        return _measure(b, jobs, never, always, k)
+
+    if kind == "burst_share":
+        return bisect_burst_share(measure, target, min_wait, warm, space)
+    return bisect_wait_per_dollar(measure, target, min_wait, wait_factor, warm, space)
 
 
 def _init(state: tuple[Bench, list[TraceJob], Summary, Summary]) -> None:
@@ -184,12 +190,12 @@ def tune(
     combos = space.combos()
     points: list[Point] = []
     if never.mean_wait <= always.mean_wait:  # nothing to cut: the most frugal setting
-        points = [_measure(b, first, never, always, Knobs(space.high, *combos[0]))]
+        points = [_measure(b, first, never, always, Knobs(space.high, *combos[0][1:]))]
     else:
         global _BENCH
         _BENCH = (b, first, never, always)
         n = min(workers or os.cpu_count() or 1, len(combos))
-        args = [(m, f, w, target, space) for m, f, w in combos]
+        args = [(kind, m, f, w, target, space) for kind, m, f, w in combos]
         tell("tuning", 0, len(combos))
         if n <= 1:
             for done, a in enumerate(args, start=1):
@@ -217,7 +223,8 @@ def tune(
 def _space(b: Bench) -> Space:
     warm = (0.0, 1.0, 2.0) if any(g.warm for g in b.groups) else (1.0,)
     m = b.policy.min_wait
-    return Space(min_waits=tuple(sorted({0.0, m, max(1800.0, m)})), warm=warm)
+    return Space(min_waits=tuple(sorted({0.0, m, max(1800.0, m)})), warm=warm,
+                 share_cap=b.policy.wait_per_dollar or 3600.0)  # fmt: skip
 
 
 def _figures(
@@ -265,7 +272,11 @@ def policy_block(t: Tuning, b: Bench, source: str, when: datetime | None = None)
         f"wait_per_dollar = {k.wait_per_dollar:g}",
         f"min_wait = {k.min_wait:g}",
         f"wait_factor = {k.wait_factor:g}",
+        f"burst_share = {k.burst_share:g}",
     ]
+    if k.burst_share:
+        lines.insert(2, "# burst_share sets each job's bar from the last week's waiting jobs; "
+                        "wait_per_dollar only caps it.")  # fmt: skip
     if k.warm != 1.0:
         for g in b.groups:
             for name, w in b.warm_tables.get(g.name, ()):

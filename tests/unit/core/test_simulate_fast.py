@@ -12,7 +12,7 @@ from dataclasses import replace
 import pytest
 
 from slurm_burst.core.policy import ALWAYS, NEVER, Rule
-from slurm_burst.core.simulate import MONTH, CloudGroup, Outcome, Setup, simulate
+from slurm_burst.core.simulate import MONTH, CloudGroup, Outcome, Setup, simulate, summarize
 from slurm_burst.core.warm import window
 from slurm_burst.core.workload import TraceJob
 from tests.unit.core.simulate_reference import simulate_reference
@@ -125,3 +125,47 @@ def test_the_spend_cap_and_budgets_hold_bursts_to_the_next_month() -> None:
         tick(7, 3),  # "a"'s budget: one a month
     ]  # fmt: skip
     assert sum(out.cost) == pytest.approx(7.0)
+
+
+def test_the_recent_bar_is_the_share_of_the_last_weeks_ratios() -> None:
+    from slurm_burst.core.policy import Offer, PendingJob, RecentBar
+
+    bar = RecentBar(window=100.0, least=4)
+    for t, ratio in enumerate([5.0, 1.0, 4.0, math.inf, 2.0]):
+        bar.add(float(t), ratio)
+    assert len(bar) == 4  # inf says nothing of the queue
+    assert bar.bar(10.0, 0.5) == 4.0  # half of (1, 2, 4, 5) passed 4
+    assert bar.bar(10.0, 0.25) == 5.0
+    assert bar.bar(101.5, 0.5) is None  # the first two left the window: too few
+    # a job's own rule: its wait_per_dollar at most the bar, made once
+    bar = RecentBar(least=1)
+    offer = Offer("c", 1, 1.0, 0.0)  # $1 for an hour's limit
+    rule = Rule(wait_per_dollar=3600.0, burst_share=0.5)
+    job = PendingJob("1", 3600.0, 1, submit=0.0)
+    assert bar.rule_for(job, 0.0, None, offer, rule) is None  # no estimate yet
+    assert bar.rule_for(job, 0.0, 600.0, offer, rule) is rule  # no bar yet: as set
+    own = bar.rule_for(job, 0.0, 900.0, offer, rule)  # the bar: the first job's 600 s/$
+    assert own is not None and own.wait_per_dollar == 600.0
+
+
+def test_burst_share_sets_each_jobs_bar_from_the_jobs_that_waited_before_it() -> None:
+    """A larger share lowers the bar: waiting jobs burst sooner and the mean wait falls;
+    the cap (wait_per_dollar) holds when the bar would be above it."""
+    r = random.Random(3)
+    jobs, t = [], 0.0
+    for k in range(3000):
+        t += r.expovariate(1 / 60)
+        run = r.choice([300.0, 1800.0, 7200.0])
+        jobs.append(TraceJob(str(k), t, run, run * 2, r.choice([1, 2, 4])))
+    group = CloudGroup("c", 4, 0, 0.4, 1000, boot=60.0)
+
+    def run(rule: Rule) -> tuple[float, int]:
+        setup = Setup(cpus=110, groups=(group,), rule=rule)
+        s = summarize(jobs, simulate(jobs, setup), setup)
+        return s.mean_wait, s.burst_jobs
+
+    low = run(Rule(min_wait=0.0, wait_per_dollar=1e6, burst_share=0.1))
+    high = run(Rule(min_wait=0.0, wait_per_dollar=1e6, burst_share=0.9))
+    assert high[0] < low[0] / 5
+    capped = run(Rule(min_wait=0.0, wait_per_dollar=3600.0, burst_share=0.1))
+    assert capped == run(Rule(min_wait=0.0, wait_per_dollar=3600.0))  # the bar is above it
