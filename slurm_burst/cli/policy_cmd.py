@@ -109,9 +109,10 @@ def tune(
     as_json: bool,
 ) -> None:  # fmt: skip
     """Tune the burst policy on a job trace of this site (sacct, SWF or the GPU CSV):
-    search wait_per_dollar, min_wait, wait_factor and the warm pools' size for the
-    cheapest setting that reaches --target of burst-always's mean-wait cut on the first
-    part of the trace, then say what it does on the rest (held out): its share of the
+    search wait_per_dollar, burst_share, min_wait, wait_factor and the warm pools' size
+    for the cheapest setting that reaches --target of burst-always's mean-wait cut on the
+    first part of the trace (each candidate fitted on its older two thirds and checked on
+    its latest third), then say what it does on the rest (held out): its share of the
     wait cut and of the cost, dollars a month, mean and p95 wait, beside never-burst,
     burst-always and the config's own [policy]. Prints a [policy] block to paste, or
     with --apply writes it as a drop-in. The config's node groups, prices, spend cap

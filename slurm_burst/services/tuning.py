@@ -98,6 +98,7 @@ class Tuning:
     tuning_jobs: int
     held_out_jobs: int
     target: float
+    checked: tuple[Point, ...] = ()  # each combination's best, on the tuning part's latest third
 
     @property
     def goal_met(self) -> bool:
@@ -142,31 +143,54 @@ def bench(
                  tables)  # fmt: skip
 
 
-_BENCH: tuple[Bench, list[TraceJob], Summary, Summary] | None = None  # a worker's
+@dataclass(frozen=True)
+class _Part:
+    """A part of the trace with its never-burst and burst-always figures."""
+
+    jobs: list[TraceJob]
+    never: Summary
+    always: Summary
+
+    @property
+    def cuts(self) -> bool:
+        return self.never.mean_wait > self.always.mean_wait
 
 
-def _measure(b: Bench, jobs: list[TraceJob], never: Summary, always: Summary, k: Knobs) -> Point:
-    s = b.run(jobs, "tuned", k)
-    cut, share = _shares(s, never, always)
+_BENCH: tuple[Bench, _Part, _Part | None] | None = None  # a worker's
+
+
+def _measure(b: Bench, part: _Part, k: Knobs) -> Point:
+    s = b.run(part.jobs, "tuned", k)
+    cut, share = _shares(s, part.never, part.always)
     return Point(k, cut, share, s.cloud_cost, s.mean_wait, s.p95_wait)
 
 
-def _combo(args: tuple[str, float, float, float, float, Space]) -> list[Point]:
+def _combo(args: tuple[str, float, float, float, float, Space]) -> tuple[list[Point], Point | None]:
+    """The points one combination's bisection measured on the fitting part, and its best
+    setting measured on the checking part (None: there is none)."""
     assert _BENCH is not None
-    b, jobs, never, always = _BENCH
+    b, fit, check = _BENCH
     kind, min_wait, wait_factor, warm, target, space = args
 
     def measure(k: Knobs) -> Point:
-        return _measure(b, jobs, never, always, k)
+        return _measure(b, fit, k)
 
     if kind == "burst_share":
-        return bisect_burst_share(measure, target, min_wait, warm, space)
-    return bisect_wait_per_dollar(measure, target, min_wait, wait_factor, warm, space)
+        points = bisect_burst_share(measure, target, min_wait, warm, space)
+    else:
+        points = bisect_wait_per_dollar(measure, target, min_wait, wait_factor, warm, space)
+    if check is None:
+        return points, None
+    pick = cheapest(points, target) or max(points, key=lambda p: (p.wait_cut or 0.0, -p.cost))
+    return points, _measure(b, check, pick.knobs)
 
 
-def _init(state: tuple[Bench, list[TraceJob], Summary, Summary]) -> None:
+def _init(state: tuple[Bench, _Part, _Part | None]) -> None:
     global _BENCH
     _BENCH = state
+
+
+CHECK_SHARE = 1 / 3  # of the tuning part: the latest jobs, each combination's best checked
 
 
 def tune(
@@ -178,46 +202,74 @@ def tune(
     workers: int = 0,
     progress: Callable[[str, int, int], None] | None = None,
 ) -> Tuning:
-    """Tune on the first ``share`` of ``trace``'s jobs, measure on the rest. ``workers``:
+    """Tune on the first ``share`` of ``trace``'s jobs, measure on the rest. Within the
+    tuning part, each combination is bisected on its first two thirds and its best
+    setting checked on its last third (the latest jobs, as a held-out part would be):
+    the cheapest setting that reaches ``target`` there wins, so a setting that only fits
+    the older jobs' load loses to one that holds as the load moves. ``workers``:
     processes measuring settings side by side (0: one per CPU)."""
     if len(trace.jobs) < 2:
         raise SimulationError("a trace of at least two jobs is needed to tune and to hold out")
     space = space or _space(b)
     first, rest = split(trace, share)
     tell = progress or (lambda step, done, total: None)
-    tell("baselines", 0, 2)
-    never, always = b.run(first, "never"), b.run(first, "always")
+    tell("baselines", 0, 4)
+    whole = _Part(first, b.run(first, "never"), b.run(first, "always"))
+    k = len(first) - round(len(first) * CHECK_SHARE)
+    fit_jobs, check_jobs = first[:k], first[k:]
+    fit: _Part | None = None
+    check: _Part | None = None
+    if len(check_jobs) >= 2 and len(fit_jobs) >= 2:
+        fit = _Part(fit_jobs, b.run(fit_jobs, "never"), b.run(fit_jobs, "always"))
+        check = _Part(check_jobs, b.run(check_jobs, "never"), b.run(check_jobs, "always"))
+    if fit is None or not fit.cuts:
+        fit = whole  # too few jobs, or nothing to cut in the older part: tune on it all
+    if check is not None and not check.cuts:
+        check = None  # nothing to cut in the latest part: it cannot choose
     combos = space.combos()
     points: list[Point] = []
-    if never.mean_wait <= always.mean_wait:  # nothing to cut: the most frugal setting
-        points = [_measure(b, first, never, always, Knobs(space.high, *combos[0][1:]))]
+    checked: list[Point] = []
+    if not fit.cuts:  # nothing to cut: the most frugal setting
+        points = [_measure(b, fit, Knobs(space.high, *combos[0][1:]))]
     else:
         global _BENCH
-        _BENCH = (b, first, never, always)
+        _BENCH = (b, fit, check)
         n = min(workers or os.cpu_count() or 1, len(combos))
         args = [(kind, m, f, w, target, space) for kind, m, f, w in combos]
         tell("tuning", 0, len(combos))
         if n <= 1:
-            for done, a in enumerate(args, start=1):
-                points += _combo(a)
-                tell("tuning", done, len(combos))
+            found = map(_combo, args)
+            pool = None
         else:
-            with ProcessPoolExecutor(n, mp_context=get_context("fork"), initializer=_init,
-                                     initargs=(_BENCH,)) as pool:  # fmt: skip
-                for done, found in enumerate(pool.map(_combo, args), start=1):
-                    points += found
-                    tell("tuning", done, len(combos))
-        _BENCH = None
-    best = cheapest(points, target)
-    reached = best is not None
-    if best is None:  # the setting that comes closest
-        best = max(points, key=lambda p: (p.wait_cut or 0.0, -p.cost))
+            pool = ProcessPoolExecutor(n, mp_context=get_context("fork"), initializer=_init,
+                                       initargs=(_BENCH,))  # fmt: skip
+            found = pool.map(_combo, args)
+        try:
+            for done, (measured, check_point) in enumerate(found, start=1):
+                points += measured
+                if check_point is not None:
+                    checked.append(check_point)
+                tell("tuning", done, len(combos))
+        finally:
+            if pool is not None:
+                pool.shutdown()
+            _BENCH = None
+    if checked:
+        best = cheapest(checked, target)
+        reached = best is not None
+        if best is None:
+            best = max(checked, key=lambda p: (p.wait_cut or 0.0, -p.cost))
+    else:
+        best = cheapest(points, target)
+        reached = best is not None
+        if best is None:  # the setting that comes closest
+            best = max(points, key=lambda p: (p.wait_cut or 0.0, -p.cost))
     tell("held out", 0, 4)
-    figures_first = _figures(b, first, best.knobs, never, always)
+    figures_first = _figures(b, first, best.knobs, whole.never, whole.always)
     figures_rest = _figures(b, rest, best.knobs)
     tell("held out", 4, 4)
     return Tuning(best.knobs, reached, tuple(points), figures_first, figures_rest, len(first),
-                  len(rest), target)  # fmt: skip
+                  len(rest), target, tuple(checked))  # fmt: skip
 
 
 def _space(b: Bench) -> Space:
@@ -325,6 +377,7 @@ def as_doc(t: Tuning, b: Bench, trace: Trace, block: str) -> dict[str, Any]:
         "tuning": figures(t.tuning),
         "held_out": figures(t.held_out),
         "frontier": [point(p) for p in t.frontier],
+        "checked": [point(p) for p in t.checked],
         "measured": len(t.points),
         "policy_block": block,
     }

@@ -49,16 +49,17 @@ def test_tuned_on_the_first_half_reported_on_the_rest(setup: tuple[Path, Path]) 
     doc = tune(cfg, trace)
     assert doc["split"] == {"tuning_jobs": 200, "held_out_jobs": 200}
     assert set(doc["held_out"]) == {"never", "always", "policy", "tuned"}
-    assert doc["reached"] and doc["tuning"]["tuned"]["wait_cut"] >= 0.9
     never, always = doc["held_out"]["never"], doc["held_out"]["always"]
     assert never["wait_cut"] == 0 and always["wait_cut"] == 1 and always["cost_share"] == 1
     for f in doc["held_out"].values():
         assert {"dollars_per_month", "p95_wait", "mean_wait"} <= set(f)
-    # the cheapest that reaches the target: no measured setting that does is cheaper
-    found = [p for p in doc["frontier"] if p["wait_cut"] >= 0.9]
-    assert min(p["cloud_cost"] for p in found) == pytest.approx(
-        doc["tuning"]["tuned"]["cloud_cost"]
-    )
+    # each combination's best, checked on the tuning part's latest third: the cheapest
+    # there that reaches the target wins
+    assert len(doc["checked"]) == 9  # 3 min_wait x 2 wait_factor, 3 min_wait x burst_share
+    good = [p for p in doc["checked"] if p["wait_cut"] >= 0.9]
+    assert doc["reached"] and good
+    won = min(good, key=lambda p: p["cloud_cost"])
+    assert {k: won[k] for k in doc["tuned"]} == doc["tuned"]
     block = tomllib.loads(doc["policy_block"])
     assert block["policy"]["wait_per_dollar"] == doc["tuned"]["wait_per_dollar"]
     assert doc["policy_block"].startswith("# Tuned by `slurm-burst policy tune`")
