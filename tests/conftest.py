@@ -13,6 +13,7 @@ import time
 import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from types import ModuleType
 from typing import TypeVar
 
 import pytest
@@ -22,6 +23,19 @@ from slurm_burst.cli.main import cli
 from slurm_burst.config import Config, load_config
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def script(name: str) -> ModuleType:
+    """``scripts/NAME.py``, imported by path (scripts/ is not a package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"script_{name}", ROOT / "scripts" / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 LAB_CONFIG = ROOT / "slurm-conf" / "lab" / "slurm-burst.toml"
 TIERS = ("unit", "integration", "lab")
 T = TypeVar("T")

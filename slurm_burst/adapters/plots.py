@@ -62,13 +62,15 @@ def plot_frontier(points: Sequence[Point], target: float, title: str, directory:
 
     Path(directory).mkdir(parents=True, exist_ok=True)
     out = Path(directory) / "tuning-frontier.png"
-    shown = [p for p in points if p.cost_share is not None and p.wait_cut is not None]
+
+    def xy(ps: Sequence[Point]) -> tuple[list[float], list[float]]:
+        pairs = [(p.cost_share, p.wait_cut) for p in ps]
+        kept = [(x, y) for x, y in pairs if x is not None and y is not None]
+        return [x for x, _ in kept], [y for _, y in kept]
+
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    ax.scatter([p.cost_share for p in shown], [p.wait_cut for p in shown], s=10,
-               color="tab:gray", label="settings measured")  # fmt: skip
-    edge = frontier(shown)
-    ax.plot([p.cost_share for p in edge], [p.wait_cut for p in edge], "o-", color="tab:blue",
-            label="frontier")  # fmt: skip
+    ax.scatter(*xy(points), s=10, color="tab:gray", label="settings measured")
+    ax.plot(*xy(frontier(points)), "o-", color="tab:blue", label="frontier")
     ax.axhline(target, color="tab:green", linestyle="--", linewidth=1, label="target")
     ax.axvline(0.5, color="tab:red", linestyle=":", linewidth=1, label="half the cost")
     ax.set_xlabel("cloud cost, share of burst-always's")

@@ -81,23 +81,7 @@ def bisect_wait_per_dollar(
     def at(log: float) -> Point:  # three figures: what the [policy] block will say
         return measure(Knobs(float(f"{10**log:.3g}"), min_wait, wait_factor, warm))
 
-    lo, hi = math.log10(space.low), math.log10(space.high)
-    top = at(hi)
-    if top.reaches(target):
-        return [top]  # the most frugal setting already does
-    bottom = at(lo)
-    points = [top, bottom]
-    if not bottom.reaches(target):
-        return points  # none does with these settings
-    for _ in range(space.steps):
-        mid = (lo + hi) / 2
-        p = at(mid)
-        points.append(p)
-        if p.reaches(target):
-            lo = mid
-        else:
-            hi = mid
-    return points
+    return _bisect(at, target, math.log10(space.high), math.log10(space.low), space.steps)
 
 
 def bisect_burst_share(
@@ -110,22 +94,28 @@ def bisect_burst_share(
     def at(share: float) -> Point:
         return measure(Knobs(space.share_cap, min_wait, 0.0, warm, round(share, 3)))
 
-    lo, hi = 0.02, 0.98
-    top = at(hi)
-    if not top.reaches(target):
-        return [top]  # none does with these settings
-    bottom = at(lo)
-    points = [top, bottom]
-    if bottom.reaches(target):
-        return points
-    for _ in range(max(1, space.steps - 2)):  # 0.96 / 2**7: within a hundredth
-        mid = (lo + hi) / 2
+    return _bisect(at, target, 0.02, 0.98, max(1, space.steps - 2))  # within a hundredth
+
+
+def _bisect(at: Callable[[float], Point], target: float, frugal: float, eager: float,
+            steps: int) -> list[Point]:  # fmt: skip
+    """Every point measured while looking for the value nearest ``frugal`` (the fewest
+    bursts) that still reaches ``target``; ``eager`` bursts the most."""
+    first = at(frugal)
+    if first.reaches(target):
+        return [first]  # the most frugal setting already does
+    last = at(eager)
+    points = [first, last]
+    if not last.reaches(target):
+        return points  # none does with these settings
+    for _ in range(steps):
+        mid = (frugal + eager) / 2
         p = at(mid)
         points.append(p)
         if p.reaches(target):
-            hi = mid
+            eager = mid
         else:
-            lo = mid
+            frugal = mid
     return points
 
 

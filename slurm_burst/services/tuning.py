@@ -7,7 +7,7 @@ the simulator measures).
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
@@ -237,6 +237,7 @@ def tune(
         n = min(workers or os.cpu_count() or 1, len(combos))
         args = [(kind, m, f, w, target, space) for kind, m, f, w in combos]
         tell("tuning", 0, len(combos))
+        found: Iterable[tuple[list[Point], Point | None]]
         if n <= 1:
             found = map(_combo, args)
             pool = None

@@ -3,7 +3,6 @@ code the code can produce explained in the runbook, the README short."""
 
 from __future__ import annotations
 
-import importlib.util
 import re
 from pathlib import Path
 from types import ModuleType
@@ -12,19 +11,14 @@ import pytest
 
 from slurm_burst.core.cloud import CODES, PHRASES
 from slurm_burst.core.remote import REMOTE_CODES
-from tests.conftest import ROOT
+from tests.conftest import ROOT, script
 
 DOCS = ROOT / "docs"
 PAGES = [ROOT / "README.md", *sorted(DOCS.glob("*.md"))]
 
 
 def _generator() -> ModuleType:
-    """scripts/docs.py, imported by path (scripts/ is not a package)."""
-    spec = importlib.util.spec_from_file_location("docs_script", ROOT / "scripts" / "docs.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return script("docs")
 
 
 def test_generated_sections_are_current() -> None:

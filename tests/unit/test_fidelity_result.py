@@ -6,21 +6,11 @@ starts within one recheck plus the lab's boot timeout."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
-from types import ModuleType
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.conftest import ROOT, script
+
 RESULT = ROOT / "tests" / "data" / "fidelity-burst.json"
-
-
-def fidelity() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("fidelity", ROOT / "scripts" / "fidelity.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_the_committed_run_holds() -> None:
@@ -28,7 +18,7 @@ def test_the_committed_run_holds() -> None:
     rows = doc["rows"]
     for r in rows:  # each row's verdict is its own data's
         assert r["same_place"] == ((r["partition"] != "onprem") == (r["sim_where"] != "onprem"))
-    figures = fidelity().burst_figures(rows, doc["start_slack"])
+    figures = script("fidelity").burst_figures(rows, doc["start_slack"])
     assert figures == {k: doc[k] for k in figures}  # the committed figures are the rows'
     assert doc["jobs"] >= 40 and 0 < doc["burst_lab"] < doc["jobs"]  # both kinds of decision
     assert doc["same_burst_decision"] >= 0.95

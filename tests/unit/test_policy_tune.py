@@ -8,6 +8,7 @@ import json
 import random
 import tomllib
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -38,7 +39,7 @@ def setup(tmp_path: Path) -> tuple[Path, Path]:
     return write(tmp_path, GOOD + CPU_GROUP), trace
 
 
-def tune(cfg: Path, trace: Path, *args: str, code: int = 0) -> dict:
+def tune(cfg: Path, trace: Path, *args: str, code: int = 0) -> dict[str, Any]:
     r = invoke(["--config", str(cfg), "policy", "tune", "--trace", str(trace), "--workers",
                 "1", "--json", *args], expect=code)  # fmt: skip
     return json.loads(r.stdout) if code in (0, 1) and r.stdout else {}
@@ -151,3 +152,13 @@ def test_the_bisection_finds_the_largest_setting_that_reaches_the_target() -> No
     edge = frontier(points)
     assert [p.cost for p in edge] == sorted(p.cost for p in edge)
     assert len(points) == 14  # the top, the bottom, 12 halvings
+
+
+def test_the_frontier_plot(setup: tuple[Path, Path], tmp_path: Path) -> None:
+    cfg, trace = setup
+    doc = tune(cfg, trace, "--plot", str(tmp_path / "plots"))
+    assert [Path(p).name for p in doc["plots"]] == ["tuning-frontier.png"]
+    assert Path(doc["plots"][0]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    table = invoke(["--config", str(cfg), "policy", "tune", "--trace", str(trace),
+                    "--workers", "1"]).stdout  # fmt: skip
+    assert "held out: 200 jobs" in table and "[policy]" in table and "burst_share" in table

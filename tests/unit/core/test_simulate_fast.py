@@ -159,13 +159,13 @@ def test_burst_share_sets_each_jobs_bar_from_the_jobs_that_waited_before_it() ->
         jobs.append(TraceJob(str(k), t, run, run * 2, r.choice([1, 2, 4])))
     group = CloudGroup("c", 4, 0, 0.4, 1000, boot=60.0)
 
-    def run(rule: Rule) -> tuple[float, int]:
+    def measure(rule: Rule) -> tuple[float, int]:
         setup = Setup(cpus=110, groups=(group,), rule=rule)
         s = summarize(jobs, simulate(jobs, setup), setup)
         return s.mean_wait, s.burst_jobs
 
-    low = run(Rule(min_wait=0.0, wait_per_dollar=1e6, burst_share=0.1))
-    high = run(Rule(min_wait=0.0, wait_per_dollar=1e6, burst_share=0.9))
+    low = measure(Rule(min_wait=0.0, wait_per_dollar=1e6, burst_share=0.1))
+    high = measure(Rule(min_wait=0.0, wait_per_dollar=1e6, burst_share=0.9))
     assert high[0] < low[0] / 5
-    capped = run(Rule(min_wait=0.0, wait_per_dollar=3600.0, burst_share=0.1))
-    assert capped == run(Rule(min_wait=0.0, wait_per_dollar=3600.0))  # the bar is above it
+    capped = measure(Rule(min_wait=0.0, wait_per_dollar=3600.0, burst_share=0.1))
+    assert capped == measure(Rule(min_wait=0.0, wait_per_dollar=3600.0))  # the bar is above
