@@ -188,6 +188,8 @@ class BurstPolicy:
         queued_ids = {j.id for j in queue}
         for gone in [k for k in self.look_again if k not in eligible_ids]:
             del self.look_again[gone]
+        if self._own:  # burst_share: forget the bars of jobs that left the queue
+            self._own = {k: v for k, v in self._own.items() if k in eligible_ids}
         for gone in [
             k for k, d in self.last.items() if k not in queued_ids or (d.held and k not in held_ids)
         ]:
@@ -347,8 +349,6 @@ class BurstPolicy:
                         owned[j.id] = own
                 rule = own or rule
             rules[j.id] = rule
-        if owned:  # forget the jobs that left the queue
-            self._own = {k: v for k, v in owned.items() if k in starts}
         return decide_all(jobs, now, starts, offers, rules, budgets=budgets, spend_cap=cap,
                           data=self._data(jobs))  # fmt: skip
 

@@ -248,3 +248,27 @@ def test_without_a_store_or_with_link_mbit_0_staged_data_is_not_counted(tmp_path
     assert p.pass_once().verdicts == {"burst": 1}
     slow = lab_config_in(tmp_path, "", [(at, f"{at}\nbandwidth_mbit = 200")])
     assert policy_settings(slow).data_mbit == 200  # the push's own limit, lower, wins
+
+
+def test_burst_share_gives_each_job_its_bar_at_its_first_estimate() -> None:
+    """policy.burst_share 0.5: once 50 jobs have been seen, a job's wait_per_dollar is the
+    bar half of them passed, fixed at its first decision and forgotten when it leaves."""
+    from dataclasses import replace
+
+    cfg = replace(CFG, policy=replace(CFG.policy, burst_share=0.5, wait_factor=0.0,
+                                      min_wait=0.0))  # fmt: skip
+    # 60 one-CPU jobs of 10 min ($0.085/h: $0.0144 each) expecting 1..60 s of wait
+    q = Queue([job(i, start=T0 + i) for i in range(1, 61)])
+    p = BurstPolicy(policy_settings(cfg), q, MemoryStore(), FakeClock(T0), cloud_groups(cfg),
+                    lambda: ({}, None))  # fmt: skip
+    p.pass_once()
+    own = p._own
+    assert len(own) == 60
+    early = {own[str(i)].wait_per_dollar for i in range(1, 51)}
+    assert early == {3600.0}  # fewer than 50 seen before them: the configured value
+    late = [own[str(i)].wait_per_dollar for i in range(51, 61)]
+    assert all(w < 3600.0 for w in late) and late == sorted(late)  # the bar rises with waits
+    del q.jobs["1"]  # it started on-prem; the late ones burst (their partitions changed)
+    p.clock.advance(10)  # type: ignore[attr-defined]
+    p.pass_once()
+    assert set(p._own) == {str(i) for i in range(2, 51)}
