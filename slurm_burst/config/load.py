@@ -130,35 +130,32 @@ def read_dropins(path: Path) -> tuple[list[dict[str, Any]], list[Problem]]:
         file = where / name
         problems += _file_mode_problems(file, "the drop-in")
         try:
-            out.append(_toml(read_regular(file, CONFIG_MAX).decode("utf-8")))
+            data, wrong = _toml(read_regular(file, CONFIG_MAX).decode("utf-8"))
         except FileRefused as exc:
             problems.append(Problem("", f"cannot read the drop-in: {exc}"))
+            continue
         except OSError as exc:
             problems.append(Problem("", f"cannot read the drop-in {file}: {exc.strerror or exc}"))
+            continue
         except UnicodeDecodeError as exc:
             problems.append(Problem("", f"the drop-in {file} is not UTF-8 text (byte {exc.start})"))
-        except _TomlProblem as exc:
-            problems.append(replace(exc.problem, message=f"{file}: {exc.problem.message}"))
+            continue
+        if wrong is not None:
+            problems.append(replace(wrong, message=f"{file}: {wrong.message}"))
+        else:
+            out.append(data)
     return out, problems
 
 
-class _TomlProblem(Exception):
-    def __init__(self, problem: Problem) -> None:
-        self.problem = problem
-
-
-def _toml(text: str) -> dict[str, Any]:
+def _toml(text: str) -> tuple[dict[str, Any], Problem | None]:
+    """``text`` parsed as TOML, or what is wrong with it."""
     try:
-        return tomllib.loads(text)
+        return tomllib.loads(text), None
     except tomllib.TOMLDecodeError as exc:
         m = re.search(r"line ([0-9]+)", str(exc), re.ASCII)
-        raise _TomlProblem(
-            Problem("", f"not valid TOML: {exc}", int(m.group(1)) if m else None)
-        ) from None
+        return {}, Problem("", f"not valid TOML: {exc}", int(m.group(1)) if m else None)
     except RecursionError:  # tomllib descends into nested arrays and tables recursively
-        raise _TomlProblem(
-            Problem("", f"nested more than {MAX_DEPTH} levels deep: no setting is")
-        ) from None
+        return {}, Problem("", f"nested more than {MAX_DEPTH} levels deep: no setting is")
 
 
 def _merge(into: dict[str, Any], over: Mapping[str, Any]) -> None:
@@ -178,10 +175,9 @@ def parse_config(
     overlays: Sequence[Mapping[str, Any]] = (),
 ) -> tuple[Config | None, list[Problem]]:
     """``text`` as a config, with ``overlays`` (drop-ins, parsed) over it."""
-    try:
-        data = _toml(text)
-    except _TomlProblem as exc:
-        return None, [exc.problem]
+    data, wrong = _toml(text)
+    if wrong is not None:
+        return None, [wrong]
     for overlay in overlays:
         _merge(data, overlay)
     problems = shape_problems(data)
