@@ -18,6 +18,7 @@ from slurm_burst.cli.common import (
     EXIT_BAD_INPUT,
     EXIT_PRECONDITION,
     FiniteRange,
+    Progress,
     app,
     emit,
     fail,
@@ -272,7 +273,9 @@ def simulate(
         run_tuning(trace, cfg, pool, gpus, as_json=as_json, plot_dir=plot_dir, simulate=True)
         return
     groups = cloud_groups(cfg)
-    rows = run(trace, cfg, pool, gpus, factors, groups)
+    progress = Progress(enabled=not as_json or sys.stderr.isatty(), counts=True)
+    rows = run(trace, cfg, pool, gpus, factors, groups, progress)
+    progress.done()
     doc = doc_of(trace, pool, gpus, groups, rows)
     if plot_dir:
         from slurm_burst.wiring import plot_simulation

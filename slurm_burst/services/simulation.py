@@ -8,7 +8,7 @@ config's own, plus a sweep of ``wait_per_dollar`` when asked.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, replace
 from datetime import UTC, datetime
 from typing import Any
@@ -75,8 +75,10 @@ def run(
     gpus: int,
     sweep: Sequence[float] = (),
     groups: tuple[CloudGroup, ...] | None = None,
+    progress: Callable[[str, int, int], None] | None = None,
 ) -> list[Comparison]:
-    """Every policy on ``trace``; ``groups`` the cloud (default: the config's)."""
+    """Every policy on ``trace``; ``groups`` the cloud (default: the config's);
+    ``progress`` is told each policy's jobs arrived so far (step, done, total)."""
     groups = cloud_groups(cfg) if groups is None else groups
     if not groups:
         raise SimulationError("no node group with a price in the config: nothing to burst to")
@@ -91,7 +93,10 @@ def run(
         rules = {} if name in ("never", "always") else accounts
         setup = Setup(cpus=cpus, gpus=gpus, groups=clouds, rule=rule, rules=rules,
                       week_origin=trace.week_origin)  # fmt: skip
-        out = simulate(trace.jobs, setup)
+        tell = (
+            None if progress is None else _share_of(progress, f"simulate {name}", len(trace.jobs))
+        )
+        out = simulate(trace.jobs, setup, tell)
         results[name] = summarize(trace.jobs, out, setup)
         waits[name] = tuple(out.waits(trace.jobs))
     never, always = results["never"], results["always"]
@@ -106,6 +111,17 @@ def run(
         )
         for name, s in results.items()
     ]
+
+
+def _share_of(
+    progress: Callable[[str, int, int], None], step: str, n: int
+) -> Callable[[float], None]:
+    """The simulator's share of jobs arrived, told as ``step``: done of ``n``."""
+
+    def tell(share: float) -> None:
+        progress(step, round(share * n), n)
+
+    return tell
 
 
 def as_json(
