@@ -29,6 +29,7 @@ from slurm_burst.services.simulation import cloud_groups  # noqa: E402
 TRACES = ROOT.parent / "shared" / "traces"
 CONFIG = ROOT / "slurm-conf" / "example" / "slurm-burst.toml"
 YEAR = 365 * 86400.0
+EXAMPLE = load_config(CONFIG)
 
 
 def load(path: Path) -> tuple[Trace, int, int]:
@@ -44,7 +45,7 @@ def three(jobs: list[TraceJob], trace: Trace, cpus: int, gpus: int, recheck: flo
     float, int
 ]:  # fmt: skip
     """CPU seconds for never, always and the policy; the policy's decisions."""
-    cfg = load_config(CONFIG)
+    cfg = EXAMPLE
     groups = cloud_groups(cfg)
     policy = replace(cfg.policy.rule(), recheck=recheck)
     accounts = {a: replace(cfg.policy.rule(account=a), recheck=recheck)

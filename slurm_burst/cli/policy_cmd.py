@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import stat
@@ -24,6 +25,7 @@ from slurm_burst.cli.common import (
 )
 from slurm_burst.cli.simulate_cmd import (
     config_or_example,
+    duration,
     emit_simulation,
     load_trace,
     pool_of,
@@ -31,6 +33,7 @@ from slurm_burst.cli.simulate_cmd import (
 )
 from slurm_burst.config import Config
 from slurm_burst.core.workload import Trace
+from slurm_burst.services.tuning import pct
 
 DROPIN_NAME = "50-policy-tune.toml"
 _ACCOUNT = re.compile(r"[A-Za-z0-9_.@+-]{1,64}", re.ASCII)
@@ -208,8 +211,8 @@ def _rows(doc: dict[str, Any]) -> list[list[str]]:
             "-" if f["wait_cut"] is None else f"{f['wait_cut']:.0%}",
             "-" if f["cost_share"] is None else f"{f['cost_share']:.0%}",
             f"{f['dollars_per_month']:,.0f}",
-            _h(f["mean_wait"]),
-            _h(f["p95_wait"]),
+            duration(f["mean_wait"]),
+            duration(f["p95_wait"]),
             f"{f['burst_jobs']:,}",
         ]
         for name, f in doc["held_out"].items()
@@ -220,7 +223,7 @@ def _say(result: Any, doc: dict[str, Any], block: str) -> None:
     tuned = doc["tuning"]["tuned"]
     click.echo(
         f"\ntuned on the first {result.tuning_jobs:,} jobs: "
-        f"{_pct(tuned['wait_cut'])} of burst-always's wait cut at {_pct(tuned['cost_share'])} "
+        f"{pct(tuned['wait_cut'])} of burst-always's wait cut at {pct(tuned['cost_share'])} "
         f"of its cost ({doc['measured']} settings measured)"
     )
     if not result.reached:
@@ -235,21 +238,13 @@ def _say(result: Any, doc: dict[str, Any], block: str) -> None:
                 f"  wait_per_dollar {p['wait_per_dollar']:>10g}  min_wait {p['min_wait']:>5g}"
                 f"  wait_factor {p['wait_factor']:g}  burst_share {p['burst_share']:g}"
                 f"  warm x{p['warm']:g}:  "
-                f"cut {_pct(p['wait_cut'])}  cost {_pct(p['cost_share'])}"
+                f"cut {pct(p['wait_cut'])}  cost {pct(p['cost_share'])}"
             )
     if "applied" in doc:
         click.echo(f"\nwritten to {doc['applied']} (slurm-burst config check; then restart "
                    "the daemon)")  # fmt: skip
     else:
         click.echo("\n" + block, nl=False)
-
-
-def _pct(share: float | None) -> str:
-    return "-" if share is None else f"{share:.0%}"
-
-
-def _h(seconds: float) -> str:
-    return f"{seconds / 3600:.2f} h" if seconds >= 3600 else f"{seconds:.0f} s"
 
 
 def _budgets(args: tuple[str, ...]) -> dict[str, float]:
@@ -287,9 +282,9 @@ def _write_dropin(path: Path, block: str) -> Path:
 
     try:
         ensure_dir(path.parent, 0o755, what="the drop-in directory")
-        st = os.lstat(path) if path.exists() or path.is_symlink() else None
-        if st is not None and not stat.S_ISREG(st.st_mode):
-            raise FileRefused(f"{path} is not a regular file: not replaced")
+        with contextlib.suppress(FileNotFoundError):
+            if not stat.S_ISREG(os.lstat(path).st_mode):
+                raise FileRefused(f"{path} is not a regular file: not replaced")
         return write_durable(path.parent, path.name, block.encode(), 0o644)
     except FileRefused as exc:
         fail(f"--apply: {exc}", EXIT_BAD_INPUT)

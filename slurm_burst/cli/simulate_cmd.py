@@ -300,9 +300,9 @@ def emit_simulation(doc: dict[str, Any], as_json: bool, gpus: int, title: str) -
         rows=lambda d: [
             [
                 name,
-                _h(p["mean_wait"]),
-                _h(p["median_wait"]),
-                _h(p["p95_wait"]),
+                duration(p["mean_wait"]),
+                duration(p["median_wait"]),
+                duration(p["p95_wait"]),
                 f"{p['mean_bounded_slowdown']:.1f}",
                 str(p["burst_jobs"]),
                 f"{p['cloud_cost']:,.0f}",
@@ -319,5 +319,6 @@ def emit_simulation(doc: dict[str, Any], as_json: bool, gpus: int, title: str) -
     )
 
 
-def _h(seconds: float) -> str:
+def duration(seconds: float) -> str:
+    """Seconds under an hour, hours above (the tables' waits)."""
     return f"{seconds / 3600:.2f} h" if seconds >= 3600 else f"{seconds:.0f} s"

@@ -330,8 +330,10 @@ class _Sim:
         self.parks[i] += 1
 
     # -- on-prem: FCFS + EASY backfill ------------------------------------------------
-    def _run(self, i: int, end: float) -> None:
-        key = (end, self.seq)
+    def _run(self, i: int, end: float, order: int) -> None:
+        """Job ``i`` runs on-prem till ``end`` (by its limit); ``order`` (increasing)
+        puts it after the running jobs with the same end."""
+        key = (end, order)
         at = bisect_right(self.r_key, key)
         self.r_key.insert(at, key)
         self.r_cpu.insert(at, self.cpus[i])
@@ -349,11 +351,9 @@ class _Sim:
         self.free_cpu -= self.cpus[i]
         self.free_gpu -= self.gpus[i]
         end = now + self.limit[i]
-        self.seq += 1
-        self._run(i, end)
+        self._run(i, end, self.push(now + self.jobs[i].run, self.END_ONPREM, i))
         self.out.start[i] = now
         self.out.where[i] = "onprem"
-        self.push(now + self.jobs[i].run, self.END_ONPREM, i)
         # waiting jobs whose expected start this can push past their turn: look again
         turns = self.turns
         while turns and turns[0][0] < end:
@@ -472,8 +472,12 @@ class _Sim:
         if when == at and (when, self.CHECK, i) < self.current:
             when += step  # its look at this time is behind us (it saw what it would)
         if when < self.check_at[i]:
-            self.check_seq[i] = self.push(when, self.CHECK, i)
-            self.check_at[i] = when
+            self._look(i, when)
+
+    def _look(self, i: int, when: float) -> None:
+        """Job ``i``'s next look is at ``when`` (an earlier CHECK of it goes stale)."""
+        self.check_seq[i] = self.push(when, self.CHECK, i)
+        self.check_at[i] = when
 
     def wake_all(self, now: float) -> None:
         for i in list(self.lattice):
@@ -487,8 +491,7 @@ class _Sim:
         if turn < math.inf:
             turn -= 1e-6 + 1e-9 * abs(turn)  # rounding: rather too early than late
             k = max(1, math.floor((turn - now) / step) + 1) if step > 0 else 1
-            self.check_seq[i] = self.push(now + k * step, self.CHECK, i)
-            self.check_at[i] = now + k * step
+            self._look(i, now + k * step)
             heapq.heappush(self.turns, (turn, i, self.parks[i]))
             if len(self.turns) > 64 + 4 * len(self.lattice):  # drop the stale entries
                 self.turns = [t for t in self.turns if t[2] == self.parks[t[1]]]
@@ -548,14 +551,15 @@ class _Sim:
         money = self._money(month, job.account)
         d = decide(pending, now, free_at + queued, offer, rule, money)
         self.out.decisions += 1
+        step = (d.look_again or now + rule.recheck) - now
         if d.verdict == Verdict.WAIT and d.note:  # no money left this month
-            self.wait(now, i, d.look_again - now if d.look_again else rule.recheck, math.inf)
+            self.wait(now, i, step, math.inf)
             if not self.broke:
                 self.push((month + 1) * MONTH, self.NEW_MONTH, -1)
             self.broke.append(i)
         elif d.verdict == Verdict.WAIT and d.look_again is not None:
             # its wait grows with free_at alone: it bursts once free_at passes the turn
-            self.wait(now, i, d.look_again - now, free_at + d.threshold - d.wait)
+            self.wait(now, i, step, free_at + d.threshold - d.wait)
         elif d.verdict == Verdict.BURST and d.offer is not None:
             group = d.offer.group
             if self.cloud_nodes[group] + d.offer.nodes > self.caps[group]:
@@ -651,6 +655,16 @@ def summarize(jobs: Sequence[TraceJob], out: Outcome, setup: Setup) -> Summary:
         onprem_gpu_utilization=gpu_util,
         warm_jobs=sum(out.warm),
         warm_cost=out.warm_cost,
+    )
+
+
+def shares(s: Summary, never: Summary, always: Summary) -> tuple[float | None, float | None]:
+    """``s``'s share of burst-always's mean-wait cut (from never-burst's; None: always
+    cuts nothing) and its cloud cost as a share of always's (None: always costs nothing)."""
+    cut = never.mean_wait - always.mean_wait
+    return (
+        (never.mean_wait - s.mean_wait) / cut if cut > 0 else None,
+        s.cloud_cost / always.cloud_cost if always.cloud_cost > 0 else None,
     )
 
 

@@ -22,6 +22,7 @@ from slurm_burst.core.simulate import (
     Comparison,
     Setup,
     Summary,
+    shares,
     simulate,
     summarize,
 )
@@ -100,16 +101,8 @@ def run(
         results[name] = summarize(trace.jobs, out, setup)
         waits[name] = tuple(out.waits(trace.jobs))
     never, always = results["never"], results["always"]
-    cut = never.mean_wait - always.mean_wait
     return [
-        Comparison(
-            name,
-            s,
-            (never.mean_wait - s.mean_wait) / cut if cut > 0 else None,
-            s.cloud_cost / always.cloud_cost if always.cloud_cost > 0 else None,
-            waits[name],
-        )
-        for name, s in results.items()
+        Comparison(name, s, *shares(s, never, always), waits[name]) for name, s in results.items()
     ]
 
 

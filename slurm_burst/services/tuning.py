@@ -17,7 +17,15 @@ from typing import Any
 from slurm_burst.config import Config
 from slurm_burst.config.model import PolicyConfig
 from slurm_burst.core.policy import ALWAYS, NEVER, Rule
-from slurm_burst.core.simulate import MONTH, CloudGroup, Setup, Summary, simulate, summarize
+from slurm_burst.core.simulate import (
+    MONTH,
+    CloudGroup,
+    Setup,
+    Summary,
+    shares,
+    simulate,
+    summarize,
+)
 from slurm_burst.core.tuning import (
     Knobs,
     Point,
@@ -161,7 +169,7 @@ _BENCH: tuple[Bench, _Part, _Part | None] | None = None  # a worker's
 
 def _measure(b: Bench, part: _Part, k: Knobs) -> Point:
     s = b.run(part.jobs, "tuned", k)
-    cut, share = _shares(s, part.never, part.always)
+    cut, share = shares(s, part.never, part.always)
     return Point(k, cut, share, s.cloud_cost, s.mean_wait, s.p95_wait)
 
 
@@ -293,17 +301,9 @@ def _figures(
             "tuned": b.run(jobs, "tuned", knobs)}  # fmt: skip
     months = max(_span(jobs), 1.0) / MONTH
     return {
-        name: Figures(s, *_shares(s, never, always), s.cloud_cost / months)
+        name: Figures(s, *shares(s, never, always), s.cloud_cost / months)
         for name, s in runs.items()
     }
-
-
-def _shares(s: Summary, never: Summary, always: Summary) -> tuple[float | None, float | None]:
-    cut = never.mean_wait - always.mean_wait
-    return (
-        (never.mean_wait - s.mean_wait) / cut if cut > 0 else None,
-        s.cloud_cost / always.cloud_cost if always.cloud_cost > 0 else None,
-    )
 
 
 def _span(jobs: Sequence[TraceJob]) -> float:
@@ -319,7 +319,7 @@ def policy_block(t: Tuning, b: Bench, source: str, when: datetime | None = None)
     lines = [
         f"# Tuned by `slurm-burst policy tune` on {day} from {_one_line(source)}:",
         f"# the first {t.tuning_jobs:,} jobs; on the {t.held_out_jobs:,} held out, "
-        f"{_pct(held.wait_cut)} of burst-always's mean-wait cut at {_pct(held.cost_share)} "
+        f"{pct(held.wait_cut)} of burst-always's mean-wait cut at {pct(held.cost_share)} "
         f"of its cost (${held.dollars_per_month:,.0f} a month).",
         "[policy]",
         f"wait_per_dollar = {k.wait_per_dollar:g}",
@@ -342,7 +342,8 @@ def _one_line(text: str) -> str:
     return "".join(c if c.isprintable() else "?" for c in text)[:200]
 
 
-def _pct(share: float | None) -> str:
+def pct(share: float | None) -> str:
+    """A share as a whole percent ('-': none)."""
     return "-" if share is None else f"{share:.0%}"
 
 
