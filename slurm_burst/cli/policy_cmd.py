@@ -33,7 +33,7 @@ from slurm_burst.cli.simulate_cmd import (
 )
 from slurm_burst.config import Config
 from slurm_burst.core.workload import Trace
-from slurm_burst.services.tuning import pct
+from slurm_burst.services.tuning import MIN_CUT, pct
 
 DROPIN_NAME = "50-policy-tune.toml"
 _ACCOUNT = re.compile(r"[A-Za-z0-9_.@+-]{1,64}", re.ASCII)
@@ -188,6 +188,7 @@ def run_tuning(
                  f"{result.tuning_jobs:,}")  # fmt: skip
         emit_simulation(sim, as_json, gpus, title)
         if not as_json:
+            _small_cut(result)
             click.echo("\n" + block, nl=False)
         return
     if apply_to is not None and result.reached:
@@ -229,10 +230,13 @@ def _say(result: Any, doc: dict[str, Any], block: str) -> None:
     if not result.reached:
         click.echo(f"the target ({result.target:.0%} of the wait cut) was not reached: the "
                    "setting shown is the closest")  # fmt: skip
+    _small_cut(result)
     if not result.goal_reachable:
+        where = ("its latest third, where each setting was checked" if result.points
+                 and not result.goal_on_check and result.checked else "the tuning part")
         click.echo("no setting of this policy reaches 90 % of burst-always's wait cut at "
-                   "<= 50 % of its cost on the tuning part; the frontier (settings no other "
-                   "beats on both):")  # fmt: skip
+                   f"<= 50 % of its cost on {where};\nthe frontier of the part the settings "
+                   "were fitted on (settings no other beats on both):")  # fmt: skip
         for p in doc["frontier"]:
             click.echo(
                 f"  wait_per_dollar {p['wait_per_dollar']:>10g}  min_wait {p['min_wait']:>5g}"
@@ -245,6 +249,14 @@ def _say(result: Any, doc: dict[str, Any], block: str) -> None:
                    "the daemon)")  # fmt: skip
     else:
         click.echo("\n" + block, nl=False)
+
+
+def _small_cut(result: Any) -> None:
+    """Say so where the held-out part has no wait worth a share of."""
+    if result.goal_met is None:
+        click.echo(f"on the held-out part burst-always cuts {duration(result.held_out_cut)} of "
+                   "mean wait: nothing worth bursting for there (the goal's shares count "
+                   f"from a cut of {duration(MIN_CUT)})")  # fmt: skip
 
 
 def _budgets(args: tuple[str, ...]) -> dict[str, float]:

@@ -267,11 +267,13 @@ def decide_all(
 
 class RecentBar:
     """The expected wait per dollar of the jobs that waited over the last ``window``
-    seconds, each counted once, at its first decision with an estimate; ``bar(share)``
-    is the value that ``share`` of them passed. With ``Rule.burst_share`` a job's
-    wait_per_dollar is at most the bar when it is first decided: when the queue's waits
-    grow (or shrink) with the load, so does the bar, and about the same share of the
-    waiting jobs bursts. Until ``least`` jobs have been seen there is no bar."""
+    seconds (or of the last ``least`` of them, where the window holds fewer: a quiet
+    site keeps its bar), each counted once, at its first decision with an estimate;
+    ``bar(share)`` is the value that ``share`` of them passed. With ``Rule.burst_share``
+    a job's wait_per_dollar is at most the bar when it is first decided: when the
+    queue's waits grow (or shrink) with the load, so does the bar, and about the same
+    share of the waiting jobs bursts. Until ``least`` jobs have been seen there is no
+    bar."""
 
     def __init__(self, window: float = 7 * 86400.0, least: int = 50) -> None:
         self.window = window
@@ -290,7 +292,7 @@ class RecentBar:
 
     def bar(self, now: float, share: float) -> float | None:
         seen, ordered = self._seen, self._sorted
-        while seen and seen[0][0] < now - self.window:
+        while len(seen) > self.least and seen[0][0] < now - self.window:
             _, old = seen.popleft()
             del ordered[bisect_left(ordered, old)]
         if len(ordered) < self.least:

@@ -115,6 +115,31 @@ def test_money_binds_every_setting_tried(setup: tuple[Path, Path]) -> None:
     assert not (cfg.parent / "slurm-burst.d" / "50-policy-tune.toml").exists()
 
 
+def test_a_held_out_part_with_seconds_of_wait_has_nothing_to_cut(
+    setup: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """The busy trace's first half, then a quiet one (a 1-CPU job an hour): burst-always
+    cuts nothing worth a share there, and the command says so rather than scoring it."""
+    busy = busy_swf(200).splitlines(keepends=True)
+    last = int(busy[-1].split()[1])
+    quiet = [f"{200 + i} {last + 3600 * i} 0 600 1 -1 -1 1 1200 -1 1 1 1 1 1 -1 -1 -1\n"
+             for i in range(1, 201)]  # fmt: skip
+    trace = tmp_path / "quiet.swf"
+    trace.write_text("".join(busy + quiet))
+    cfg, busy_trace = setup
+    doc = tune(cfg, trace)
+    goal = doc["goal"]
+    assert goal["held_out_cut_seconds"] < goal["min_cut_seconds"] == 60
+    assert goal["met"] is None and goal["verdict"] == "nothing to cut"
+    text = invoke(["--config", str(cfg), "policy", "tune", "--trace", str(trace), "--workers",
+                   "1"]).stdout  # fmt: skip
+    assert "nothing worth bursting for there" in text
+    # the busy trace's held-out half has a cut worth sharing: met or missed, said
+    busy_doc = tune(cfg, busy_trace)
+    assert busy_doc["goal"]["held_out_cut_seconds"] >= 60
+    assert busy_doc["goal"]["verdict"] == ("met" if busy_doc["goal"]["met"] else "missed")
+
+
 @pytest.mark.parametrize(
     ("args", "said"),
     [

@@ -127,7 +127,7 @@ def test_the_spend_cap_and_budgets_hold_bursts_to_the_next_month() -> None:
     assert sum(out.cost) == pytest.approx(7.0)
 
 
-def test_the_recent_bar_is_the_share_of_the_last_weeks_ratios() -> None:
+def test_the_recent_bar_is_the_share_of_the_last_weeks_ratios_or_the_last_few() -> None:
     from slurm_burst.core.policy import Offer, PendingJob, RecentBar
 
     bar = RecentBar(window=100.0, least=4)
@@ -136,7 +136,11 @@ def test_the_recent_bar_is_the_share_of_the_last_weeks_ratios() -> None:
     assert len(bar) == 4  # inf says nothing of the queue
     assert bar.bar(10.0, 0.5) == 4.0  # half of (1, 2, 4, 5) passed 4
     assert bar.bar(10.0, 0.25) == 5.0
-    assert bar.bar(101.5, 0.5) is None  # the first two left the window: too few
+    # past the window the last ``least`` stay: a quiet site keeps a bar
+    assert bar.bar(101.5, 0.5) == 4.0
+    bar.add(101.0, 3.0)
+    assert bar.bar(101.5, 0.5) == 3.0 and len(bar) == 4  # the oldest (5.0) left: (1, 2, 3, 4)
+    assert RecentBar(least=4).bar(0.0, 0.5) is None  # too few seen yet
     # a job's own rule: its wait_per_dollar at most the bar, made once
     bar = RecentBar(least=1)
     offer = Offer("c", 1, 1.0, 0.0)  # $1 for an hour's limit
