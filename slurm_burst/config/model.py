@@ -674,8 +674,9 @@ class PolicyConfig:
     recheck: float = doc("Seconds between looks at a job that waits.", default=300.0)
     burst_share: float = doc(
         "0: off. Else (0 < share < 1) a job's wait_per_dollar is at most the bar that "
-        "this share of the jobs that waited over the last week passed (their expected wait "
-        "per dollar, each counted once, at its first decision): the bar follows the load, "
+        "this share of the jobs that waited over the last week (at least the last 50) "
+        "passed (their expected wait per dollar, each counted once, at its first "
+        "decision): the bar follows the load, "
         "so about that share of the waiting jobs bursts in a busy month as in a quiet one "
         "(`slurm-burst policy tune` weighs it against a fixed wait_per_dollar).",
         default=0.0,
