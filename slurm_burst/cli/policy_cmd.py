@@ -232,8 +232,8 @@ def _say(result: Any, doc: dict[str, Any], block: str) -> None:
                    "setting shown is the closest")  # fmt: skip
     _small_cut(result)
     if not result.goal_reachable:
-        where = ("its latest third, where each setting was checked" if result.points
-                 and not result.goal_on_check and result.checked else "the tuning part")
+        where = ("its latest third, where each setting was checked" if result.goal_on_fit
+                 else "the tuning part")  # fmt: skip
         click.echo("no setting of this policy reaches 90 % of burst-always's wait cut at "
                    f"<= 50 % of its cost on {where};\nthe frontier of the part the settings "
                    "were fitted on (settings no other beats on both):")  # fmt: skip

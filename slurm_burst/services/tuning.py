@@ -142,16 +142,18 @@ class Tuning:
         """Some setting measured on the tuning part met the goal there: on the part the
         settings were fitted on and, where there is one, on the latest third they were
         checked on (a load that moved within the tuning part shows there)."""
-        p = best_within(self.points, GOAL_COST)
-        if p is None or not p.reaches(GOAL_CUT):
-            return False
-        return not self.checked or self.goal_on_check
+        return self.goal_on_fit and (not self.checked or _meets_goal(self.checked))
 
     @property
-    def goal_on_check(self) -> bool:
-        """A setting checked on the tuning part's latest third met the goal there."""
-        p = best_within(self.checked, GOAL_COST)
-        return p is not None and p.reaches(GOAL_CUT)
+    def goal_on_fit(self) -> bool:
+        """A setting met the goal on the part the settings were fitted on."""
+        return _meets_goal(self.points)
+
+
+def _meets_goal(points: Sequence[Point]) -> bool:
+    """One of ``points`` reaches the goal's cut within its cost."""
+    p = best_within(points, GOAL_COST)
+    return p is not None and p.reaches(GOAL_CUT)
 
 
 def split(trace: Trace, share: float) -> tuple[list[TraceJob], list[TraceJob]]:
