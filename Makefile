@@ -47,12 +47,13 @@ lab-down: venv
 
 # On each other Slurm release the lab runs (from its image; docs/slurm-versions.md) the
 # burst end to end (a 2-node job over WireGuard, a GPU job's gres, the idle nodes'
-# suspend and release; the rest of test_x_burst is our own code, run on 22.05), the
-# ledger and budget, and the lab's removal; then each release a
-# share of the rest, so that each newer release is covered and CI stays in its time:
-# 24.11 a requeue through the prolog, the faults that touch Slurm's states and an array's
+# suspend and release; the rest of test_x_burst is our own code, run on 22.05) and the
+# lab's removal; then each release a share of the rest, so that each newer release is
+# covered and CI stays in its time: 24.11 a requeue through the prolog, the faults that touch Slurm's states and an array's
 # stage-in (burst_buffer/lua's hooks' arguments differ by release), a spot launch whose
-# capacity never comes, two cloud nodes talking off the hub; 26.05 the burst policy's read
+# capacity never comes, two cloud nodes talking off the hub (its sacct's records the
+# ledger reads: test_slurm_versions on 22.05's run); 26.05 the ledger and a budget Slurm
+# enforces, the burst policy's read
 # and update of the queue, a slurmd that never registers, stage-in's bad copy sent again
 # and sensitive data refused, stage-out's outputs home before release, a spot refusal run
 # on-demand in a placement group, and an interruption notice's signal and requeue.
@@ -62,8 +63,7 @@ LAB_RELEASES := 24.11 26.05
 VERSION_TESTS_COMMON := tests/lab/test_lab.py \
 	tests/lab/test_x_burst.py::test_two_node_job_runs_on_cloud_nodes_joined_over_wireguard \
 	tests/lab/test_x_burst.py::test_gpu_job_runs_with_the_group_gres \
-	tests/lab/test_x_burst.py::test_idle_nodes_are_suspended_and_everything_released \
-	tests/lab/test_y_ledger.py
+	tests/lab/test_x_burst.py::test_idle_nodes_are_suspended_and_everything_released
 VERSION_TESTS_24.11 := \
 	tests/lab/test_x_prolog.py::test_a_node_failing_in_bootstrap_requeues_its_job_which_then_runs \
 	tests/lab/test_y_faults.py::test_a_node_whose_slurmd_release_slurmctld_cannot_take_is_refused \
@@ -73,6 +73,7 @@ VERSION_TESTS_24.11 := \
 	tests/lab/test_x_ec2.py::test_spot_withheld_falls_back_after_the_wait_and_the_job_runs \
 	tests/lab/test_x_mesh_direct.py
 VERSION_TESTS_26.05 := \
+	tests/lab/test_y_ledger.py \
 	tests/lab/test_x_policy.py::test_a_long_wait_bursts_and_a_short_one_stays_on_prem \
 	'tests/lab/test_y_faults.py::test_node_failure_is_named_and_the_job_requeued[slurmd-never-registers]' \
 	tests/lab/test_x_stage.py::test_a_corrupt_object_in_the_store_never_reaches_the_job_and_is_sent_again \
@@ -87,13 +88,19 @@ ROOT_ONLY_ARGS = $(if $(filter 0,$(shell id -u)),$(addprefix --deselect ,$(RELEA
 
 # pytest exits 5 when it collected nothing (e.g. a -m selection with no tests): say so.
 # The other releases' lab runs need root (as the lab does); any failure fails the target.
+# Each run writes a JUnit report; the recap of them all (each run's totals, each failure)
+# is printed last, so that a log read from its tail names every failure.
+RESULTS := .make/test-results
 test: setup
-	@set +e; $(PY) -m pytest $(ROOT_ONLY_ARGS) $(PYTEST_ARGS); rc=$$?; \
+	@set +e; rm -rf $(RESULTS); mkdir -p $(RESULTS); \
+	$(PY) -m pytest $(ROOT_ONLY_ARGS) --junitxml=$(RESULTS)/host.xml $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest: no tests were collected"; exit 1; fi; \
 	if [ "$$(id -u)" = 0 ]; then for r in $(LAB_RELEASES); do \
 		echo "== the lab on Slurm $$r"; \
-		$(MAKE) --no-print-directory release-tests RELEASE=$$r PYTEST_ARGS="$(PYTEST_ARGS)"; \
-		v=$$?; [ $$rc -ne 0 ] || rc=$$v; done; fi; exit $$rc
+		$(MAKE) --no-print-directory release-tests RELEASE=$$r \
+			PYTEST_ARGS="--junitxml=$(RESULTS)/lab-$$r.xml $(PYTEST_ARGS)"; \
+		v=$$?; [ $$rc -ne 0 ] || rc=$$v; done; fi; \
+	$(PY) scripts/test-recap.py $(RESULTS); exit $$rc
 
 # The lab tests on one other release: make test-release RELEASE=24.11
 test-release: setup release-tests
@@ -116,7 +123,7 @@ soak: setup
 
 lint: venv lint-ansible
 	$(VENV)/bin/ruff check slurm_burst lab tests benchmarks scripts ansible/plugins
-	$(VENV)/bin/mypy slurm_burst lab/slurm_burst_lab tests benchmarks scripts/docs.py
+	$(VENV)/bin/mypy slurm_burst lab/slurm_burst_lab tests benchmarks scripts/docs.py scripts/test-recap.py
 
 # ansible-lint (production profile, offline) with this checkout's collection installed
 lint-ansible: venv
@@ -126,7 +133,7 @@ lint-ansible: venv
 		../$(VENV)/bin/ansible-lint; rc=$$?; rm -rf $$d; exit $$rc
 
 docs: venv
-	$(PY) scripts/docs.py
+	$(PY) scripts/docs.py scripts/test-recap.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis build *.egg-info lab/build lab/*.egg-info

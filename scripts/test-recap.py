@@ -1,0 +1,66 @@
+"""What `make test`'s pytest runs ended with, printed last: one line a run (its totals)
+and one a test that failed or errored (its id and the first line of its message).
+
+`make test` runs pytest once on the host's Slurm and, as root, once on each other lab
+release; each writes a JUnit XML report into one directory, and this reads them all. A
+CI log that keeps only its tail then still names every failure, whichever run it was in.
+
+    python scripts/test-recap.py .make/test-results
+
+Exits 0; the runs' own exit codes decide `make test`'s.
+"""
+
+from __future__ import annotations
+
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+MESSAGE_CHARS = 300
+
+
+def first_line(text: str | None) -> str:
+    lines = (text or "").strip().splitlines()
+    line = lines[0] if lines else ""
+    return line if len(line) <= MESSAGE_CHARS else line[: MESSAGE_CHARS - 1] + "…"
+
+
+def recap(report: Path) -> list[str]:
+    """The run's totals line, then a line per failed or errored test case."""
+    try:
+        root = ET.parse(report).getroot()  # noqa: S314 - our own pytest runs wrote it
+    except (OSError, ET.ParseError) as exc:
+        return [f"{report.stem}: no report ({exc})"]
+    suites = [root] if root.tag == "testsuite" else list(root.iter("testsuite"))
+    totals = {k: sum(int(s.get(k, "0")) for s in suites)
+              for k in ("tests", "failures", "errors", "skipped")}  # fmt: skip
+    seconds = sum(float(s.get("time", "0")) for s in suites)
+    lines = [
+        f"{report.stem}: {totals['tests']} tests, {totals['failures']} failed, "
+        f"{totals['errors']} errors, {totals['skipped']} skipped "
+        f"in {seconds:.0f} s ({seconds / 60:.1f} min)"
+    ]
+    for case in root.iter("testcase"):
+        for kind in ("failure", "error"):
+            for what in case.findall(kind):
+                test = f"{case.get('classname', '')}::{case.get('name', '')}"
+                said = first_line(what.get("message")) or first_line(what.text)
+                lines.append(f"  {kind.upper()} {test}: {said}")
+    return lines
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 2:
+        print("usage: test-recap.py DIR", file=sys.stderr)
+        return 2
+    reports = sorted(Path(argv[1]).glob("*.xml"), key=lambda p: p.stat().st_mtime)
+    print("== what each test run ended with")
+    for report in reports:
+        print("\n".join(recap(report)))
+    if not reports:
+        print("no test reports were written")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
