@@ -59,7 +59,8 @@ def up(ctx: click.Context, timeout: float, release: str, as_json: bool) -> None:
         status = lab.up(timeout=timeout)
     except (LabError, RuntimeError, TimeoutError, OSError) as exc:
         fail(
-            f"lab up failed: {exc}\n  logs: {lab.paths.log}; clean up with 'slurm-burst lab down'",
+            f"lab up failed: {exc}\n  logs: {lab.paths.failed_up_logs} (what it had started "
+            "is removed; if 'lab status' shows anything left: 'slurm-burst lab down')",
             EXIT_FAILED,
         )
     _print_status(status, as_json)

@@ -15,6 +15,7 @@ import shlex
 import shutil
 import signal
 import socket
+import stat
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -48,6 +49,11 @@ class Paths:
     @property
     def log(self) -> Path:
         return self.state / "log"
+
+    @property
+    def failed_up_logs(self) -> Path:
+        """Where a failed ``lab up`` leaves its logs: beside ``state``, which goes."""
+        return self.state.with_name(f"{self.state.name}-failed-up-logs")
 
     @property
     def munge_dir(self) -> Path:
@@ -266,7 +272,7 @@ def start_s3(cfg: Config, paths: Paths) -> Proc:
         except OSError:
             return False
 
-    wait_for(ready, 30, f"S3 server on {store.endpoint}", proc)
+    wait_for(ready, 30, f"S3 server on {store.endpoint}", proc, paths.log / "s3.out")
     return proc
 
 
@@ -297,7 +303,7 @@ def start_ec2(cfg: Config, paths: Paths) -> Proc:
         except (OSError, ValueError):
             return False
 
-    wait_for(ready, 60, "EC2 emulator with its default subnet", proc)
+    wait_for(ready, 60, "EC2 emulator with its default subnet", proc, paths.log / "ec2.out")
     return proc
 
 
@@ -335,7 +341,7 @@ def start_daemon(cfg: Config, paths: Paths) -> Proc:
         finally:
             store.close()
 
-    wait_for(beating, 30, "slurm-burst daemon heartbeat", proc)
+    wait_for(beating, 30, "slurm-burst daemon heartbeat", proc, paths.log / "daemon.out")
     return proc
 
 
@@ -345,7 +351,9 @@ def start_prometheus(cfg: Config, paths: Paths) -> Proc:
 
     listen = settings(cfg).prometheus
     proc = spawn(prometheus.argv(cfg, paths.state / "prometheus"), paths.log / "prometheus.out")
-    wait_for(lambda: prometheus.ready(listen), 60, "Prometheus ready", proc)
+    wait_for(
+        lambda: prometheus.ready(listen), 60, "Prometheus ready", proc, paths.log / "prometheus.out"
+    )
     return proc
 
 
@@ -422,14 +430,36 @@ def ensure_lan(cfg: Config) -> None:
 
 
 def wait_for(
-    predicate: Callable[[], bool], timeout: float, what: str, proc: Proc | None = None
+    predicate: Callable[[], bool],
+    timeout: float,
+    what: str,
+    proc: Proc | None = None,
+    output: Path | None = None,
 ) -> None:
-    """Poll ``predicate`` until true; fail early if ``proc`` died."""
+    """Poll ``predicate`` until true; fail early if ``proc`` died, saying the last line
+    it wrote to ``output`` (a test log read from its tail then shows why)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if predicate():
             return
         if proc is not None and not proc.alive:
-            raise RuntimeError(f"{what}: the process exited")
+            said = last_line(output) if output is not None else ""
+            tail = f"; it wrote last: {said}" if said else ""
+            raise RuntimeError(f"{what}: the process exited{tail}")
         time.sleep(0.1)
     raise TimeoutError(f"{what}: not ready after {timeout:g} s")
+
+
+def last_line(path: Path, limit: int = 400) -> str:
+    """The last non-blank line of a log (its last 8 KiB read; a link not followed)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return ""
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return ""
+        f.seek(max(0, os.fstat(fd).st_size - 8192))
+        lines = [ln for ln in f.read().decode("utf-8", "replace").splitlines() if ln.strip()]
+    line = lines[-1].strip() if lines else ""
+    return line if len(line) <= limit else line[: limit - 1] + "…"

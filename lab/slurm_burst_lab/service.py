@@ -139,12 +139,24 @@ class Lab:
             return self._up(timeout)
         except BaseException:
             # a failed 'up' stops what it started: nothing half-made keeps running
-            self.progress("lab up failed: removing what it started")
+            self.progress("lab up failed: removing what it started (its logs kept)")
             try:
+                self._keep_logs()
                 self.down()
             except Exception:
                 log.exception("lab.up.cleanup_failed")
             raise
+
+    def _keep_logs(self) -> None:
+        """Move the log directory out of the state directory ``down`` removes, to
+        ``paths.failed_up_logs`` (the last failed up's only): what failed stays readable."""
+        kept = self.paths.failed_up_logs
+        if kept.is_symlink() or kept.is_file():
+            kept.unlink()
+        elif kept.exists():
+            shutil.rmtree(kept)
+        if self.paths.log.is_dir() and not self.paths.log.is_symlink():
+            self.paths.log.rename(kept)
 
     def _up(self, timeout: float) -> dict[str, Any]:
         started = time.monotonic()
@@ -185,7 +197,9 @@ class Lab:
         ctld = c.start_slurmctld(self.cfg, self.paths, self.slurm_conf, root.prefix())
         record["processes"]["slurmctld"] = vars(ctld)
         self._write_record(record)
-        c.wait_for(self.slurm.ping, 30, "slurmctld answering ping", ctld)
+        c.wait_for(
+            self.slurm.ping, 30, "slurmctld answering ping", ctld, self.paths.log / "slurmctld.out"
+        )
         self.progress("cloud: 'internet' bridge of the namespace cloud")
         cloud = self.cloud()
         cloud.ex_ensure_network()
