@@ -49,14 +49,14 @@ lab-down: venv
 # burst end to end (a 2-node job over WireGuard, a GPU job's gres, the idle nodes'
 # suspend and release; the rest of test_x_burst is our own code, run on 22.05) and the
 # lab's removal; then each release a share of the rest, so that each newer release is
-# covered and CI stays in its time: 24.11 a requeue through the prolog, the faults that touch Slurm's states and an array's
-# stage-in (burst_buffer/lua's hooks' arguments differ by release), a spot launch whose
-# capacity never comes, two cloud nodes talking off the hub (its sacct's records the
-# ledger reads: test_slurm_versions on 22.05's run); 26.05 the ledger and a budget Slurm
-# enforces, the burst policy's read
-# and update of the queue, a slurmd that never registers, stage-in's bad copy sent again
-# and sensitive data refused, stage-out's outputs home before release, a spot refusal run
-# on-demand in a placement group, and an interruption notice's signal and requeue.
+# covered and CI stays in its time: 24.11 a requeue through the prolog, the faults that
+# touch Slurm's states and an array's stage-in (burst_buffer/lua's hooks' arguments
+# differ by release), a spot launch whose capacity never comes, two cloud nodes talking
+# off the hub (the ledger's read of its sacct: test_slurm_versions, in 22.05's run);
+# 26.05 the ledger and a budget Slurm enforces, the burst policy's read and update of the
+# queue, a slurmd that never registers, stage-in's bad copy sent again and sensitive data
+# refused, stage-out's outputs home before release, a spot refusal run on-demand in a
+# placement group, and an interruption notice's signal and requeue.
 # The whole suite runs on the host's release (22.05) first, but for those two shares:
 # each runs once, on its own release (CI's time; the code under them is the same).
 LAB_RELEASES := 24.11 26.05
@@ -133,7 +133,7 @@ lint-ansible: venv
 		../$(VENV)/bin/ansible-lint; rc=$$?; rm -rf $$d; exit $$rc
 
 docs: venv
-	$(PY) scripts/docs.py scripts/test-recap.py
+	$(PY) scripts/docs.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis build *.egg-info lab/build lab/*.egg-info

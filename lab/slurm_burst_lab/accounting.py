@@ -45,10 +45,7 @@ def start_slurmdbd(cfg: Config, paths: Paths, slurm_conf: Path, prefix: Sequence
     env = {"SLURM_CONF": str(slurm_conf)}
     argv = [*prefix, "/usr/sbin/slurmdbd", "-D"]
     proc = spawn(argv, paths.log / "slurmdbd.out", env=env)
-    wait_for(
-        lambda: _sacctmgr_ok(cfg, slurm_conf), 60, "slurmdbd answering sacctmgr", proc,
-        paths.log / "slurmdbd.out",
-    )  # fmt: skip
+    wait_for(lambda: _sacctmgr_ok(cfg, slurm_conf), 60, "slurmdbd answering sacctmgr", proc)
     return proc
 
 

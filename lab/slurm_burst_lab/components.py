@@ -78,10 +78,12 @@ class Paths:
 
 @dataclass(frozen=True)
 class Proc:
-    """A process the lab started: pid plus kernel start time."""
+    """A process the lab started: pid plus kernel start time, and the file its output
+    goes to ("" where unknown: a process read back from an older record)."""
 
     pid: int
     start: int
+    output: str = ""
 
     @property
     def alive(self) -> bool:
@@ -92,7 +94,7 @@ def spawn(
     argv: list[str], logfile: Path, env: dict[str, str] | None = None, user: str | None = None
 ) -> Proc:
     """Start ``argv`` detached from us (as ``user``), output appended to ``logfile``."""
-    return Proc(*spawn_detached(argv, logfile, env=env, user=user))
+    return Proc(*spawn_detached(argv, logfile, env=env, user=user), output=str(logfile))
 
 
 def stop(proc: Proc, grace: float = 5.0) -> None:
@@ -272,7 +274,7 @@ def start_s3(cfg: Config, paths: Paths) -> Proc:
         except OSError:
             return False
 
-    wait_for(ready, 30, f"S3 server on {store.endpoint}", proc, paths.log / "s3.out")
+    wait_for(ready, 30, f"S3 server on {store.endpoint}", proc)
     return proc
 
 
@@ -303,7 +305,7 @@ def start_ec2(cfg: Config, paths: Paths) -> Proc:
         except (OSError, ValueError):
             return False
 
-    wait_for(ready, 60, "EC2 emulator with its default subnet", proc, paths.log / "ec2.out")
+    wait_for(ready, 60, "EC2 emulator with its default subnet", proc)
     return proc
 
 
@@ -341,7 +343,7 @@ def start_daemon(cfg: Config, paths: Paths) -> Proc:
         finally:
             store.close()
 
-    wait_for(beating, 30, "slurm-burst daemon heartbeat", proc, paths.log / "daemon.out")
+    wait_for(beating, 30, "slurm-burst daemon heartbeat", proc)
     return proc
 
 
@@ -351,9 +353,7 @@ def start_prometheus(cfg: Config, paths: Paths) -> Proc:
 
     listen = settings(cfg).prometheus
     proc = spawn(prometheus.argv(cfg, paths.state / "prometheus"), paths.log / "prometheus.out")
-    wait_for(
-        lambda: prometheus.ready(listen), 60, "Prometheus ready", proc, paths.log / "prometheus.out"
-    )
+    wait_for(lambda: prometheus.ready(listen), 60, "Prometheus ready", proc)
     return proc
 
 
@@ -430,20 +430,16 @@ def ensure_lan(cfg: Config) -> None:
 
 
 def wait_for(
-    predicate: Callable[[], bool],
-    timeout: float,
-    what: str,
-    proc: Proc | None = None,
-    output: Path | None = None,
+    predicate: Callable[[], bool], timeout: float, what: str, proc: Proc | None = None
 ) -> None:
     """Poll ``predicate`` until true; fail early if ``proc`` died, saying the last line
-    it wrote to ``output`` (a test log read from its tail then shows why)."""
+    it wrote to its output (a test log read from its tail then shows why)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if predicate():
             return
         if proc is not None and not proc.alive:
-            said = last_line(output) if output is not None else ""
+            said = last_line(Path(proc.output)) if proc.output else ""
             tail = f"; it wrote last: {said}" if said else ""
             raise RuntimeError(f"{what}: the process exited{tail}")
         time.sleep(0.1)
@@ -457,9 +453,10 @@ def last_line(path: Path, limit: int = 400) -> str:
     except OSError:
         return ""
     with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
             return ""
-        f.seek(max(0, os.fstat(fd).st_size - 8192))
+        f.seek(max(0, st.st_size - 8192))
         lines = [ln for ln in f.read().decode("utf-8", "replace").splitlines() if ln.strip()]
     line = lines[-1].strip() if lines else ""
     return line if len(line) <= limit else line[: limit - 1] + "…"

@@ -140,8 +140,11 @@ class Lab:
         except BaseException:
             # a failed 'up' stops what it started: nothing half-made keeps running
             self.progress("lab up failed: removing what it started (its logs kept)")
-            try:
+            try:  # the logs kept first, but keeping them never stops the removal
                 self._keep_logs()
+            except OSError:
+                log.exception("lab.up.keep_logs_failed")
+            try:
                 self.down()
             except Exception:
                 log.exception("lab.up.cleanup_failed")
@@ -151,10 +154,10 @@ class Lab:
         """Move the log directory out of the state directory ``down`` removes, to
         ``paths.failed_up_logs`` (the last failed up's only): what failed stays readable."""
         kept = self.paths.failed_up_logs
-        if kept.is_symlink() or kept.is_file():
-            kept.unlink()
-        elif kept.exists():
+        if kept.is_dir() and not kept.is_symlink():
             shutil.rmtree(kept)
+        else:  # a link, a file, a FIFO: removed, never followed
+            kept.unlink(missing_ok=True)
         if self.paths.log.is_dir() and not self.paths.log.is_symlink():
             self.paths.log.rename(kept)
 
@@ -197,9 +200,7 @@ class Lab:
         ctld = c.start_slurmctld(self.cfg, self.paths, self.slurm_conf, root.prefix())
         record["processes"]["slurmctld"] = vars(ctld)
         self._write_record(record)
-        c.wait_for(
-            self.slurm.ping, 30, "slurmctld answering ping", ctld, self.paths.log / "slurmctld.out"
-        )
+        c.wait_for(self.slurm.ping, 30, "slurmctld answering ping", ctld)
         self.progress("cloud: 'internet' bridge of the namespace cloud")
         cloud = self.cloud()
         cloud.ex_ensure_network()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -95,3 +96,6 @@ def test_a_failed_up_stops_what_it_started(lab: Lab, monkeypatch: pytest.MonkeyP
     netns = os.listdir("/run/netns") if os.path.isdir("/run/netns") else []
     assert [n for n in netns if n.startswith("sbl-")] == []
     assert subprocess.run(["pgrep", "-x", "slurmctld"], capture_output=True).returncode == 1
+    kept = lab.paths.failed_up_logs  # where its error points: what ran, up to the failure
+    assert "daemon.started" in (kept / "daemon.log").read_text()
+    shutil.rmtree(kept)

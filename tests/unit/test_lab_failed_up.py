@@ -57,14 +57,21 @@ def test_the_logs_of_a_failed_up_outlive_its_removal(tmp_path: Path) -> None:
     assert "address in use" in (kept / "daemon.log").read_text()
 
 
-def test_a_link_in_the_place_of_the_kept_logs_is_replaced_not_followed(tmp_path: Path) -> None:
+@pytest.mark.parametrize("there", ["link", "fifo"])
+def test_what_is_in_the_place_of_the_kept_logs_is_replaced_not_followed(
+    tmp_path: Path, there: str
+) -> None:
     target = tmp_path / "elsewhere"
     target.mkdir()
     (target / "keep.me").write_text("not the lab's\n")
     lab = FailingLab(tmp_path / "slurm-burst-lab")
-    lab.paths.failed_up_logs.symlink_to(target)
+    if there == "link":
+        lab.paths.failed_up_logs.symlink_to(target)
+    else:
+        os.mkfifo(lab.paths.failed_up_logs)
     with pytest.raises(RuntimeError):
         lab.up(timeout=1)
+    assert lab.downs == 1 and not lab.paths.state.exists()
     assert not lab.paths.failed_up_logs.is_symlink()
     assert (lab.paths.failed_up_logs / "daemon.log").is_file()
     assert (target / "keep.me").read_text() == "not the lab's\n"
@@ -75,15 +82,16 @@ def test_a_process_that_exits_while_awaited_is_named_with_the_last_line_it_wrote
 ) -> None:
     out = tmp_path / "daemon.out"
     out.write_text("starting\nerror: bind 127.0.0.1:9466: Address already in use\n\n")
-    gone = c.Proc(pid=2**22 + 7, start=1)  # above pid_max's default: no such process
+    pid = 2**22 + 7  # above pid_max's default: no such process
     with pytest.raises(RuntimeError) as exc:
-        c.wait_for(lambda: False, 5, "slurm-burst daemon heartbeat", gone, out)
+        c.wait_for(lambda: False, 5, "slurm-burst daemon heartbeat", c.Proc(pid, 1, str(out)))
     assert str(exc.value) == (
         "slurm-burst daemon heartbeat: the process exited; "
         "it wrote last: error: bind 127.0.0.1:9466: Address already in use"
     )
-    with pytest.raises(RuntimeError, match=r"the process exited$"):
-        c.wait_for(lambda: False, 5, "munged socket", gone, tmp_path / "none.out")
+    for output in (str(tmp_path / "none.out"), ""):  # no file; a Proc from an older record
+        with pytest.raises(RuntimeError, match=r"the process exited$"):
+            c.wait_for(lambda: False, 5, "munged socket", c.Proc(pid, 1, output))
 
 
 def test_the_last_line_of_a_log_is_read_safely(tmp_path: Path) -> None:
