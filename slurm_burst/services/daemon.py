@@ -271,9 +271,10 @@ class Daemon:
 
     def handle_requests(self) -> None:
         for req in self.store.pending_requests():
-            # a resume's nodes are claimed before they are written as requested: the
-            # reconcile thread's rescan must not hand them to one-node workers meanwhile
-            held = self.workers.reserve(req.nodes) if req.kind == "resume" else set()
+            # a request's nodes are claimed before their want is written: the reconcile
+            # thread's rescan must not hand a resume's to one-node workers meanwhile, and
+            # a node written is never seen with neither a claim nor a worker (idle)
+            held = self.workers.reserve(req.nodes)
             try:
                 with self.store.atomically():  # the request and its nodes: one transaction
                     launch, drive = self._record_request(req)
@@ -282,9 +283,11 @@ class Daemon:
                 self.workers.submit_launch([], held)  # nothing launched: claims released
                 raise
             self.prov.address_early([r.name for r in launch])  # before any worker starts
-            self.workers.submit_launch(launch, held)
+            self.workers.submit_launch(launch, held - set(drive))
             for name in drive:
-                self.workers.submit(name, power_down_force=req.kind == "resume-fail")
+                self.workers.submit(
+                    name, power_down_force=req.kind == "resume-fail", claimed=name in held
+                )
             log.info(
                 "request.done id=%d kind=%s count=%d hostlist=%s",
                 req.id,

@@ -74,17 +74,25 @@ class Workers:
             view.wake = self.wake
         provisioner.wake = self.wake
 
-    def submit(self, name: str, power_down_force: bool = False) -> None:
+    def submit(self, name: str, power_down_force: bool = False, claimed: bool = False) -> None:
         """Drive ``name`` on a worker of its own; ``power_down_force`` afterwards returns
-        it to Slurm's service (a resume-fail). A node waiting on its timer goes now."""
+        it to Slurm's service (a resume-fail). A node waiting on its timer goes now.
+        ``claimed``: the caller holds the node's claim (:meth:`reserve`), handed on here."""
         with self._lock:
-            if power_down_force:
-                self._force.add(name)
-            self._waiting.pop(name, None)
-            if name in self._active:
-                self._again.add(name)  # the worker re-reads the node before it ends
-                return
-            self._active[name] = self.pool.submit(self._work, name)
+            if claimed and self._active.get(name) is _RESERVED:
+                del self._active[name]
+            self._submit_locked(name, power_down_force)
+
+    def _submit_locked(self, name: str, power_down_force: bool = False) -> None:
+        """:meth:`submit` with the lock held: a node let go and handed on under one
+        hold of the lock is never seen as neither active nor waiting (idle)."""
+        if power_down_force:
+            self._force.add(name)
+        self._waiting.pop(name, None)
+        if name in self._active:
+            self._again.add(name)  # the worker re-reads the node before it ends
+            return
+        self._active[name] = self.pool.submit(self._work, name)
 
     def wake(self, names: Iterable[str]) -> None:
         """Nodes whose instance changed (the fleet listing): those waiting go now."""
@@ -93,12 +101,11 @@ class Workers:
         for n in due:
             self.submit(n)
 
-    def _later(self, name: str, seconds: float) -> None:
-        with self._lock:
-            due = self.clock.monotonic() + seconds
-            self._waiting[name] = due
-            heapq.heappush(self._timers, (due, name))
-            self._tick.notify()
+    def _later_locked(self, name: str, seconds: float) -> None:
+        due = self.clock.monotonic() + seconds
+        self._waiting[name] = due
+        heapq.heappush(self._timers, (due, name))
+        self._tick.notify()
 
     def _run_timers(self) -> None:
         while True:
@@ -157,9 +164,8 @@ class Workers:
         self._release(set(reserved) - {r.name for r in requested})
         for plan in self.launcher.plan(requested):
             if not self.launcher.batches(plan):
-                self._release(plan.nodes)
                 for n in plan.nodes:
-                    self.submit(n)
+                    self.submit(n, claimed=True)
                 continue
             with self._lock:
                 free = [n for n in plan.nodes if self._active.get(n) in (None, _RESERVED)]
@@ -180,12 +186,11 @@ class Workers:
         except Exception as exc:  # boundary: a worker thread; its nodes are driven again
             contain("node.batch_launch", exc, self.prov.metrics)
         finally:
-            with self._lock:
+            with self._lock:  # each node to a worker of its own in one hold of the lock
                 for n in plan.nodes:
                     self._active.pop(n, None)
                     self._again.discard(n)
-            for n in plan.nodes:
-                self.submit(n)
+                    self._submit_locked(n)
 
     def _work(self, name: str, join: bool = False) -> None:
         handed = False  # to the join pool, or a timer: the node stays ours
@@ -194,12 +199,12 @@ class Workers:
                 try:
                     self.prov.drive(name, blocking=False, join=join)
                 except Later as later:
-                    with self._lock:
+                    with self._lock:  # from active to waiting in one hold of the lock
                         if name not in self._again:
                             handed = True
                             self._active.pop(name, None)
+                            self._later_locked(name, later.seconds)
                     if handed:
-                        self._later(name, later.seconds)
                         return
                 except Relaunch:
                     with self._lock:

@@ -5,6 +5,7 @@ service, and a restart picks up every node where it was."""
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -242,3 +243,45 @@ def test_a_mesh_store_is_served_once_its_address_is_up_and_closed_at_shutdown(
     w.daemon.stop.set()
     w.daemon.shutdown()
     assert served.closed
+
+
+@pytest.mark.parametrize("batch_max", [1, 4])
+def test_the_pool_is_never_idle_while_a_node_is_on_its_way(tmp_path: Path, batch_max: int) -> None:
+    """A node whose want is written, or handed from a worker to its timer (its instance
+    boots), or from a batch to a worker of its own, is held all the way: ``idle()`` never
+    says done while a node is short of where it should be (it did, for an instant, and a
+    test's settle read a booting node as finished)."""
+    import threading
+
+    from slurm_burst.core.nodestate import needs_work
+
+    world = make_world(tmp_path, batch_max=batch_max)
+    lies: list[tuple[str, str, str]] = []
+    stop = threading.Event()
+
+    def short() -> set[tuple[str, str, str]]:
+        return {
+            (r.name, r.state, r.want) for r in world.store.nodes() if needs_work(r.state, r.want)
+        }
+
+    def watch() -> None:
+        # a node short before and after an idle() that said done was short all along
+        # (the next request is made only once the pool is idle, so none in between)
+        while not stop.is_set() and not lies:
+            before = short()
+            if before and world.daemon.workers.idle():
+                lies.extend(before & short())
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # threads change often: a gap between two holds shows
+    watcher.start()
+    try:
+        for i in range(8):
+            world.store.add_request(("resume", "suspend")[i % 2], CPU[:4], [], world.clock.now())
+            world.settle()
+    finally:
+        stop.set()
+        watcher.join(10)
+        sys.setswitchinterval(switch)
+    assert lies == []
