@@ -20,9 +20,10 @@ import json
 import logging
 import os
 import re
+import shlex
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -142,16 +143,52 @@ def ensure(name: str, cache: Path = CACHE, progress: Callable[[str], None] = log
 BLANK_SUITE = "bookworm"
 BLANK_PACKAGES = ("systemd-sysv", "dbus", "openssh-server", "python3", "iproute2")
 BLANK_PROGRAMS = ("usr/lib/systemd/systemd", "usr/sbin/sshd", "usr/bin/python3")
+# A cloud image's kernel package provides WireGuard (Debian's linux-image-* Provides
+# wireguard-modules). The blank host runs the lab host's kernel and has no kernel
+# package, so apt would install one (and build its initramfs, a minute a host) for
+# wireguard-tools' Recommends: a package of ours says what the kernel provides instead.
+BLANK_PROVIDES = ("wireguard-modules (= 1.0.0)",)
+BLANK_KERNEL = "slurm-burst-lab-kernel"
+
+
+def _provides_hook(package: str, provides: Sequence[str]) -> str:
+    """A customize hook that installs ``package``, empty, providing ``provides``."""
+    control = (
+        f"Package: {package}\nVersion: 1.0\nArchitecture: all\n"
+        "Maintainer: slurm-burst lab <root@localhost>\n"
+        f"Provides: {', '.join(provides)}\n"
+        "Description: the kernel a lab VM runs on (the host's), as a package\n"
+    )
+    return (
+        'mkdir -p "$1/tmp/kernel/DEBIAN" && '
+        f'printf %s {shlex.quote(control)} > "$1/tmp/kernel/DEBIAN/control" && '
+        'chroot "$1" dpkg-deb --build /tmp/kernel /tmp/kernel.deb >/dev/null && '
+        'chroot "$1" dpkg -i /tmp/kernel.deb >/dev/null && '
+        'rm -rf "$1/tmp/kernel" "$1/tmp/kernel.deb"'
+    )
 
 
 def ensure_blank(cache: Path = CACHE, progress: Callable[[str], None] = log.info) -> Path:
     """The blank host's root filesystem, built if the cache has none; returns it."""
     root = cache / f"blank-{BLANK_SUITE}"
     have = stamp(root)
-    if have is not None and have.get("packages") == list(BLANK_PACKAGES):
+    if (
+        have is not None
+        and have.get("packages") == list(BLANK_PACKAGES)
+        and have.get("provides") == list(BLANK_PROVIDES)
+    ):
         return root
-    return _build("a blank host", BLANK_SUITE, BLANK_PACKAGES, BLANK_PROGRAMS, root,
-                  lambda tmp: {}, progress)  # fmt: skip
+
+    def check(tmp: Path) -> dict[str, Any]:
+        got = run(["chroot", str(tmp), "dpkg-query", "-W", "-f", "${Provides}", BLANK_KERNEL],
+                  check=False).stdout.strip()  # fmt: skip
+        if got != ", ".join(BLANK_PROVIDES):
+            raise ImageError(f"the blank host's {BLANK_KERNEL} provides {got!r}, not "
+                             f"{', '.join(BLANK_PROVIDES)!r}")  # fmt: skip
+        return {"provides": list(BLANK_PROVIDES)}
+
+    return _build("a blank host", BLANK_SUITE, BLANK_PACKAGES, BLANK_PROGRAMS, root, check,
+                  progress, [_provides_hook(BLANK_KERNEL, BLANK_PROVIDES)])  # fmt: skip
 
 
 def _build(
@@ -162,10 +199,11 @@ def _build(
     root: Path,
     check: Callable[[Path], dict[str, Any]],
     progress: Callable[[str], None],
+    hooks: Sequence[str] = (),
 ) -> Path:
     """mmdebstrap ``suite`` with ``packages`` into ``root`` (built aside, then moved in
     whole: a half-built image is never used); ``check`` says what the stamp records, or
-    raises ImageError."""
+    raises ImageError. ``hooks``: more of mmdebstrap's customize hooks (``$1``: the root)."""
     if shutil.which("mmdebstrap") is None:
         raise ImageError("mmdebstrap is missing: run scripts/setup-system.sh (make setup)")
     root.parent.mkdir(parents=True, exist_ok=True)
@@ -183,6 +221,7 @@ def _build(
         '--aptopt=Acquire::Check-Valid-Until "false"',
         # each machine booted from the image makes its own
         '--customize-hook=rm -f "$1"/etc/machine-id',
+        *(f"--customize-hook={h}" for h in hooks),
         suite,
         str(tmp),
         f"deb [signed-by={KEYRING}] {mirror} {suite} main",
