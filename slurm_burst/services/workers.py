@@ -79,8 +79,8 @@ class Workers:
         it to Slurm's service (a resume-fail). A node waiting on its timer goes now.
         ``claimed``: the caller holds the node's claim (:meth:`reserve`), handed on here."""
         with self._lock:
-            if claimed and self._active.get(name) is _RESERVED:
-                del self._active[name]
+            if claimed:
+                self._unclaim_locked(name)
             self._submit_locked(name, power_down_force)
 
     def _submit_locked(self, name: str, power_down_force: bool = False) -> None:
@@ -154,8 +154,12 @@ class Workers:
     def _release(self, names: Iterable[str]) -> None:
         with self._lock:
             for n in names:
-                if self._active.get(n) is _RESERVED:
-                    del self._active[n]
+                self._unclaim_locked(n)
+
+    def _unclaim_locked(self, name: str) -> None:
+        """Drop ``name``'s claim (:meth:`reserve`), if a claim is what holds it."""
+        if self._active.get(name) is _RESERVED:
+            del self._active[name]
 
     def submit_launch(self, requested: Sequence[NodeRecord], reserved: Iterable[str] = ()) -> None:
         """Launch newly ``requested`` nodes: in batches where their group's provider

@@ -6,13 +6,14 @@ service, and a restart picks up every node where it was."""
 from __future__ import annotations
 
 import sys
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from slurm_burst.core.nodestate import NodeState, Want
+from slurm_burst.core.nodestate import NodeState, Want, needs_work
 from slurm_burst.core.records import NodeRecord, StoreError
 from tests.conftest import wait
 from tests.fakes.host import FakeHost
@@ -251,10 +252,6 @@ def test_the_pool_is_never_idle_while_a_node_is_on_its_way(tmp_path: Path, batch
     boots), or from a batch to a worker of its own, is held all the way: ``idle()`` never
     says done while a node is short of where it should be (it did, for an instant, and a
     test's settle read a booting node as finished)."""
-    import threading
-
-    from slurm_burst.core.nodestate import needs_work
-
     world = make_world(tmp_path, batch_max=batch_max)
     lies: list[tuple[str, str, str]] = []
     stop = threading.Event()
