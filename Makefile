@@ -1,6 +1,9 @@
 # slurm-burst: `make demo` and `make test` each set up everything they need
 # (Debian packages, a .venv in the repo root) and are safe to run again.
 SHELL := /bin/bash
+# Python writes its bytecode caches here even where the caller's environment says not to:
+# without them every test run compiles the package and its tests again (seconds).
+unexport PYTHONDONTWRITEBYTECODE
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -108,9 +111,11 @@ test-release: setup release-tests
 release-tests:
 	SLURM_BURST_LAB_SLURM=$(RELEASE) $(PY) -m pytest $(call version_tests,$(RELEASE)) $(PYTEST_ARGS)
 
-# The unit tier alone: pure, in-memory, seconds, no root.
+# The unit tier alone: pure, in-memory, seconds, no root; on every core (pytest-xdist),
+# with a tenth of the generated examples (the hypothesis profile `fast`,
+# tests/conftest.py); make test runs them all.
 test-fast: venv
-	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
+	$(PY) -m pytest tests/unit --hypothesis-profile=fast -n auto --dist worksteal $(PYTEST_ARGS)
 
 bench: setup
 	$(PY) benchmarks/run.py

@@ -13,7 +13,11 @@ LAB_SLURM=${LAB_SLURM:-22.05}
 export SLURM_CONF=/var/lib/slurm-burst-lab/etc/slurm/slurm.conf
 export PATH=/var/lib/slurm-burst-lab/slurm/bin:$PATH   # the commands of that release
 SHARED=/srv/slurm-burst-lab
-PROM=$("$PY" -c 'from slurm_burst.config import load_config as l; import pathlib; print(l(pathlib.Path("slurm-conf/lab/slurm-burst.toml")).lab.prometheus)')
+# the lab's own settings are its plugin's [lab] section (slurm_burst_lab.config)
+PROM=$("$PY" -c 'import pathlib, sys
+from slurm_burst.config import load_config
+from slurm_burst_lab.config import settings
+print(settings(load_config(pathlib.Path(sys.argv[1]))).prometheus)' slurm-conf/lab/slurm-burst.toml)
 
 say() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
 

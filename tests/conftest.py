@@ -18,6 +18,7 @@ from typing import TypeVar
 
 import pytest
 from click.testing import CliRunner, Result
+from hypothesis import settings
 
 from slurm_burst.cli.main import cli
 from slurm_burst.config import Config, load_config
@@ -37,6 +38,20 @@ def script(name: str) -> ModuleType:
 
 
 LAB_CONFIG = ROOT / "slurm-conf" / "lab" / "slurm-burst.toml"
+
+# Hypothesis profiles (``--hypothesis-profile=NAME``): ``full`` is hypothesis's own
+# defaults, which ``make test`` and ``make test-full`` run; ``fast`` is ``make test-fast``'s,
+# a tenth of the examples, so that the tier run after every edit stays in seconds. A test
+# that sets its own count asks through ``examples()``, which scales it the same way.
+FULL_EXAMPLES = 100
+settings.register_profile("full", max_examples=FULL_EXAMPLES)
+settings.register_profile("fast", max_examples=FULL_EXAMPLES // 10)
+
+
+def examples(n: int) -> int:
+    """``n`` generated examples under the ``full`` profile, scaled to the loaded one (at
+    least 10, so that a fast run still tries a few of each kind)."""
+    return max(10, n * settings.default.max_examples // FULL_EXAMPLES)
 TIERS = ("unit", "integration", "lab")
 T = TypeVar("T")
 
@@ -64,15 +79,19 @@ def invoke(
 
 
 def wait(cond: Callable[[], T | None], timeout: float, what: str, every: float = 0.2) -> T:
-    """Poll ``cond`` until it returns something true; fail the test after ``timeout`` s."""
+    """Poll ``cond`` until it returns something true; fail the test after ``timeout`` s.
+    The first polls come quickly (from 5 ms, doubling up to ``every``): what is done at
+    once is seen at once, and what takes long is not polled more than ``every`` asks."""
     deadline = time.monotonic() + timeout
+    pause = min(0.005, every)
     while True:
         value = cond()
         if value:
             return value
         if time.monotonic() >= deadline:
             pytest.fail(f"timed out after {timeout:g} s waiting for {what}")
-        time.sleep(every)
+        time.sleep(pause)
+        pause = min(pause * 2, every)
 
 
 def lab_config_in(tmp_path: Path, extra: str = "", edits: Sequence[tuple[str, str]] = ()) -> Config:

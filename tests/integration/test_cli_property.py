@@ -30,7 +30,7 @@ from hypothesis import strategies as st
 from slurm_burst.cli.main import cli
 from slurm_burst.config import Config
 from slurm_burst.services.hooks import HOOK_EXIT_CODES
-from tests.conftest import ROOT, lab_config_in
+from tests.conftest import ROOT, examples, lab_config_in
 
 DOCUMENTED = {0, 1, 2, 3}
 SKIP = {("lab",), ("daemon",)}
@@ -163,7 +163,7 @@ def argv(draw: st.DrawFn, cmd: click.Command, files: Path, out_dir: Path) -> lis
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize(("path", "cmd"), COMMANDS, ids=[" ".join(p) for p, _ in COMMANDS])
 @settings(
-    max_examples=150,
+    max_examples=examples(150),
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )

@@ -50,7 +50,7 @@ from slurm_burst.cli.main import cli
 from slurm_burst.config import Config, load_config
 from slurm_burst.services.daemon import drain
 from slurm_burst.wiring import node_store
-from tests.conftest import LAB_CONFIG
+from tests.conftest import LAB_CONFIG, examples
 
 pytestmark = [
     pytest.mark.integration,
@@ -294,7 +294,7 @@ def check(site: Site, kind: str, hostlist: str, db: str, spool: str, user: str) 
 
 
 @pytest.mark.timeout(900)
-@settings(max_examples=800, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=examples(800), deadline=None, suppress_health_check=list(HealthCheck))
 @given(
     kind=st.sampled_from(["resume", "suspend"]),
     hostlist=HOSTLISTS,

@@ -12,6 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from slurm_burst.core.hostlist import compress, expand
+from tests.conftest import examples
 
 SCONTROL = shutil.which("scontrol")
 
@@ -56,7 +57,9 @@ expressions = st.lists(st.one_of(_plain, _grouped), min_size=1, max_size=6).map(
     SCONTROL is None, reason="scontrol not installed (make test installs slurm-client)"
 )
 @settings(
-    max_examples=1200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=examples(1200),
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
 )
 @given(expr=expressions)
 def test_matches_scontrol(slurm_conf: Path, expr: str) -> None:

@@ -26,6 +26,7 @@ from slurm_burst.core.workload import (
     parse_sacct,
     parse_swf,
 )
+from tests.conftest import examples
 from tests.unit.test_config import GOOD
 
 pytestmark = pytest.mark.unit
@@ -71,7 +72,7 @@ def hostile_configs(draw: st.DrawFn) -> str:
     )
 
 
-@settings(max_examples=1500, deadline=None)
+@settings(max_examples=examples(1500), deadline=None)
 @given(text=hostile_configs())
 def test_a_hostile_config_loads_or_says_why_on_one_line(text: str) -> None:
     cfg, problems = parse_config(text, "site.toml")
@@ -108,7 +109,7 @@ def _bounded(trace: object) -> None:
         assert 1 <= j.cpus <= MAX_PROCS and 0 <= j.gpus <= MAX_GPUS
 
 
-@settings(max_examples=1500, deadline=None)
+@settings(max_examples=examples(1500), deadline=None)
 @given(lines=swf_lines())
 def test_a_hostile_swf_trace_parses_bounded_or_names_its_line(lines: list[str]) -> None:
     try:
@@ -120,7 +121,7 @@ def test_a_hostile_swf_trace_parses_bounded_or_names_its_line(lines: list[str]) 
     assert trace.max_procs is None or 1 <= trace.max_procs <= MAX_PROCS
 
 
-@settings(max_examples=1000, deadline=None)
+@settings(max_examples=examples(1000), deadline=None)
 @given(field=st.sampled_from(["NCPUS", "TimelimitRaw", "gres"]), value=NUMBER)
 def test_a_hostile_sacct_line_parses_bounded_or_names_its_line(field: str, value: str) -> None:
     parts = {"NCPUS": "4", "TimelimitRaw": "60", "gres": "gres/gpu=1"}
@@ -137,7 +138,7 @@ def test_a_hostile_sacct_line_parses_bounded_or_names_its_line(field: str, value
     _bounded(trace)
 
 
-@settings(max_examples=500, deadline=None)
+@settings(max_examples=examples(500), deadline=None)
 @given(field=st.text(max_size=20), length=st.integers(0, 300_000))
 def test_a_hostile_alibaba_csv_parses_or_names_its_line(field: str, length: int) -> None:
     head = ("name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,"

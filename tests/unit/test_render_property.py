@@ -25,6 +25,7 @@ from slurm_burst.config import Config
 from slurm_burst.config.load import parse_config
 from slurm_burst.core.slurmsyntax import tokenize
 from slurm_burst.services.slurmconf import FRAGMENT, GRES, RenderError, render
+from tests.conftest import examples
 
 pytestmark = pytest.mark.unit
 
@@ -136,7 +137,7 @@ def read_back(text: str) -> list[dict[str, str]]:
     return [{st.key: st.value for st in line} for line in tokenize(text)]
 
 
-@settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(1500), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(case=configs(), release=RELEASES)
 def test_what_loads_renders_exactly_what_it_means(case: tuple[str, str], release: str) -> None:
     text, source = case

@@ -32,6 +32,7 @@ from slurm_burst.core.pricing import (
     parse_instant,
     to_micros,
 )
+from tests.conftest import examples
 
 H = 3_600_000
 
@@ -175,7 +176,7 @@ jobs_st = st.lists(
 )
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(
     start=st.integers(0, 2 * DAY_MS),
     length=st.integers(0, 3 * DAY_MS),

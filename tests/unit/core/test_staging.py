@@ -29,6 +29,7 @@ from slurm_burst.core.staging import (
     to_send,
     worth_compressing,
 )
+from tests.conftest import examples
 
 SHA = "ab" * 32
 
@@ -142,7 +143,7 @@ def test_a_manifest_not_in_canonical_form_is_refused() -> None:
         parse_manifest(json.dumps(json.loads(body), indent=1).encode(), "m")
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.binary(max_size=300) | st.text(max_size=300).map(str.encode))
 def test_garbage_is_a_staging_error_never_another(body: bytes) -> None:
     for parse in (parse_manifest, parse_pointer):
