@@ -51,7 +51,9 @@ settings.register_profile("fast", max_examples=FULL_EXAMPLES // 10)
 def examples(n: int) -> int:
     """``n`` generated examples under the ``full`` profile, scaled to the loaded one (at
     least 10, so that a fast run still tries a few of each kind)."""
-    return max(10, n * settings.default.max_examples // FULL_EXAMPLES)
+    loaded = settings.default
+    assert loaded is not None  # a profile is always loaded once hypothesis is imported
+    return max(10, n * loaded.max_examples // FULL_EXAMPLES)
 TIERS = ("unit", "integration", "lab")
 T = TypeVar("T")
 
