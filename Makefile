@@ -11,11 +11,13 @@ SB := $(VENV)/bin/slurm-burst
 LAB_CONFIG := slurm-conf/lab/slurm-burst.toml
 LAB_SLURM_CONF := /var/lib/slurm-burst-lab/etc/slurm/slurm.conf
 
-.PHONY: help setup system venv demo test test-release release-tests test-fast bench soak lab-up lab-down lint lint-ansible docs clean
+.PHONY: help setup system venv demo test test-full test-release release-tests test-fast bench \
+	soak lab-up lab-down lint lint-ansible docs clean
 
 help:
 	@echo "make demo      set up, bring the lab up, run a 2-node job on burst cloud nodes"
-	@echo "make test      set up and run the whole test suite (root: the lab tests need it)"
+	@echo "make test      set up and run the test suite, under 40 min (root: the lab tests need it)"
+	@echo "make test-full every test on every Slurm release, the long forms too (hours)"
 	@echo "make test-release RELEASE=24.11  the lab tests on another Slurm release"
 	@echo "make test-fast the unit tests alone (seconds, any user)"
 	@echo "make bench     set up and print the benchmark figures"
@@ -42,8 +44,9 @@ venv: $(VENV)/.installed
 demo: setup
 	scripts/demo.sh
 
+# LAB_SLURM=24.11 (or 26.05) brings the lab up on that release, as make demo does
 lab-up: setup
-	$(SB) --config $(LAB_CONFIG) lab up
+	$(SB) --config $(LAB_CONFIG) lab up $(if $(LAB_SLURM),--slurm $(LAB_SLURM))
 
 lab-down: venv
 	$(SB) --config $(LAB_CONFIG) lab down --yes
@@ -84,32 +87,63 @@ VERSION_TESTS_26.05 := \
 	tests/lab/test_x_stage.py::test_outputs_come_home_verified_and_their_node_outlives_suspend_time_until_they_do \
 	tests/lab/test_x_ec2.py::test_spot_refused_runs_a_4_node_job_on_demand_in_one_placement_group \
 	tests/lab/test_x_ec2.py::test_an_interruption_notice_signals_the_job_which_is_requeued_and_completes_elsewhere
-version_tests = $(VERSION_TESTS_COMMON) $(VERSION_TESTS_$(1)) tests/lab/test_zz_lab_down.py::test_down_removes_everything
+# The README's make demo (scripts/demo.sh) runs on the host's release and on the newest.
+DEMO_TEST := tests/lab/test_demo.py
+DEMO_RELEASE := 26.05
+version_tests = $(VERSION_TESTS_COMMON) $(VERSION_TESTS_$(1)) \
+	$(if $(filter $(DEMO_RELEASE),$(1)),$(DEMO_TEST)) \
+	tests/lab/test_zz_lab_down.py::test_down_removes_everything
 # As root the other releases run their shares; the host's run leaves them out.
 RELEASE_SHARES := $(foreach r,$(LAB_RELEASES),$(VERSION_TESTS_$(r)))
-ROOT_ONLY_ARGS = $(if $(filter 0,$(shell id -u)),$(addprefix --deselect ,$(RELEASE_SHARES)))
+# The soak runs on its own through `make soak` (its short form), after the host's run.
+ROOT_ONLY_ARGS = $(if $(filter 0,$(shell id -u)),$(addprefix --deselect ,$(RELEASE_SHARES)) \
+	--ignore tests/lab/test_z_soak.py)
 
-# pytest exits 5 when it collected nothing (e.g. a -m selection with no tests): say so.
-# The other releases' lab runs need root (as the lab does); any failure fails the target.
-# Each run writes a JUnit report; the recap of them all (each run's totals, each failure)
-# is printed last, so that a log read from its tail names every failure.
+# make test: every tier on the host's Slurm, as root the soak's short form through
+# `make soak` (the README's command) and the other releases' shares; tests marked `full`
+# (docs/testing.md says which and why) run only in make test-full. Each run writes a
+# JUnit report; the recap of them all (each run's totals and wall time, each failure,
+# the slowest tests) is printed last, so that a log read from its tail names every
+# failure and where the time went. pytest's exit 5 (nothing collected) fails the run.
 RESULTS := .make/test-results
+SOAK_SHORT := 12
+define run_step
+echo "== $(1)"; $(2); v=$$?; \
+if [ $$v -eq 5 ]; then echo "pytest: no tests were collected ($(1))"; v=1; fi; \
+[ $$rc -ne 0 ] || rc=$$v
+endef
+
 test: setup
-	@set +e; rm -rf $(RESULTS); mkdir -p $(RESULTS); \
-	$(PY) -m pytest $(ROOT_ONLY_ARGS) --junitxml=$(RESULTS)/host.xml $(PYTEST_ARGS); rc=$$?; \
-	if [ $$rc -eq 5 ]; then echo "pytest: no tests were collected"; exit 1; fi; \
+	@set +e; rm -rf $(RESULTS); mkdir -p $(RESULTS); rc=0; \
+	$(call run_step,unit and integration; the lab on Slurm 22.05 as root,$(PY) -m pytest \
+		-m "not full" $(ROOT_ONLY_ARGS) --junitxml=$(RESULTS)/host.xml $(PYTEST_ARGS)); \
+	if [ "$$(id -u)" = 0 ]; then \
+		$(call run_step,make soak SOAK_CYCLES=$(SOAK_SHORT),$(MAKE) --no-print-directory soak \
+			SOAK_CYCLES=$(SOAK_SHORT) PYTEST_ARGS="--junitxml=$(RESULTS)/soak.xml $(PYTEST_ARGS)"); \
+		for r in $(LAB_RELEASES); do \
+			$(call run_step,the lab on Slurm $$r,$(MAKE) --no-print-directory release-tests \
+				RELEASE=$$r PYTEST_ARGS="--junitxml=$(RESULTS)/lab-$$r.xml $(PYTEST_ARGS)"); \
+		done; fi; \
+	$(PY) scripts/test-recap.py $(RESULTS); exit $$rc
+
+# make test-full: every test on every release the lab has, the long forms included (the
+# 200-cycle soak; the tests marked `full`); hours, not for CI.
+test-full: setup
+	@set +e; rm -rf $(RESULTS); mkdir -p $(RESULTS); rc=0; \
+	$(call run_step,every test on Slurm 22.05,SOAK_CYCLES=200 $(PY) -m pytest \
+		-o timeout=5400 --junitxml=$(RESULTS)/host.xml $(PYTEST_ARGS)); \
 	if [ "$$(id -u)" = 0 ]; then for r in $(LAB_RELEASES); do \
-		echo "== the lab on Slurm $$r"; \
-		$(MAKE) --no-print-directory release-tests RELEASE=$$r \
-			PYTEST_ARGS="--junitxml=$(RESULTS)/lab-$$r.xml $(PYTEST_ARGS)"; \
-		v=$$?; [ $$rc -ne 0 ] || rc=$$v; done; fi; \
+		$(call run_step,every lab test on Slurm $$r,SLURM_BURST_LAB_SLURM=$$r $(PY) -m pytest \
+			tests/lab -o timeout=5400 --junitxml=$(RESULTS)/lab-$$r.xml $(PYTEST_ARGS)); \
+		done; fi; \
 	$(PY) scripts/test-recap.py $(RESULTS); exit $$rc
 
 # The lab tests on one other release: make test-release RELEASE=24.11
 test-release: setup release-tests
 
 release-tests:
-	SLURM_BURST_LAB_SLURM=$(RELEASE) $(PY) -m pytest $(call version_tests,$(RELEASE)) $(PYTEST_ARGS)
+	SLURM_BURST_LAB_SLURM=$(RELEASE) $(PY) -m pytest -m "not full" \
+		$(call version_tests,$(RELEASE)) $(PYTEST_ARGS)
 
 # The unit tier alone: pure, in-memory, seconds, no root; on every core (pytest-xdist),
 # with a tenth of the generated examples (the hypothesis profile `fast`,
@@ -120,7 +154,7 @@ test-fast: venv
 bench: setup
 	$(PY) benchmarks/run.py
 
-# The soak (tests/lab/test_z_soak.py); CI runs it with 12 cycles inside `make test`.
+# The soak (tests/lab/test_z_soak.py); make test runs it with 12 cycles, make test-full 200.
 SOAK_CYCLES ?= 200
 soak: setup
 	SOAK_CYCLES=$(SOAK_CYCLES) $(PY) -m pytest tests/lab/test_z_soak.py -p no:cacheprovider \

@@ -1,5 +1,6 @@
-"""What `make test`'s pytest runs ended with, printed last: one line a run (its totals)
-and one a test that failed or errored (its id and the first line of its message).
+"""What `make test`'s pytest runs ended with, printed last: one line a run (its totals
+and wall time), one a test that failed or errored (its id and the first line of its
+message), then the slowest tests of all runs and the whole wall time.
 
 `make test` runs pytest once on the host's Slurm and, as root, once on each other lab
 release; each writes a JUnit XML report into one directory, and this reads them all. A
@@ -13,10 +14,12 @@ Exits 0; the runs' own exit codes decide `make test`'s.
 from __future__ import annotations
 
 import sys
+import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
 MESSAGE_CHARS = 300
+SLOWEST = 25
 
 
 def first_line(text: str | None) -> str:
@@ -49,16 +52,44 @@ def recap(report: Path) -> list[str]:
     return lines
 
 
+def slowest(reports: list[Path], n: int = SLOWEST) -> list[str]:
+    """The ``n`` slowest test cases of all the reports, each with its run: a test's time
+    is its setup, call and teardown together (pytest's JUnit default), so a fixture's
+    first user carries the fixture."""
+    cases: list[tuple[float, str]] = []
+    for report in reports:
+        try:
+            root = ET.parse(report).getroot()  # noqa: S314 - our own pytest runs wrote it
+        except (OSError, ET.ParseError):
+            continue
+        for case in root.iter("testcase"):
+            try:
+                seconds = float(case.get("time", "0"))
+            except ValueError:
+                continue
+            test = f"{case.get('classname', '')}::{case.get('name', '')}"
+            cases.append((seconds, f"{report.stem}  {test}"))
+    cases.sort(reverse=True)
+    return [f"{seconds:7.1f} s  {what}" for seconds, what in cases[:n]]
+
+
 def main(argv: list[str]) -> int:
     if len(argv) != 2:
         print("usage: test-recap.py DIR", file=sys.stderr)
         return 2
     reports = sorted(Path(argv[1]).glob("*.xml"), key=lambda p: p.stat().st_mtime)
+    if reports:
+        print(f"== the {SLOWEST} slowest tests (setup, call and teardown)")
+        print("\n".join(slowest(reports)))
     print("== what each test run ended with")
     for report in reports:
         print("\n".join(recap(report)))
     if not reports:
         print("no test reports were written")
+    started = Path(argv[1]) / "started"
+    if started.exists():
+        minutes = (time.time() - started.stat().st_mtime) / 60
+        print(f"== make test took {minutes:.1f} min in all (set-up and every run)")
     return 0
 
 

@@ -28,6 +28,7 @@ from slurm_burst.config import Config
 from slurm_burst.core.hostlist import compress
 from slurm_burst.services.slurmconf import render
 from slurm_burst.wiring import slurm_release
+from slurm_burst_lab import prerunpoll
 from slurm_burst_lab.config import LabConfig, settings
 from slurm_burst_lab.images import HOST_RELEASE
 from slurm_burst_lab.nscloud import net, vm
@@ -220,7 +221,9 @@ def start_slurmctld(
         "-f",
         str(slurm_conf),
     ]
-    return spawn(argv, paths.log / "slurmctld.out", env={"SLURM_CONF": str(slurm_conf)})
+    env = {"SLURM_CONF": str(slurm_conf)}
+    env |= prerunpoll.environment(settings(cfg).pre_run_poll, paths.state / "prerunpoll")
+    return spawn(argv, paths.log / "slurmctld.out", env=env)
 
 
 # the dummy credentials the lab's EC2 emulator takes (moto checks none)

@@ -56,6 +56,13 @@ class LabConfig:
         "every second and evaluates the shipped alert rules with 2-s 'for' windows; '' none.",
         default="",
     )
+    pre_run_poll: int = doc(
+        "Seconds between burst_buffer/lua's checks that a staging job's nodes have booted. "
+        "Slurm sleeps 60 s between them, hard-coded; below 60, the lab's slurmctld runs "
+        "with a preloaded sleep() that makes that one sleep this long "
+        "(lab/slurm_burst_lab/prerunpoll). 60 runs Slurm's own.",
+        default=60,
+    )
     fault_file: str = doc(
         "The fault matrix's rules (lab/slurm_burst_lab/faults.py), applied to the calls the "
         "daemon makes to the lab cloud (cloud_provider); '' none.",
@@ -91,6 +98,8 @@ def validate(lab: LabConfig, cfg: Config) -> list[Problem]:
             out.append(Problem("lab.accounts", f"{acct!r} is not a Slurm account name"))
     if lab.onprem_partition not in cfg.slurm.onprem_partitions:
         out.append(Problem("lab.onprem_partition", "must be listed in slurm.onprem_partitions"))
+    if not 1 <= lab.pre_run_poll <= 60:
+        out.append(Problem("lab.pre_run_poll", "must be 1 to 60 seconds (60: Slurm's own)"))
     if lab.fault_file and not is_path(lab.fault_file):
         out.append(Problem("lab.fault_file", "must be an absolute path"))
     if lab.ec2_provider:

@@ -9,14 +9,15 @@ dict, :data:`FAULTS` names the faults the lab's tests inject.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
-import subprocess
-import tempfile
 from collections.abc import Mapping
 from importlib import resources
 from pathlib import Path
+
+from slurm_burst_lab.cbuild import BuildError, build_shared
+
+__all__ = ["FAULTS", "HEALTHY", "BuildError", "build", "render", "render_kmsg", "source"]
 
 LIBRARY = "libnvidia-ml.so.1"
 STATE_PATH = "/run/simgpu/nvml.state"  # where a GPU VM's library reads its GPUs
@@ -40,40 +41,14 @@ FAULTS: dict[str, dict[str, str | int]] = {
 }
 
 
-class BuildError(RuntimeError):
-    """The C compiler is missing or refused the source."""
-
-
 def source() -> bytes:
     return resources.files(__name__).joinpath("simnvml.c").read_bytes()
 
 
 def build(dest_dir: Path, cc: str = "gcc") -> Path:
     """``dest_dir/libnvidia-ml.so.1``, compiled unless it is already built from this
-    source (a stamp beside it holds the source's sha256). Atomic: a reader never sees
-    a half-written library."""
-    src = source()
-    digest = hashlib.sha256(src).hexdigest()
-    lib, stamp = dest_dir / LIBRARY, dest_dir / f"{LIBRARY}.sha256"
-    if lib.exists() and stamp.exists() and stamp.read_text().strip() == digest:
-        return lib
-    if shutil.which(cc) is None:
-        raise BuildError(f"{cc} not found: the simulated NVML is built with it (apt install gcc)")
-    dest_dir.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=dest_dir) as tmp:
-        c_file = Path(tmp) / "simnvml.c"
-        c_file.write_bytes(src)
-        out = Path(tmp) / LIBRARY
-        argv = [cc, "-shared", "-fPIC", "-O2", "-Wall", "-Werror", "-Wl,-soname," + LIBRARY]
-        r = subprocess.run(
-            [*argv, "-o", str(out), str(c_file)], capture_output=True, text=True, timeout=120
-        )
-        if r.returncode != 0:
-            raise BuildError(f"{cc} failed on simnvml.c:\n{r.stderr.strip()}")
-        os.chmod(out, 0o755)  # noqa: S103  # a shared library anyone may load
-        os.replace(out, lib)
-    stamp.write_text(digest + "\n")
-    return lib
+    source (``cbuild.build_shared``)."""
+    return build_shared(source(), LIBRARY, dest_dir, cc=cc)
 
 
 def render(count: int, changes: Mapping[str, str | int] | None = None) -> str:
