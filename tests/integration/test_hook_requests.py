@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import ctypes.util  # noqa: F401 - imported before a child drops to nobody (see below)
+import ctypes.util  # imported here: a child that drops to nobody cannot read /root
 import grp
 import itertools
 import json
