@@ -151,8 +151,9 @@ release-tests:
 test-fast: venv
 	$(PY) -m pytest tests/unit --hypothesis-profile=fast -n auto --dist worksteal $(PYTEST_ARGS)
 
+# QUICK=1: every benchmark at a size that runs in seconds (make test-full runs it so)
 bench: setup
-	$(PY) benchmarks/run.py
+	$(PY) benchmarks/run.py $(if $(QUICK),--quick)
 
 # The soak (tests/lab/test_z_soak.py); make test runs it with 12 cycles, make test-full 200.
 SOAK_CYCLES ?= 200

@@ -173,9 +173,11 @@ def _quiet(timeout: float = 120) -> None:
         time.sleep(0.5)
 
 
-def bench_lab_burst(releases: tuple[str, ...] = ("22.05", "24.11", "26.05")) -> None:
+def bench_lab_burst(
+    releases: tuple[str, ...] = ("22.05", "24.11", "26.05"), wide: bool = True
+) -> None:
     """The figures below on each Slurm release the lab runs (the 32-node resume on the
-    host's only: it measures the daemon, not Slurm)."""
+    host's only, if ``wide``: it measures the daemon, not Slurm)."""
     from slurm_burst_lab.service import Lab
 
     from slurm_burst.config import load_config
@@ -184,7 +186,7 @@ def bench_lab_burst(releases: tuple[str, ...] = ("22.05", "24.11", "26.05")) -> 
         print("lab burst benchmarks skipped: a lab is up (make lab-down first)")
         return
     for release in releases:
-        _bench_lab_burst(release, wide=release == releases[0])
+        _bench_lab_burst(release, wide=wide and release == releases[0])
     # the same on the host's release with two CPU burners beside it (BENCH_BURNERS=0: no)
     burners = int(os.environ.get("BENCH_BURNERS", "2"))
     if burners:

@@ -29,6 +29,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from launch import burners  # noqa: E402
+from sizes import size  # noqa: E402
 from slurm_burst_lab.ec2emu import Ec2Emulator, Scale  # noqa: E402
 
 from slurm_burst.config import Config, load_config  # noqa: E402
@@ -37,7 +38,7 @@ from tests.integration.ec2config import CONFIG  # noqa: E402
 from tests.integration.test_ec2 import daemon, launch_batch, requested  # noqa: E402
 from tests.integration.test_ec2_capacity import SPOT  # noqa: E402
 
-RUNS = 10
+RUNS = size(10, 2)
 NODES = [f"spot-{i}" for i in range(1, 5)]
 JOB = [{"job_id": 7, "nodes": "spot-[1-4]"}]
 PLACEMENT_CALLS = ("CreatePlacementGroup", "DeletePlacementGroup", "DescribePlacementGroups")

@@ -29,14 +29,15 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from launch import burners  # noqa: E402
+from sizes import size  # noqa: E402
 from slurm_burst_lab.service import Lab  # noqa: E402
 
 from slurm_burst.adapters.state.store import Store  # noqa: E402
 from slurm_burst.config import Config, load_config  # noqa: E402
 from slurm_burst.wiring import state_db_path  # noqa: E402
 
-SENT = 256 * 2**20
-RUNS = 3
+SENT = size(256, 16) * 2**20
+RUNS = size(3, 1)
 SEND = """#!/bin/sh
 {prepare}
 i=0

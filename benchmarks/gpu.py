@@ -23,6 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from sizes import size  # noqa: E402
 from slurm_burst_lab import simnvml  # noqa: E402
 
 from slurm_burst.core.gpu import GpuSample, UsageBook, by_group  # noqa: E402
@@ -100,4 +101,4 @@ def bench_telemetry_pass(nodes: int = 1000, gpus: int = 8) -> None:
 
 if __name__ == "__main__":
     bench_check()
-    bench_telemetry_pass()
+    bench_telemetry_pass(nodes=size(1000, 20))

@@ -21,6 +21,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from sizes import QUICK, size  # noqa: E402
+
 from slurm_burst.config import load_config  # noqa: E402
 from slurm_burst.core.workload import parse_alibaba, parse_swf  # noqa: E402
 from slurm_burst.services.simulation import run  # noqa: E402
@@ -120,5 +122,6 @@ def bench_policy_pass(n: int = 100_000) -> None:
 
 
 if __name__ == "__main__":
-    bench_policy_pass()
-    bench_simulator()
+    bench_policy_pass(size(100_000, 2_000))
+    if not QUICK:  # the traces: benchmarks/simulator.py runs one in a quick run
+        bench_simulator()

@@ -22,6 +22,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+import sizes  # noqa: E402
+
 from slurm_burst.core.hostlist import compress, expand  # noqa: E402
 
 
@@ -83,7 +85,7 @@ def bench_trace_stream(megabytes: int = 512) -> None:
     print(f"{what:<46} refused in {took:5.1f} s, max RSS {rss:5.0f} MiB (goal: no MemoryError)")
 
 
-def bench_lab() -> None:
+def bench_lab(runs: int = 3) -> None:
     from slurm_burst_lab.service import Lab
 
     from slurm_burst.adapters.cloud.registry import driver_class
@@ -94,7 +96,7 @@ def bench_lab() -> None:
         print("lab benchmarks skipped: a lab is up (make lab-down first)")
         return
     ups, downs = [], []
-    for _ in range(3):
+    for _ in range(runs):
         t = time.perf_counter()
         lab.up()
         ups.append(time.perf_counter() - t)
@@ -137,52 +139,78 @@ def bench_lab() -> None:
     report("  of which beyond the boot delay", min(over), statistics.median(over), goal=1.0)
 
 
-if __name__ == "__main__":
-    print(f"slurm-burst benchmarks on {os.cpu_count()} CPU(s)\n")
+FAILED: list[str] = []
+
+
+def script(name: str, *args: str) -> None:
+    """``benchmarks/NAME.py ARGS`` in a process of its own; a failure is said, and counted."""
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / f"{name}.py"), *args],
+                          check=False)  # fmt: skip
+    if done.returncode != 0:
+        FAILED.append(f"{name}.py (exit {done.returncode})")
+        print(f"benchmark {name}.py failed: exit {done.returncode}", file=sys.stderr)
+
+
+def main(quick: bool) -> int:
+    """Every benchmark; ``quick``: each at a size that runs in seconds (sizes.py)."""
+    if quick:
+        os.environ[sizes.VARIABLE] = "1"  # the benchmarks' own processes
+        sizes.QUICK = True
+    mode = " (quick: small sizes, not the issues' figures)" if quick else ""
+    print(f"slurm-burst benchmarks on {os.cpu_count()} CPU(s){mode}\n")
     bench_hostlist()
     # the ledger: 10M charge rows per database by default (BENCH_LEDGER_ROWS to change)
-    subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "ledger.py"),
-         "--rows", os.environ.get("BENCH_LEDGER_ROWS", "10000000")],
-        check=False,
-    )  # fmt: skip
+    rows = "20000" if quick else os.environ.get("BENCH_LEDGER_ROWS", "10000000")
+    script("ledger", "--rows", rows)
     # one reconcile pass over 20,000 cloud nodes and 100,000 pending jobs
-    subprocess.run([sys.executable, str(ROOT / "benchmarks" / "reconcile.py")], check=False)
+    script("reconcile", *(["--nodes", "500", "--jobs", "2000"] if quick else []))
     # resume of 1,000 nodes against the EC2 emulator: batched launch vs one call per node
-    subprocess.run([sys.executable, str(ROOT / "benchmarks" / "launch.py")], check=False)
+    script("launch", *(["--nodes", "20", "--loaded-runs", "1"] if quick else []))
     # a 1,000-node EC2 burst within EC2's API buckets, hook to all joined (about 3 min)
-    subprocess.run([sys.executable, str(ROOT / "benchmarks" / "scale.py"), "--provider", "ec2",
-                    "--nodes", "1000", "--json"], check=False)  # fmt: skip
+    script("scale", "--provider", "ec2", "--json",
+           *(["--nodes", "20", "--boot", "5", "--console", "2", "--join", "2"] if quick
+             else ["--nodes", "1000"]))  # fmt: skip
     # side by side with aws-plugin-for-slurm (a checkout named by AWS_PLUGIN_FOR_SLURM;
     # said and skipped without one)
-    subprocess.run([sys.executable, str(ROOT / "benchmarks" / "versus.py")], check=False)
+    script("versus", *(["--nodes", "20", "--runs", "1"] if quick else []))
     # spot refused -> on-demand, and the calls a placement group adds per job
-    subprocess.run([sys.executable, str(ROOT / "benchmarks" / "capacity.py")], check=False)
+    script("capacity")
     # the burst policy: one pass over 100,000 pending jobs; the simulator on both traces
-    subprocess.run([sys.executable, str(ROOT / "benchmarks" / "policy.py")], check=False)
+    script("policy")
     # the simulator in seconds, whatever the recheck (issue 33)
-    subprocess.run([sys.executable, str(ROOT / "benchmarks" / "simulator.py")], check=False)
+    script("simulator")
     # the GPU check (8 GPUs, simulated NVML) and one telemetry pass over 1,000 GPU nodes
-    subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu.py")], check=False)
+    script("gpu")
     # one scrape of a 20,000-node daemon state: its series and its CPU
-    subprocess.run([sys.executable, str(ROOT / "benchmarks" / "metrics.py")], check=False)
+    script("metrics")
     # staging: re-stage of an unchanged tree, corrupted fetches, push vs rclone copy
     # through a 200 Mbit/s shaped link (root), one JSON object
-    subprocess.run([sys.executable, str(ROOT / "benchmarks" / "staging.py"), "--json"], check=False)
+    script("staging", "--json", *(["--quick", "--trials", "20"] if quick else []))
     # staging in the lab (root, no lab up): pre-staged data, sbatch -> RUNNING minus
     # boot and pull, on a node up already and on a cold one
-    subprocess.run([sys.executable, str(ROOT / "benchmarks" / "prestaged.py"), "--json"],
-                   check=False)  # fmt: skip
+    script("prestaged", "--json")
     import burst
 
-    burst.bench_hooks()
-    burst.bench_hooks(calls=100, locked=True)
-    bench_trace_stream()
-    bench_trace_stream()
+    burst.bench_hooks(calls=sizes.size(1000, 20))
+    burst.bench_hooks(calls=sizes.size(100, 10), locked=True)
+    for _ in range(sizes.size(2, 1)):
+        bench_trace_stream(sizes.size(512, 8))
     if os.geteuid() == 0:
-        bench_lab()
+        bench_lab(runs=sizes.size(3, 1))
         # cloud-to-cloud throughput direct and through the hub; notice -> the job's signal
-        subprocess.run([sys.executable, str(ROOT / "benchmarks" / "cloudnet.py")], check=False)
-        burst.bench_lab_burst()
+        script("cloudnet")
+        if quick:
+            os.environ["BENCH_BURNERS"] = "0"
+        if quick:  # the host's release, no 32-node resume
+            burst.bench_lab_burst(("22.05",), wide=False)
+        else:
+            burst.bench_lab_burst()
     else:
         print("lab benchmarks skipped: they need root")
+    if FAILED:
+        print(f"{len(FAILED)} benchmark(s) failed: {', '.join(FAILED)}", file=sys.stderr)
+    return 1 if FAILED else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(quick="--quick" in sys.argv[1:]))

@@ -20,6 +20,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from sizes import QUICK  # noqa: E402
+
 from slurm_burst.config import load_config  # noqa: E402
 from slurm_burst.core.policy import ALWAYS, NEVER, Rule  # noqa: E402
 from slurm_burst.core.simulate import CloudGroup, Setup, simulate  # noqa: E402
@@ -61,6 +63,8 @@ def three(jobs: list[TraceJob], trace: Trace, cpus: int, gpus: int, recheck: flo
 
 def main() -> None:
     names = sys.argv[1:] or sorted(p.name for p in TRACES.glob("*.gz"))
+    if QUICK and not sys.argv[1:]:  # the smallest trace
+        names = sorted(names, key=lambda n: (TRACES / n).stat().st_size)[:1]
     if not TRACES.is_dir():
         print(f"simulator: {TRACES} not found, skipped")
         return
