@@ -20,7 +20,7 @@ help:
 	@echo "make test-full every test on every Slurm release, the long forms too (hours)"
 	@echo "make test-release RELEASE=24.11  the lab tests on another Slurm release"
 	@echo "make test-fast the unit tests alone (seconds, any user)"
-	@echo "make bench     set up and print the benchmark figures"
+	@echo "make bench     set up and print the benchmark figures (QUICK=1: small sizes, minutes)"
 	@echo "make soak      200 burst cycles in the lab, then nothing left and nothing grown"
 	@echo "make lab-down  remove the lab: processes, namespaces, links, files"
 	@echo "make lint      ruff, mypy (strict: package, tests, benchmarks), ansible-lint"
@@ -127,7 +127,8 @@ test: setup
 	$(PY) scripts/test-recap.py $(RESULTS); exit $$rc
 
 # make test-full: every test on every release the lab has, the long forms included (the
-# 200-cycle soak; the tests marked `full`); hours, not for CI.
+# 200-cycle soak; the tests marked `full`), then every benchmark in its quick form; hours,
+# not for CI.
 test-full: setup
 	@set +e; rm -rf $(RESULTS); mkdir -p $(RESULTS); rc=0; \
 	$(call run_step,every test on Slurm 22.05,SOAK_CYCLES=200 $(PY) -m pytest \
@@ -136,6 +137,7 @@ test-full: setup
 		$(call run_step,every lab test on Slurm $$r,SLURM_BURST_LAB_SLURM=$$r $(PY) -m pytest \
 			tests/lab -o timeout=5400 --junitxml=$(RESULTS)/lab-$$r.xml $(PYTEST_ARGS)); \
 		done; fi; \
+	$(call run_step,make bench QUICK=1,$(MAKE) --no-print-directory bench QUICK=1); \
 	$(PY) scripts/test-recap.py $(RESULTS); exit $$rc
 
 # The lab tests on one other release: make test-release RELEASE=24.11
