@@ -25,6 +25,11 @@ for pkg in "${PACKAGES[@]}"; do
   status=$(dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null || true)
   [ "$status" = "install ok installed" ] || missing+=("$pkg")
 done
+# `make venv` runs `python3 -m venv`: Debian's own python3 has it in python3-venv (a
+# Python of one's own, pyenv's, has it already)
+if ! python3 -c 'import ensurepip, venv' >/dev/null 2>&1; then
+  missing+=(python3-venv)
+fi
 
 if [ ${#missing[@]} -gt 0 ]; then
   echo "setup-system: installing ${missing[*]}"
