@@ -88,7 +88,7 @@ VERSION_TESTS_26.05 := \
 	tests/lab/test_x_ec2.py::test_spot_refused_runs_a_4_node_job_on_demand_in_one_placement_group \
 	tests/lab/test_x_ec2.py::test_an_interruption_notice_signals_the_job_which_is_requeued_and_completes_elsewhere
 # The README's make demo (scripts/demo.sh) runs on the host's release and on the newest.
-DEMO_TEST := tests/lab/test_demo.py
+DEMO_TEST := tests/lab/test_zy_demo.py
 DEMO_RELEASE := 26.05
 version_tests = $(VERSION_TESTS_COMMON) $(VERSION_TESTS_$(1)) \
 	$(if $(filter $(DEMO_RELEASE),$(1)),$(DEMO_TEST)) \

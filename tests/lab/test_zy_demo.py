@@ -2,7 +2,8 @@
 the release under test (``LAB_SLURM``), and what it prints checked: the job's two cloud
 hostnames, a ledger row per instance, the chargeback total. The lab is up already (the
 session's fixture): the script's own ``lab up`` finds it so, as a second ``make demo``
-would."""
+would. It runs last but the lab's removal (its instances stay in the ledger, and tests that
+count the cloud's instances against the ledger's rows run before it)."""
 
 from __future__ import annotations
 
