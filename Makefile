@@ -99,14 +99,18 @@ RELEASE_SHARES := $(foreach r,$(LAB_RELEASES),$(VERSION_TESTS_$(r)))
 ROOT_ONLY_ARGS = $(if $(filter 0,$(shell id -u)),$(addprefix --deselect ,$(RELEASE_SHARES)) \
 	--ignore tests/lab/test_z_soak.py)
 
-# make test: every tier on the host's Slurm, as root the soak's short form through
-# `make soak` (the README's command) and the other releases' shares; tests marked `full`
-# (docs/testing.md says which and why) run only in make test-full. Each run writes a
-# JUnit report; the recap of them all (each run's totals and wall time, each failure,
-# the slowest tests) is printed last, so that a log read from its tail names every
-# failure and where the time went. pytest's exit 5 (nothing collected) fails the run.
+# make test, as root: the unit and integration tiers in a process of their own beside the
+# lab's tests on the host's Slurm (they share nothing with the lab: their servers are on
+# free loopback ports; nice 5, so the lab comes first; their output is printed once they
+# end), then the soak's short form through `make soak` (the README's command), then the
+# other releases' shares. As any other user: every tier in one run (the lab's skip).
+# Tests marked `full` (docs/testing.md says which and why) run only in make test-full;
+# SLURM_BURST_TEST_FULL=1 gives the others their long forms there. Each run writes a
+# JUnit report; the recap of them all (each run's totals and wall time, each failure, the
+# slowest tests) is printed last, so that a log read from its tail names every failure
+# and where the time went. pytest's exit 5 (nothing collected) fails the run.
 RESULTS := .make/test-results
-SOAK_SHORT := 12
+SOAK_SHORT := 8
 define run_step
 echo "== $(1)"; $(2); v=$$?; \
 if [ $$v -eq 5 ]; then echo "pytest: no tests were collected ($(1))"; v=1; fi; \
@@ -115,15 +119,26 @@ endef
 
 test: setup
 	@set +e; rm -rf $(RESULTS); mkdir -p $(RESULTS); rc=0; \
-	$(call run_step,unit and integration; the lab on Slurm 22.05 as root,$(PY) -m pytest \
-		-m "not full" $(ROOT_ONLY_ARGS) --junitxml=$(RESULTS)/host.xml $(PYTEST_ARGS)); \
 	if [ "$$(id -u)" = 0 ]; then \
+		echo "== unit and integration, beside the lab (output below, once they end)"; \
+		(nice -n 5 $(PY) -m pytest -m "not full" tests/unit tests/integration \
+			--junitxml=$(RESULTS)/tiers.xml $(PYTEST_ARGS) > $(RESULTS)/tiers.log 2>&1; \
+			echo $$? > $(RESULTS)/tiers.rc) & tiers=$$!; \
+		$(call run_step,the lab on Slurm 22.05,$(PY) -m pytest -m "not full" tests/lab \
+			$(ROOT_ONLY_ARGS) --junitxml=$(RESULTS)/lab-22.05.xml $(PYTEST_ARGS)); \
+		wait $$tiers; \
+		$(call run_step,unit and integration (they ran beside the lab),cat $(RESULTS)/tiers.log; \
+			(exit $$(cat $(RESULTS)/tiers.rc 2>/dev/null || echo 1))); \
 		$(call run_step,make soak SOAK_CYCLES=$(SOAK_SHORT),$(MAKE) --no-print-directory soak \
 			SOAK_CYCLES=$(SOAK_SHORT) PYTEST_ARGS="--junitxml=$(RESULTS)/soak.xml $(PYTEST_ARGS)"); \
 		for r in $(LAB_RELEASES); do \
 			$(call run_step,the lab on Slurm $$r,$(MAKE) --no-print-directory release-tests \
 				RELEASE=$$r PYTEST_ARGS="--junitxml=$(RESULTS)/lab-$$r.xml $(PYTEST_ARGS)"); \
-		done; fi; \
+		done; \
+	else \
+		$(call run_step,every tier (the lab's tests need root and skip),$(PY) -m pytest \
+			-m "not full" --junitxml=$(RESULTS)/tiers.xml $(PYTEST_ARGS)); \
+	fi; \
 	$(PY) scripts/test-recap.py $(RESULTS); exit $$rc
 
 # The set-up from nothing on a blank host needs no Slurm of the lab's: the host's run only.
@@ -133,6 +148,7 @@ SETUP_TEST := tests/lab/test_setup_from_nothing.py
 # not for CI.
 test-full: setup
 	@set +e; rm -rf $(RESULTS); mkdir -p $(RESULTS); rc=0; \
+	export SLURM_BURST_TEST_FULL=1; \
 	$(call run_step,every test on Slurm 22.05,SOAK_CYCLES=200 $(PY) -m pytest \
 		-o timeout=5400 --junitxml=$(RESULTS)/host.xml $(PYTEST_ARGS)); \
 	if [ "$$(id -u)" = 0 ]; then for r in $(LAB_RELEASES); do \
@@ -160,7 +176,7 @@ test-fast: venv
 bench: setup
 	$(PY) benchmarks/run.py $(if $(QUICK),--quick)
 
-# The soak (tests/lab/test_z_soak.py); make test runs it with 12 cycles, make test-full 200.
+# The soak (tests/lab/test_z_soak.py); make test runs it with 8 cycles, make test-full 200.
 SOAK_CYCLES ?= 200
 soak: setup
 	SOAK_CYCLES=$(SOAK_CYCLES) $(PY) -m pytest tests/lab/test_z_soak.py -p no:cacheprovider \

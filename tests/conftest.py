@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 import traceback
 from collections.abc import Callable, Sequence
@@ -38,6 +39,10 @@ def script(name: str) -> ModuleType:
 
 
 LAB_CONFIG = ROOT / "slurm-conf" / "lab" / "slurm-burst.toml"
+
+# make test-full sets SLURM_BURST_TEST_FULL=1: a test with a short form (fewer cases of
+# the same kind) runs its long form there. docs/testing.md lists them.
+FULL = os.environ.get("SLURM_BURST_TEST_FULL") == "1"
 
 # Hypothesis profiles (``--hypothesis-profile=NAME``): ``full`` is hypothesis's own
 # defaults, which ``make test`` and ``make test-full`` run; ``fast`` is ``make test-fast``'s,

@@ -35,7 +35,7 @@ from slurm_burst.adapters.state.store import Store
 from slurm_burst.config import Config
 from slurm_burst.core.nodestate import LIVE
 from slurm_burst.wiring import ledger, mesh_hub
-from tests.conftest import LAB_CONFIG, invoke
+from tests.conftest import FULL, LAB_CONFIG, invoke
 from tests.conftest import wait as until
 from tests.lab.conftest import FAULT_MATRIX, await_alert, sh
 
@@ -301,6 +301,12 @@ GPU_FAULTS = [
 ]
 
 
+# make test runs two of them (a GPU lost, the driver wrong); make test-full all five. Each
+# fault's own reading is checked apart, against the simulated library
+# (tests/integration/test_nvml_sim.py): here, what the daemon and Slurm do with a refusal.
+GPU_FAULTS_RUN = GPU_FAULTS if FULL else [GPU_FAULTS[0], GPU_FAULTS[4]]
+
+
 def test_bad_gpus_keep_their_nodes_out_and_the_jobs_run_on_new_instances(
     lab: Lab,
     lab_config: Config,
@@ -310,29 +316,30 @@ def test_bad_gpus_keep_their_nodes_out_and_the_jobs_run_on_new_instances(
     faults: Any,
     cancel: list[int],
 ) -> None:
-    """Five nodes, each born with one bad GPU. Each is refused with GpuUnhealthy, named
-    in its Slurm reason, and its job runs on a healthy new instance. The jobs are
-    released one after the other, the group enabled again after each refusal (as an
-    admin would): two failures in a row protect the group (lab: protect_after = 2,
-    test_repeated_failures_protect_the_group), and which of five jobs released together
+    """Nodes each born with one bad GPU (five in make test-full, two in make test). Each
+    is refused with GpuUnhealthy, named in its Slurm reason, and its job runs on a
+    healthy new instance. The jobs are released one after the other, the group enabled
+    again after each refusal (as an admin would): two failures in a row protect the group
+    (lab: protect_after = 2, test_repeated_failures_protect_the_group), and which of the
+    jobs released together
     Slurm resumes in one pass depends on the machine's load. The requeued jobs (each
     waits Slurm's 30 s) run meanwhile."""
     from slurm_burst_lab.simnvml import FAULTS
 
     invoke([*SB, "group", "enable", "gpu"], expect=None)  # whatever an earlier test left
     faults([{"call": "create_node", "node": node, "gpu": FAULTS[fault], "times": 1}
-            for fault, node, _ in GPU_FAULTS])  # fmt: skip
+            for fault, node, _ in GPU_FAULTS_RUN])  # fmt: skip
     since = last_event_id(store)
     first = {node: (store.node(node).launch_seq if store.node(node) else 0)  # type: ignore[union-attr]
-             for _, node, _ in GPU_FAULTS}  # fmt: skip
+             for _, node, _ in GPU_FAULTS_RUN}  # fmt: skip
     jobs = {}
-    for _, node, _ in GPU_FAULTS:  # held, then released one by one
+    for _, node, _ in GPU_FAULTS_RUN:  # held, then released one by one
         out = sh(env, "sbatch", "--parsable", "-H", "-p", "burst-gpu", "-w", node,
                  "--gres=gpu:1", "-t", "5", "-o", "/dev/null", "--wrap", "hostname")  # fmt: skip
         jobs[node] = int(out.strip().split(";")[0])
     cancel.extend(jobs.values())
     started = time.monotonic()
-    for fault, node, words in GPU_FAULTS:
+    for fault, node, words in GPU_FAULTS_RUN:
         sh(env, "scontrol", "release", str(jobs[node]))
         wait(failed_and_named(env, store, node, since, "GpuUnhealthy"), 90,
              f"{node} ({fault}) refused with GpuUnhealthy, named in its Slurm reason")  # fmt: skip
@@ -341,7 +348,7 @@ def test_bad_gpus_keep_their_nodes_out_and_the_jobs_run_on_new_instances(
         assert len(said) == 1 and words in said[0], said
         wait(lambda: invoke([*SB, "group", "enable", "gpu"], expect=None).exit_code == 0, 60,
              "group enable gpu")  # fmt: skip
-    for fault, node, words in GPU_FAULTS:
+    for fault, node, words in GPU_FAULTS_RUN:
         left = max(60.0, 240 - (time.monotonic() - started))
         settle(f"GPU: {fault}", f"node out (Code:GpuUnhealthy: {words[:28]}); job ran on a "
                "new instance", store, cloud, lab_config, env, [jobs[node]],
