@@ -112,7 +112,7 @@ ROOT_ONLY_ARGS = $(if $(filter 0,$(shell id -u)),$(addprefix --deselect ,$(RELEA
 RESULTS := .make/test-results
 SOAK_SHORT := 8
 define run_step
-echo "== $(1)"; $(2); v=$$?; \
+echo "== $(1) ($$(date +%T))"; $(2); v=$$?; \
 if [ $$v -eq 5 ]; then echo "pytest: no tests were collected ($(1))"; v=1; fi; \
 [ $$rc -ne 0 ] || rc=$$v
 endef

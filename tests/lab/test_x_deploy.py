@@ -577,6 +577,7 @@ def test_released_nodes_leave_no_instance_and_the_job_is_charged(
     }, jobs  # fmt: skip
 
 
+@pytest.mark.full  # 1.5 min: make test-full only (docs/testing.md says why)
 def test_the_upgrade_play_installs_a_newer_release_with_a_job_in_flight(
     work: Path, inventory: Path, wheelhouse: Path, lab_config: Config, deployed: Deployed,
     controller: Node, pkey: paramiko.Ed25519Key,

@@ -323,7 +323,7 @@ def test_bad_gpus_keep_their_nodes_out_and_the_jobs_run_on_new_instances(
     (lab: protect_after = 2, test_repeated_failures_protect_the_group), and which of the
     jobs released together
     Slurm resumes in one pass depends on the machine's load. The requeued jobs (each
-    waits Slurm's 30 s) run meanwhile."""
+    waits cred_expire, 15 s in the lab) run meanwhile."""
     from slurm_burst_lab.simnvml import FAULTS
 
     invoke([*SB, "group", "enable", "gpu"], expect=None)  # whatever an earlier test left

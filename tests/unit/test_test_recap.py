@@ -11,7 +11,7 @@ from tests.conftest import script
 recap = script("test-recap")
 
 REPORT = """<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest" errors="0"
- failures="1" skipped="0" tests="3" time="{total}">
+ failures="1" skipped="0" tests="3" time="{total}" timestamp="{start}">
 <testcase classname="tests.lab.test_a" name="test_slow" time="120.5"/>
 <testcase classname="tests.lab.test_a" name="test_quick" time="0.2"/>
 <testcase classname="tests.unit.test_b" name="test_broken" time="{broken}">
@@ -19,17 +19,17 @@ REPORT = """<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="p
 </testsuite></testsuites>"""
 
 
-def write(tmp_path: Path, name: str, total: float, broken: float) -> Path:
+def write(tmp_path: Path, name: str, total: float, broken: float, start: str) -> Path:
     path = tmp_path / f"{name}.xml"
-    path.write_text(REPORT.format(total=total, broken=broken))
+    path.write_text(REPORT.format(total=total, broken=broken, start=start))
     return path
 
 
 def test_each_run_its_failures_the_slowest_and_the_whole_time(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    write(tmp_path, "host", 600, 3.0)
-    write(tmp_path, "lab-26.05", 300, 400.0)
+    write(tmp_path, "host", 600, 3.0, "2026-11-28T12:00:00+00:00")
+    write(tmp_path, "lab-26.05", 300, 400.0, "2026-11-28T12:08:00+00:00")  # beside the host's
     (tmp_path / "broken.xml").write_text("<testsuites")  # a run that died mid-write
     assert recap.main(["test-recap.py", str(tmp_path)]) == 0
     out = capsys.readouterr().out
@@ -41,7 +41,10 @@ def test_each_run_its_failures_the_slowest_and_the_whole_time(
     assert {line.split("s  ", 1)[1] for line in slow[1:3]} == {
         "lab-26.05  tests.lab.test_a::test_slow", "host  tests.lab.test_a::test_slow"}  # fmt: skip
     assert len(slow) == 6
-    assert out.rstrip().endswith("the runs took 15.0 min in all (set-up not counted)")
+    assert out.rstrip().endswith(
+        "the runs took 13.0 min from the first's start to the last's end "
+        "(15.0 min added up; set-up not counted)"
+    )
 
 
 def test_no_reports(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
