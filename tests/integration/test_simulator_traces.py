@@ -40,3 +40,13 @@ def test_the_results_are_those_of_the_slow_simulator(name: str) -> None:
                 continue
             slack = 1.0 if key.endswith("_wait") else 0.0
             assert got[key] == pytest.approx(value, rel=0.005, abs=slack), (policy, key)
+
+
+@pytest.mark.skipif(not TRACES.is_dir(), reason="the shared traces are not beside the checkout")
+def test_the_shared_traces_parse() -> None:
+    with gzip.open(TRACES / "SDSC-SP2-1998-4.2-cln.swf.gz", "rt") as fh:
+        sdsc = parse_swf(fh)
+    assert sdsc.max_procs == 128 and len(sdsc.jobs) + sdsc.skipped["never ran"] == 59_715
+    with gzip.open(TRACES / "alibaba-gpu-v2023-openb_pod_list_default.csv.gz", "rt") as fh:
+        ali = parse_alibaba(fh)
+    assert len(ali.jobs) + sum(ali.skipped.values()) == 8_152 and ali.gpus

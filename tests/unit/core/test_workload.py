@@ -2,14 +2,9 @@
 
 from __future__ import annotations
 
-import gzip
-from pathlib import Path
-
 import pytest
 
 from slurm_burst.core.workload import TraceError, parse_alibaba, parse_sacct, parse_swf
-
-TRACES = Path(__file__).resolve().parents[4] / "shared" / "traces"
 
 SWF = """\
 ; Version: 2.2
@@ -149,13 +144,3 @@ def test_sacct() -> None:
     assert t.skipped == {"never ran": 1}
     with pytest.raises(TraceError, match="line 1: 2 fields"):
         parse_sacct(["a|b"])
-
-
-@pytest.mark.skipif(not TRACES.is_dir(), reason="the shared traces are not beside the checkout")
-def test_the_shared_traces_parse() -> None:
-    with gzip.open(TRACES / "SDSC-SP2-1998-4.2-cln.swf.gz", "rt") as fh:
-        sdsc = parse_swf(fh)
-    assert sdsc.max_procs == 128 and len(sdsc.jobs) + sdsc.skipped["never ran"] == 59_715
-    with gzip.open(TRACES / "alibaba-gpu-v2023-openb_pod_list_default.csv.gz", "rt") as fh:
-        ali = parse_alibaba(fh)
-    assert len(ali.jobs) + sum(ali.skipped.values()) == 8_152 and ali.gpus
