@@ -28,18 +28,28 @@ def first_line(text: str | None) -> str:
     return line if len(line) <= MESSAGE_CHARS else line[: MESSAGE_CHARS - 1] + "…"
 
 
-def recap(report: Path) -> list[str]:
-    """The run's totals line, then a line per failed or errored test case."""
+def load(report: Path) -> ET.Element | str:
+    """The report's root element, or why it could not be read."""
     try:
-        root = ET.parse(report).getroot()  # noqa: S314 - our own pytest runs wrote it
+        return ET.parse(report).getroot()  # noqa: S314 - our own pytest runs wrote it
     except (OSError, ET.ParseError) as exc:
-        return [f"{report.stem}: no report ({exc})"]
-    suites = [root] if root.tag == "testsuite" else list(root.iter("testsuite"))
-    totals = {k: sum(int(s.get(k, "0")) for s in suites)
+        return str(exc)
+
+
+def suites(root: ET.Element) -> list[ET.Element]:
+    return [root] if root.tag == "testsuite" else list(root.iter("testsuite"))
+
+
+def recap(name: str, root: ET.Element | str) -> list[str]:
+    """The run's totals line, then a line per failed or errored test case."""
+    if isinstance(root, str):
+        return [f"{name}: no report ({root})"]
+    runs = suites(root)
+    totals = {k: sum(int(s.get(k, "0")) for s in runs)
               for k in ("tests", "failures", "errors", "skipped")}  # fmt: skip
-    seconds = sum(float(s.get("time", "0")) for s in suites)
+    seconds = sum(float(s.get("time", "0")) for s in runs)
     lines = [
-        f"{report.stem}: {totals['tests']} tests, {totals['failures']} failed, "
+        f"{name}: {totals['tests']} tests, {totals['failures']} failed, "
         f"{totals['errors']} errors, {totals['skipped']} skipped "
         f"in {seconds:.0f} s ({seconds / 60:.1f} min)"
     ]
@@ -52,45 +62,36 @@ def recap(report: Path) -> list[str]:
     return lines
 
 
-def span(reports: list[Path]) -> tuple[float, float]:
+def span(roots: list[ET.Element]) -> tuple[float, float]:
     """The runs' seconds added up, and from the first one's start to the last one's end
     (less than the sum where runs went side by side); pytest's suites carry their start
     (``timestamp``) and their wall time."""
     total, starts, ends = 0.0, [], []
-    for report in reports:
+    for suite in (s for root in roots for s in suites(root)):
+        seconds = float(suite.get("time", "0"))
+        total += seconds
         try:
-            root = ET.parse(report).getroot()  # noqa: S314 - our own pytest runs wrote it
-        except (OSError, ET.ParseError):
+            start = datetime.fromisoformat(suite.get("timestamp", "")).timestamp()
+        except ValueError:
             continue
-        for suite in [root] if root.tag == "testsuite" else list(root.iter("testsuite")):
-            seconds = float(suite.get("time", "0"))
-            total += seconds
-            try:
-                start = datetime.fromisoformat(suite.get("timestamp", "")).timestamp()
-            except ValueError:
-                continue
-            starts.append(start)
-            ends.append(start + seconds)
+        starts.append(start)
+        ends.append(start + seconds)
     return total, (max(ends) - min(starts)) if starts else total
 
 
-def slowest(reports: list[Path], n: int = SLOWEST) -> list[str]:
-    """The ``n`` slowest test cases of all the reports, each with its run: a test's time
-    is its setup, call and teardown together (pytest's JUnit default), so a fixture's
-    first user carries the fixture."""
+def slowest(runs: list[tuple[str, ET.Element]], n: int = SLOWEST) -> list[str]:
+    """The ``n`` slowest test cases of all the runs, each with its run: a test's time is
+    its setup, call and teardown together (pytest's JUnit default), so a fixture's first
+    user carries the fixture."""
     cases: list[tuple[float, str]] = []
-    for report in reports:
-        try:
-            root = ET.parse(report).getroot()  # noqa: S314 - our own pytest runs wrote it
-        except (OSError, ET.ParseError):
-            continue
+    for name, root in runs:
         for case in root.iter("testcase"):
             try:
                 seconds = float(case.get("time", "0"))
             except ValueError:
                 continue
             test = f"{case.get('classname', '')}::{case.get('name', '')}"
-            cases.append((seconds, f"{report.stem}  {test}"))
+            cases.append((seconds, f"{name}  {test}"))
     cases.sort(reverse=True)
     return [f"{seconds:7.1f} s  {what}" for seconds, what in cases[:n]]
 
@@ -100,15 +101,17 @@ def main(argv: list[str]) -> int:
         print("usage: test-recap.py DIR", file=sys.stderr)
         return 2
     reports = sorted(Path(argv[1]).glob("*.xml"), key=lambda p: p.stat().st_mtime)
+    loaded = [(report.stem, load(report)) for report in reports]
+    read = [(name, root) for name, root in loaded if not isinstance(root, str)]
     if reports:
         print(f"== the {SLOWEST} slowest tests (setup, call and teardown)")
-        print("\n".join(slowest(reports)))
+        print("\n".join(slowest(read)))
     print("== what each test run ended with")
-    for report in reports:
-        print("\n".join(recap(report)))
+    for name, root in loaded:
+        print("\n".join(recap(name, root)))
     if not reports:
         print("no test reports were written")
-    total, wall = span(reports)
+    total, wall = span([root for _, root in read])
     print(f"== the runs took {wall / 60:.1f} min from the first's start to the last's end "
           f"({total / 60:.1f} min added up; set-up not counted)")  # fmt: skip
     return 0

@@ -44,21 +44,22 @@ LAB_CONFIG = ROOT / "slurm-conf" / "lab" / "slurm-burst.toml"
 # the same kind) runs its long form there. docs/testing.md lists them.
 FULL = os.environ.get("SLURM_BURST_TEST_FULL") == "1"
 
-# Hypothesis profiles (``--hypothesis-profile=NAME``): ``full`` is hypothesis's own
-# defaults, which ``make test`` and ``make test-full`` run; ``fast`` is ``make test-fast``'s,
-# a tenth of the examples, so that the tier run after every edit stays in seconds. A test
-# that sets its own count asks through ``examples()``, which scales it the same way.
+# ``make test`` and ``make test-full`` run hypothesis's own defaults (100 examples);
+# ``make test-fast`` loads the profile ``fast`` (``--hypothesis-profile=fast``), a tenth of
+# them, so that the tier run after every edit stays in seconds. A test that sets its own
+# count asks through ``examples()``, which scales it the same way.
 FULL_EXAMPLES = 100
-settings.register_profile("full", max_examples=FULL_EXAMPLES)
 settings.register_profile("fast", max_examples=FULL_EXAMPLES // 10)
 
 
 def examples(n: int) -> int:
-    """``n`` generated examples under the ``full`` profile, scaled to the loaded one (at
-    least 10, so that a fast run still tries a few of each kind)."""
+    """``n`` generated examples under hypothesis's defaults, scaled to the loaded profile
+    (at least 10, so that a fast run still tries a few of each kind)."""
     loaded = settings.default
     assert loaded is not None  # a profile is always loaded once hypothesis is imported
     return max(10, n * loaded.max_examples // FULL_EXAMPLES)
+
+
 TIERS = ("unit", "integration", "lab")
 T = TypeVar("T")
 

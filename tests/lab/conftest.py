@@ -19,7 +19,7 @@ from slurm_burst.adapters.cloud.registry import driver_class
 from slurm_burst.adapters.state.store import Store
 from slurm_burst.config import Config, load_config
 from slurm_burst.wiring import cloud_driver, node_store
-from tests.conftest import LAB_CONFIG, invoke, wait
+from tests.conftest import LAB_CONFIG, ROOT, invoke, wait
 from tests.providers import azure, gce, http, openstack  # noqa: F401  (fixtures)
 
 # (fault, outcome, reconcile passes to consistent, seconds to done): test_y_faults fills it
@@ -121,6 +121,18 @@ def faults(lab_config: Config) -> Iterator[Callable[[list[dict[str, Any]]], None
     yield inject
     path.unlink(missing_ok=True)
     invoke(["--config", str(LAB_CONFIG), "group", "enable", "cpu"])
+
+
+def user_env(**extra: str) -> dict[str, str]:
+    """A user's shell as the README's commands find it: none of the Slurm variables these
+    tests set (``SLURM_CONF``, ``SLURM_BURST_LAB_SLURM``), ``extra`` added."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("SLURM")} | extra
+
+
+def make(*argv: str) -> subprocess.CompletedProcess[str]:
+    """``make ARGV`` in the checkout, from a user's shell (:func:`user_env`)."""
+    return subprocess.run(["make", "--no-print-directory", *argv], cwd=ROOT, env=user_env(),
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
 
 
 def sh(env: dict[str, str], *argv: str, check: bool = True) -> str:

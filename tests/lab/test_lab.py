@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 
 from slurm_burst_lab.service import Lab
 
 from slurm_burst.adapters.proc import run
 from slurm_burst.config import Config
-from tests.conftest import LAB_CONFIG, ROOT, invoke
-from tests.lab.conftest import RELEASE
+from tests.conftest import LAB_CONFIG, invoke
+from tests.lab.conftest import RELEASE, make
 from tests.lab.readback import check_read_back
 
 
@@ -53,11 +51,7 @@ def test_status_json(lab: Lab) -> None:
 def test_up_again_is_a_no_op(lab: Lab) -> None:
     """`make lab-up` (docs/lab.md's first step) on a lab that is up leaves it as it is."""
     before = lab.status()["processes"]["slurmctld"]["pid"]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM")}
-    done = subprocess.run(
-        ["make", "--no-print-directory", "lab-up", f"LAB_SLURM={RELEASE}"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+    done = make("lab-up", f"LAB_SLURM={RELEASE}")
     assert done.returncode == 0, done.stdout + done.stderr
     assert f"lab is already up (Slurm {RELEASE})" in done.stdout + done.stderr
     assert lab.status()["processes"]["slurmctld"]["pid"] == before

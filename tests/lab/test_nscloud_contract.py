@@ -40,8 +40,9 @@ def wait_state(driver: Any, node: Node, state: str, timeout: float = 10) -> Node
     )
 
 
-def ssh(node: Node, key: paramiko.Ed25519Key, command: str, timeout: float = 10) -> str:
-    """Run ``command`` over SSH, trusting only the host key the provider reported."""
+def connect(node: Node, key: paramiko.Ed25519Key) -> paramiko.SSHClient:
+    """An SSH session to ``node`` as root, trusting only the host key the provider
+    reported (retried for 5 s while sshd starts or the address's neighbour settles)."""
     client = paramiko.SSHClient()
     client.set_missing_host_key_policy(paramiko.RejectPolicy())
     keytype, b64 = node.extra["ssh_host_key"].split()[:2]
@@ -58,11 +59,16 @@ def ssh(node: Node, key: paramiko.Ed25519Key, command: str, timeout: float = 10)
                 allow_agent=False,
                 look_for_keys=False,
             )
-            break
+            return client
         except (paramiko.ssh_exception.NoValidConnectionsError, OSError):
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.1)
+
+
+def ssh(node: Node, key: paramiko.Ed25519Key, command: str, timeout: float = 10) -> str:
+    """Run ``command`` over SSH (:func:`connect`); its output, once it exited 0."""
+    client = connect(node, key)
     try:
         _, out, err = client.exec_command(command, timeout=timeout)
         text = out.read().decode()

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import subprocess
 import time
-from base64 import b64decode
 from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
@@ -27,7 +26,7 @@ from slurm_burst_lab import images
 from slurm_burst_lab.mirror import MirrorRelay, TcpRelay
 
 from tests.conftest import ROOT
-from tests.lab.test_nscloud_contract import client_key, size, ssh, wait_state
+from tests.lab.test_nscloud_contract import client_key, connect, size, ssh, wait_state
 
 __all__ = ["client_key"]  # the fixture, shared with the namespace cloud's contract
 
@@ -73,15 +72,8 @@ def relays(nscloud: Any) -> Iterator[list[str]]:
 
 
 def put(node: Node, key: paramiko.Ed25519Key, data: bytes, path: str) -> None:
-    """``data`` into ``path`` on the host over SFTP, trusting only its reported host key."""
-    client = paramiko.SSHClient()
-    client.set_missing_host_key_policy(paramiko.RejectPolicy())
-    keytype, b64 = node.extra["ssh_host_key"].split()[:2]
-    client.get_host_keys().add(
-        node.public_ips[0], keytype, paramiko.PKey.from_type_string(keytype, b64decode(b64))
-    )
-    client.connect(node.public_ips[0], username="root", pkey=key, timeout=10,
-                   allow_agent=False, look_for_keys=False)  # fmt: skip
+    """``data`` into ``path`` on the host over SFTP (the contract suite's pinned session)."""
+    client = connect(node, key)
     try:
         with client.open_sftp() as sftp, sftp.open(path, "wb") as fh:
             fh.write(data)

@@ -8,14 +8,13 @@ count the cloud's instances against the ledger's rows run before it)."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 
 from slurm_burst_lab.service import Lab
 
 from tests.conftest import LAB_CONFIG, ROOT, invoke
-from tests.lab.conftest import RELEASE
+from tests.lab.conftest import RELEASE, user_env
 
 
 def section(out: str, title: str) -> str:
@@ -26,8 +25,7 @@ def section(out: str, title: str) -> str:
 
 
 def test_the_demo_runs_a_job_on_two_cloud_nodes_and_charges_it(lab: Lab) -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM")}
-    env |= {"LAB_SLURM": RELEASE, "COLUMNS": "200", "TERM": "dumb", "NO_COLOR": "1"}
+    env = user_env(LAB_SLURM=RELEASE, COLUMNS="200", TERM="dumb", NO_COLOR="1")
     done = subprocess.run(
         ["scripts/demo.sh"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
     )

@@ -11,7 +11,8 @@ import pytest
 from slurm_burst_lab.service import Lab
 from slurm_burst_lab.slurmroot import mounted_under
 
-from tests.conftest import LAB_CONFIG, ROOT, invoke
+from tests.conftest import LAB_CONFIG, invoke
+from tests.lab.conftest import make
 
 
 def _lab_processes(marker: str) -> list[str]:
@@ -30,9 +31,7 @@ def test_down_removes_everything(lab: Lab) -> None:
     """`make lab-down`, as the README shows it, removes everything the lab made."""
     state = str(lab.paths.state)
     assert _lab_processes(state)  # the lab really was running
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM")}
-    done = subprocess.run(["make", "--no-print-directory", "lab-down"], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    done = make("lab-down")
     assert done.returncode == 0, done.stdout + done.stderr
     netns = os.listdir("/run/netns") if os.path.isdir("/run/netns") else []
     assert [n for n in netns if n.startswith("sbl-")] == []
