@@ -7,7 +7,15 @@ from typing import Any
 
 import click
 
-from slurm_burst.cli.common import EXIT_FAILED, EXIT_PRECONDITION, app, emit, fail, json_option
+from slurm_burst.cli.common import (
+    EXIT_FAILED,
+    EXIT_PRECONDITION,
+    FiniteRange,
+    app,
+    emit,
+    fail,
+    json_option,
+)
 from slurm_burst_lab import images
 from slurm_burst_lab.service import Lab, LabError
 
@@ -39,7 +47,13 @@ def _lab(ctx: click.Context, quiet: bool = False, release: str | None = None) ->
 
 
 @group.command("up")
-@click.option("--timeout", default=60.0, show_default=True, help="Seconds to wait for Slurm.")
+@click.option(
+    "--timeout",
+    type=FiniteRange(1, 3600),
+    default=60.0,
+    show_default=True,
+    help="Seconds to wait for Slurm.",
+)
 @click.option(
     "--slurm",
     "release",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import re
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -17,8 +18,10 @@ import click
 
 from slurm_burst.config import Config, ConfigError, load_config
 from slurm_burst.core import errors
+from slurm_burst.core.numbers import is_decimal
 from slurm_burst.core.records import StoreError
 from slurm_burst.core.redact import redact
+from slurm_burst.core.slurmsyntax import is_name
 from slurm_burst.ports import NodeStore
 
 # The exit codes: an error (core.errors.BurstError) carries its own, and the command
@@ -143,14 +146,64 @@ def state_store(ctx: click.Context) -> NodeStore:
         fail(str(exc), EXIT_PRECONDITION)
 
 
-class FiniteRange(click.FloatRange):
-    """click's FloatRange, refusing NaN and the infinities (which it lets through)."""
+_WHOLE = re.compile(r"-?[0-9]{1,19}", re.ASCII)
+
+
+class Whole(click.IntRange):
+    """click's IntRange, reading ASCII digits only, nothing around them: ``int()`` under
+    it takes '٣', '1_0', '+7' and ' 7\\n' (docs/operations.md, "Input bounds"). Every
+    whole-number option uses it."""
+
+    name = "integer"
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, str) and _WHOLE.fullmatch(value) is None:
+            self.fail(f"{shown(value)} is not a whole number (ASCII digits).", param, ctx)
+        return super().convert(value, param, ctx)
+
+
+class FiniteRange(click.FloatRange):
+    """click's FloatRange, reading ASCII digits, a point and an exponent only, nothing
+    around them (``float()`` under it takes '٣', '1_0', 'nan' and 'inf'). Every decimal
+    option uses it."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, str) and (value != value.strip() or not is_decimal(value)):
+            self.fail(f"{shown(value)} is not a finite number (ASCII digits, a point).", param, ctx)
         number = super().convert(value, param, ctx)
         if not math.isfinite(number):
             self.fail(f"{value!r} is not a finite number.", param, ctx)
         return number
+
+
+class SlurmName(click.types.StringParamType):
+    """A Slurm account or QOS name, compared as Slurm compares them: without regard to
+    case (given lower-cased). Anything that is not a name (a byte that is not UTF-8, a
+    control character, a blank) is refused, never passed on; "" stays "" (no filter)."""
+
+    name = "name"
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if value == "":
+            return value
+        if not isinstance(value, str) or not is_name(value):
+            self.fail(
+                f"{shown(str(value))} is not a Slurm {self.what} name (ASCII letters, digits, "
+                "_ and -, at most 64)",
+                param,
+                ctx,
+            )
+        return value.lower()
+
+
+def shown(text: str) -> str:
+    """``text`` for an error message: quoted, at most 40 characters, every byte that is
+    not printable ASCII escaped (a control character never reaches the terminal)."""
+    short = text[:40] + ("..." if len(text) > 40 else "")
+    return ascii(short)
 
 
 def ts(t: float) -> str:

@@ -8,6 +8,7 @@ import click
 
 from slurm_burst.cli.common import (
     EXIT_BAD_INPUT,
+    Whole,
     app,
     emit,
     fail,
@@ -85,7 +86,7 @@ def _duration(text: str) -> float:
 
 @group.command("warm")
 @click.argument("name")
-@click.option("--nodes", type=click.IntRange(1, 100_000), help="Nodes to keep up.")
+@click.option("--nodes", type=Whole(1, 100_000), help="Nodes to keep up.")
 @click.option("--for", "duration", metavar="DURATION", help="How long: 90m, 2h, 1d.")
 @click.option("--off", is_flag=True, help="End the override now (the windows still hold).")
 @click.pass_context

@@ -11,7 +11,7 @@ from typing import Any
 
 import click
 
-from slurm_burst.cli.common import EXIT_BAD_INPUT, app, emit, fail, json_option
+from slurm_burst.cli.common import EXIT_BAD_INPUT, SlurmName, Whole, app, emit, fail, json_option
 
 BY_CHOICES = ("account", "user", "partition", "month", "day", "job")
 
@@ -237,10 +237,10 @@ def _percent(value: float | None) -> str:
 
 @group.command("transfers")
 @with_period
-@click.option("--account", default="", help="Only this account's transfers.")
 @click.option(
-    "--job", type=click.IntRange(1, 2**53), default=None, metavar="JOBID", help="Only this job's."
+    "--account", type=SlurmName("account"), default="", help="Only this account's transfers."
 )
+@click.option("--job", type=Whole(1, 2**53), default=None, metavar="JOBID", help="Only this job's.")
 @json_option
 @click.pass_context
 def transfers_cmd(
@@ -275,7 +275,9 @@ def transfers_cmd(
 
 @group.command("storage")
 @with_period
-@click.option("--account", default="", help="Only this account's storage.")
+@click.option(
+    "--account", type=SlurmName("account"), default="", help="Only this account's storage."
+)
 @json_option
 @click.pass_context
 def storage_cmd(

@@ -18,6 +18,7 @@ from slurm_burst.cli.common import (
     EXIT_PRECONDITION,
     FiniteRange,
     Progress,
+    Whole,
     app,
     emit,
     fail,
@@ -75,7 +76,7 @@ def group() -> None:
 )
 @click.option(
     "--workers",
-    type=click.IntRange(0, 256),
+    type=Whole(0, 256),
     default=0,
     show_default=True,
     help="Processes measuring settings side by side (0: one per CPU).",

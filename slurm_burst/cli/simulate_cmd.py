@@ -19,6 +19,7 @@ from slurm_burst.cli.common import (
     EXIT_PRECONDITION,
     FiniteRange,
     Progress,
+    Whole,
     app,
     emit,
     fail,
@@ -178,13 +179,13 @@ _TRACE_OPTIONS = [
     ),
     click.option(
         "--cpus",
-        type=click.IntRange(1, 10_000_000),
+        type=Whole(1, 10_000_000),
         metavar="N",
         help="On-prem CPUs [default: the SWF header's MaxProcs].",
     ),
     click.option(
         "--gpus",
-        type=click.IntRange(0, 1_000_000),
+        type=Whole(0, 1_000_000),
         metavar="N",
         default=0,
         show_default=True,

@@ -8,7 +8,16 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 
-from slurm_burst.cli.common import FiniteRange, Progress, app, emit, json_option, ts
+from slurm_burst.cli.common import (
+    FiniteRange,
+    Progress,
+    SlurmName,
+    Whole,
+    app,
+    emit,
+    json_option,
+    ts,
+)
 from slurm_burst.core.errors import BurstError
 
 if TYPE_CHECKING:
@@ -21,6 +30,7 @@ _store_option = click.option(
 _account_option = click.option(
     "--account",
     "-A",
+    type=SlurmName("account"),
     required=True,
     help="Slurm account whose namespace holds the dataset (its jobs will use it).",
 )
@@ -40,7 +50,12 @@ def group() -> None:
 @group.command("push")
 @click.argument("src")
 @_account_option
-@click.option("--qos", default="", help="The QOS of the jobs that will use it (its rules).")
+@click.option(
+    "--qos",
+    type=SlurmName("QOS"),
+    default="",
+    help="The QOS of the jobs that will use it (its rules).",
+)
 @click.option(
     "--as-user",
     metavar="USER",
@@ -314,7 +329,7 @@ def jobs(ctx: click.Context, states: tuple[str, ...], as_json: bool) -> None:
 
 
 @group.command("outputs")
-@click.option("--job", "job_id", type=click.IntRange(1, 2**32 - 1), help="Only this job's.")
+@click.option("--job", "job_id", type=Whole(1, 2**32 - 1), help="Only this job's.")
 @click.option(
     "--state",
     "states",

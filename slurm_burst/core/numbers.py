@@ -11,6 +11,8 @@ import re
 
 _DIGITS = re.compile(r"[0-9]+", re.ASCII)
 _SIGNED = re.compile(r"-?[0-9]+", re.ASCII)
+# a decimal as people write one: digits, one point, an exponent of at most three digits
+_DECIMAL = re.compile(r"-?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][-+]?[0-9]{1,3})?", re.ASCII)
 
 
 def is_digits(text: str) -> bool:
@@ -29,6 +31,14 @@ def whole(text: str, low: int, high: int, what: str, signed: bool = False) -> in
     if not low <= value <= high:
         raise ValueError(f"{what} {value:,} is not between {low:,} and {high:,}")
     return value
+
+
+def is_decimal(text: str) -> bool:
+    """``text`` is a decimal number in ASCII: digits, one point, an exponent of at most
+    three digits (surrounding blanks allowed). ``Decimal`` and ``float`` also read '٣',
+    '1_0', 'NaN', 'Infinity' and '0x1p3': a check before them keeps those out."""
+    text = text.strip()
+    return len(text) <= 40 and _DECIMAL.fullmatch(text) is not None
 
 
 def json_count(v: object) -> int:

@@ -17,6 +17,7 @@ from datetime import UTC, date, datetime, timedelta
 from decimal import ROUND_HALF_EVEN, Decimal, InvalidOperation
 
 from slurm_burst.core.errors import BadInput
+from slurm_burst.core.numbers import is_decimal
 
 MICROS = 1_000_000
 MS_PER_HOUR = 3_600_000
@@ -51,6 +52,8 @@ def to_micros(dollars: float | str | Decimal) -> int:
     Rounds half to even. NaN, infinities and amounts of a trillion dollars or more are
     errors.
     """
+    if isinstance(dollars, str) and not is_decimal(dollars):  # Decimal reads '٣' and '1_0'
+        raise PricingError(f"{dollars[:40]!r} is not an amount of money (ASCII digits)")
     try:
         d = Decimal(str(dollars))
     except InvalidOperation:

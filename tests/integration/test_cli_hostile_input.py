@@ -230,3 +230,35 @@ def test_a_gzip_trace_of_blank_lines_is_refused_without_reading_it_into_memory(
     assert bomb.stat().st_size < 1 << 20
     out = _sb(cfg, "simulate", "--trace", str(bomb), "--format", "swf", "--cpus", "64", expect=2)
     assert "over 20,000,000 lines" in out
+
+
+@pytest.mark.parametrize("command", ["transfers", "storage"])
+def test_an_account_that_is_not_utf8_is_bad_input_from_a_real_shell(
+    cfg: Config, command: str
+) -> None:
+    """The installed program, its argv bytes as a shell passes them: a byte that is not
+    UTF-8 reached the ledger's query and ended in a traceback."""
+    import subprocess
+    import sys
+
+    exe = Path(sys.executable).with_name("slurm-burst")
+    args: list[str | bytes | Path] = [
+        exe, b"--config", cfg.source, b"ledger", command.encode(), b"--account", b"phys\xffics"
+    ]  # fmt: skip
+    done = subprocess.run(args, capture_output=True, timeout=60, check=False)
+    out = done.stdout + done.stderr
+    assert done.returncode == 2 and b"Traceback" not in out, out
+    assert b"is not a Slurm account name" in out and b"\xff" not in out, out
+    ok = subprocess.run([*args[:-1], b"PHYSICS"], capture_output=True, timeout=60, check=False)
+    assert ok.returncode == 0, ok.stdout + ok.stderr  # a name in any case is taken
+
+
+def test_numbers_in_other_scripts_are_bad_input_on_the_new_commands(cfg: Config) -> None:
+    for args in (
+        ("stage", "gc", "--keep-days", "٣"),
+        ("stage", "outputs", "--job", "1_0"),
+        ("ledger", "transfers", "--job", "\uff11"),  # fullwidth 1
+        ("policy", "tune", "--target", "0.9\n"),
+    ):
+        out = _sb(cfg, *args, expect=2)
+        assert "ASCII" in out, (args, out)

@@ -125,6 +125,8 @@ HOSTILE = st.sampled_from(
         # control characters and other scripts' digits (hardening round two)
         "burst-cpu-1\n", "physics\n", "physics\nSlurmUser=root", "x\x00y", "\x1b[31mred",
         "a\u2028b", "¹²", "٣", "²m", "1\r", "burst-cpu-[1-2]\t", "\u0085",
+        # round three: underscores, signs, surrogate-escaped bytes, case (HIPAA)
+        "1_0", "+5", "0.5\n", "phys\udcffics", "\udcff", "HIPAA", "Physics",
     ]
 )  # fmt: skip
 FILES = st.sampled_from(
