@@ -154,8 +154,6 @@ class Whole(click.IntRange):
     it takes '٣', '1_0', '+7' and ' 7\\n' (docs/operations.md, "Input bounds"). Every
     whole-number option uses it."""
 
-    name = "integer"
-
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
         if isinstance(value, str) and _WHOLE.fullmatch(value) is None:
             self.fail(f"{shown(value)} is not a whole number (ASCII digits).", param, ctx)
