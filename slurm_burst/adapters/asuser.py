@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from slurm_burst.core.errors import EXIT_PRECONDITION, BadInput, BurstError
+from slurm_burst.core.jsonread import read_json
 from slurm_burst.core.staging import CorruptOutput
 
 LIMIT = 64 * 1024 * 1024  # bytes of an answer
@@ -71,14 +72,19 @@ def run_as(name: str, fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
         body = pipe.read(LIMIT + 1)
     os.waitpid(pid, 0)
     try:
-        answer = json.loads(body) if len(body) <= LIMIT else {}
+        answer = read_json(body, f"the work as {name}", max_bytes=LIMIT)
     except ValueError:
         answer = {}
-    if "ok" in answer:
-        return dict(answer["ok"])
-    if "error" in answer:
-        code, message, exit_code, bad = answer["error"]
-        failed = CorruptOutput.said(code, message, bad) or BurstError(message, code)
-        failed.exit_code = int(exit_code)
+    # the child ran as the user, who may have changed what it says: read it as input
+    said = answer if isinstance(answer, dict) else {}
+    if isinstance(said.get("ok"), dict):
+        return dict(said["ok"])
+    error = said.get("error")
+    if isinstance(error, list) and len(error) == 4 and type(error[2]) is int:
+        code, message, exit_code, bad = error
+        failed = CorruptOutput.said(str(code), str(message)[:2000], bad) or BurstError(
+            str(message)[:2000], str(code)[:64]
+        )
+        failed.exit_code = exit_code if exit_code in (1, 2, 3) else 1
         raise failed
     raise AsUserError(f"the work as {name} ended without an answer (a defect: see its stderr)")

@@ -9,11 +9,11 @@ is one JSON object on stdout, a result or ``{"ok": false, "code", "message"}``.
 
 from __future__ import annotations
 
-import json
 import sys
 from typing import Any
 
 from slurm_burst.adapters.proc import CommandError, run
+from slurm_burst.core.jsonread import read_json
 from slurm_burst.core.staging import CorruptOutput, StorageError
 
 PUSH_TIMEOUT = 86400.0  # Slurm's StageInTimeout: no push outlives what Slurm waits
@@ -46,7 +46,7 @@ class CliPusher:
         except CommandError as exc:
             raise StorageError(f"{what} could not run: {exc.reason}") from exc
         try:
-            out = json.loads(res.stdout) if res.stdout.strip() else None
+            out = read_json(res.stdout, f"{what}'s answer") if res.stdout.strip() else None
         except ValueError:
             out = None
         if res.returncode == 0 and isinstance(out, dict):

@@ -12,11 +12,11 @@ Pure: the caller reads the file (at once: it vanishes when slurmctld exits).
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import Any
 
 from slurm_burst.core.errors import BadInput
+from slurm_burst.core.jsonread import BadJson, read_json
 
 
 class ResumeFileError(BadInput, ValueError):
@@ -44,9 +44,9 @@ class ResumeInfo:
 def parse_resume_file(text: str) -> ResumeInfo:
     """The resume file's nodes and jobs; :class:`ResumeFileError` for anything else."""
     try:
-        doc = json.loads(text)
-    except (ValueError, RecursionError) as exc:  # huge numbers, deep nesting
-        raise ResumeFileError(f"not JSON: {str(exc)[:200]}") from exc
+        doc = read_json(text, "the resume file")
+    except BadJson as exc:  # huge numbers, deep nesting, NaN
+        raise ResumeFileError(str(exc)) from exc
     if not isinstance(doc, dict):
         raise ResumeFileError("top level is not an object")
     newer = "all_nodes_resume" in doc

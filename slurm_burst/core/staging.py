@@ -43,6 +43,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from slurm_burst.core.errors import EXIT_PRECONDITION, BadInput, BurstError
+from slurm_burst.core.jsonread import read_json
 
 DIRECTIVE = "#BB_LUA"  # burst_buffer.conf's Directive; Slurm's default for burst_buffer/lua
 MANIFEST_VERSION = 1
@@ -343,7 +344,7 @@ def parse_manifest(body: bytes, where: str) -> Manifest:
     if len(body) > MAX_MANIFEST_BYTES:
         raise StagingError(f"{where}: manifest over {MAX_MANIFEST_BYTES} bytes")
     try:
-        doc = json.loads(body)
+        doc = read_json(body, f"{where}: manifest", max_bytes=MAX_MANIFEST_BYTES)
         if doc["v"] != MANIFEST_VERSION:
             raise StagingError(
                 f"{where}: manifest version {doc['v']!r} (this is {MANIFEST_VERSION})"
@@ -450,7 +451,7 @@ class Pointer:
 
 def parse_pointer(body: bytes, where: str) -> Pointer:
     try:
-        doc = json.loads(body[:65536])
+        doc = read_json(body, f"{where}: pointer", max_bytes=65536)
         p = Pointer(doc["src"], doc["manifest"], doc["files"], doc["bytes"], doc["at"])
     except (ValueError, KeyError, TypeError) as exc:
         raise StagingError(f"{where}: not a dataset pointer ({type(exc).__name__})") from None

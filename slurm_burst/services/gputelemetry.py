@@ -19,7 +19,6 @@ failure is logged and the next pass tries again.
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 from collections.abc import Callable, Sequence
@@ -37,6 +36,7 @@ from slurm_burst.core.gpu import (
     job_key,
     parse_sample,
 )
+from slurm_burst.core.jsonread import read_json
 from slurm_burst.core.nodestate import NodeState
 from slurm_burst.core.records import NodeRecord
 from slurm_burst.ports import Clock, Connector, Metrics, NodeStore, Scheduler
@@ -144,7 +144,7 @@ class GpuTelemetry:
                 said = sh.run(argv, timeout=SAMPLE_TIMEOUT)
             finally:
                 sh.close()
-            return parse_sample(json.loads(said))
+            return parse_sample(read_json(said, "a GPU sample"))
         except (BurstError, ValueError) as exc:  # one node's trouble (unreachable, a
             # sample that is not JSON or not a sample) is logged; the others are sampled
             log.warning("gpu.sample_failed node=%s error=%s", rec.name, str(exc)[:300])

@@ -17,7 +17,6 @@ refused.
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 from collections.abc import Callable, Mapping
@@ -26,6 +25,7 @@ from typing import Any
 
 from slurm_burst.config import Fleet
 from slurm_burst.core.interruption import Notice, parse_notice
+from slurm_burst.core.jsonread import read_json
 from slurm_burst.core.mesh import NodeLink, Refused, direct_peers, endpoint_of
 from slurm_burst.core.nodestate import NodeState
 from slurm_burst.core.records import NodeRecord
@@ -63,7 +63,7 @@ class NodeApi:
         if self.noticed is None:
             raise Refused(404, "this daemon takes no interruption notices")
         try:
-            notice = parse_notice(json.loads(body), self.clock.now())
+            notice = parse_notice(read_json(body, "the notice"), self.clock.now())
         except ValueError as exc:  # json's errors are ValueErrors too
             raise Refused(400, str(exc)[:200]) from None
         return self.noticed(rec, notice)

@@ -24,6 +24,7 @@ from typing import Any
 
 from slurm_burst.core.errors import BurstError, StepError
 from slurm_burst.core.jobs import job_ids
+from slurm_burst.core.jsonread import read_json
 from slurm_burst.core.numbers import json_count
 from slurm_burst.core.records import NodeRecord, StageRecord, StageState
 from slurm_burst.core.remote import RemoteError
@@ -274,7 +275,7 @@ class _Dropped(BurstError):
 def _answer(said: str) -> dict[str, Any]:
     """The puller's one JSON line (its last), or {} if it said something else."""
     try:
-        out = json.loads(said.strip().splitlines()[-1])
+        out = read_json(said.strip().splitlines()[-1], "the stage-in pull's answer")
     except (ValueError, IndexError):
         return {}
     return out if isinstance(out, dict) else {}

@@ -44,6 +44,7 @@ from typing import Any
 
 from slurm_burst.core.errors import BurstError
 from slurm_burst.core.hostlist import expand
+from slurm_burst.core.jsonread import read_json
 from slurm_burst.core.nodestate import NodeState
 from slurm_burst.core.records import NodeRecord, OutputRecord, OutputState, StageRecord, StoreError
 from slurm_burst.core.remote import RemoteError
@@ -301,7 +302,7 @@ class Outputs:
         except RemoteError as exc:
             raise OutputError(f"stage-out {args[0]} on the node: {exc}") from exc
         try:
-            out = json.loads(said.strip().splitlines()[-1])
+            out = read_json(said.strip().splitlines()[-1], f"stage-out {args[0]}'s answer")
         except (ValueError, IndexError):
             out = None
         if not isinstance(out, dict):

@@ -49,6 +49,7 @@ from slurm_burst.core.cloud import (
 from slurm_burst.core.errors import BadInput, BurstError, StepError
 from slurm_burst.core.hostlist import compress
 from slurm_burst.core.jobs import job_ids, nodes_by_job, released_with
+from slurm_burst.core.jsonread import read_json
 from slurm_burst.core.mesh import MeshError, hub_address, parking_address
 from slurm_burst.core.nodestate import LIVE, NodeState, TransitionError, Want, reason
 from slurm_burst.core.pricing import dollars
@@ -717,7 +718,7 @@ class Provisioner:
         sh.put(json.dumps(expect).encode(), GPU_EXPECT, 0o644)
         said = self._step(sh, "gpu-check", gpu.node_python)
         try:
-            report = json.loads(said.strip().splitlines()[-1])
+            report = read_json(said.strip().splitlines()[-1], "the GPU check's report")
             problems = [str(p) for p in report["problems"]]
             ok = report["ok"] is True and not problems
         except (ValueError, IndexError, KeyError, TypeError, RecursionError):

@@ -23,6 +23,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from slurm_burst.core.jsonread import read_json
 from slurm_burst.core.usage import InstanceEvent, LedgerError, LedgerUnavailable, Transfer
 from slurm_burst.fileio import ensure_dir, write_durable
 from slurm_burst.ports import Ledger
@@ -112,7 +113,7 @@ class SpoolingLedger:
         with self._replay_lock:
             for path in self.spool.pending():
                 try:
-                    item = json.loads(path.read_text())
+                    item = read_json(path.read_bytes(), f"ledger spool file {path.name}")
                 except (OSError, ValueError) as exc:
                     self._reject(path, f"unreadable spool file: {exc}")
                     continue

@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from slurm_burst.core.jsonread import BadJson, read_json
 from slurm_burst.core.records import Spooled
 from slurm_burst.core.slurmsyntax import is_node_name
 from slurm_burst.fileio import PRIVATE, FileRefused, ensure_dir, plain, write_durable
@@ -102,9 +103,9 @@ class RequestSpool:
 def decode(path: Path, data: bytes) -> Spooled:
     """A spooled request from its file's bytes; ValueError says what is wrong."""
     try:
-        doc = json.loads(data)
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
-        raise ValueError(f"not a spooled request: {exc}") from None
+        doc = read_json(data, "not a spooled request", max_bytes=MAX_FILE)
+    except BadJson as exc:
+        raise ValueError(str(exc)) from None
     if not isinstance(doc, dict):
         raise ValueError("not a spooled request: not a JSON object")
     uid, kind, nodes, jobs, at = (
