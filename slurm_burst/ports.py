@@ -156,6 +156,10 @@ class RequestSpool(Protocol):
 
     def remove(self, item: Spooled) -> None: ...
 
+    def reject(self, item: Spooled, why: str) -> None:
+        """Set ``item`` aside, never to be acted on, and log ``why``."""
+        ...
+
 
 class Cloud(Protocol):
     """One provider profile (a libcloud driver with its region and credentials)."""

@@ -80,6 +80,7 @@ if TYPE_CHECKING:
     from slurm_burst.services.transfers import StorageBook, StorePrices, TransferBook
     from slurm_burst.services.warmpool import WarmSettings
     from slurm_burst.services.workers import Workers
+    from slurm_burst.trusted import Writers
 
 
 # -- the state store -----------------------------------------------------------------
@@ -103,8 +104,10 @@ def node_store(
 def request_spool(cfg: Config) -> RequestSpool:
     """Where hooks keep what the state database cannot take (daemon.spool_dir)."""
     from slurm_burst.adapters.state.requestspool import RequestSpool
+    from slurm_burst.trusted import Writers
 
-    return RequestSpool(cfg.daemon.spool_dir, slurm_group(cfg))
+    writers = Writers.us(user=cfg.daemon.user, group=cfg.daemon.group)
+    return RequestSpool(cfg.daemon.spool_dir, slurm_group(cfg), writers)
 
 
 def slurm_release(cfg: Config) -> str:
@@ -346,7 +349,7 @@ def object_store(cfg: Config, name: str) -> ObjectStore:
         from slurm_burst.adapters.storage.mesh import MeshStore, load_key
 
         host, port = mesh_store_address(cfg, st)
-        secret = load_key(mesh_store_key(cfg, name), create=False)
+        secret = load_key(mesh_store_key(cfg, name), create=False, writers=state_writers(cfg))
         return MeshStore(st.name, host=host, port=port, secret=secret)
     if st.driver == "azure_blobs":
         from slurm_burst.adapters.storage.azure import AzureBlobStore
@@ -377,6 +380,14 @@ def mesh_store_address(cfg: Config, st: StoreConfig) -> tuple[str, int]:
     return hub_address(cfg.mesh.subnet), MESH_STORE_PORT
 
 
+def state_writers(cfg: Config) -> Writers:
+    """Who may own what the daemon keeps in its state directory (root, us) and change
+    the directories it is in (SlurmUser's group too: state_dir is 0770 in it)."""
+    from slurm_burst.trusted import Writers
+
+    return Writers(Writers.us().uids, Writers.us(group=cfg.daemon.group).gids)
+
+
 def mesh_store_key(cfg: Config, name: str) -> Path:
     return Path(cfg.daemon.state_dir) / f"mesh-store-{name}.key"
 
@@ -388,7 +399,7 @@ def mesh_store_servers(cfg: Config) -> list[MeshStoreServer]:
     out = []
     for name, st in sorted(cfg.stores.items()):
         if st.driver == "mesh":
-            key = load_key(mesh_store_key(cfg, name), create=True)
+            key = load_key(mesh_store_key(cfg, name), create=True, writers=state_writers(cfg))
             out.append(MeshStoreServer(st.directory, key, mesh_store_address(cfg, st)))
     return out
 

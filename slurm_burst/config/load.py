@@ -19,7 +19,8 @@ from slurm_burst.core.errors import BadInput
 from slurm_burst.core.redact import has_inline_password
 from slurm_burst.core.slurmsyntax import hidden_character
 from slurm_burst.extensions import ExtensionError
-from slurm_burst.fileio import FileRefused, gid_of, not_private, read_regular, untrusted
+from slurm_burst.fileio import FileRefused, gid_of, not_private, untrusted
+from slurm_burst.trusted import Writers, read_checked
 
 DEFAULT_CONFIG_PATH = "/etc/slurm-burst/slurm-burst.toml"
 ENV_VAR = "SLURM_BURST_CONFIG"
@@ -63,14 +64,15 @@ def check_config(
     """Load ``path``; return the config (None if unusable) and every problem found."""
     source = str(path)
     try:
-        text = read_regular(path, CONFIG_MAX).decode("utf-8")
+        data, why = read_checked(path, Writers.us(), CONFIG_MAX, follow=True)
+        text = data.decode("utf-8")
     except FileRefused as exc:
         return None, [Problem("", f"cannot read the config: {exc}")]
     except OSError as exc:
         return None, [Problem("", f"cannot read the config: {exc.strerror or exc}")]
     except UnicodeDecodeError as exc:
         return None, [Problem("", f"the config is not UTF-8 text (byte {exc.start})")]
-    problems = _file_mode_problems(path, "the config file")
+    problems = _untrusted_problem(path, "the config file", why)
     overlays, more = read_dropins(path)
     problems += more
     cfg, more = parse_config(text, source, driver_exists, overlays)
@@ -122,15 +124,16 @@ def read_dropins(path: Path) -> tuple[list[dict[str, Any]], list[Problem]]:
         return [], []
     except OSError as exc:
         return [], [Problem("", f"cannot read the drop-in directory {where}: {exc.strerror}")]
-    problems = _file_mode_problems(where, "the drop-in directory")
+    problems = _file_mode_problems(where, "the drop-in directory")  # its listing
     if len(names) > DROPINS_MAX:
         return [], [Problem("", f"{where}: {len(names)} drop-ins, at most {DROPINS_MAX} read")]
     out = []
     for name in names:
         file = where / name
-        problems += _file_mode_problems(file, "the drop-in")
         try:
-            data, wrong = _toml(read_regular(file, CONFIG_MAX).decode("utf-8"))
+            body, why = read_checked(file, Writers.us(), CONFIG_MAX, follow=True)
+            problems += _untrusted_problem(file, "the drop-in", why)
+            data, wrong = _toml(body.decode("utf-8"))
         except FileRefused as exc:
             problems.append(Problem("", f"cannot read the drop-in: {exc}"))
             continue
@@ -277,6 +280,11 @@ def _strip_inline_secrets(data: dict[str, Any], problems: list[Problem]) -> None
                     )
 
 
+def _untrusted_problem(path: Path, what: str, why: str | None) -> list[Problem]:
+    """The StrictModes rule for a file read (``why``, from its descriptor)."""
+    return [Problem("", f"{what} {path} can be changed by others: {why}")] if why else []
+
+
 def _file_mode_problems(path: Path, what: str, secret: bool = False) -> list[Problem]:
     """The StrictModes rule (it chooses what root runs), and private if ``secret``."""
     try:
@@ -294,17 +302,25 @@ def _file_mode_problems(path: Path, what: str, secret: bool = False) -> list[Pro
 
 
 def _group_problems(cfg: Config) -> list[Problem]:
-    if gid_of(cfg.daemon.group) is not None:
-        return []
-    return [
-        Problem(
+    from slurm_burst.trusted import uid_of
+
+    out = []
+    if gid_of(cfg.daemon.group) is None:
+        out.append(Problem(
             "daemon.group",
             f"no group {cfg.daemon.group!r} on this host: the state database, socket "
             "and hook log keep their creator's group, and hooks run as SlurmUser may "
             "be refused (set it to SlurmUser's group)",
             severity="warning",
-        )
-    ]
+        ))  # fmt: skip
+    if uid_of(cfg.daemon.user) is None:
+        out.append(Problem(
+            "daemon.user",
+            f"no user {cfg.daemon.user!r} on this host: a request the hooks spool is "
+            "taken only from root or the daemon's user (set it to SlurmUser)",
+            severity="warning",
+        ))  # fmt: skip
+    return out
 
 
 # the programs slurm-burst runs from slurm.bin_dir

@@ -464,6 +464,12 @@ class DaemonConfig:
     state_dir: str = doc(
         "Directory of the daemon's state database and keys.", default="/var/lib/slurm-burst"
     )
+    user: str = doc(
+        "Slurm's SlurmUser: the hooks run as it. A spooled request (spool_dir) is acted on "
+        "only if root, the daemon's user or this user wrote it, in directories none but "
+        "they and this group can change; any other is moved to rejected/ and logged.",
+        default="slurm",
+    )
     group: str = doc(
         "Group of Slurm's SlurmUser. The hooks run as SlurmUser and write the state "
         "database, wake the daemon and log through it: state_dir is 0770, the state "

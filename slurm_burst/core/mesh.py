@@ -99,7 +99,7 @@ def node_address(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
             addr = addr.ipv4_mapped
         elif addr.sixtofour is not None or addr.teredo is not None:
             raise ValueError("a tunnelled IPv4 address (6to4, Teredo)")
-        elif addr in _IPV4_COMPATIBLE and int(addr) > 1 or addr in _NAT64:
+        elif (addr in _IPV4_COMPATIBLE and int(addr) > 1) or addr in _NAT64:
             raise ValueError("an IPv4 address in IPv6 form (compatible, NAT64)")
     if addr.is_multicast or addr.is_unspecified or addr.is_loopback:
         raise ValueError("not a unicast address")

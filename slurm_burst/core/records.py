@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from slurm_burst.core.errors import EXIT_PRECONDITION, BurstError
+from slurm_burst.core.errors import EXIT_BAD_INPUT, EXIT_PRECONDITION, BurstError
 from slurm_burst.core.nodestate import NodeState, Want
 from slurm_burst.core.slurm import JobOwner
 
@@ -21,6 +21,14 @@ class StoreError(BurstError):
 
     code = "InternalError"
     exit_code = EXIT_PRECONDITION
+
+
+class DuplicateRequest(StoreError):
+    """A request's uid already names another request (other kind, nodes or jobs): the
+    second is refused, never merged into the first or dropped unsaid."""
+
+    code = "DuplicateRequest"
+    exit_code = EXIT_BAD_INPUT
 
 
 class PoolExhausted(StoreError):

@@ -337,8 +337,18 @@ def _remove_tree(path: str) -> None:
 
 
 def _plan_file(path: str) -> bytes:
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    """The plan the controller put at ``path`` (over SSH, as root), then removed: read
+    only if root (or we) wrote it and nobody else could (its grants act on the store; a
+    job's user on this node must not plant one). OSError saying why otherwise."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     try:
+        st = os.fstat(fd)
+        trusted = (0, os.geteuid())
+        if not stat.S_ISREG(st.st_mode) or st.st_uid not in trusted or st.st_mode & 0o022:
+            raise OSError(f"{path}: not a plan the controller wrote (owner or mode)")
+        up = os.stat(os.path.dirname(os.path.abspath(path)))
+        if up.st_uid not in trusted or up.st_mode & 0o022:
+            raise OSError(f"{path}: its directory can be written by others")
         with os.fdopen(fd, "rb", closefd=False) as fh:
             return fh.read(MAX_PLAN + 1)[:MAX_PLAN]
     finally:

@@ -23,7 +23,7 @@ from slurm_burst.config import Fleet
 from slurm_burst.core.hostlist import compress
 from slurm_burst.core.jobs import jobs_by_node
 from slurm_burst.core.nodestate import RESUMING, NodeState, Want
-from slurm_burst.core.records import NodeRecord, Request, StoreError
+from slurm_burst.core.records import DuplicateRequest, NodeRecord, Request, StoreError
 from slurm_burst.ports import (
     Clock,
     DaemonHost,
@@ -346,9 +346,15 @@ def drain(spool: RequestSpool, store: NodeStore, now: float) -> int:
     a file is removed only after its request is committed, so a crash in between
     leaves it to be added again, which its uid makes a no-op."""
     items = spool.pending()
+    taken = 0
     for item in items:
-        store.add_request(item.kind, item.nodes, item.jobs, item.created_at, item.uid)
+        try:
+            store.add_request(item.kind, item.nodes, item.jobs, item.created_at, item.uid)
+        except DuplicateRequest as exc:  # never merged into the other, never dropped unsaid
+            spool.reject(item, str(exc))
+            continue
         spool.remove(item)
+        taken += 1
         log.warning(
             "request.unspooled uid=%s kind=%s count=%d hostlist=%s age=%.0f",
             item.uid,
@@ -357,4 +363,4 @@ def drain(spool: RequestSpool, store: NodeStore, now: float) -> int:
             compress(list(item.nodes)),
             now - item.created_at,
         )
-    return len(items)
+    return taken

@@ -13,6 +13,7 @@ from typing import Any
 from slurm_burst.core.nodestate import NodeState, Want, check_transition
 from slurm_burst.core.records import (
     NODE_FIELDS,
+    DuplicateRequest,
     GroupHealth,
     NodeRecord,
     OutputRecord,
@@ -130,9 +131,12 @@ class MemoryStore:
         if kind not in ("resume", "suspend", "resume-fail"):
             raise StoreError(f"unknown request kind {kind!r}")
         with self._lock:
-            if uid and uid in self._uids:
-                return self._uids[uid]
             req = Request(len(self._requests) + 1, kind, tuple(nodes), [dict(j) for j in jobs], now)
+            if uid and uid in self._uids:
+                had = self._requests[self._uids[uid] - 1][0]
+                if (had.kind, had.nodes, had.jobs) != (req.kind, req.nodes, req.jobs):
+                    raise DuplicateRequest(f"request uid {uid} already names request {had.id}")
+                return had.id
             self._requests.append((req, None))
             if uid:
                 self._uids[uid] = req.id

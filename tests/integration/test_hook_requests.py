@@ -53,8 +53,11 @@ from slurm_burst.adapters.state.requestspool import RequestSpool
 from slurm_burst.cli.main import cli
 from slurm_burst.config import Config, load_config
 from slurm_burst.services.daemon import drain
+from slurm_burst.trusted import Writers
 from slurm_burst.wiring import node_store
 from tests.conftest import LAB_CONFIG
+
+HOOK_WRITERS = Writers.us(user="nobody", group="nogroup")
 
 pytestmark = [
     pytest.mark.integration,
@@ -199,7 +202,10 @@ def _child(site: Site, db: str, spool: str, user: str, args: list[str]) -> dict[
         held.execute("ROLLBACK")
     out |= {
         "db": _db_requests(state / "state.db") if db not in ("symlink",) else 0,
-        "spool": len(RequestSpool(spool_dir).pending()) if spool_dir.is_dir() else 0,
+        # read as the daemon reads it: SlurmUser (nobody here) and its group trusted
+        "spool": len(RequestSpool(spool_dir, writers=HOOK_WRITERS).pending())
+        if spool_dir.is_dir()
+        else 0,
         "state_mode": stat.S_IMODE(os.lstat(state).st_mode),
     }
     return out

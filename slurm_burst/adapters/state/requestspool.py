@@ -11,8 +11,13 @@ reached both is acted on once) and then removed.
 Each file is one request as JSON, written under a temporary name nobody can have
 planted, fsynced, renamed into place, and its directory fsynced: once ``put`` returns,
 the request survives a crash of either side. Files are read without following links,
-only if regular and at most :data:`MAX_FILE` bytes; one that cannot be read as a
-request is moved aside to ``rejected/`` with a log line, never acted on.
+only if regular and at most :data:`MAX_FILE` bytes, and only from a writer the daemon
+trusts (``slurm_burst.trusted``: root, the daemon's user or SlurmUser owns the file and
+every directory above it, and nobody else can change them; checked on the opened
+descriptor). One that cannot be read as a request, or comes from another writer, or
+reuses the uid of another request, is moved aside to ``rejected/`` with a log line
+saying why, never acted on. A uid is a token of ``[A-Za-z0-9_-]``: it names the file
+and is logged, so it can hold no path or line separator.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import stat
 import time
 from pathlib import Path
@@ -28,7 +34,8 @@ from typing import Any
 from slurm_burst.core.jsonread import BadJson, read_json
 from slurm_burst.core.records import Spooled
 from slurm_burst.core.slurmsyntax import is_node_name
-from slurm_burst.fileio import PRIVATE, FileRefused, ensure_dir, plain, write_durable
+from slurm_burst.fileio import ensure_dir, write_durable
+from slurm_burst.trusted import Writers, read_trusted
 
 log = logging.getLogger(__name__)
 
@@ -36,17 +43,27 @@ KINDS = ("resume", "suspend", "resume-fail")
 MAX_FILE = 32 * 1024 * 1024  # 65,536 node names and their jobs take ~5 MB
 MAX_NODES = 1_000_000
 MAX_PENDING = 10_000  # files read per drain; the rest wait for the next
+UID = re.compile(r"[A-Za-z0-9_-]{8,64}", re.ASCII)
 
 
 class RequestSpool:
-    def __init__(self, directory: str | os.PathLike[str], group: int | None = None) -> None:
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        group: int | None = None,
+        writers: Writers | None = None,
+    ) -> None:
         self.dir = Path(directory)
         self.group = group
+        # who may have written a request: root and us, SlurmUser where the wiring says
+        self.writers = writers or Writers.us()
 
     def put(
         self, uid: str, kind: str, nodes: list[str], jobs: list[dict[str, Any]], now: float
     ) -> Path:
         """Write the request durably (0640 in SlurmUser's group); OSError if it cannot be."""
+        if not UID.fullmatch(uid):
+            raise ValueError(f"a request uid is 8 to 64 of A-Za-z0-9_- ({uid[:70]!r})")
         ensure_dir(self.dir, 0o2770, self.group, "daemon.spool_dir")
         body = json.dumps(
             {"uid": uid, "kind": kind, "nodes": nodes, "jobs": jobs, "created_at": now}
@@ -75,17 +92,11 @@ class RequestSpool:
     def remove(self, item: Spooled) -> None:
         Path(item.path).unlink(missing_ok=True)
 
+    def reject(self, item: Spooled, why: str) -> None:
+        self._reject(Path(item.path), why)
+
     def _read(self, path: Path) -> Spooled:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | PRIVATE)
-        try:
-            st = os.fstat(fd)
-            plain(path, st)
-            if st.st_size > MAX_FILE:
-                raise FileRefused(f"{path}: {st.st_size:,} bytes, over {MAX_FILE:,}")
-            data = os.read(fd, MAX_FILE + 1)
-        finally:
-            os.close(fd)
-        return decode(path, data)
+        return decode(path, read_trusted(path, self.writers, MAX_FILE))
 
     def _reject(self, path: Path, why: str) -> None:
         rejected = self.dir / "rejected"
@@ -111,8 +122,8 @@ def decode(path: Path, data: bytes) -> Spooled:
     uid, kind, nodes, jobs, at = (
         doc.get(k) for k in ("uid", "kind", "nodes", "jobs", "created_at")
     )
-    if not isinstance(uid, str) or not 8 <= len(uid) <= 64 or not uid.isascii():
-        raise ValueError("no request uid")
+    if not isinstance(uid, str) or not UID.fullmatch(uid):
+        raise ValueError("no request uid (8 to 64 of A-Za-z0-9_-)")
     if kind not in KINDS:
         raise ValueError(f"unknown kind {kind!r}")
     if not isinstance(nodes, list) or not 0 < len(nodes) <= MAX_NODES:

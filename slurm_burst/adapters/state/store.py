@@ -29,6 +29,7 @@ from urllib.parse import quote
 from slurm_burst.core.nodestate import NodeState, Want, check_transition
 from slurm_burst.core.records import (
     NODE_FIELDS,
+    DuplicateRequest,
     GroupHealth,
     NodeRecord,
     OutputRecord,
@@ -454,7 +455,8 @@ class Store:
         uid: str = "",
     ) -> int:
         """Record a request; one with the ``uid`` of a request already recorded (from the
-        spool, after it reached the database too) is that one: its id is returned."""
+        spool, after it reached the database too) is that one: its id is returned. A
+        uid already naming another request (kind, nodes, jobs) is DuplicateRequest."""
         values = (kind, json.dumps(list(nodes)), json.dumps([dict(j) for j in jobs]), now)
         with self.tx() as db:
             if not uid or self.outdated:  # an older schema has no uid until the daemon upgrades
@@ -468,7 +470,12 @@ class Store:
                 " ON CONFLICT (uid) WHERE uid IS NOT NULL DO NOTHING",
                 (*values, uid),
             )
-            return int(db.execute("SELECT id FROM requests WHERE uid = ?", (uid,)).fetchone()[0])
+            row = db.execute(
+                "SELECT id, kind, nodes, jobs FROM requests WHERE uid = ?", (uid,)
+            ).fetchone()
+            if (row["kind"], row["nodes"], row["jobs"]) != values[:3]:
+                raise DuplicateRequest(f"request uid {uid} already names request {row['id']}")
+            return int(row["id"])
 
     def pending_requests(self) -> list[Request]:
         return [

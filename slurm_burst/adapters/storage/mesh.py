@@ -49,6 +49,8 @@ from urllib.parse import parse_qs, quote, unquote, urlencode, urlsplit
 
 from slurm_burst.adapters.served import Served
 from slurm_burst.core.staging import StorageError, StorageUnavailable
+from slurm_burst.fileio import FileRefused
+from slurm_burst.trusted import Writers, open_trusted
 
 log = logging.getLogger(__name__)
 
@@ -78,10 +80,13 @@ def signed_path(secret: bytes, method: str, key: str, expires: int) -> str:
     return f"/{quote(key, safe='/~')}?{urlencode(query)}"
 
 
-def load_key(path: Path, create: bool) -> bytes:
+def load_key(path: Path, create: bool, writers: Writers | None = None) -> bytes:
     """The store's grant key from ``path`` (0600, root's); made there first if ``create``
-    and there is none. StorageUnavailable when it cannot be read."""
-    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
+    and there is none. StorageUnavailable when it cannot be read, or when someone but
+    root (or us) wrote it or could have: its owner and every directory above it are
+    checked on its descriptor (``writers``: root and us, and the group the state
+    directory is shared with), so a key planted by a member of SlurmUser's group, who
+    could then mint grants for every account's data, is never used."""
     if create:
         with contextlib.suppress(FileExistsError):
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
@@ -91,7 +96,9 @@ def load_key(path: Path, create: bool) -> bytes:
             finally:
                 os.close(fd)
     try:
-        fd = os.open(path, flags)
+        fd = open_trusted(path, writers or Writers.us())
+    except FileRefused as exc:
+        raise StorageUnavailable(f"the mesh store's key: {exc}") from None
     except OSError as exc:
         raise StorageUnavailable(
             f"the mesh store's key {path}: {exc.strerror} (it is made by the daemon at its "
@@ -102,7 +109,7 @@ def load_key(path: Path, create: bool) -> bytes:
         body = os.read(fd, 4 * KEY_BYTES)
     finally:
         os.close(fd)
-    if not stat.S_ISREG(st.st_mode) or st.st_mode & 0o077:
+    if st.st_mode & 0o077:
         raise StorageUnavailable(f"the mesh store's key {path}: not a 0600 file")
     key = body.strip()
     if not re.fullmatch(rb"[0-9a-f]{64}", key):
