@@ -568,6 +568,10 @@ class DatasetTree(Protocol):
 
     def resolve(self, src: str) -> str: ...  # every symlink and '..' resolved
 
+    # ``path`` with every symlink followed as far as it exists (a kept path's other
+    # spelling; never an error)
+    def real(self, path: str) -> str: ...
+
     # (path inside the dataset, size, executable) of each regular file, sorted
     def files(self, real_src: str) -> list[tuple[str, int, bool]]: ...
 

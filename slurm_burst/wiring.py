@@ -9,6 +9,7 @@ libcloud, paramiko or SQLAlchemy.
 from __future__ import annotations
 
 import logging
+import os
 import socket
 import threading
 from collections.abc import Callable, Mapping, Sequence
@@ -429,6 +430,17 @@ def kept_home(cfg: Config) -> KeptHome:
     return KeptHome(
         paths=cfg.staging.onprem_only_paths, accounts=frozenset(accounts), qos=frozenset(qos)
     )
+
+
+def kept_paths(cfg: Config) -> tuple[str, ...]:
+    """Every spelling on this host of staging.onprem_only_paths (configured, resolved,
+    and through the symlinks that lead to them), for the rendered burst_buffer.lua."""
+    from slurm_burst.adapters.storage.tree import symlinks_in
+    from slurm_burst.core.staging import path_spellings
+
+    out = [s for p in cfg.staging.onprem_only_paths
+           for s in path_spellings(p, os.path.realpath, symlinks_in)]  # fmt: skip
+    return tuple(dict.fromkeys(out))
 
 
 def run_as(user: str, fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:

@@ -27,7 +27,7 @@ from slurm_burst.adapters.proc import alive, spawn_detached
 from slurm_burst.config import Config
 from slurm_burst.core.hostlist import compress
 from slurm_burst.services.slurmconf import render
-from slurm_burst.wiring import slurm_release
+from slurm_burst.wiring import kept_paths, slurm_release
 from slurm_burst_lab import prerunpoll
 from slurm_burst_lab.config import LabConfig, settings
 from slurm_burst_lab.images import HOST_RELEASE
@@ -148,7 +148,7 @@ def write_slurm_conf(cfg: Config, paths: Paths) -> Path:
         dbd_port=lab.dbd_port,
     )
     release = slurm_release(cfg)
-    files = {"slurm.conf": text, **render(cfg, release)}
+    files = {"slurm.conf": text, **render(cfg, release, kept_paths(cfg))}
     if release != HOST_RELEASE:
         # slurmd from 23.02 on loads a cgroup plugin whatever ProctrackType says; a
         # namespace VM has no cgroup of its own to give it (configless nodes get this too)

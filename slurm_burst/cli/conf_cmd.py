@@ -39,11 +39,12 @@ def render_cmd(ctx: click.Context, output_dir: Path | None, slurm_release: str |
       echo 'Include slurm-burst.conf' >> /etc/slurm/slurm.conf   # relative: configless
       scontrol reconfigure   # node definition changes need a slurmctld restart
     """
+    from slurm_burst.wiring import kept_paths
     from slurm_burst.wiring import slurm_release as release_of_cluster
 
     cfg = app(ctx).config
     try:
-        files = render(cfg, slurm_release or release_of_cluster(cfg))
+        files = render(cfg, slurm_release or release_of_cluster(cfg), kept_paths(cfg))
     except ValueError as exc:
         fail(str(exc), EXIT_BAD_INPUT)
     if output_dir is None:

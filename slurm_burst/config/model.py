@@ -701,10 +701,11 @@ class PolicyConfig:
     )
 
     def onprem_only(self) -> tuple[list[str], list[str]]:
-        """The accounts and the QOS whose jobs and data never leave the site, sorted."""
+        """The accounts and the QOS whose jobs and data never leave the site, sorted and
+        lower-cased: Slurm compares both names without regard to case."""
         return (
-            sorted(a for a, o in self.accounts.items() if o.onprem_only),
-            sorted(q for q, o in self.qos.items() if o.onprem_only),
+            sorted(a.lower() for a, o in self.accounts.items() if o.onprem_only),
+            sorted(q.lower() for q, o in self.qos.items() if o.onprem_only),
         )
 
     def rule(self, account: str = "", qos: str = "", partition: str = "") -> Rule:
@@ -717,8 +718,10 @@ class PolicyConfig:
             "onprem_only": False,
             "burst_share": self.burst_share,
         }
-        for table, key in ((self.partitions, partition), (self.qos, qos), (self.accounts, account)):
-            o = table.get(key) if key else None
+        # accounts and QOS as Slurm compares them, without regard to case
+        for table, key, fold in ((self.partitions, partition, False), (self.qos, qos, True),
+                                 (self.accounts, account, True)):  # fmt: skip
+            o = _named(table, key, fold) if key else None
             if o is None:
                 continue
             for name in ("min_wait", "wait_per_dollar", "wait_factor", "max_job_cost",
@@ -727,6 +730,12 @@ class PolicyConfig:
                 if value is not None:  # a max_job_cost of 0 lifts the cap
                     values[name] = (value or None) if name == "max_job_cost" else value
         return Rule(recheck=self.recheck, **values)
+
+
+def _named(table: Mapping[str, PolicyOverride], key: str, fold: bool) -> PolicyOverride | None:
+    if not fold:
+        return table.get(key)
+    return next((o for name, o in table.items() if name.lower() == key.lower()), None)
 
 
 @dataclass(frozen=True)

@@ -556,9 +556,14 @@ def _policy(cfg: Config, out: list[Problem]) -> None:
     if p.enabled and not cfg.slurm.onprem_partitions:
         out.append(Problem("policy.enabled", "needs slurm.onprem_partitions: the jobs it steers"))
     for kind in ("accounts", "qos", "partitions"):
+        seen: dict[str, str] = {}
         for name, o in getattr(p, kind).items():
             if not is_name(name):
                 out.append(Problem(f"policy.{kind}.{name}", "must be a Slurm name"))
+            other = seen.setdefault(name.lower(), name)
+            if kind != "partitions" and other != name:
+                said = f"is {other} to Slurm, which compares names without regard to case"
+                out.append(Problem(f"policy.{kind}.{name}", f"{said}: keep one of them"))
             for key in ("min_wait", "wait_per_dollar", "wait_factor", "max_job_cost",
                         "burst_share"):  # fmt: skip
                 value = getattr(o, key)

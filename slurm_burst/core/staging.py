@@ -39,11 +39,12 @@ import hashlib
 import itertools
 import json
 import re
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 
 from slurm_burst.core.errors import EXIT_PRECONDITION, BadInput, BurstError
 from slurm_burst.core.jsonread import read_json
+from slurm_burst.core.slurmsyntax import is_name, visible
 
 DIRECTIVE = "#BB_LUA"  # burst_buffer.conf's Directive; Slurm's default for burst_buffer/lua
 MANIFEST_VERSION = 1
@@ -482,20 +483,71 @@ def worth_compressing(size: int, sample_in: int, sample_out: int) -> bool:
 
 @dataclass(frozen=True)
 class KeptHome:
-    """What the site keeps on-prem: paths (resolved, no symlinks), Slurm accounts and QOS."""
+    """What the site keeps on-prem: paths as configured (normalized absolute paths),
+    Slurm accounts and QOS (compared without regard to case, as Slurm compares them)."""
 
     paths: tuple[str, ...] = ()
     accounts: frozenset[str] = frozenset()
     qos: frozenset[str] = frozenset()
 
+    def resolved(self, real: Callable[[str], str]) -> KeptHome:
+        """These rules with each path also in its resolved spelling (``real``: every
+        symlink followed, now): a site's ``/data -> /mnt/data`` keeps both. The daemon
+        resolves them at every check, since a site may move a mount."""
+        paths = [spelling for p in self.paths for spelling in (p, real(p))]
+        return replace(self, paths=tuple(dict.fromkeys(paths)))
+
+
+MAX_SPELLINGS = 64
+
+
+def path_spellings(
+    path: str,
+    real: Callable[[str], str],
+    links_in: Callable[[str], Sequence[tuple[str, str]]],
+) -> tuple[str, ...]:
+    """Every spelling of the kept ``path`` a job could write that leads to it: as
+    configured, resolved (``real``), and through each symlink found in a directory
+    above one of them whose target is the resolved path or a directory above it
+    (``links_in(dir)``: (link, its resolved target) of the symlinks directly in
+    ``dir``). A site's ``/data -> /mnt/data`` gives both, whichever is configured.
+    For burst_buffer.lua, which has no realpath and compares paths lexically; at most
+    :data:`MAX_SPELLINGS`. Pure: the two lookups are passed in."""
+    target = real(path)
+    on_the_way = {target, *_ancestors(target)}  # what a link may lead to
+    found = list(dict.fromkeys([path, target]))
+    for spelling in found:  # grows as links are found; bounded below
+        for above in _ancestors(spelling):
+            for link, to in links_in(above):
+                if to in on_the_way:
+                    rest = target[len(to):].lstrip("/")  # fmt: skip
+                    new = f"{link.rstrip('/')}/{rest}" if rest else link
+                    if new not in found and len(found) < MAX_SPELLINGS:
+                        found.append(new)
+    return tuple(found)
+
+
+def _ancestors(path: str) -> list[str]:
+    """The directories above the absolute ``path``, nearest first, "/" last."""
+    out = []
+    while path not in ("/", ""):
+        path = path.rsplit("/", 1)[0] or "/"
+        out.append(path)
+    return out
+
 
 def kept_home(real_src: str, account: str, qos: str, rules: KeptHome) -> str | None:
     """Why this stage may not leave the site (None: it may). ``real_src`` is the source
-    with every symlink and '..' resolved: a rule on a path holds for every way to it."""
-    if account.lower() in {a.lower() for a in rules.accounts}:
-        return f"account {account} keeps its data on-prem"
-    if qos and qos in rules.qos:
-        return f"QOS {qos} keeps its data on-prem"
+    with every symlink and '..' resolved, compared with every spelling of each kept path
+    (:meth:`KeptHome.resolved`). An account or QOS that is not a Slurm name is refused:
+    no spelling of a kept name (a case, a trailing control character) passes."""
+    for kind, name, kept in (("account", account, rules.accounts), ("QOS", qos, rules.qos)):
+        if not name:
+            continue
+        if not is_name(name):
+            return f"{kind} {visible(name[:70])} is not a Slurm {kind} name"
+        if name.lower() in {k.lower() for k in kept}:
+            return f"{kind} {name} keeps its data on-prem"
     for path in rules.paths:
         if real_src == path or real_src.startswith(path.rstrip("/") + "/") or path == "/":
             return f"{real_src} is under {path}, which stays on-prem"

@@ -11,7 +11,7 @@ config value can become Lua code.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 
 from slurm_burst.config import Config
 from slurm_burst.core.slurm import release_key
@@ -56,8 +56,11 @@ def _list(names: Iterable[str]) -> str:
     return "{ " + "".join(f"{lua_string(n)}, " for n in names) + "}"
 
 
-def lua_table(cfg: Config) -> str:
+def lua_table(cfg: Config, kept_paths: Sequence[str] | None = None) -> str:
+    """The script's CONF table. ``kept_paths``: every spelling of the kept paths (as
+    ``wiring.kept_paths`` finds them on this host); the configured ones if None."""
     accounts, qos = cfg.policy.onprem_only()
+    paths = cfg.staging.onprem_only_paths if kept_paths is None else kept_paths
     fields: Mapping[str, str] = {
         "directive": lua_string(DIRECTIVE),
         "program": lua_string(f"{cfg.slurm.hook_dir.rstrip('/')}/{STAGE_IN_PROGRAM}"),
@@ -69,14 +72,15 @@ def lua_table(cfg: Config) -> str:
         "sync_max": str(SYNC_MAX),
         "burst_partitions": _set(cfg.burst_partitions()),
         "onprem_accounts": _set(a.lower() for a in accounts),
-        "onprem_qos": _set(qos),
-        "onprem_paths": _list(p.rstrip("/") or "/" for p in cfg.staging.onprem_only_paths),
+        "onprem_qos": _set(q.lower() for q in qos),
+        "onprem_paths": _list(dict.fromkeys(p.rstrip("/") or "/" for p in paths)),
     }
     return "{\n" + "".join(f"\t{k} = {v},\n" for k, v in fields.items()) + "}"
 
 
-def render_lua(cfg: Config, template: str) -> str:
-    return template.replace("@SOURCE@", _said(cfg.source)).replace("@TABLE@", lua_table(cfg))
+def render_lua(cfg: Config, template: str, kept_paths: Sequence[str] | None = None) -> str:
+    table = lua_table(cfg, kept_paths)
+    return template.replace("@SOURCE@", _said(cfg.source)).replace("@TABLE@", table)
 
 
 def render_conf(cfg: Config, release: str) -> str:

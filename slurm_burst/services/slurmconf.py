@@ -7,6 +7,7 @@ The templates live in ``slurm-conf/templates`` (installed under
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from string import Template
@@ -174,15 +175,17 @@ def health_check_lines(cfg: Config) -> str:
     )
 
 
-def render(cfg: Config, release: str) -> dict[str, str]:
+def render(cfg: Config, release: str, kept_paths: Sequence[str] | None = None) -> dict[str, str]:
     """``{"slurm-burst.conf": ..., "gres.conf": ...}`` for ``cfg``, in what Slurm
-    ``release`` (e.g. "24.11") accepts.
+    ``release`` (e.g. "24.11") accepts. ``kept_paths``: every spelling of
+    staging.onprem_only_paths on this host, for burst_buffer.lua (``wiring.kept_paths``;
+    the configured paths if None).
 
     Every value goes in as one word Slurm reads back unchanged, and the result is read
     back with Slurm's own line syntax before it is returned (:func:`check_rendered`):
     RenderError, and nothing to write, when a value would change a line's meaning."""
     try:
-        files = _render(cfg, release)
+        files = _render(cfg, release, kept_paths)
         for name, text in files.items():
             if name != BB_LUA:  # Lua, built of escaped literals (services/burstbuffer.py)
                 check_rendered(name, text)
@@ -234,7 +237,7 @@ def check_rendered(name: str, text: str) -> None:
             )
 
 
-def _render(cfg: Config, release: str) -> dict[str, str]:
+def _render(cfg: Config, release: str, kept_paths: Sequence[str] | None) -> dict[str, str]:
     tdir = template_dir()
     rel = release_settings(release)
     s = cfg.slurm
@@ -285,7 +288,8 @@ def _render(cfg: Config, release: str) -> dict[str, str]:
     files = {FRAGMENT: fragment, GRES: gres}
     if bb.enabled(cfg):
         files[BB_CONF] = bb.render_conf(cfg, release)
-        files[BB_LUA] = bb.render_lua(cfg, (tdir / "burst_buffer.lua.in").read_text())
+        template = (tdir / "burst_buffer.lua.in").read_text()
+        files[BB_LUA] = bb.render_lua(cfg, template, kept_paths)
     return files
 
 

@@ -175,7 +175,7 @@ class Stager:
 
     def _cleared(self, src: str, account: str, qos: str) -> tuple[str, list[tuple[str, int, bool]]]:
         real = self.tree.resolve(src)
-        reason = kept_home(real, account, qos, self.kept)
+        reason = kept_home(real, account, qos, self.kept.resolved(self.tree.real))
         if reason:
             raise SensitiveData(f"stage of {src} refused: {reason}")
         return real, self.tree.files(real)

@@ -65,6 +65,9 @@ class LocalTree:
                 return real
             path = os.path.dirname(path)
 
+    def real(self, path: str) -> str:
+        return os.path.realpath(path)
+
     def files(self, real_src: str) -> list[tuple[str, int, bool]]:
         st = self._lstat(real_src)
         if stat.S_ISREG(st.st_mode):
@@ -259,3 +262,23 @@ class _Digesting(io.RawIOBase):
 
 def _executable(mode: int) -> bool:
     return bool(mode & stat.S_IXUSR)
+
+
+MAX_LISTED = 4096  # entries of a directory looked at for links to a kept path
+
+
+def symlinks_in(directory: str) -> list[tuple[str, str]]:
+    """(link, its resolved target) of each symlink directly in ``directory`` (its first
+    :data:`MAX_LISTED` entries; [] if it cannot be read): where a kept path may be
+    spelled otherwise (``core.staging.path_spellings``)."""
+    out = []
+    try:
+        with os.scandir(directory) as entries:
+            for i, entry in enumerate(entries):
+                if i >= MAX_LISTED:
+                    break
+                if entry.is_symlink():
+                    out.append((entry.path, os.path.realpath(entry.path)))
+    except OSError:
+        return []
+    return out
