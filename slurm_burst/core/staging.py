@@ -148,6 +148,11 @@ def check_dst(dst: str, where: str = "dst") -> str:
 
 
 MAX_STAGES = 32  # stage_in and stage_out directives in one job
+MAX_LINE = 8192  # bytes of one directive line (a path is at most MAX_PATH)
+# bytes of a script's header read (its lines up to the first that is not a comment):
+# slurmctld runs the Lua hook holding its locks, and what it scans is what it costs
+MAX_HEADER = 64 * 1024
+_HEADER_ENDS = re.compile(rb"\n[^#\n]")
 SYNC_MIN, SYNC_MAX = 10, 7 * 86400  # seconds between a stage-out's syncs (0: at job end only)
 JOB_ID = "%j"  # in a stage-out's dst: the job's id (the same after a requeue)
 
@@ -186,6 +191,12 @@ def parse_stages(script: str, directive: str = DIRECTIVE) -> Stages:
     stage-out's ``src``) are one namespace. The Lua hook inside slurmctld
     (``burst_buffer.lua``) applies the same rules. Raises :class:`StagingError` naming
     the line."""
+    raw = script.encode("utf-8", "surrogateescape")
+    if len(raw) > MAX_HEADER:  # read no further than the hook does
+        head = raw[:MAX_HEADER]
+        if head[:1] in (b"#", b"\n") and _HEADER_ENDS.search(head) is None:
+            raise StagingError(header_too_long(directive))
+        script = head.decode("utf-8", "surrogateescape")
     ins: list[StageIn] = []
     outs: list[StageOut] = []
     names: dict[str, int] = {}
@@ -194,12 +205,16 @@ def parse_stages(script: str, directive: str = DIRECTIVE) -> Stages:
             continue
         if not line.startswith("#"):
             break
-        words = _WORD.findall(line)
-        where = f"line {number}"
-        if words[0] != directive:
-            if words[0].startswith(directive):
-                raise StagingError(f"{where}: {words[0][:40]!r} is not {directive}")
+        if not line.startswith(directive):  # never split: what the Lua skips unread
             continue
+        where = f"line {number}"
+        size = len(line.encode("utf-8", "surrogateescape"))
+        if size > MAX_LINE:
+            raise StagingError(f"{where}: a {directive} line of {size} bytes (at most {MAX_LINE})")
+        # the first six words: a stage has at most five, so a sixth is an error already
+        words = [m.group() for m in itertools.islice(_WORD.finditer(line), 6)]
+        if words[0] != directive:
+            raise StagingError(f"{where}: {words[0][:40]!r} is not {directive}")
         if len(words) == 1:
             raise StagingError(f"{where}: {directive} with nothing after it")
         verb = words[1]
@@ -222,6 +237,14 @@ def parse_stages(script: str, directive: str = DIRECTIVE) -> Stages:
             raise StagingError(f"{where}: more than {MAX_STAGES} stage directives")
         names[name] = number
     return Stages(tuple(ins), tuple(outs))
+
+
+def header_too_long(directive: str) -> str:
+    return (
+        f"the script's header (its lines up to the first that is not a comment) runs past "
+        f"{MAX_HEADER} bytes, which is all slurm-burst reads of it: shorten the comments "
+        f"above the commands (and keep the {directive} lines in them)"
+    )
 
 
 _USAGE = {"stage_in": "src=PATH dst=NAME", "stage_out": "src=NAME dst=PATH [sync=SECONDS]"}

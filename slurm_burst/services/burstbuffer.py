@@ -15,12 +15,21 @@ from collections.abc import Iterable, Mapping, Sequence
 
 from slurm_burst.config import Config
 from slurm_burst.core.slurm import release_key
-from slurm_burst.core.staging import DIRECTIVE, MAX_PATH, MAX_STAGES, SYNC_MAX, SYNC_MIN
+from slurm_burst.core.staging import (
+    DIRECTIVE,
+    MAX_HEADER,
+    MAX_LINE,
+    MAX_PATH,
+    MAX_STAGES,
+    SYNC_MAX,
+    SYNC_MIN,
+    header_too_long,
+)
 
 BB_CONF = "burst_buffer.conf"
 BB_LUA = "burst_buffer.lua"
 STAGE_IN_PROGRAM = "slurm-burst-stage-in"
-MAX_SCRIPT = 1024 * 1024  # of a batch script the hooks read (the header is at its top)
+MAX_SCRIPT = MAX_HEADER + 1  # bytes of a script the hooks read: its header, and one more
 
 # burst_buffer.conf: the settings we write, each once (check_rendered reads them back).
 BB_KEYS = frozenset({"Directive", "PollInterval", "StageInTimeout", "OtherTimeout",
@@ -66,8 +75,11 @@ def lua_table(cfg: Config, kept_paths: Sequence[str] | None = None) -> str:
         "program": lua_string(f"{cfg.slurm.hook_dir.rstrip('/')}/{STAGE_IN_PROGRAM}"),
         "node_dir": lua_string(cfg.staging.node_dir.rstrip("/")),
         "max_script": str(MAX_SCRIPT),
+        "max_header": str(MAX_HEADER),
+        "header_too_long": lua_string(header_too_long(DIRECTIVE)),
         "max_path": str(MAX_PATH),
         "max_stages": str(MAX_STAGES),
+        "max_line": str(MAX_LINE),
         "sync_min": str(SYNC_MIN),
         "sync_max": str(SYNC_MAX),
         "burst_partitions": _set(cfg.burst_partitions()),

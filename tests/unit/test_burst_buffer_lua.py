@@ -154,9 +154,30 @@ _ARGS = ["src=/d/a", "src=/d/b/c", "src=/d/../a", "src=/d//a", "src=rel", "src=/
          "sync=1e3", "sync=", "sync=0600", "sync=99999999"]  # fmt: skip
 
 
+def odd_line(rng: random.Random) -> str:
+    """What the hardening's cost bounds read differently: a blank line inside the
+    header, a long comment, a directive line straddling MAX_LINE, one of many words."""
+    kind = rng.choice(["blank", "comment", "long", "words", "cr", "huge"])
+    if kind == "huge":  # a header that runs past MAX_HEADER, or stops just short of it
+        return "#" + "x" * rng.randint(65_400, 65_600)
+    if kind == "blank":
+        return ""
+    if kind == "comment":
+        return "#" + " word" * rng.randint(1, 3000)
+    if kind == "long":
+        src = "/d/" + "a" * rng.randint(8100, 8200)  # the line is about 8,192 bytes
+        return f"#BB_LUA stage_in src={src} dst=x"
+    if kind == "words":
+        return "#BB_LUA stage_in src=/d/a dst=x" + " dst=y" * rng.randint(1, 2000)
+    return "#BB_LUA stage_in src=/d/a dst=x\r"
+
+
 def random_script(rng: random.Random) -> str:
     lines = []
     for _ in range(rng.randint(0, 4)):
+        if rng.random() < 0.1:
+            lines.append(odd_line(rng))
+            continue
         if rng.random() < 0.6:  # a good line, mostly
             if rng.random() < 0.7:
                 lines.append(
@@ -170,7 +191,8 @@ def random_script(rng: random.Random) -> str:
         words += rng.sample(_ARGS, rng.choice([0, 1, 2, 2, 2, 3]))
         sep = rng.choice([" ", "\t", "  ", " \v"])
         lines.append(rng.choice(["", " "]) * (rng.random() < 0.1) + sep.join(words).strip())
-    return "#!/bin/sh\n" + "\n".join(lines) + "\n"
+    body = "srun true\n" * rng.choice([0, 1, 8000])  # past MAX_HEADER: never read
+    return "#!/bin/sh\n" + "\n".join(lines) + "\n" + body
 
 
 def test_the_lua_hook_and_the_daemon_agree_on_every_script(script: Path, tmp_path: Path) -> None:
@@ -259,3 +281,30 @@ def test_data_in_runs_the_program_without_a_shell_and_returns_what_it_says(
     assert lua(script, "data_in", "8", "/x")[0] == "-1 slurm-burst: stage-in program exited 127"
     for hook in ("slurm_bb_pools", "slurm_bb_test_data_in", "slurm_bb_job_teardown"):
         assert lua(script, "call", hook) == ["0"]
+
+
+def test_what_a_hostile_script_makes_the_hook_read_is_bounded(script: Path, tmp_path: Path) -> None:
+    """The work job_process does inside slurmctld is bounded by what it reads (its cost
+    is measured by benchmarks/submit_hook.py, not timed here): a header past
+    MAX_HEADER is refused, unread beyond it; a directive line past MAX_LINE is refused
+    before it is split; the daemon's parser says the same."""
+    from slurm_burst.core.staging import MAX_HEADER, MAX_LINE
+
+    head = "#!/bin/sh\n#BB_LUA stage_in src=/d/a dst=x\n"
+    cases = {
+        "long header": (head + "#\n" * MAX_HEADER + "srun true\n", "runs past 65536 bytes"),
+        "long line": (
+            "#!/bin/sh\n#BB_LUA stage_in" + " w" * MAX_LINE + "\n",
+            f"line 2: a #BB_LUA line of {len('#BB_LUA stage_in') + 2 * MAX_LINE} bytes",
+        ),
+        "long body": (head + "srun true\n" * 100_000, ""),  # the header is short: taken
+        "header at the cap": (head + "#" * (MAX_HEADER - len(head) - 12) + "\nsrun true\n", ""),
+    }
+    said = process(script, tmp_path, [text for text, _ in cases.values()])
+    for (name, (text, why)), lua in zip(cases.items(), said, strict=True):
+        if not why:
+            assert lua == "0" and parse_stages(text).ins, name
+            continue
+        assert lua.startswith("-1 ") and why in lua, (name, lua[:200])
+        with pytest.raises(StagingError, match=why):
+            parse_stages(text)
