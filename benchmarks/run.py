@@ -188,6 +188,8 @@ def main(quick: bool) -> int:
     script("staging", "--json", *(["--quick", "--trials", "20"] if quick else []))
     # what any user's script costs slurmctld in burst_buffer.lua (22.05's and 26.05's calls)
     script("submit_hook", "--json", *(["--quick"] if quick else []))
+    # one node attacking the node API and a mesh store; a well-behaved node's latency
+    script("served_attacks", "--json", *(["--requests", "50"] if quick else []))
     # staging in the lab (root, no lab up): pre-staged data, sbatch -> RUNNING minus
     # boot and pull, on a node up already and on a cold one
     script("prestaged", "--json")

@@ -389,6 +389,16 @@ def state_writers(cfg: Config) -> Writers:
     return Writers(Writers.us().uids, Writers.us(group=cfg.daemon.group).gids)
 
 
+def descriptor_budget(cfg: Config) -> int:
+    """The connections the daemon's HTTP servers may hold open at once, all together:
+    their descriptor budget (adapters.served.Limits), to keep well under LimitNOFILE."""
+    from slurm_burst.adapters.nodeapi import LIMITS as NODE_API
+    from slurm_burst.adapters.storage.mesh import LIMITS as MESH_STORE
+
+    stores = sum(st.driver == "mesh" for st in cfg.stores.values())
+    return NODE_API.connections + stores * MESH_STORE.connections
+
+
 def mesh_store_key(cfg: Config, name: str) -> Path:
     return Path(cfg.daemon.state_dir) / f"mesh-store-{name}.key"
 

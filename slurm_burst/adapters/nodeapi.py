@@ -6,14 +6,14 @@ interruption notice (``NodeApi.notice``), a JSON body of at most 4 KiB. The call
 the TCP peer address: the socket is bound to the hub interface (``SO_BINDTODEVICE``),
 so every connection came through a WireGuard tunnel, whose source address WireGuard
 has checked against the peer's key. Requests are small and bounded: a URL of at most
-1 KiB, a sized body of at most 4 KiB, a socket timeout, at most ``connections``
-answered at once (503 beyond).
+1 KiB, a sized body of at most 4 KiB read whole before the request takes a slot, and
+the connection, deadline and slot bounds of ``adapters.served`` (:data:`LIMITS`), so
+that one node cannot stall the API for the others.
 """
 
 from __future__ import annotations
 
 import contextlib
-import http.server
 import json
 import logging
 import socket
@@ -22,7 +22,7 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from slurm_burst.adapters.served import Served
+from slurm_burst.adapters.served import Guard, GuardedHandler, GuardedServer, Limits, Served
 from slurm_burst.core.mesh import Refused
 
 # the service's answer to GET /v1/peers: (caller's address, its endpoint) -> JSON body
@@ -30,10 +30,13 @@ Answer = Callable[[str, str], dict[str, Any]]
 # ... and to POST /v1/notice: (caller's address, the request's body) -> JSON body
 Told = Callable[[str, bytes], dict[str, Any]]
 MAX_BODY = 4096
+MAX_URL = 1024
+# a node asks every few seconds, one request at a time: a few connections and slots each
+LIMITS = Limits(connections=512, per_caller=8, slots=64, slots_per_caller=4,
+                header_seconds=5.0, idle_seconds=5.0, request_seconds=10.0,
+                read_seconds=5.0)  # fmt: skip
 
 log = logging.getLogger(__name__)
-
-MAX_URL = 1024
 
 
 class NodeApiServer(Served):
@@ -41,22 +44,21 @@ class NodeApiServer(Served):
 
     def __init__(
         self, peers: Answer, listen: tuple[str, int], device: str = "", *,
-        notice: Told | None = None,
-        connections: int = 64, timeout: float = 10.0,
+        notice: Told | None = None, limits: Limits = LIMITS,
     ) -> None:  # fmt: skip
         self.peers = peers
         self.notice = notice
         self.listen = listen
         self.device = device
-        self.timeout = timeout
-        self.slots = threading.BoundedSemaphore(connections)
-        self._httpd: _Server | None = None
+        self.limits = limits
+        self._httpd: GuardedServer | None = None
 
     def start(self) -> None:
         """Bind and serve in a thread (OSError while the address or device is not here)."""
         if self._httpd is not None:
             return
-        httpd = _Server(self.listen, _Handler, bind_and_activate=False)
+        guard = Guard(self.limits, "node_api")
+        httpd = GuardedServer(self.listen, _Handler, guard, bind_and_activate=False)
         try:
             if self.device:
                 httpd.socket.setsockopt(socket.SOL_SOCKET, socket.SO_BINDTODEVICE,
@@ -65,6 +67,7 @@ class NodeApiServer(Served):
             httpd.server_activate()
         except OSError:
             httpd.server_close()
+            guard.stop()
             raise
         httpd.owner = self  # type: ignore[attr-defined]
         self._httpd = httpd
@@ -72,25 +75,13 @@ class NodeApiServer(Served):
         log.info("node_api.serving listen=%s:%d device=%s", *self.address, self.device or "-")
 
 
-class _Server(http.server.ThreadingHTTPServer):
-    daemon_threads = True
-    allow_reuse_address = True
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        log.error("node_api.request_failed client=%s", client_address[0], exc_info=True)
-
-
-class _Handler(http.server.BaseHTTPRequestHandler):
+class _Handler(GuardedHandler):
     server_version = "slurm-burst-node-api"
     sys_version = ""
 
     @property
     def owner(self) -> NodeApiServer:
         return self.server.owner  # type: ignore[attr-defined,no-any-return]
-
-    def setup(self) -> None:
-        self.request.settimeout(self.owner.timeout)
-        super().setup()
 
     def log_message(self, format: str, *args: Any) -> None:
         log.debug("node_api.request %s", format % args)
@@ -99,21 +90,29 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self._serve(self._peers)
 
     def do_POST(self) -> None:
-        self._serve(self._notice)
-
-    def _serve(self, handle: Callable[[], dict[str, Any]]) -> None:
-        """One request within the server's slots; a refusal answered with its status."""
-        if not self.owner.slots.acquire(blocking=False):
-            self._answer(503, {"error": "busy"})
-            return
-        try:
-            said = handle()
+        try:  # the whole (small) body first: a caller that trickles it holds no slot
+            body = self._body()
         except Refused as exc:
             self._answer(exc.status, {"error": str(exc)})
-        else:
-            self._answer(200, said)
-        finally:
-            self.owner.slots.release()
+            return
+        except (OSError, ValueError):  # cut off, or past its deadline: nothing to answer
+            self.close_connection = True
+            return
+        self._serve(lambda: self._notice(body))
+
+    def _serve(self, handle: Callable[[], dict[str, Any]]) -> None:
+        """One request within the caller's and the server's slots; a refusal answered
+        with its status."""
+        with self.slot() as ok:
+            if not ok:
+                self._answer(503, {"error": "busy"})
+                return
+            try:
+                said = handle()
+            except Refused as exc:
+                self._answer(exc.status, {"error": str(exc)})
+            else:
+                self._answer(200, said)
 
     def _peers(self) -> dict[str, Any]:
         url = urlsplit(self.path[: MAX_URL + 1])
@@ -122,14 +121,21 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         endpoint = parse_qs(url.query).get("endpoint", [""])[0]
         return self.owner.peers(self.client_address[0], endpoint)
 
-    def _notice(self) -> dict[str, Any]:
-        told = self.owner.notice
-        if self.path != "/v1/notice" or told is None:
+    def _body(self) -> bytes:
+        if self.path != "/v1/notice" or self.owner.notice is None:
             raise Refused(404, "no such resource")
         size = self.headers.get("Content-Length", "")
         if not (size.isascii() and size.isdigit()) or int(size) > MAX_BODY:
             raise Refused(413, f"a body of at most {MAX_BODY} bytes, sized")
-        return told(self.client_address[0], self.rfile.read(int(size)))
+        body = self.rfile.read(int(size))
+        if len(body) != int(size):
+            raise ValueError("the body was cut off")
+        return body
+
+    def _notice(self, body: bytes) -> dict[str, Any]:
+        told = self.owner.notice
+        assert told is not None  # _body checked
+        return told(self.client_address[0], body)
 
     def _answer(self, status: int, body: dict[str, Any]) -> None:
         data = json.dumps(body, separators=(",", ":")).encode()

@@ -55,6 +55,7 @@ def daemon(ctx: click.Context, node_id: str | None) -> None:
     if node_id:
         cfg = dataclasses.replace(cfg, daemon=dataclasses.replace(cfg.daemon, node_id=node_id))
     _daemon_logging(cfg.daemon.log_file, app(ctx).verbose)
+    _descriptors(wiring.descriptor_budget(cfg))
     try:
         d = wiring.daemon(cfg)
     except (OSError, RuntimeError) as exc:
@@ -69,6 +70,30 @@ def daemon(ctx: click.Context, node_id: str | None) -> None:
     d.run()  # a DaemonError (another daemon holds the lock) exits 3, as every error: main.py
     if d.lost_leadership:
         fail("lost the HA lock: stopped acting; restart to stand by", EXIT_FAILED)
+
+
+def _descriptors(budget: int) -> None:
+    """Raise the soft descriptor limit to the hard one (the unit sets LimitNOFILE); warn
+    when the daemon's servers' connection budget is not well under it."""
+    import resource
+
+    log = logging.getLogger(__name__)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = 65536 if hard == resource.RLIM_INFINITY else min(hard, 1 << 20)
+    if soft < want:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+            soft = want
+        except (ValueError, OSError) as exc:
+            log.warning("daemon.descriptors_not_raised limit=%d error=%s", soft, exc)
+    level = logging.INFO if soft >= 4 * budget else logging.WARNING
+    log.log(
+        level,
+        "daemon.descriptors limit=%d servers_budget=%d%s",
+        soft,
+        budget,
+        "" if level == logging.INFO else " (set LimitNOFILE= in the unit above 4x it)",
+    )
 
 
 def _daemon_logging(path: str, verbose: int) -> None:

@@ -12,13 +12,14 @@ from __future__ import annotations
 import click
 import pytest
 from click.testing import CliRunner
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from slurm_burst.cli.common import FiniteRange, SlurmName, Whole
 from slurm_burst.cli.main import cli
 from slurm_burst.core.numbers import is_decimal
 from slurm_burst.core.pricing import PricingError, to_micros
+from tests.conftest import examples
 
 NO_CONFIG = "/nonexistent/slurm-burst.toml"  # conversion comes before the config is read
 
@@ -94,6 +95,7 @@ def respelled(draw: st.DrawFn, text: str) -> str:
     return text + draw(st.sampled_from(["\r", "\x00", "\x0b", "\u0085", "\u2028"]))
 
 
+@settings(max_examples=examples(200))
 @given(data=st.data())
 @pytest.mark.parametrize(
     ("path", "p"), NUMBERS, ids=[f"{' '.join(x)} {p.opts[0]}" for x, p in NUMBERS]

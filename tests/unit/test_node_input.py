@@ -16,7 +16,7 @@ import ipaddress
 from pathlib import Path
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from slurm_burst.core.jsonread import BadJson, read_json
@@ -25,6 +25,7 @@ from slurm_burst.core.nodestate import NodeState
 from slurm_burst.core.resumefile import ResumeFileError, parse_resume_file
 from slurm_burst.core.staging import StagingError, parse_manifest, parse_pointer
 from slurm_burst.services import nodestage
+from tests.conftest import examples
 from tests.unit.test_node_api import api_with
 
 pytestmark = pytest.mark.unit
@@ -65,6 +66,7 @@ V4 = st.one_of(
 )  # fmt: skip
 
 
+@settings(max_examples=examples(1000))
 @given(v4=V4, port=st.integers(1, 65535))
 def test_every_spelling_of_an_address_gets_its_ipv4_forms_answer(
     v4: ipaddress.IPv4Address, port: int
@@ -83,6 +85,7 @@ def test_every_spelling_of_an_address_gets_its_ipv4_forms_answer(
             endpoint_of(text, SUBNET)
 
 
+@settings(max_examples=examples(1000))
 @given(v6=st.ip_addresses(v=6), port=st.integers(1, 65535))
 def test_an_ipv6_endpoint_is_a_unicast_address_of_the_nodes_own(
     v6: ipaddress.IPv6Address, port: int
@@ -132,6 +135,7 @@ HOSTILE_JSON = st.one_of(
 )
 
 
+@settings(max_examples=examples(500))
 @given(text=HOSTILE_JSON)
 def test_hostile_json_is_bad_json_never_a_recursion_error(text: str) -> None:
     try:
@@ -155,6 +159,7 @@ def test_the_bounds_are_each_named() -> None:
         read_json('{"v": NaN}', "x")
 
 
+@settings(max_examples=examples(500))
 @given(text=HOSTILE_JSON)
 def test_every_reader_of_what_a_node_or_user_sends_refuses_it_cleanly(text: str) -> None:
     line = text.replace("\n", " ")

@@ -126,7 +126,7 @@ def intended(cfg: Config) -> tuple[Counter[tuple[str, str]], list[dict[str, str]
         pcfg = cfg.partitions.get(g.partition)
         part = {"PartitionName": g.partition, "Nodes": g.hostlist,
                 "MaxTime": pcfg.max_time if pcfg else "INFINITE"}  # fmt: skip
-        denied = sorted(a for a, o in cfg.policy.accounts.items() if o.onprem_only)
+        denied = sorted(a.lower() for a, o in cfg.policy.accounts.items() if o.onprem_only)
         if denied:
             part["DenyAccounts"] = ",".join(denied)
         lines.append(part)

@@ -22,17 +22,19 @@ The server:
   a PUT cut off leaves nothing; a PUT over ``max_object`` or past the disk's free
   space (less a reserve) is refused before a byte is written; its answer carries the
   MD5 of what it stored as ETag, which the client checks, as S3's;
-- answers at most ``connections`` requests at once (503 beyond), each with a socket
-  timeout.
+- keeps the connection, deadline and slot bounds of ``adapters.served``
+  (:data:`LIMITS`): a request takes a slot once its headers are in, a caller a few
+  slots at most (a node stalling its own PUTs leaves the others theirs), and a body or
+  an answer must move at :data:`MIN_RATE` or faster once past the request's deadline.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import hmac
 import http.client
-import http.server
 import io
 import json
 import logging
@@ -47,7 +49,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 from urllib.parse import parse_qs, quote, unquote, urlencode, urlsplit
 
-from slurm_burst.adapters.served import Served
+from slurm_burst.adapters.served import Guard, GuardedHandler, GuardedServer, Limits, Served
 from slurm_burst.core.staging import StorageError, StorageUnavailable
 from slurm_burst.fileio import FileRefused
 from slurm_burst.trusted import Writers, open_trusted
@@ -63,6 +65,10 @@ _KEY = re.compile(rf"{_COMPONENT}(?:/{_COMPONENT}){{0,15}}", re.ASCII)
 _PREFIX = re.compile(r"[A-Za-z0-9._~/-]{0,1024}", re.ASCII)
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _TEMP = ".put-"
+MIN_RATE = 256 * 1024  # bytes a second a large body or answer must move at, at least
+LIMITS = Limits(connections=256, per_caller=16, slots=64, slots_per_caller=8,
+                header_seconds=10.0, idle_seconds=5.0, request_seconds=60.0,
+                read_seconds=60.0)  # fmt: skip
 
 
 def sign(secret: bytes, method: str, key: str, expires: int) -> str:
@@ -125,17 +131,16 @@ class MeshStoreServer(Served):
 
     def __init__(
         self, root: str | Path, secret: bytes, listen: tuple[str, int], *,
-        max_object: int = 1 << 40, connections: int = 64, timeout: float = 60.0,
+        max_object: int = 1 << 40, limits: Limits = LIMITS,
         clock: Callable[[], float] = time.time,
     ) -> None:  # fmt: skip
         self.root = Path(root)
         self.secret = secret
         self.listen = listen
         self.max_object = max_object
-        self.timeout = timeout
+        self.limits = limits
         self.clock = clock
-        self.slots = threading.BoundedSemaphore(connections)
-        self._httpd: _Server | None = None
+        self._httpd: GuardedServer | None = None
         self._root_fd = -1
 
     def start(self) -> None:
@@ -147,7 +152,7 @@ class MeshStoreServer(Served):
         try:
             os.fchmod(self._root_fd, 0o700)
             self._sweep_temporaries()
-            httpd = _Server(self.listen, _Handler)
+            httpd = GuardedServer(self.listen, _Handler, Guard(self.limits, "mesh_store"))
         except OSError:
             os.close(self._root_fd)
             self._root_fd = -1
@@ -300,14 +305,6 @@ class MeshStoreServer(Served):
             os.close(root)
 
 
-class _Server(http.server.ThreadingHTTPServer):
-    daemon_threads = True
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        """A request that failed past the handler's own answers: logged, never printed."""
-        log.error("mesh_store.request_failed client=%s", client_address[0], exc_info=True)
-
-
 class _Refusal(StorageError):
     """What the server answers instead of doing a request: an HTTP status and a code."""
 
@@ -316,17 +313,13 @@ class _Refusal(StorageError):
         self.status = status
 
 
-class _Handler(http.server.BaseHTTPRequestHandler):
+class _Handler(GuardedHandler):
     server_version = "slurm-burst-mesh-store"
     sys_version = ""
 
     @property
     def store(self) -> MeshStoreServer:
         return self.server.store  # type: ignore[attr-defined,no-any-return]
-
-    def setup(self) -> None:
-        self.request.settimeout(self.store.timeout)  # a stalled peer holds no thread long
-        super().setup()
 
     def log_message(self, format: str, *args: Any) -> None:
         log.debug("mesh_store.request %s", format % args)
@@ -344,20 +337,22 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self._serve("DELETE")
 
     def _serve(self, method: str) -> None:
-        if not self.store.slots.acquire(blocking=False):
-            self._answer(503, "SlowDown", "too many requests at once")
-            return
-        try:
-            self._dispatch(method)
-        except _Refusal as exc:
-            self._answer(exc.status, exc.code, str(exc))
-        except (ConnectionError, TimeoutError):
-            self.close_connection = True
-        except OSError as exc:  # the disk: said, never a traceback
-            log.error("mesh_store.error method=%s error=%s", method, exc)
-            self._answer(500, "InternalError", exc.strerror or type(exc).__name__)
-        finally:
-            self.store.slots.release()
+        with self.slot() as ok:
+            if not ok:
+                self._answer(503, "SlowDown", "too many requests at once")
+                return
+            try:
+                self._dispatch(method)
+            except _Refusal as exc:
+                self._answer(exc.status, exc.code, str(exc))
+            except (ConnectionError, TimeoutError):
+                self.close_connection = True
+            except OSError as exc:
+                if exc.errno in (errno.EPIPE, errno.EBADF, errno.ENOTCONN):  # shut down
+                    self.close_connection = True
+                    return
+                log.error("mesh_store.error method=%s error=%s", method, exc)  # the disk
+                self._answer(500, "InternalError", exc.strerror or type(exc).__name__)
 
     def _dispatch(self, method: str) -> None:
         url = urlsplit(self.path)
@@ -390,6 +385,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         if found is None:
             raise _Refusal(404, "NoSuchKey", "no such object")
         fd, size = found
+        self.extend(self.store.limits.request_seconds + size / MIN_RATE)
         with os.fdopen(fd, "rb") as f:
             self.send_response(200)
             self.send_header("Content-Length", str(size))
@@ -407,6 +403,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         size = int(said)
         if size > self.store.max_object:
             raise _Refusal(413, "EntityTooLarge", f"over {self.store.max_object} bytes")
+        self.extend(self.store.limits.request_seconds + size / MIN_RATE)
         md5 = self.store.store_object(key, self.rfile, size)
         self.send_response(200)
         self.send_header("ETag", f'"{md5}"')
@@ -417,14 +414,15 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 kind: str = "text/plain") -> None:  # fmt: skip
         if not body and code:
             body = f"{code}: {message}\n".encode()
-        self.send_response(status)
-        if code:
-            self.send_header("X-Error-Code", code)
-        self.send_header("Content-Type", kind)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        if self.command != "HEAD":
-            self.wfile.write(body)
+        with contextlib.suppress(OSError):  # the caller went away, or its deadline passed
+            self.send_response(status)
+            if code:
+                self.send_header("X-Error-Code", code)
+            self.send_header("Content-Type", kind)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            if self.command != "HEAD":
+                self.wfile.write(body)
 
 
 # -- the client, on the controller ----------------------------------------------------
