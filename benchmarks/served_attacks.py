@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import multiprocessing
 import os
 import sys
 import tempfile
@@ -26,17 +25,14 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from launch import burners  # noqa: E402
+
 from tests.integration.test_served_attacks import (  # noqa: E402
     ATTACKER,
     ATTACKS,
     serving,
     well_behaved,
 )
-
-
-def _burn(stop: Any) -> None:
-    while not stop.is_set():
-        sum(i * i for i in range(10000))
 
 
 def main() -> None:
@@ -49,15 +45,10 @@ def main() -> None:
 
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 8192)), hard))
-    stop = multiprocessing.Event()
-    burners = [multiprocessing.Process(target=_burn, args=(stop,))
-               for _ in range(2 if args.burners else 0)]  # fmt: skip
-    for b in burners:
-        b.start()
-    out: dict[str, Any] = {"cpus": os.cpu_count(), "burners": len(burners),
+    out: dict[str, Any] = {"cpus": os.cpu_count(), "burners": 2 if args.burners else 0,
                            "requests": args.requests}  # fmt: skip
     attacks = {"none": lambda t: contextlib.nullcontext(), **ATTACKS}
-    try:
+    with burners(2 if args.burners else 0):
         for kind in ("node-api", "mesh-store"):
             for name, attack in attacks.items():
                 with tempfile.TemporaryDirectory() as tmp, serving(kind, Path(tmp)) as target:
@@ -74,10 +65,6 @@ def main() -> None:
                     out[f"{key}_attacker_connections"] = conns
                     if not args.json:
                         print(f"{key:>34}: p99 {out[f'{key}_p99_ms']:8.2f} ms", file=sys.stderr)
-    finally:
-        stop.set()
-        for b in burners:
-            b.join()
     p99s = [v for k, v in out.items() if k.endswith("_p99_ms")]
     out["worst_p99_ms"] = max(p99s)
     print(json.dumps(out, indent=None if args.json else 2))

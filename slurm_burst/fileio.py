@@ -51,18 +51,24 @@ def read_regular(path: str | os.PathLike[str], limit: int, *, head: bool = False
             raise FileRefused(f"{path}: not a regular file")
         if head:
             return os.read(fd, limit)  # a regular file gives what it has, up to limit
-        if st.st_size > limit:
-            raise FileRefused(f"{path}: {st.st_size} bytes, over the limit of {limit}")
-        chunks, size = [], 0
-        while size <= limit:
-            chunk = os.read(fd, limit + 1 - size)
-            if not chunk:
-                break
-            chunks.append(chunk)
-            size += len(chunk)
+        return read_fd(fd, path, limit, st.st_size)
     finally:
         os.close(fd)
+
+
+def read_fd(fd: int, path: str | os.PathLike[str], limit: int, size: int) -> bytes:
+    """What the open regular file ``fd`` (of ``size`` bytes, by its fstat) holds, if at
+    most ``limit`` bytes: FileRefused otherwise (it may grow while it is read)."""
     if size > limit:
+        raise FileRefused(f"{path}: {size} bytes, over the limit of {limit}")
+    chunks, got = [], 0
+    while got <= limit:
+        chunk = os.read(fd, limit + 1 - got)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        got += len(chunk)
+    if got > limit:
         raise FileRefused(f"{path}: over the limit of {limit} bytes")
     return b"".join(chunks)
 

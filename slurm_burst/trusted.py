@@ -27,7 +27,7 @@ import os
 import stat
 from dataclasses import dataclass
 
-from slurm_burst.fileio import PRIVATE, FileRefused, plain
+from slurm_burst.fileio import PRIVATE, FileRefused, plain, read_fd
 
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
 
@@ -176,21 +176,9 @@ def read_checked(
     trusted (None if it is), both from one descriptor (``follow``: as open_checked)."""
     fd, why = open_checked(path, writers, follow=follow)
     try:
-        size = os.fstat(fd).st_size
-        if size > limit:
-            raise FileRefused(f"{path}: {size:,} bytes, over the limit of {limit:,}")
-        chunks, got = [], 0
-        while got <= limit:
-            chunk = os.read(fd, limit + 1 - got)
-            if not chunk:
-                break
-            chunks.append(chunk)
-            got += len(chunk)
+        return read_fd(fd, path, limit, os.fstat(fd).st_size), why
     finally:
         os.close(fd)
-    if got > limit:
-        raise FileRefused(f"{path}: over the limit of {limit:,} bytes")
-    return b"".join(chunks), why
 
 
 def read_trusted(path: str | os.PathLike[str], writers: Writers, limit: int) -> bytes:
