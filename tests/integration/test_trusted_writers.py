@@ -78,7 +78,7 @@ def request(uid: str, nodes: list[str], kind: str = "resume") -> bytes:
     return json.dumps(body).encode()
 
 
-@settings(max_examples=examples(300), deadline=None,
+@settings(max_examples=examples(1500), deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])  # fmt: skip
 @given(
     f_uid=OWNERS, f_gid=GROUPS, f_mode=FILE_MODES,
@@ -185,7 +185,7 @@ def test_the_hooks_as_slurm_user_are_taken_and_a_stranger_and_a_reused_uid_are_n
         shutil.rmtree(work, ignore_errors=True)
 
 
-@settings(max_examples=examples(120), deadline=None,
+@settings(max_examples=examples(500), deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])  # fmt: skip
 @given(f_uid=OWNERS, f_gid=GROUPS, d_uid=OWNERS, d_gid=GROUPS, d_mode=DIR_MODES)
 def test_a_grant_key_is_used_only_if_root_wrote_it(
