@@ -68,6 +68,8 @@ from slurm_burst.services.transfers import TransferBook
 log = logging.getLogger(__name__)
 
 REMOTE = "/run/slurm-burst-stageout.py"
+# an output scan's answer: node/stageout.py's MAX_FILES (a million) files of 5 values
+MAX_SCAN, MAX_SCAN_VALUES = 256 * 1024 * 1024, 6_000_000
 CACHE = "/var/lib/slurm-burst/stageout/{job}-{name}.json"
 LOOK = 5.0  # seconds between looks at the queue while outputs are open
 REOPEN = 86400.0  # seconds a sealed output's job is still watched for a requeue
@@ -302,7 +304,8 @@ class Outputs:
         except RemoteError as exc:
             raise OutputError(f"stage-out {args[0]} on the node: {exc}") from exc
         try:
-            out = read_json(said.strip().splitlines()[-1], f"stage-out {args[0]}'s answer")
+            out = read_json(said.strip().splitlines()[-1], f"stage-out {args[0]}'s answer",
+                            max_bytes=MAX_SCAN, max_values=MAX_SCAN_VALUES)  # fmt: skip
         except (ValueError, IndexError):
             out = None
         if not isinstance(out, dict):

@@ -33,6 +33,10 @@ from slurm_burst.fileio import ensure_dir, plain
 log = logging.getLogger(__name__)
 
 
+MAX_SAID = 256 * 1024 * 1024  # a node's answer (an output scan of a million files: ~100 MB)
+MAX_SAID_ERR = 1024 * 1024
+
+
 class SshError(RemoteError):
     """SSH failed: ``code`` is SshUnreachable, HostKeyMismatch, AuthFailed or RemoteCommand."""
 
@@ -43,13 +47,19 @@ class SshSession:
         self.host = host
 
     def run(self, argv: Sequence[str], timeout: float = 60.0) -> str:
-        """Run ``argv`` on the node; return stdout; raise SshError on a non-zero exit."""
+        """Run ``argv`` on the node; return stdout; raise SshError on a non-zero exit, or
+        when the node says more than :data:`MAX_SAID` bytes (a node is less trusted than
+        the controller: what it says is read bounded)."""
         command = shlex.join(argv)
         started = time.monotonic()
         try:
             _stdin, stdout, stderr = self.client.exec_command(command, timeout=timeout)
-            out = stdout.read().decode(errors="replace")
-            err = stderr.read().decode(errors="replace")
+            said = stdout.read(MAX_SAID + 1)
+            if len(said) > MAX_SAID:
+                raise SshError(f"{self.host}: {argv[0]}: said more than {MAX_SAID:,} bytes",
+                               "RemoteCommand")  # fmt: skip
+            out = said.decode(errors="replace")
+            err = stderr.read(MAX_SAID_ERR).decode(errors="replace")
             status = stdout.channel.recv_exit_status()
         except (paramiko.SSHException, OSError) as exc:
             raise SshError(
