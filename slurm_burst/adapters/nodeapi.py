@@ -67,7 +67,6 @@ class NodeApiServer(Served):
             httpd.server_activate()
         except OSError:
             httpd.server_close()
-            guard.stop()
             raise
         httpd.owner = self  # type: ignore[attr-defined]
         self._httpd = httpd

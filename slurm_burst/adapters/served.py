@@ -101,9 +101,15 @@ class Guard:
         self.refused = 0  # connections closed at once, over a budget
         self.expired = 0  # connections shut down past their deadline
         self._stop = threading.Event()
-        self._watch = threading.Thread(target=self._watchdog, name=f"{name}-watchdog",
-                                       daemon=True)  # fmt: skip
-        self._watch.start()
+        self._watch: threading.Thread | None = None
+
+    def start(self) -> None:
+        """The watchdog, once the server listens (a server that failed to bind leaves
+        no thread behind)."""
+        if self._watch is None:
+            self._watch = threading.Thread(target=self._watchdog, name=f"{self.name}-watchdog",
+                                           daemon=True)  # fmt: skip
+            self._watch.start()
 
     # -- connections ---------------------------------------------------------------
 
@@ -193,6 +199,10 @@ class GuardedServer(http.server.ThreadingHTTPServer):
                  bind_and_activate: bool = True) -> None:  # fmt: skip
         self.guard = guard
         super().__init__(address, handler, bind_and_activate)
+
+    def server_activate(self) -> None:
+        super().server_activate()
+        self.guard.start()
 
     def verify_request(self, request: Any, client_address: Any) -> bool:
         return self.guard.admit(request, str(client_address[0]))

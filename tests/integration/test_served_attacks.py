@@ -238,3 +238,20 @@ def test_a_trickle_is_cut_at_its_deadline_and_frees_its_connection(target: Targe
         assert guard.connections(ATTACKER) == 0
     finally:
         s.close()
+
+
+def test_a_server_that_cannot_bind_leaves_no_thread_behind(tmp_path: Path) -> None:
+    """The daemon tries its servers again every 30 s while the hub's address is not up:
+    each failed try must leave nothing running."""
+
+    def watchdogs() -> int:
+        return sum(t.name.endswith("-watchdog") for t in threading.enumerate())
+
+    before = watchdogs()
+    key = load_key(tmp_path / "mesh.key", create=True)
+    for srv in (MeshStoreServer(tmp_path / "store", key, ("192.0.2.7", 0)),
+                NodeApiServer(lambda s, e: {}, ("192.0.2.7", 0))):  # fmt: skip
+        with pytest.raises(OSError):
+            srv.start()
+        assert not srv.up
+    assert watchdogs() == before
