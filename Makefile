@@ -52,9 +52,9 @@ lab-down: venv
 	$(SB) --config $(LAB_CONFIG) lab down --yes
 
 # On each other Slurm release the lab runs (from its image; docs/slurm-versions.md) the
-# burst end to end (a 2-node job over WireGuard, a GPU job's gres, the idle nodes'
-# suspend and release; the rest of test_x_burst is our own code, run on 22.05) and the
-# lab's removal; then each release a share of the rest, so that each newer release is
+# burst end to end (a 2-node job over WireGuard, a GPU job's gres; the rest of
+# test_x_burst is our own code, run on 22.05) and the lab's removal; then each release
+# a share of the rest, so that each newer release is
 # covered and CI stays in its time: 24.11 a requeue through the prolog, the faults that
 # touch Slurm's states and an array's stage-in (burst_buffer/lua's hooks' arguments
 # differ by release), a spot launch whose capacity never comes, two cloud nodes talking
@@ -68,8 +68,7 @@ lab-down: venv
 LAB_RELEASES := 24.11 26.05
 VERSION_TESTS_COMMON := tests/lab/test_lab.py \
 	tests/lab/test_x_burst.py::test_two_node_job_runs_on_cloud_nodes_joined_over_wireguard \
-	tests/lab/test_x_burst.py::test_gpu_job_runs_with_the_group_gres \
-	tests/lab/test_x_burst.py::test_idle_nodes_are_suspended_and_everything_released
+	tests/lab/test_x_burst.py::test_gpu_job_runs_with_the_group_gres
 VERSION_TESTS_24.11 := \
 	tests/lab/test_x_prolog.py::test_a_node_failing_in_bootstrap_requeues_its_job_which_then_runs \
 	tests/lab/test_y_faults.py::test_a_node_whose_slurmd_release_slurmctld_cannot_take_is_refused \
@@ -78,7 +77,10 @@ VERSION_TESTS_24.11 := \
 	tests/lab/test_x_stage.py::test_each_task_of_an_array_gets_its_data \
 	tests/lab/test_x_ec2.py::test_spot_withheld_falls_back_after_the_wait_and_the_job_runs \
 	tests/lab/test_x_mesh_direct.py
+# The suspend path (SuspendTime, the SuspendProgram's release) on 26.05 only: 24.11 and
+# 26.05 call it alike (the 23.02 interface); 22.05's own runs on the host.
 VERSION_TESTS_26.05 := \
+	tests/lab/test_x_burst.py::test_idle_nodes_are_suspended_and_everything_released \
 	tests/lab/test_y_ledger.py \
 	tests/lab/test_x_policy.py::test_a_long_wait_bursts_and_a_short_one_stays_on_prem \
 	'tests/lab/test_y_faults.py::test_node_failure_is_named_and_the_job_requeued[slurmd-never-registers]' \
@@ -101,7 +103,7 @@ ROOT_ONLY_ARGS = $(if $(filter 0,$(shell id -u)),$(addprefix --deselect ,$(RELEA
 
 # make test, as root: the unit and integration tiers in a process of their own beside the
 # lab's tests on the host's Slurm (they share nothing with the lab: their servers are on
-# free loopback ports; nice 5, so the lab comes first; their output is printed once they
+# free loopback ports; nice 19, so the lab comes first; their output is printed once they
 # end), then the soak's short form through `make soak` (the README's command), then the
 # other releases' shares. As any other user: every tier in one run (the lab's skip).
 # Tests marked `full` (docs/testing.md says which and why) run only in make test-full;
@@ -121,7 +123,7 @@ test: setup
 	@set +e; rm -rf $(RESULTS); mkdir -p $(RESULTS); rc=0; \
 	if [ "$$(id -u)" = 0 ]; then \
 		echo "== unit and integration, beside the lab (output below, once they end)"; \
-		(nice -n 5 $(PY) -m pytest -m "not full" tests/unit tests/integration \
+		(nice -n 19 $(PY) -m pytest -m "not full" tests/unit tests/integration \
 			--junitxml=$(RESULTS)/tiers.xml $(PYTEST_ARGS) > $(RESULTS)/tiers.log 2>&1; \
 			echo $$? > $(RESULTS)/tiers.rc) & tiers=$$!; \
 		$(call run_step,the lab on Slurm 22.05,$(PY) -m pytest -m "not full" tests/lab \
