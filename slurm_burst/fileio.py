@@ -104,7 +104,7 @@ def untrusted(path: str | os.PathLike[str], uids: frozenset[int] | None = None) 
             return f"{p}: {exc.strerror}"
         mode = stat.S_IMODE(st.st_mode)
         if st.st_uid not in uids:
-            return f"{p} is owned by {_user(st.st_uid)}, not by root"
+            return f"{p} is owned by {user_name(st.st_uid)}, not by root"
         writers = st.st_mode & stat.S_IWOTH or (st.st_mode & stat.S_IWGRP and st.st_gid != 0)
         if not writers:
             continue
@@ -115,7 +115,8 @@ def untrusted(path: str | os.PathLike[str], uids: frozenset[int] | None = None) 
     return None
 
 
-def _user(uid: int) -> str:
+def user_name(uid: int) -> str:
+    """``user NAME (uid N)``, or ``uid N`` where this host has no such user."""
     import pwd
 
     try:
@@ -271,6 +272,16 @@ def write_durable(directory: Path, name: str, body: bytes, mode: int) -> Path:
     finally:
         os.close(dfd)
     return path
+
+
+def uid_of(user: str) -> int | None:
+    """The id of ``user`` on this host; None if there is no such user."""
+    import pwd
+
+    try:
+        return pwd.getpwnam(user).pw_uid
+    except KeyError:
+        return None
 
 
 def gid_of(group: str) -> int | None:

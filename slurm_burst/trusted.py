@@ -27,7 +27,15 @@ import os
 import stat
 from dataclasses import dataclass
 
-from slurm_burst.fileio import PRIVATE, FileRefused, plain, read_fd
+from slurm_burst.fileio import (
+    PRIVATE,
+    FileRefused,
+    gid_of,
+    plain,
+    read_fd,
+    uid_of,
+    user_name,
+)
 
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
 
@@ -56,8 +64,6 @@ class Writers:
             if uid is not None:
                 uids.add(uid)
         if group:
-            from slurm_burst.fileio import gid_of
-
             gid = gid_of(group)
             if gid is not None:
                 gids.add(gid)
@@ -75,24 +81,6 @@ class Writers:
         if st.st_mode & stat.S_IWGRP and st.st_gid not in self.gids:
             return f"is writable by group {group_name(st.st_gid)} ({mode}; chmod g-w)"
         return None
-
-
-def uid_of(user: str) -> int | None:
-    import pwd
-
-    try:
-        return pwd.getpwnam(user).pw_uid
-    except KeyError:
-        return None
-
-
-def user_name(uid: int) -> str:
-    import pwd
-
-    try:
-        return f"user {pwd.getpwuid(uid).pw_name} (uid {uid})"
-    except KeyError:
-        return f"uid {uid}"
 
 
 def group_name(gid: int) -> str:

@@ -386,7 +386,7 @@ def state_writers(cfg: Config) -> Writers:
     the directories it is in (SlurmUser's group too: state_dir is 0770 in it)."""
     from slurm_burst.trusted import Writers
 
-    return Writers(Writers.us().uids, Writers.us(group=cfg.daemon.group).gids)
+    return Writers.us(group=cfg.daemon.group)
 
 
 def descriptor_budget(cfg: Config) -> int:

@@ -19,7 +19,7 @@ from slurm_burst.core.errors import BadInput
 from slurm_burst.core.redact import has_inline_password
 from slurm_burst.core.slurmsyntax import hidden_character
 from slurm_burst.extensions import ExtensionError
-from slurm_burst.fileio import FileRefused, gid_of, not_private, untrusted
+from slurm_burst.fileio import FileRefused, gid_of, not_private, uid_of, untrusted
 from slurm_burst.trusted import Writers, read_checked
 
 DEFAULT_CONFIG_PATH = "/etc/slurm-burst/slurm-burst.toml"
@@ -302,8 +302,6 @@ def _file_mode_problems(path: Path, what: str, secret: bool = False) -> list[Pro
 
 
 def _group_problems(cfg: Config) -> list[Problem]:
-    from slurm_burst.trusted import uid_of
-
     out = []
     if gid_of(cfg.daemon.group) is None:
         out.append(Problem(
