@@ -8,7 +8,7 @@ Python (``services/outputs.py``). It needs only the standard library. Three comm
     Make the job's output directory ``D`` (0700, the job user's) if it is not there. Its
     parent is the job's stage directory, root's: the user cannot plant anything above.
 
-``scan --dir D --cache C``
+``scan --dir D --cache C --pins P``
     Every regular file under ``D`` with its size, SHA-256 and executable bit. The tree
     belongs to the job's user, so it is read as an attacker's: each directory is opened
     relative to its parent with ``O_NOFOLLOW``, each file with ``O_NOFOLLOW |
@@ -18,14 +18,22 @@ Python (``services/outputs.py``). It needs only the standard library. Three comm
     as root and sent home to the job's user). A file that
     changes while it is read (its size or mtime differ after) is listed under ``busy``
     and left to the next sync. Digests are kept in ``C`` (root's) by path, size, mtime,
-    ctime and inode, so a sync re-reads only what changed.
+    ctime and inode, so a sync re-reads only what changed. Each file listed is pinned: a
+    hard link named by its digest in ``P`` (root's, 0700, beside ``C``), so that what the
+    scan read is what the send sends even if the job replaces the file meanwhile (a
+    checkpoint rewritten by rename every second; the daemon's round between the two
+    takes longer than that on a loaded machine). A pin lives until the next scan lists
+    no file of its digest: one version's files at most, most of them the job's own
+    files' inodes. A file on another filesystem than ``P`` is not pinned (sent from its
+    path).
 
 ``send --plan P``
     PUT each file of the plan (a JSON file, removed once read: its URLs are grants) to its
     presigned URL (with the plan's ``headers``: an Azure SAS PUT names its blob type),
-    hashing the bytes as they go. A file whose bytes are not the digest
-    the plan names any more (the job changed it since the scan) is listed under
-    ``changed``; the daemon then does not record that version (the next sync does).
+    hashing the bytes as they go, from its pin in the plan's ``pins`` if the scan made
+    one, else from its path. A file whose bytes are not the digest the plan names any
+    more (the job wrote into it since the scan) is listed under ``changed``; the daemon
+    then does not record that version (the next sync does).
 
 Output: one JSON object on stdout with ``exit``: 0 done, 1 a transfer failed, 2 a bad
 plan or usage; ``--exit-zero`` exits 0 whatever happened (the JSON says which).
@@ -103,10 +111,34 @@ def prepare(directory: str, uid: int, gid: int) -> dict[str, Any]:
 # -- scan ---------------------------------------------------------------------------------
 
 
+def _open_pins(path: str, make: bool) -> int | None:
+    """The pin directory (root's, 0700), made if ``make``; None if it is not there."""
+    if make:
+        os.makedirs(os.path.dirname(path), 0o700, exist_ok=True)
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(path, 0o700)
+    try:
+        fd = os.open(path, _DIR_FLAGS)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise Refused(f"{path}: {exc.strerror} (a symlink, or not a directory)", 1) from None
+    st = os.fstat(fd)
+    if st.st_uid != os.geteuid() or st.st_mode & 0o077:
+        os.close(fd)
+        raise Refused(f"{path}: not a directory of root's alone (owner or mode)", 1)
+    return fd
+
+
 class Scanner:
-    def __init__(self, directory: str, cache: dict[str, list[Any]], uid: int = -1) -> None:
+    def __init__(
+        self, directory: str, cache: dict[str, list[Any]], uid: int = -1, pins: str = ""
+    ) -> None:
         self.directory = _abs(directory, "--dir")
         self.uid = uid  # >= 0: a file of another owner is skipped (a hard link to root's)
+        self.pins = _abs(pins, "--pins") if pins else ""
+        self.pins_fd: int | None = None
+        self.unpinned = 0  # files listed without a pin (another filesystem, or replaced)
         self.cache = cache  # path -> [size, mtime_ns, ctime_ns, ino, sha256]
         self.files: list[list[Any]] = []  # [path, size, sha256, executable]
         self.skipped: list[str] = []
@@ -124,10 +156,54 @@ class Scanner:
             why = f"{self.directory}: {exc.strerror} (a symlink, or not a directory)"
             raise Refused(why, 1) from None
         try:
+            if self.pins:
+                self.pins_fd = _open_pins(self.pins, make=True)
             self._walk(top, "")
+            if self.pins_fd is not None:
+                self._unpin_others()
         finally:
             os.close(top)
+            if self.pins_fd is not None:
+                os.close(self.pins_fd)
         return self._answer(started)
+
+    def _unpin_others(self) -> None:
+        """Pins of digests no file listed has any more (the versions before)."""
+        assert self.pins_fd is not None
+        listed = {f[2] for f in self.files}
+        for name in os.listdir(self.pins_fd):
+            if name not in listed:
+                with contextlib.suppress(OSError):
+                    os.unlink(name, dir_fd=self.pins_fd)
+
+    def _pin(
+        self, dirfd: int, name: str, fd: int, key: list[Any], sha: str, was: str
+    ) -> list[Any] | None:
+        """Hard-link the open file ``name`` as its digest in the pin directory: the key
+        to remember it by (a link changes the inode's ctime), or None if it changed
+        meanwhile. A digest pinned already (this inode, or another with the same bytes)
+        stays. ``was``: the digest this inode had at the last scan, if it was written
+        in place since; its pin goes first (unpinned later, its ctime would change after
+        the key is taken, and the next scan would read it again)."""
+        assert self.pins_fd is not None
+        with contextlib.suppress(FileNotFoundError):
+            os.stat(sha, dir_fd=self.pins_fd, follow_symlinks=False)
+            return key
+        if was:
+            with contextlib.suppress(OSError):
+                if os.stat(was, dir_fd=self.pins_fd, follow_symlinks=False).st_ino == key[3]:
+                    os.unlink(was, dir_fd=self.pins_fd)
+        try:
+            os.link(name, sha, src_dir_fd=dirfd, dst_dir_fd=self.pins_fd, follow_symlinks=False)
+        except OSError:  # another filesystem, too many links: sent from its path
+            self.unpinned += 1
+            return key
+        linked = os.stat(sha, dir_fd=self.pins_fd, follow_symlinks=False)
+        after = os.fstat(fd)
+        if linked.st_ino != key[3] or [after.st_size, after.st_mtime_ns] != key[:2]:
+            os.unlink(sha, dir_fd=self.pins_fd)  # replaced or written since it was read
+            return None
+        return [after.st_size, after.st_mtime_ns, after.st_ctime_ns, after.st_ino]
 
     def _answer(self, started: float, missing: bool = False) -> dict[str, Any]:
         self.files.sort()
@@ -135,6 +211,7 @@ class Scanner:
             "ok": True, "missing": missing, "files": self.files, "skipped": self.skipped[:100],
             "skipped_count": len(self.skipped), "busy": self.busy[:100],
             "busy_count": len(self.busy), "hashed_bytes": self.hashed,
+            "unpinned": self.unpinned,
             "seconds": round(time.monotonic() - started, 3),
         }  # fmt: skip
 
@@ -180,6 +257,7 @@ class Scanner:
                 return
             key = [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
             known = self.cache.get(rel)
+            was = ""
             if known is not None and known[:4] == key:
                 sha = known[4]
             else:
@@ -189,6 +267,14 @@ class Scanner:
                 if [after.st_size, after.st_mtime_ns, after.st_ctime_ns, after.st_ino] != key:
                     self.busy.append(rel)
                     return
+                if known is not None and known[3] == st.st_ino and known[4] != sha:
+                    was = known[4]
+            if self.pins_fd is not None:
+                pinned = self._pin(dirfd, name, fd, key, sha, was)
+                if pinned is None:
+                    self.busy.append(rel)
+                    return
+                key = pinned
             self.seen[rel] = [*key, sha]
             self.files.append([rel, st.st_size, sha, bool(st.st_mode & 0o111)])
         finally:
@@ -238,6 +324,9 @@ def load_plan(text: bytes) -> dict[str, Any]:
     _abs(directory if isinstance(directory, str) else "", "dir")
     if not isinstance(files, list):
         raise Refused("files: not a list")
+    pins = plan.get("pins", "")
+    if pins != "":
+        _abs(pins if isinstance(pins, str) else "", "pins")
     headers = plan.get("headers", {})
     if not isinstance(headers, dict) or any(
         k not in UPLOAD_HEADERS or not isinstance(v, str) or not _VALUE.fullmatch(v)
@@ -288,11 +377,18 @@ class Sender:
         self.sent_bytes = 0
         self.changed: list[str] = []
         self.failed: list[str] = []
+        self.pins_fd: int | None = None
 
     def run(self) -> dict[str, Any]:
         started = time.monotonic()
-        with ThreadPoolExecutor(max(1, self.parallel)) as pool:
-            list(pool.map(self._send, self.plan["files"]))
+        pins = self.plan.get("pins", "")
+        self.pins_fd = _open_pins(pins, make=False) if pins else None
+        try:
+            with ThreadPoolExecutor(max(1, self.parallel)) as pool:
+                list(pool.map(self._send, self.plan["files"]))
+        finally:
+            if self.pins_fd is not None:
+                os.close(self.pins_fd)
         return {
             "ok": not self.failed, "sent": len(self.plan["files"]) - len(self.failed),
             "sent_bytes": self.sent_bytes, "changed": sorted(self.changed)[:1000],
@@ -301,7 +397,9 @@ class Sender:
 
     def _send(self, f: dict[str, Any]) -> None:
         try:
-            fd = self._open(f["path"])
+            fd = self._pinned(f["sha256"])
+            if fd is None:
+                fd = self._open(f["path"])
         except OSError:
             with self.lock:
                 self.changed.append(f["path"])  # gone or replaced since the scan
@@ -331,6 +429,20 @@ class Sender:
                     self.changed.append(f["path"])
         finally:
             os.close(fd)
+
+    def _pinned(self, sha: str) -> int | None:
+        """The scan's pin of these bytes, open; None if it made none."""
+        if self.pins_fd is None:
+            return None
+        try:
+            fd = os.open(sha, _FILE_FLAGS, dir_fd=self.pins_fd)
+        except FileNotFoundError:
+            return None
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            return None
+        os.set_blocking(fd, True)
+        return fd
 
     def _open(self, rel: str) -> int:
         """``rel`` under the plan's directory, every step without following a symlink."""
@@ -384,6 +496,8 @@ def main(argv: list[str] | None = None) -> int:
     s = sub.add_parser("scan", help="list the files with their SHA-256")
     s.add_argument("--dir", required=True)
     s.add_argument("--cache", help="digests kept between scans (root's file)")
+    s.add_argument("--pins", default="", help="pin each file listed here, by digest (root's "
+                   "directory; hard links that keep what was read until it is sent)")  # fmt: skip
     s.add_argument(
         "--uid",
         type=int,
@@ -402,7 +516,8 @@ def main(argv: list[str] | None = None) -> int:
                 raise Refused("uid or gid out of range")
             out, code = prepare(args.dir, args.uid, args.gid), 0
         elif args.command == "scan":
-            scanner = Scanner(args.dir, _read_cache(args.cache) if args.cache else {}, args.uid)
+            cache = _read_cache(args.cache) if args.cache else {}
+            scanner = Scanner(args.dir, cache, args.uid, args.pins)
             out, code = scanner.run(), 0
             if args.cache:
                 _write_cache(args.cache, scanner.seen)

@@ -71,6 +71,7 @@ REMOTE = "/run/slurm-burst-stageout.py"
 # an output scan's answer: node/stageout.py's MAX_FILES (a million) files of 5 values
 MAX_SCAN, MAX_SCAN_VALUES = 256 * 1024 * 1024, 6_000_000
 CACHE = "/var/lib/slurm-burst/stageout/{job}-{name}.json"
+PINS = "/var/lib/slurm-burst/stageout/{job}-{name}.pins"  # what the last scan read, kept
 LOOK = 5.0  # seconds between looks at the queue while outputs are open
 REOPEN = 86400.0  # seconds a sealed output's job is still watched for a requeue
 CHANGED_TRIES = 3  # scans and sends of one sync while files change under it
@@ -78,6 +79,12 @@ RETRY = 15.0  # seconds before a failed final sync or promotion is tried again
 # a job in one of these is over for good (a requeued one is PENDING again)
 ENDED = frozenset({"BOOT_FAIL", "CANCELLED", "COMPLETED", "COMPLETING", "DEADLINE", "FAILED",
                    "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED", "TIMEOUT"})  # fmt: skip
+
+
+def _count(said: dict[str, Any], key: str) -> int:
+    """A count the node program answered; 0 if it said something else (it is a node's)."""
+    value = said.get(key, 0)
+    return value if type(value) is int and value >= 0 else 0
 
 
 class OutputError(BurstError):
@@ -257,7 +264,8 @@ class Outputs:
         account = st.owner.account
         directory = output_dir(self.settings.node_dir, r.job_id, r.name)
         cache = CACHE.format(job=r.job_id, name=r.name)
-        scan = self._run(sh, "scan", "--dir", directory, "--cache", cache,
+        pins = PINS.format(job=r.job_id, name=r.name)
+        scan = self._run(sh, "scan", "--dir", directory, "--cache", cache, "--pins", pins,
                          "--uid", str(st.owner.uid))  # fmt: skip
         where = f"job {r.job_id} {r.name} on {r.node}"
         try:
@@ -269,6 +277,7 @@ class Outputs:
             plan, _ = self.stager.output_plan(account, manifest, directory)
             if plan["files"]:
                 path = f"/run/slurm-burst-send-{r.job_id}-{r.name}.json"
+                plan = {**plan, "pins": pins}  # sent from what the scan read
                 sh.put(json.dumps(plan).encode(), path, 0o600)  # its URLs are grants
                 sent = self._run(sh, "send", "--plan", path)
                 changed = [p for p in sent.get("changed", []) if isinstance(p, str)]
@@ -283,13 +292,15 @@ class Outputs:
                 if sent.get("exit") != 0:
                     why = str(sent.get("error") or sent.get("failed"))[:400]
                     raise OutputError(f"{where}: {why}")
-                sent_bytes = int(sent.get("sent_bytes", 0))
+                sent_bytes = _count(sent, "sent_bytes")
             self.stager.commit(account, manifest)
         now = self.clock.now()
-        skipped = int(scan.get("skipped_count", 0)) + int(scan.get("busy_count", 0))
+        skipped = _count(scan, "skipped_count") + _count(scan, "busy_count")
         note = f"synced {len(manifest.entries)} files, {manifest.size} bytes ({sent_bytes} sent)"
         if skipped:
             note += f"; {skipped} not regular files or busy, left out"
+        if unpinned := _count(scan, "unpinned"):
+            note += f"; {unpinned} not pinned (another filesystem): sent from their paths"
         self.store.update_output(
             r.job_id, r.name, now, state=OutputState.SYNCED, manifest=manifest.id,
             files=len(manifest.entries), bytes=manifest.size, synced_at=now, message=note,
@@ -384,8 +395,8 @@ class Outputs:
 
     def _settled(self, sh: RemoteShell, r: OutputRecord) -> None:
         """``_sync``, again at once (up to ``CHANGED_TRIES`` in all) when files changed
-        while they were sent: a job that rewrites its checkpoint by rename every second
-        would otherwise never be recorded; a rescan reads only what changed."""
+        while they were sent: written into in place since the scan (a file replaced
+        whole is sent from the scan's pin); a rescan reads only what changed."""
         for _ in range(CHANGED_TRIES - 1):
             try:
                 self._sync(sh, r)

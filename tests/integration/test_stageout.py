@@ -243,3 +243,53 @@ def test_the_daemons_promotion_child_names_the_files_that_came_back_wrong(
         assert not home.exists()  # nothing brought home
     finally:
         shutil.rmtree(results, ignore_errors=True)
+
+
+def test_what_the_scan_read_is_sent_though_the_job_replaced_or_removed_it_since(
+    server: S3Server, tmp_path: Path
+) -> None:
+    """A checkpoint rewritten by rename (and a file removed) between the scan and the
+    send: the scan's pins (hard links by digest, root's) keep the bytes it read, so the
+    version is recorded whole however long the daemon's round took. The pins follow the
+    files: one version's worth, and a rescan of files that did not change reads none."""
+    out_dir = tmp_path / "node" / "11" / "out"
+    files = outputs(out_dir)
+    cache, pins = tmp_path / "stageout" / "11-out.json", tmp_path / "stageout" / "11-out.pins"
+    st = stager(server)
+    scan = node("scan", "--dir", str(out_dir), "--cache", str(cache), "--pins", str(pins))
+    assert scan["exit"] == 0 and scan["unpinned"] == 0 and not scan["busy"], scan
+    assert oct(pins.stat().st_mode & 0o777) == "0o700"
+    manifest = output_manifest(str(tmp_path / "r11"), scan["files"], "scan")
+    plan, _ = st.output_plan("bio", manifest, str(out_dir))
+    (out_dir / "ckpt" / "latest.tmp").write_bytes(b"step-200\n")
+    (out_dir / "ckpt" / "latest.tmp").rename(out_dir / "ckpt" / "latest")  # replaced whole
+    (out_dir / "log" / "train.log").unlink()
+    plan_file = tmp_path / "plan.json"
+    plan_file.write_text(json.dumps({**plan, "pins": str(pins)}))
+    sent = node("send", "--plan", str(plan_file))
+    assert sent["exit"] == 0 and sent["changed"] == [] and sent["sent"] == 5, sent
+    st.commit("bio", manifest)
+    home = tmp_path / "r11"
+    home.mkdir()
+    st.promote("bio", manifest.id, str(home))
+    for rel, data in files.items():
+        assert (home / rel).read_bytes() == data  # what the scan read, byte for byte
+
+    again = node("scan", "--dir", str(out_dir), "--cache", str(cache), "--pins", str(pins))
+    now = {f[2] for f in again["files"]}
+    assert {p.name for p in pins.iterdir()} == now and len(now) == 4  # the old ones let go
+    assert again["hashed_bytes"] == len(b"step-200\n")
+    (out_dir / "run.sh").write_bytes(b"#!/bin/sh\nexit 1\n")  # in place: same inode
+    node("scan", "--dir", str(out_dir), "--cache", str(cache), "--pins", str(pins))
+    still = node("scan", "--dir", str(out_dir), "--cache", str(cache), "--pins", str(pins))
+    assert still["hashed_bytes"] == 0, still  # pinning and unpinning left the keys true
+
+    # a pin directory others could write, or a symlink in its place, is not used
+    pins.chmod(0o770)
+    bad = node("scan", "--dir", str(out_dir), "--cache", str(cache), "--pins", str(pins))
+    assert bad["exit"] == 1 and "not a directory of root's alone" in bad["error"], bad
+    pins.chmod(0o700)
+    pins.rename(tmp_path / "elsewhere")
+    pins.symlink_to(tmp_path / "elsewhere")
+    bad = node("scan", "--dir", str(out_dir), "--cache", str(cache), "--pins", str(pins))
+    assert bad["exit"] == 1 and "a symlink, or not a directory" in bad["error"], bad

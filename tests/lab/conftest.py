@@ -6,7 +6,7 @@ import json
 import os
 import shutil
 import subprocess
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +41,28 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if "tests/lab/" in str(item.fspath):
             item.add_marker(needs_root)
+
+
+DAEMON_LOG_TAIL = 40  # lines of the lab daemon's log a failed lab test's report carries
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """A lab test that fails carries the daemon log's last lines (CI shows the report,
+    and the lab's logs are gone with it)."""
+    report = yield
+    lab = getattr(item, "funcargs", {}).get("lab")
+    if report.failed and report.when == "call" and isinstance(lab, Lab):
+        try:
+            with (lab.paths.log / "daemon.log").open("rb") as fh:
+                fh.seek(max(0, fh.seek(0, os.SEEK_END) - 256 * 1024))
+                lines = fh.read().decode(errors="replace").splitlines()[-DAEMON_LOG_TAIL:]
+        except OSError as exc:
+            lines = [f"(not read: {exc})"]
+        report.sections.append(("the lab daemon's log, its last lines", "\n".join(lines)))
+    return report
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
