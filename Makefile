@@ -104,8 +104,11 @@ ROOT_ONLY_ARGS = $(if $(filter 0,$(shell id -u)),$(addprefix --deselect ,$(RELEA
 # make test, as root: the unit and integration tiers in a process of their own beside the
 # lab's tests on the host's Slurm (they share nothing with the lab: their servers are on
 # free loopback ports; nice 19, so the lab comes first; their output is printed once they
-# end), then the soak's short form through `make soak` (the README's command), then the
-# other releases' shares. As any other user: every tier in one run (the lab's skip).
+# end), and beside them `lab images` builds the other releases' images and the blank host
+# (downloads: off the critical path; a test that needs one meanwhile waits for its build,
+# and a build that failed is tried again, and fails the run, where it is needed), then the
+# soak's short form through `make soak` (the README's command), then the other releases'
+# shares. As any other user: every tier in one run (the lab's skip).
 # Tests marked `full` (docs/testing.md says which and why) run only in make test-full;
 # SLURM_BURST_TEST_FULL=1 gives the others their long forms there. Each run writes a
 # JUnit report; the recap of them all (each run's totals and wall time, each failure, the
@@ -122,6 +125,9 @@ endef
 test: setup
 	@set +e; rm -rf $(RESULTS); mkdir -p $(RESULTS); rc=0; \
 	if [ "$$(id -u)" = 0 ]; then \
+		echo "== the lab's images (Debian downloads), built beside the host's run"; \
+		(nice -n 10 $(SB) --config $(LAB_CONFIG) lab images > $(RESULTS)/images.log 2>&1) & \
+		images=$$!; \
 		echo "== unit and integration, beside the lab (output below, once they end)"; \
 		(nice -n 19 $(PY) -m pytest -m "not full" tests/unit tests/integration \
 			--junitxml=$(RESULTS)/tiers.xml $(PYTEST_ARGS) > $(RESULTS)/tiers.log 2>&1; \
@@ -131,6 +137,7 @@ test: setup
 		wait $$tiers; \
 		$(call run_step,unit and integration (they ran beside the lab),cat $(RESULTS)/tiers.log; \
 			(exit $$(cat $(RESULTS)/tiers.rc 2>/dev/null || echo 1))); \
+		wait $$images; echo "== the lab's images ($$(date +%T))"; cat $(RESULTS)/images.log; \
 		$(call run_step,make soak SOAK_CYCLES=$(SOAK_SHORT),$(MAKE) --no-print-directory soak \
 			SOAK_CYCLES=$(SOAK_SHORT) PYTEST_ARGS="--junitxml=$(RESULTS)/soak.xml $(PYTEST_ARGS)"); \
 		for r in $(LAB_RELEASES); do \

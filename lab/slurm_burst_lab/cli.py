@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import sys
+import time
+from pathlib import Path
 from typing import Any
 
 import click
@@ -95,6 +97,46 @@ def down(ctx: click.Context, yes: bool) -> None:
         click.confirm(f"Destroy the lab under {lab.paths.state} and all its VMs?", abort=True)
     removed = lab.down()
     click.echo(f"lab: removed {len(removed)} item(s)" + "".join(f"\n  {r}" for r in removed))
+
+
+@group.command("images")
+@click.option(
+    "--slurm",
+    "releases",
+    type=click.Choice(tuple(images.RELEASES)),
+    multiple=True,
+    help="Only this release's image (repeat for more); default: every release's and the "
+    "blank host's.",
+)
+@json_option
+def images_cmd(releases: tuple[str, ...], as_json: bool) -> None:
+    """Build the root filesystems the lab boots (each Slurm release's but the host's, and
+    the blank host the deployment tests play onto), or find them in the cache. Each is
+    built once, from the host's Debian mirror (~25 s to a minute each); a build already
+    under way elsewhere is waited for. Exits 1 if one cannot be built."""
+    done: list[dict[str, Any]] = []
+    for name in releases or ("", *images.RELEASES):  # "": the blank host, first
+        what = f"Slurm {name}" if name else "blank host"
+        t = time.monotonic()
+        try:
+            root = _image(name)
+        except (images.ImageError, OSError) as exc:
+            fail(f"lab images: {what}: {exc}", EXIT_FAILED)
+        done.append({"image": what, "root": str(root),
+                     "seconds": round(time.monotonic() - t, 1)})  # fmt: skip
+        if not as_json:
+            click.echo(f"{what}: {root} ({done[-1]['seconds']} s)")
+    if as_json:
+        emit(done, as_json=True)
+
+
+def _image(name: str) -> Path:
+    """Slurm ``name``'s image, or the blank host's for ``""``."""
+    return images.ensure(name, progress=_say) if name else images.ensure_blank(progress=_say)
+
+
+def _say(msg: str) -> None:
+    click.echo(f"lab: {msg}", err=True)
 
 
 @group.command("status")

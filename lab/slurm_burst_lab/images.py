@@ -16,6 +16,8 @@ sid) runs nothing of ours.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import logging
 import os
@@ -23,7 +25,7 @@ import re
 import shlex
 import shutil
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -116,10 +118,30 @@ def stamp(root: Path) -> dict[str, Any] | None:
         return None
 
 
+@contextlib.contextmanager
+def _one_builder(root: Path) -> Iterator[None]:
+    """Held while ``root`` is looked at and built: one build of an image at a time across
+    processes (``make test`` builds the images beside the first tests, which may ask for
+    one meanwhile: they wait for that build, then find it)."""
+    root.parent.mkdir(parents=True, exist_ok=True)
+    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(root.parent / f".{root.name}.lock", flags, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
 def ensure(name: str, cache: Path = CACHE, progress: Callable[[str], None] = log.info) -> Path:
     """The root filesystem of Slurm ``name``, built if the cache has none; returns it."""
-    rel = release(name)
     root = image_dir(name, cache)
+    with _one_builder(root):
+        return _ensure(name, root, progress)
+
+
+def _ensure(name: str, root: Path, progress: Callable[[str], None]) -> Path:
+    rel = release(name)
     have = stamp(root)
     if (
         have is not None
@@ -181,6 +203,11 @@ def _provides_hook(package: str, provides: Sequence[str]) -> str:
 def ensure_blank(cache: Path = CACHE, progress: Callable[[str], None] = log.info) -> Path:
     """The blank host's root filesystem, built if the cache has none; returns it."""
     root = cache / f"blank-{BLANK_SUITE}"
+    with _one_builder(root):
+        return _ensure_blank(root, progress)
+
+
+def _ensure_blank(root: Path, progress: Callable[[str], None]) -> Path:
     have = stamp(root)
     if (
         have is not None
