@@ -245,6 +245,10 @@ class Provisioner:
         self._parked: dict[str, set[str]] = {}  # provider -> nodes waiting for a scout
         self.wake: Callable[[Sequence[str]], None] = lambda names: None  # the workers' wake
         self._throttled: dict[str, int] = {}  # node -> throttled looks in a row
+        # spot nodes a sibling of their job fell back before (node -> its launch_seq): they
+        # follow it at once, so that the job's nodes are relaunched together
+        self._spot_follow: dict[str, int] = {}
+        self._spot_lock = threading.Lock()
         self.launcher = Launcher(
             LauncherSettings(
                 fleet=self.fleet,
@@ -497,7 +501,11 @@ class Provisioner:
         on-demand capacity; True if so."""
         group = self._group(rec)
         waited = self.clock.now() - rec.state_since
-        if rec.market != SPOT or not group.spot_fallback or waited < group.spot_fallback_after:
+        with self._spot_lock:
+            follows = self._spot_follow.pop(rec.name, None) == rec.launch_seq
+        if rec.market != SPOT or not group.spot_fallback:
+            return False
+        if waited < group.spot_fallback_after and not follows:
             return False
         exc = CapacityError(
             f"spot capacity for {rec.provider}/{rec.size} did not arrive within "
@@ -512,7 +520,26 @@ class Provisioner:
         again = self.store.node(rec.name)
         if again is not None and again.want == Want.UP:
             self._request_again(again)
+        if not follows:  # the first of its job: the others, launched with it, follow now
+            siblings = self._spot_siblings(rec)
+            with self._spot_lock:
+                self._spot_follow.update((s.name, s.launch_seq) for s in siblings)
+            self.wake([s.name for s in siblings])
         return True
+
+    def _spot_siblings(self, rec: NodeRecord) -> list[NodeRecord]:
+        """The other nodes of ``rec``'s jobs in its group still booting on spot: launched
+        with it, they wait for the same capacity (their clocks differ by how far apart
+        their records were written, a second on a loaded controller: more than the
+        relaunch's gathering, and the job would be launched in two)."""
+        names = {n for nodes in nodes_by_job(rec.job_list()).values() for n in nodes}
+        out = []
+        for name in sorted(names - {rec.name}):
+            sib = self.store.node(name)
+            if (sib is not None and sib.group == rec.group and sib.market == SPOT
+                    and sib.state == NodeState.BOOTING and sib.want == Want.UP):  # fmt: skip
+                out.append(sib)
+        return out
 
     def _first_read(self, rec: NodeRecord, running_at: float) -> float | None:
         """When to read a running instance's console first: once as long has passed as

@@ -37,8 +37,9 @@ log = logging.getLogger(__name__)
 
 TIMER_TICK = 0.05  # the longest the timer thread sleeps before looking again
 # nodes falling back from spot are launched together this long after the first: a
-# job's nodes, waking on the same fleet listing, reach their deadline within it
-RELAUNCH_GATHER = 0.5
+# job's other nodes follow the first at once (the provisioner wakes them), each with a
+# look at its instance and a terminate call: well within it, on a loaded controller too
+RELAUNCH_GATHER = 1.0
 
 # A node claimed by the request the daemon is handling (no worker yet).
 _RESERVED: Future[None] = Future()

@@ -156,7 +156,9 @@ def test_spot_capacity_withheld_falls_back_after_the_wait_in_one_launch(
 ) -> None:
     """The spot instances are made and stay pending (capacity that never arrives): once
     ``spot_fallback_after`` has passed, the daemon terminates them and launches the job's
-    nodes on-demand together (one RunInstances), and no node fails."""
+    nodes on-demand together (one RunInstances), and no node fails. One node's wait is
+    set to have begun 1.9 s before the others' (records written that far apart on a
+    loaded controller, as in a CI run): the others follow it at once."""
     cfg = make(cfg_factory, 2)
     emulator.market.set_spot("withhold")
     with running(cfg, tmp_path, emulator) as prov:
@@ -169,6 +171,9 @@ def test_spot_capacity_withheld_falls_back_after_the_wait_in_one_launch(
 
         spot_ids = wait(spot_launched, 30, "four spot instances")
         assert spot_ids <= set(emulator.market.withheld)
+        first = prov.store.node(NODES[0])
+        assert first is not None
+        prov.store.update(NODES[0], state_since=first.state_since - 1.9)
 
         def on_demand() -> bool:
             recs = [prov.store.node(n) for n in NODES]
