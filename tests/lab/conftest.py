@@ -28,6 +28,8 @@ FAULT_MATRIX: list[tuple[str, str, str, str]] = []
 SOAK: dict[str, Any] = {}
 # per-node step figures of the EC2 join (test_x_ec2 fills it)
 EC2_JOIN: dict[str, Any] = {}
+# seconds of each step of the deployment's fixtures (test_x_deploy fills it)
+DEPLOY: dict[str, float] = {}
 # the GPU job whose GPU test_x_gpu kept 90 % busy: {"job": id} (test_y_ledger checks it)
 GPU_BUSY_JOB: dict[str, str] = {}
 
@@ -87,6 +89,10 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
         terminalreporter.section("EC2 join (lab emulator)")
         for key, value in EC2_JOIN.items():
             terminalreporter.write_line(f"{key:<28} {value}")
+    if DEPLOY:
+        terminalreporter.section("deployment (seconds a step)")
+        for key, secs in DEPLOY.items():
+            terminalreporter.write_line(f"{key[:70]:<70} {secs:7.1f}")
     if SOAK:
         terminalreporter.section("soak")
         for key, value in SOAK.items():

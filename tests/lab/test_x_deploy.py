@@ -44,6 +44,7 @@ from slurm_burst_lab.service import Lab
 from slurm_burst.config import Config
 from slurm_burst.core.cloud import CLUSTER_TAG
 from tests.conftest import ROOT, wait
+from tests.lab.conftest import DEPLOY
 from tests.lab.test_nscloud_contract import size, ssh, wait_state
 from tests.lab.test_x_ec2 import emulator_calls
 
@@ -69,6 +70,7 @@ def wheelhouse(work: Path) -> Path:
     """This checkout's two wheels, the product's and the lab's, with every dependency as a
     wheel (the host has no index); the controller role installs the product's only."""
     out = work / "wheelhouse"
+    t = time.monotonic()
     for project in (ROOT, ROOT / "lab"):
         subprocess.run(
             [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--wheel-dir", str(out),
@@ -81,6 +83,7 @@ def wheelhouse(work: Path) -> Path:
         check=True, capture_output=True, timeout=600,
     )  # fmt: skip
     assert len(list(out.glob("slurm_burst_lab-*.whl"))) == 1
+    DEPLOY["wheelhouse (pip wheel)"] = time.monotonic() - t
     return out
 
 
@@ -93,6 +96,7 @@ def key(work: Path) -> Path:
 
 def boot_blank(cloud: Any, name: str, key: Path, pkey: paramiko.Ed25519Key) -> Node:
     """A blank host, on the lab's cloud bridge (beside the EC2 emulator's instances)."""
+    t = time.monotonic()
     image = images.ensure_blank()
     cloud.ex_set_host_image(str(image), (), init="systemd")
     try:
@@ -104,6 +108,7 @@ def boot_blank(cloud: Any, name: str, key: Path, pkey: paramiko.Ed25519Key) -> N
         cloud.ex_set_host_image(None)  # the lab's own VMs boot the host again
     node = wait_state(cloud, node, NodeState.RUNNING, timeout=30)
     ssh(node, pkey, "true")  # sshd answers (retried while the address's neighbour settles)
+    DEPLOY[f"boot {name}"] = time.monotonic() - t
     return node
 
 
@@ -281,8 +286,12 @@ def play(work: Path, inventory: Path, playbook: Path, *extra: str) -> tuple[int,
     argv = [str(BIN / "ansible-playbook"), "-i", str(inventory), str(playbook), *extra]
     t = time.monotonic()
     proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=900, check=False)
-    print(f"\n{playbook.name} {' '.join(extra)}: rc {proc.returncode} in "
-          f"{time.monotonic() - t:.0f} s")  # fmt: skip
+    took = time.monotonic() - t
+    said = f"{playbook.name} {' '.join(extra)}".strip()
+    while said in DEPLOY:
+        said += " (again)"
+    DEPLOY[said] = took
+    print(f"\n{said}: rc {proc.returncode} in {took:.0f} s")
     return proc.returncode, proc.stdout + proc.stderr
 
 
