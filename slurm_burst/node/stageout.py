@@ -203,7 +203,7 @@ class Scanner:
         if linked.st_ino != key[3] or [after.st_size, after.st_mtime_ns] != key[:2]:
             os.unlink(sha, dir_fd=self.pins_fd)  # replaced or written since it was read
             return None
-        return [after.st_size, after.st_mtime_ns, after.st_ctime_ns, after.st_ino]
+        return _key(after)
 
     def _answer(self, started: float, missing: bool = False) -> dict[str, Any]:
         self.files.sort()
@@ -255,7 +255,7 @@ class Scanner:
             if not stat.S_ISREG(st.st_mode) or (self.uid >= 0 and st.st_uid != self.uid):
                 self.skipped.append(rel)
                 return
-            key = [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
+            key = _key(st)
             known = self.cache.get(rel)
             was = ""
             if known is not None and known[:4] == key:
@@ -264,7 +264,7 @@ class Scanner:
                 sha = _digest(fd)
                 self.hashed += st.st_size
                 after = os.fstat(fd)
-                if [after.st_size, after.st_mtime_ns, after.st_ctime_ns, after.st_ino] != key:
+                if _key(after) != key:
                     self.busy.append(rel)
                     return
                 if known is not None and known[3] == st.st_ino and known[4] != sha:
@@ -279,6 +279,11 @@ class Scanner:
             self.files.append([rel, st.st_size, sha, bool(st.st_mode & 0o111)])
         finally:
             os.close(fd)
+
+
+def _key(st: os.stat_result) -> list[Any]:
+    """What a file's cache entry is kept by: size, mtime, ctime, inode."""
+    return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
 
 
 def _digest(fd: int) -> str:
