@@ -60,7 +60,7 @@ lab-down: venv
 # differ by release), a spot launch whose capacity never comes, two cloud nodes talking
 # off the hub (the ledger's read of its sacct: test_slurm_versions, in 22.05's run);
 # 26.05 the ledger and a budget Slurm enforces, the burst policy's read and update of the
-# queue, a slurmd that never registers, stage-in's bad copy sent again and sensitive data
+# queue, stage-in's bad copy sent again and sensitive data
 # refused, stage-out's outputs home before release, a spot refusal run on-demand in a
 # placement group, and an interruption notice's signal and requeue.
 # The whole suite runs on the host's release (22.05) first, but for those two shares:
@@ -83,7 +83,6 @@ VERSION_TESTS_26.05 := \
 	tests/lab/test_x_burst.py::test_idle_nodes_are_suspended_and_everything_released \
 	tests/lab/test_y_ledger.py \
 	tests/lab/test_x_policy.py::test_a_long_wait_bursts_and_a_short_one_stays_on_prem \
-	'tests/lab/test_y_faults.py::test_node_failure_is_named_and_the_job_requeued[slurmd-never-registers]' \
 	tests/lab/test_x_stage.py::test_a_corrupt_object_in_the_store_never_reaches_the_job_and_is_sent_again \
 	tests/lab/test_x_stage.py::test_sensitive_data_is_refused_at_submit_and_by_the_daemon_and_nothing_leaves \
 	tests/lab/test_x_stage.py::test_outputs_come_home_verified_and_their_node_outlives_suspend_time_until_they_do \

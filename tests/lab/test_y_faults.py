@@ -63,10 +63,13 @@ def sbatch(env: dict[str, str], node: str, seconds: int = 1) -> int:
     return int(out.strip().split(";")[0])
 
 
-def job_state(env: dict[str, str], job: int) -> str:
+def job_fields(env: dict[str, str], job: int) -> dict[str, str]:
     out = sh(env, "scontrol", "show", "job", "-o", str(job), check=False)
-    fields = dict(tok.split("=", 1) for tok in out.split() if "=" in tok)
-    return fields.get("JobState", "GONE")
+    return dict(tok.split("=", 1) for tok in out.split() if "=" in tok)
+
+
+def job_state(env: dict[str, str], job: int) -> str:
+    return job_fields(env, job).get("JobState", "GONE")
 
 
 def wait(cond: Callable[[], Any], timeout: float, what: str) -> Any:
@@ -245,7 +248,7 @@ def test_throttling_is_retried_without_a_duplicate(
 # Faults that fail the node: the failure is named in the node's reason, the job goes
 # back to the queue, and nothing of the node is left (instance, peer, address, ledger).
 # (fault, node, what to inject, failure code, seconds to wait for it)
-NODE_FAILURES = [
+NODE_FAILURES: list[tuple[str, str, dict[str, Any], str, float]] = [
     ("auth failure", "burst-cpu-22", {"error": "AuthFailure"}, "AuthFailure", 60),
     ("instance never boots", "burst-cpu-23", {"never_running": True}, "BootTimeout", 90),
     ("SSH never reachable", "burst-cpu-15", {"block": ["ipproto tcp sport 22"]},
@@ -258,17 +261,7 @@ NODE_FAILURES = [
 ]  # fmt: skip
 
 
-@pytest.mark.parametrize(
-    ("fault", "node", "rule", "code", "within"),
-    NODE_FAILURES,
-    ids=[f[0].replace(" ", "-") for f in NODE_FAILURES],
-)
-def test_node_failure_is_named_and_the_job_requeued(
-    fault: str,
-    node: str,
-    rule: dict[str, Any],
-    code: str,
-    within: float,
+def test_node_failures_are_named_and_their_jobs_requeued(
     lab_config: Config,
     env: dict[str, str],
     store: Store,
@@ -276,17 +269,43 @@ def test_node_failure_is_named_and_the_job_requeued(
     faults: Any,
     cancel: list[int],
 ) -> None:
-    if "block" in rule:
-        ctl = lab_config.cluster.controller_addr
-        rule = {"block": [b.format(controller_addr=ctl) for b in rule["block"]]}
-    faults([{"call": "create_node", "node": node, "times": 1, **rule}])
+    """Each fault of NODE_FAILURES on a node of its own, all at once (each waits on a
+    timer of the daemon's: side by side they take as long as the longest, not the sum).
+    Every node fails with its own code, named in its Slurm reason, and its job is
+    requeued. The lab's protect_after (6) is above their number: failures at once in one
+    group protecting it is test_repeated_failures_protect_the_group's case."""
+    ctl = lab_config.cluster.controller_addr
+    rules = []
+    for _, node, rule, _, _ in NODE_FAILURES:
+        if "block" in rule:
+            rule = {"block": [b.format(controller_addr=ctl) for b in rule["block"]]}
+        rules.append({"call": "create_node", "node": node, "times": 1, **rule})
+    faults(rules)
     since = last_event_id(store)
-    job = sbatch(env, node)
-    cancel.append(job)
-    wait(failed_and_named(env, store, node, since, code), within,
-         f"{node} to fail with {code}, named in its Slurm reason")  # fmt: skip
-    settle(fault, f"node DOWN (Code:{code}); job requeued", store, cloud, lab_config, env,
-           [job], requeued(env, store, job, node))  # fmt: skip
+    t0 = time.monotonic()
+    jobs = {node: sbatch(env, node) for _, node, _, _, _ in NODE_FAILURES}
+    cancel.extend(jobs.values())
+    waiting = {node: (failed_and_named(env, store, node, since, code), t0 + within, code)
+               for _, node, _, code, within in NODE_FAILURES}  # fmt: skip
+    requeue: dict[str, float] = {}  # failed: its job's requeue awaited, until
+    while waiting or requeue:
+        for node, (check, deadline, code) in list(waiting.items()):
+            if check():
+                del waiting[node]
+                requeue[node] = time.monotonic() + 60
+            elif time.monotonic() > deadline:
+                pytest.fail(f"{node} did not fail with {code}, named in its Slurm reason, "
+                            f"within {deadline - t0:.0f} s")  # fmt: skip
+        for node, deadline in list(requeue.items()):
+            # Restarts, not PENDING: a job requeued early may run again meanwhile
+            if int(job_fields(env, jobs[node]).get("Restarts", "0") or 0) >= 1:
+                del requeue[node]
+            elif time.monotonic() > deadline:
+                pytest.fail(f"job {jobs[node]} of {node} not requeued within 60 s of its failure")
+        time.sleep(0.5)
+    for fault, node, _, code, _ in NODE_FAILURES:
+        settle(fault, f"node DOWN (Code:{code}); job requeued", store, cloud, lab_config, env,
+               [jobs[node]])  # fmt: skip
 
 
 # Bad GPUs (the simulated NVML of a new VM, lab/simnvml FAULTS): the node's GPU check
@@ -319,9 +338,8 @@ def test_bad_gpus_keep_their_nodes_out_and_the_jobs_run_on_new_instances(
     """Nodes each born with one bad GPU (five in make test-full, two in make test). Each
     is refused with GpuUnhealthy, named in its Slurm reason, and its job runs on a
     healthy new instance. The jobs are released one after the other, the group enabled
-    again after each refusal (as an admin would): two failures in a row protect the group
-    (lab: protect_after = 2, test_repeated_failures_protect_the_group), and which of the
-    jobs released together
+    again after each refusal (as an admin would: failures in a row protect a group,
+    test_repeated_failures_protect_the_group), and which of the jobs released together
     Slurm resumes in one pass depends on the machine's load. The requeued jobs (each
     waits cred_expire, 15 s in the lab) run meanwhile."""
     from slurm_burst_lab.simnvml import FAULTS
@@ -622,7 +640,7 @@ def test_repeated_failures_protect_the_group(
     cancel: list[int],
 ) -> None:
     faults([{"call": "create_node", "error": "AuthFailure"}])  # every launch fails
-    jobs = [sbatch(env, f"burst-cpu-{n}") for n in (11, 12)]  # lab: protect_after = 2
+    jobs = [sbatch(env, f"burst-cpu-{n}") for n in (11, 12, 13, 15, 16, 22)]  # protect_after 6
     cancel.extend(jobs)
 
     def protected() -> bool:
@@ -639,7 +657,7 @@ def test_repeated_failures_protect_the_group(
          "group enable (slurmctld may be busy requeueing)")  # fmt: skip
     assert "GroupProtected" not in sh(env, "scontrol", "show", "node", "burst-cpu-14")
     await_alert(lab_config, "SlurmBurstGroupProtected", False, group="cpu")
-    settle("2 failed launches in a row (lab)", "group protected (nodes drained), enabled by hand",
+    settle("6 failed launches in a row (lab)", "group protected (nodes drained), enabled by hand",
            store, cloud, lab_config, env, jobs,
            lambda: all(job_state(env, j) == "PENDING" for j in jobs))  # fmt: skip
 

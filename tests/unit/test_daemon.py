@@ -200,7 +200,7 @@ def test_the_reconcile_loop_protects_a_group_through_the_daemons_own_scheduler(
 ) -> None:
     """Protected mode drains the group in the Slurm the daemon was given (here the fake),
     never in one built aside from the config."""
-    for _ in range(2):  # the lab config's protect_after
+    for _ in range(w.cfg.daemon.protect_after):  # the lab config's
         w.store.group_launch_result("cpu", ok=False)
     report = w.daemon.reconciler.pass_once()
     assert report.actions == {"protect": 1}, report.errors
