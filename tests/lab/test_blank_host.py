@@ -1,6 +1,7 @@
 """A blank host: a VM booted from a debootstrapped image (systemd, sshd, python3 and
-nothing else) with the image's systemd as PID 1, reached over SSH like a real host. It
-is where the Ansible collection is deployed (issue 16)."""
+python3-apt, as a Debian cloud image has them; nothing else) with the image's systemd as
+PID 1, reached over SSH like a real host. It is where the Ansible collection is deployed
+(issue 16)."""
 
 from __future__ import annotations
 

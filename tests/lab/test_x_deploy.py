@@ -1,7 +1,7 @@
 """The Ansible collection deploys slurm-burst onto a blank host, and a job bursts through it.
 
 The blank host is a VM on the lab's cloud bridge booted from a debootstrapped image
-(systemd, sshd, python3 and nothing else), reached over SSH like a real host
+(systemd, sshd, python3 and python3-apt, nothing else), reached over SSH like a real host
 (``ansible-playbook`` with OpenSSH, the VM's own host key pinned). ``deploy/site.yml``
 plays the site's own Slurm and munge roles (Debian's slurmctld, apt through the lab's
 mirror relay); then ``playbooks/controller.yml`` installs slurm-burst from a wheelhouse
@@ -22,6 +22,7 @@ import shutil
 import subprocess
 import sys
 import time
+import xml.etree.ElementTree as ET
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import partial
@@ -282,8 +283,12 @@ def play(work: Path, inventory: Path, playbook: Path, *extra: str) -> tuple[int,
         "ANSIBLE_FORCE_COLOR": "0",
         "ANSIBLE_LOCAL_TEMP": str(work / "ansible-tmp"),
         "ANSIBLE_HOME": str(work / "ansible-home"),
+        # each task's seconds (ansible-core's JUnit callback): the slowest go in the summary
+        "ANSIBLE_CALLBACKS_ENABLED": "junit",
+        "JUNIT_OUTPUT_DIR": str(work / "junit"),
     }
     argv = [str(BIN / "ansible-playbook"), "-i", str(inventory), str(playbook), *extra]
+    before = set((work / "junit").glob("*.xml"))
     t = time.monotonic()
     proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=900, check=False)
     took = time.monotonic() - t
@@ -291,8 +296,21 @@ def play(work: Path, inventory: Path, playbook: Path, *extra: str) -> tuple[int,
     while said in DEPLOY:
         said += " (again)"
     DEPLOY[said] = took
+    for task, secs in slowest_tasks(set((work / "junit").glob("*.xml")) - before):
+        DEPLOY[f"  {task}"] = secs
     print(f"\n{said}: rc {proc.returncode} in {took:.0f} s")
     return proc.returncode, proc.stdout + proc.stderr
+
+
+def slowest_tasks(reports: set[Path], over: float = 5.0, most: int = 3) -> list[tuple[str, float]]:
+    """The ``most`` slowest tasks over ``over`` seconds in a play's JUnit ``reports``."""
+    tasks = []
+    for report in reports:
+        for case in ET.parse(report).iter("testcase"):
+            secs = float(case.get("time") or 0)
+            if secs >= over:
+                tasks.append((str(case.get("name") or "?"), secs))
+    return sorted(tasks, key=lambda t: -t[1])[:most]
 
 
 def recap(out: str, host: str = HOST) -> dict[str, int]:
