@@ -286,6 +286,7 @@ def play(work: Path, inventory: Path, playbook: Path, *extra: str) -> tuple[int,
         # each task's seconds (ansible-core's JUnit callback): the slowest go in the summary
         "ANSIBLE_CALLBACKS_ENABLED": "junit",
         "JUNIT_OUTPUT_DIR": str(work / "junit"),
+        "JUNIT_HIDE_TASK_ARGUMENTS": "true",
     }
     argv = [str(BIN / "ansible-playbook"), "-i", str(inventory), str(playbook), *extra]
     before = set((work / "junit").glob("*.xml"))
@@ -308,8 +309,11 @@ def slowest_tasks(reports: set[Path], over: float = 5.0, most: int = 3) -> list[
     for report in reports:
         for case in ET.parse(report).iter("testcase"):
             secs = float(case.get("time") or 0)
-            if secs >= over:
-                tasks.append((str(case.get("name") or "?"), secs))
+            if secs >= over:  # named "[host] play: task" (a role's: "role : task")
+                name = str(case.get("name") or "?").split("] ", 1)[-1]
+                task = name.split(": ", 1)[-1].replace("slurm_burst.deploy.", "")
+                task = task.replace(" : ", ": ")
+                tasks.append((task if len(task) <= 68 else "..." + task[-65:], secs))
     return sorted(tasks, key=lambda t: -t[1])[:most]
 
 
