@@ -187,6 +187,12 @@ def sh(env: dict[str, str], *argv: str, check: bool = True) -> str:
     ).stdout
 
 
+def job_fields(env: dict[str, str], job: int) -> dict[str, str]:
+    """``scontrol show job -o``'s fields of ``job`` (none once Slurm has forgotten it)."""
+    out = sh(env, "scontrol", "show", "job", "-o", str(job), check=False)
+    return dict(tok.split("=", 1) for tok in out.split() if "=" in tok)
+
+
 @pytest.fixture(scope="module")
 def cloud(lab_config: Config) -> Any:
     """The lab provider's libcloud driver (the namespace cloud, with the fault injector)."""

@@ -21,8 +21,8 @@ import pytest
 
 from slurm_burst.adapters.state.store import Store
 from tests.conftest import LAB_CONFIG, invoke, wait
-from tests.lab.conftest import sh
-from tests.lab.test_x_prolog import job_fields, state, submit
+from tests.lab.conftest import job_fields, sh
+from tests.lab.test_x_prolog import state, submit
 
 SB = ["--config", str(LAB_CONFIG)]
 

@@ -15,15 +15,10 @@ from slurm_burst_lab.service import Lab
 from slurm_burst.adapters.state.store import Store
 from slurm_burst.config import Config
 from tests.conftest import LAB_CONFIG, invoke, wait
-from tests.lab.conftest import sh
+from tests.lab.conftest import job_fields, sh
 
 HOOK_LOG = Path("/var/lib/slurm-burst-lab/log/hooks.log")
 CTLD_LOG = Path("/var/lib/slurm-burst-lab/log/slurmctld.log")
-
-
-def job_fields(env: dict[str, str], job: int) -> dict[str, str]:
-    out = sh(env, "scontrol", "show", "job", "-o", str(job), check=False)
-    return dict(tok.split("=", 1) for tok in out.split() if "=" in tok)
 
 
 def state(env: dict[str, str], job: int) -> str:

@@ -30,6 +30,7 @@ from slurm_burst.adapters.state.store import Store
 from slurm_burst.config import Config
 from tests.conftest import LAB_CONFIG, invoke, wait
 from tests.lab.conftest import RELEASE
+from tests.lab.conftest import job_fields as job
 
 DATA = Path("/var/lib/slurm-burst-lab/data")
 BUCKET = Path("/var/lib/slurm-burst-lab/s3/stage")
@@ -85,12 +86,6 @@ def submit_ok(env: dict[str, str], out_dir: Path, script: str) -> int:
     submitted = submit(env, out_dir, script)
     assert submitted.returncode == 0, submitted.stderr
     return int(submitted.stdout.strip().split(";")[0])
-
-
-def job(env: dict[str, str], job_id: int) -> dict[str, str]:
-    out = subprocess.run(["scontrol", "show", "job", "-o", str(job_id)], env=env, text=True,
-                         capture_output=True, timeout=30).stdout  # fmt: skip
-    return dict(tok.split("=", 1) for tok in out.split() if "=" in tok)
 
 
 def done(env: dict[str, str], job_id: int, timeout: float = 240) -> dict[str, str]:

@@ -37,7 +37,7 @@ from slurm_burst.core.nodestate import LIVE
 from slurm_burst.wiring import ledger, mesh_hub
 from tests.conftest import FULL, LAB_CONFIG, invoke
 from tests.conftest import wait as until
-from tests.lab.conftest import FAULT_MATRIX, await_alert, sh
+from tests.lab.conftest import FAULT_MATRIX, await_alert, job_fields, sh
 
 pytestmark = pytest.mark.faults
 
@@ -61,11 +61,6 @@ def sbatch(env: dict[str, str], node: str, seconds: int = 1) -> int:
         f"sleep {seconds}; hostname",
     )
     return int(out.strip().split(";")[0])
-
-
-def job_fields(env: dict[str, str], job: int) -> dict[str, str]:
-    out = sh(env, "scontrol", "show", "job", "-o", str(job), check=False)
-    return dict(tok.split("=", 1) for tok in out.split() if "=" in tok)
 
 
 def job_state(env: dict[str, str], job: int) -> str:
@@ -640,7 +635,10 @@ def test_repeated_failures_protect_the_group(
     cancel: list[int],
 ) -> None:
     faults([{"call": "create_node", "error": "AuthFailure"}])  # every launch fails
-    jobs = [sbatch(env, f"burst-cpu-{n}") for n in (11, 12, 13, 15, 16, 22)]  # protect_after 6
+    times = lab_config.daemon.protect_after
+    nodes = (11, 12, 13, 15, 16, 22, 23, 24)[:times]  # not 14: its drain is read below
+    assert len(nodes) == times, f"the lab's protect_after {times} needs more nodes here"
+    jobs = [sbatch(env, f"burst-cpu-{n}") for n in nodes]
     cancel.extend(jobs)
 
     def protected() -> bool:
@@ -657,8 +655,8 @@ def test_repeated_failures_protect_the_group(
          "group enable (slurmctld may be busy requeueing)")  # fmt: skip
     assert "GroupProtected" not in sh(env, "scontrol", "show", "node", "burst-cpu-14")
     await_alert(lab_config, "SlurmBurstGroupProtected", False, group="cpu")
-    settle("6 failed launches in a row (lab)", "group protected (nodes drained), enabled by hand",
-           store, cloud, lab_config, env, jobs,
+    settle(f"{times} failed launches in a row (lab)",
+           "group protected (nodes drained), enabled by hand", store, cloud, lab_config, env, jobs,
            lambda: all(job_state(env, j) == "PENDING" for j in jobs))  # fmt: skip
 
 
