@@ -13,6 +13,7 @@ Exits 0; the runs' own exit codes decide `make test`'s.
 
 from __future__ import annotations
 
+import re
 import sys
 import xml.etree.ElementTree as ET
 from datetime import datetime
@@ -20,12 +21,22 @@ from pathlib import Path
 
 MESSAGE_CHARS = 300
 SLOWEST = 25
+# a traceback entry's location line in pytest's report ("tests/lab/test_x.py:112: in f"
+# or "...:112: TimeoutError"); ours are the project's own files, not an installed library's
+FRAME = re.compile(r"^((?:tests|lab|slurm_burst|scripts|benchmarks)/[^\s:]+\.py):(\d+):", re.M)
 
 
 def first_line(text: str | None) -> str:
     lines = (text or "").strip().splitlines()
     line = lines[0] if lines else ""
     return line if len(line) <= MESSAGE_CHARS else line[: MESSAGE_CHARS - 1] + "…"
+
+
+def raised_at(trace: str | None) -> str:
+    """The deepest of the project's own frames in a failure's traceback ("" if none): a
+    fixture that failed in a helper is then found from CI's tail alone."""
+    frames = FRAME.findall(trace or "")
+    return f"{frames[-1][0]}:{frames[-1][1]}" if frames else ""
 
 
 def load(report: Path) -> ET.Element | str:
@@ -58,6 +69,8 @@ def recap(name: str, root: ET.Element | str) -> list[str]:
             for what in case.findall(kind):
                 test = f"{case.get('classname', '')}::{case.get('name', '')}"
                 said = first_line(what.get("message")) or first_line(what.text)
+                where = raised_at(what.text)
+                said += f" (at {where})" if where else ""
                 lines.append(f"  {kind.upper()} {test}: {said}")
     return lines
 

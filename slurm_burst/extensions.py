@@ -17,20 +17,21 @@ A package declares one entry point in the group ``slurm_burst.plugins`` whose ob
 
 Everything a plugin names is a ``"module:attribute"`` string imported only when used, so
 the hooks (which read the config, and so load plugins) pay for no cloud library. This
-module imports nothing beyond the standard library and ``slurm_burst.core``.
+module imports nothing beyond the standard library and ``slurm_burst.core`` (the
+built-in providers' names, which no plugin may take, are looked up when plugins load).
+What the product makes of a plugin's driver is in :mod:`slurm_burst.adapters.cloud.registry`.
 """
 
 from __future__ import annotations
 
 import importlib
 import threading
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from typing import Any
 
 from slurm_burst.core.errors import EXIT_BAD_INPUT, BurstError
-from slurm_burst.core.hostkeys import READS_PER_SECOND, SOURCES
 
 GROUP = "slurm_burst.plugins"
 _EMPTY: Mapping[str, str] = {}
@@ -112,7 +113,9 @@ def _load(ep: Any) -> Plugin:
 
 def _check(found: tuple[Plugin, ...]) -> tuple[Plugin, ...]:
     """No two plugins claim one driver, section or command, nor a built-in one."""
-    owner: dict[tuple[str, str], str] = {("driver", d): "slurm-burst" for d in SOURCES}
+    from slurm_burst.adapters.cloud.registry import built_in_names
+
+    owner: dict[tuple[str, str], str] = {("driver", d): "slurm-burst" for d in built_in_names()}
     for p in found:
         claims = [("driver", c.name) for c in p.clouds]
         claims += [("section", s.name) for s in p.sections]
@@ -153,31 +156,6 @@ def cloud_driver(name: str) -> CloudDriver | None:
             if c.name == name:
                 return c
     return None
-
-
-def offers(driver: str, built_in: Collection[str], trait: Callable[[CloudDriver], bool]) -> bool:
-    """Whether ``driver`` is one of the product's ``built_in`` drivers with a trait, or a
-    plugin's driver that has it (plugins are looked up only for a driver not built in)."""
-    if driver in built_in:
-        return True
-    plugin = cloud_driver(driver)
-    return plugin is not None and trait(plugin)
-
-
-def host_key_sources(driver: str) -> tuple[str, ...]:
-    """The host-key sources ``driver`` offers, the default first."""
-    plugin = cloud_driver(driver) if driver not in SOURCES else None
-    return tuple(plugin.host_key_sources) if plugin else SOURCES.get(driver, ())
-
-
-def default_host_key_source(driver: str) -> str:
-    offered = host_key_sources(driver)
-    return offered[0] if offered else ""
-
-
-def reads_per_second(driver: str) -> float:
-    plugin = cloud_driver(driver) if driver not in READS_PER_SECOND else None
-    return plugin.reads_per_second if plugin else READS_PER_SECOND.get(driver, 5.0)
 
 
 def config_section(name: str) -> ConfigSection | None:

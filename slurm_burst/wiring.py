@@ -191,38 +191,19 @@ def driver_exists(name: str) -> bool:
     return exists(name)
 
 
-def cloud_driver(provider: ProviderConfig, environ: Mapping[str, str] | None = None) -> NodeDriver:
+def cloud_driver(
+    provider_cfg: ProviderConfig, environ: Mapping[str, str] | None = None
+) -> NodeDriver:
     """A libcloud driver for ``provider``, with its credentials resolved (never logged)."""
     from slurm_burst.adapters.cloud.credentials import resolve
-    from slurm_burst.adapters.cloud.registry import driver_class
+    from slurm_burst.adapters.cloud.registry import driver_class, provider
 
-    cls = driver_class(provider.driver)
-    kwargs: dict[str, Any] = dict(provider.options)
-    creds = resolve(provider, environ)
+    cls = driver_class(provider_cfg.driver)
+    kwargs: dict[str, Any] = dict(provider_cfg.options)
+    creds = resolve(provider_cfg, environ)
     key, secret = creds.pop("key", ""), creds.pop("secret", "")
     kwargs.update(creds)
-    kind = provider.driver
-    plugin = extensions.cloud_driver(kind)
-    if plugin is not None and plugin.construct:
-        driver = extensions.resolve(plugin.construct)(cls, provider, kwargs)
-    elif kind == "gce":  # GCENodeDriver(user_id, key, datacenter=zone, project=...)
-        kwargs.setdefault("datacenter", provider.zone or provider.region or None)
-        driver = cls(key, secret, **kwargs)
-    elif kind == "azure_arm":  # AzureNodeDriver(tenant_id, subscription_id, key, secret)
-        tenant, subscription = kwargs.pop("tenant_id", ""), kwargs.pop("subscription_id", "")
-        if provider.region:
-            kwargs.setdefault("region", provider.region)
-        driver = cls(tenant, subscription, key, secret, **kwargs)
-    elif kind == "openstack":
-        kwargs.setdefault("api_version", "2.0")  # Nova 2.x; Neutron and Glance for the rest
-        kwargs.setdefault("ex_force_auth_version", "3.x_password")
-        if provider.region:
-            kwargs.setdefault("ex_force_service_region", provider.region)
-        driver = cls(key, secret, **kwargs)
-    else:  # ec2 and any other driver: (key, secret, region=...)
-        if provider.region:
-            kwargs["region"] = provider.region
-        driver = cls(key, secret, **kwargs)
+    driver = provider(provider_cfg.driver).construct(cls, provider_cfg, kwargs, key, secret)
     return driver  # type: ignore[no-any-return]  # libcloud ships no type information
 
 
@@ -281,10 +262,10 @@ def api_budgets(
 ) -> dict[str, SharedBudget]:
     """Each profile's :class:`SharedBudget`: profiles with the same driver, region,
     credentials and endpoint are one account and share theirs (named after the first)."""
-    from slurm_burst.core.ratelimit import EC2, ApiBudgets, Limit
+    from slurm_burst.adapters.cloud.registry import provider
+    from slurm_burst.core.ratelimit import ApiBudgets, Limit
     from slurm_burst.services.cloudcalls import SharedBudget as Budget
 
-    tables = {"ec2": EC2}
     shared: dict[tuple[str, ...], Budget] = {}
     out = {}
     for name in sorted(built):
@@ -296,13 +277,15 @@ def api_budgets(
             str(p.options.get("host", "")), str(p.options.get("port", "")),
         )  # fmt: skip
         if account not in shared:
+            described = provider(p.driver)
+            table = described.api_table()
             overrides = {api: Limit(float(b), float(r)) for api, (b, r) in p.api_limits.items()}
-            if p.host_key_reads_per_second or p.driver not in tables:  # else: the table's
-                rps = p.host_key_reads_per_second or extensions.reads_per_second(p.driver)
-                reads = getattr(built[name], "api_names", {}).get("host_keys", "host_keys")
+            if p.host_key_reads_per_second or table is None:  # else: the table's
+                rps = p.host_key_reads_per_second or described.host_key_reads_per_second
+                reads = described.api_names.get("host_keys", "host_keys")
                 overrides.setdefault(reads, Limit(max(1.0, rps), rps))
             shared[account] = Budget(
-                name, ApiBudgets(tables.get(p.driver), cfg.daemon.api_share, overrides), metrics
+                name, ApiBudgets(table, cfg.daemon.api_share, overrides), metrics
             )
         out[name] = shared[account]
     return out
@@ -418,7 +401,9 @@ def mesh_store_servers(cfg: Config) -> list[MeshStoreServer]:
 def notice_providers(cfg: Config) -> frozenset[str]:
     """The provider profiles whose instances hear of their reclaim beforehand (EC2's
     spot ``instance-action``, read from the instance metadata service)."""
-    return frozenset(n for n, p in cfg.providers.items() if p.driver == "ec2")
+    from slurm_burst.adapters.cloud.registry import provider
+
+    return frozenset(n for n, p in cfg.providers.items() if provider(p.driver).interruption_notices)
 
 
 def agents_wanted(cfg: Config) -> bool:

@@ -6,7 +6,7 @@ import ipaddress
 import re
 from collections.abc import Callable
 
-from slurm_burst import extensions
+from slurm_burst.adapters.cloud.registry import built_in, host_key_sources, provider
 from slurm_burst.config.model import _PATTERN, Config, NodeGroup, ProviderConfig
 from slurm_burst.config.schema import Problem
 from slurm_burst.config.validate_launch import launch_problems
@@ -339,20 +339,14 @@ def _groups(cfg: Config, out: list[Problem], declared: set[str]) -> None:
             )
 
 
-# drivers whose create_node can ask for spot/preemptible capacity (libcloud 3.9); a
-# plugin's driver says so itself (extensions.CloudDriver.spot)
-SPOT_DRIVERS = frozenset({"ec2", "gce"})
-
-
 def _provider(name: str, prov: ProviderConfig, out: list[Problem]) -> None:
     base = f"providers.{name}"
     if prov.launch_batch < 0:
         out.append(Problem(f"{base}.launch_batch", "must not be negative (0: driver default)"))
     _host_keys(name, prov, out)
-    if prov.driver == "azure_arm":
-        for key in ("resource_group", "network", "zone"):
-            if not getattr(prov, key):
-                out.append(Problem(f"{base}.{key}", "azure_arm needs it"))
+    out += (
+        Problem(f"{base}.{key}", why) for key, why in provider(prov.driver).profile_problems(prov)
+    )
     for key in ("name", "size", "image", "location", "ex_userdata", "ex_metadata"):
         if key in prov.launch_options:
             out.append(Problem(f"{base}.launch_options.{key}", "is set by slurm-burst; remove it"))
@@ -362,14 +356,15 @@ def _host_keys(name: str, prov: ProviderConfig, out: list[Problem]) -> None:
     """A join must never fail at run time for a reason the config could have shown: a
     driver with no way to read a new instance's host keys through its API is refused."""
     base = f"providers.{name}"
-    offered = extensions.host_key_sources(prov.driver)
+    offered = host_key_sources(prov.driver)
     if prov.driver and not offered:
+        usable = sorted(n for n, p in built_in().items() if p.host_key_sources)
         out.append(
             Problem(
                 f"{base}.driver",
                 f"slurm-burst cannot read a new {prov.driver} instance's SSH host keys through "
-                "the provider's API, so no node could join (nothing to trust); use ec2, gce, "
-                "azure_arm or openstack (docs/providers.md, 'Host keys')",
+                "the provider's API, so no node could join (nothing to trust); use "
+                f"{', '.join(usable[:-1])} or {usable[-1]} (docs/providers.md, 'Host keys')",
             )
         )
     elif prov.host_keys and prov.host_keys not in offered:
@@ -394,7 +389,8 @@ def _group_on_providers(cfg: Config, g: NodeGroup, base: str, out: list[Problem]
         prov = cfg.providers.get(pname)
         if prov is None:
             continue
-        if g.spot and not extensions.offers(prov.driver, SPOT_DRIVERS, lambda d: d.spot):
+        described = provider(prov.driver)
+        if g.spot and not described.spot:
             out.append(
                 Problem(
                     f"{base}.spot",
@@ -402,17 +398,8 @@ def _group_on_providers(cfg: Config, g: NodeGroup, base: str, out: list[Problem]
                     f"spot capacity; use a group without spot there",
                 )
             )
-        if g.gpus and prov.driver == "gce" and not (g.accelerator or g.gpu_type):
-            out.append(
-                Problem(f"{base}.accelerator", "GCE needs the accelerator type for the GPUs")
-            )
-        if prov.driver == "azure_arm" and g.image.count(":") != 3:
-            out.append(
-                Problem(
-                    f"{base}.image",
-                    f"provider {pname!r} (azure_arm) needs a URN PUBLISHER:OFFER:SKU:VERSION",
-                )
-            )
+        for key, why in described.group_problems(g):
+            out.append(Problem(f"{base}.{key}", f"provider {pname!r}: {why}"))
 
 
 def _group(cfg: Config, g: NodeGroup, base: str, out: list[Problem], declared: set[str]) -> None:

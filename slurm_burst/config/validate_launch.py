@@ -5,14 +5,10 @@ from __future__ import annotations
 
 import math
 
-from slurm_burst import extensions
+from slurm_burst.adapters.cloud.registry import built_in, provider
 from slurm_burst.config.model import Config, NodeGroup
 from slurm_burst.config.schema import Problem
 
-# drivers on which slurm-burst makes a placement group per job (libcloud 3.9: EC2's
-# CreatePlacementGroup; GCE's resource policies and Azure's proximity placement groups
-# are not in libcloud's drivers)
-PLACEMENT_DRIVERS = frozenset({"ec2"})
 PLACEMENTS = ("", "cluster")
 CLOUD_TO_CLOUD = ("hub", "wireguard")
 # what Slurm knows a node by: a fallback launching a group's nodes must offer the same
@@ -95,9 +91,10 @@ def _placement(cfg: Config, g: NodeGroup, base: str, out: list[Problem]) -> None
         prov = cfg.providers.get(pname)
         if prov is None:
             continue
-        if not extensions.offers(prov.driver, PLACEMENT_DRIVERS, lambda d: d.placement):
+        if not provider(prov.driver).placement:
             out.append(Problem(
                 f"{base}.placement",
                 f"provider {pname!r} ({prov.driver}): slurm-burst makes placement groups on "
-                "EC2 only; use a group without placement there",
+                f"{', '.join(sorted(n for n, d in built_in().items() if d.placement))} only "
+                "(and a plugin's driver that offers them); use a group without placement there",
             ))  # fmt: skip

@@ -3,7 +3,8 @@
 A new instance's host keys are read through the provider's authenticated API, never
 learned from the network: what the API returns was written by the instance itself, so
 the daemon pins those keys and rejects any other key the SSH server offers. Where each
-provider lets us read them (:data:`SOURCES`):
+provider lets us read them (its module of :mod:`slurm_burst.adapters.cloud.providers`
+names its sources):
 
 - ``console``: the instance console. cloud-init prints the host's public keys between
   ``-----BEGIN SSH HOST KEY KEYS-----`` and ``-----END SSH HOST KEY KEYS-----``
@@ -35,23 +36,6 @@ KEY_TYPES = (
 )
 _BASE64 = re.compile(r"^[A-Za-z0-9+/]+={0,2}$")
 
-# driver type -> the host-key sources it offers, the default first (a plugin's driver
-# names its own: slurm_burst.extensions)
-SOURCES: dict[str, tuple[str, ...]] = {
-    "ec2": ("console",),
-    "gce": ("guest-attributes", "serial-port"),
-    "azure_arm": ("boot-diagnostics",),
-    "openstack": ("console",),
-}
-# reads of a host-key source per second, per provider profile, by default: what the
-# provider's API allows for such calls with room for the rest of the daemon's calls
-# (Azure: each read of the log's address is an ARM POST, the log itself a blob read)
-READS_PER_SECOND: dict[str, float] = {
-    "ec2": 10.0,
-    "gce": 10.0,
-    "azure_arm": 2.0,
-    "openstack": 5.0,
-}
 # the startup-script lines that print the block to GCE's serial port 1 (public keys only):
 # sshd's keys may be made by the guest environment a moment after the script starts
 SERIAL_PORT_SCRIPT = (
@@ -60,12 +44,6 @@ SERIAL_PORT_SCRIPT = (
     "sleep 1; done\n"
     f"{{ echo '{BEGIN}'; cat /etc/ssh/ssh_host_*_key.pub; echo '{END}'; }} > /dev/ttyS0\n"
 )
-
-
-def default_source(driver: str) -> str:
-    """The host-key source a provider profile uses unless it names one; '' if none."""
-    offered = SOURCES.get(driver, ())
-    return offered[0] if offered else ""
 
 
 def key_entry(ktype: str, body: str) -> tuple[str, str] | None:

@@ -120,26 +120,6 @@ class ApiTable:
         return self.apis.get(api, self.default)
 
 
-# EC2's request-token buckets per account and region (EC2 API reference, "Request
-# throttling"; see docs/scale.md): each API is evaluated on its own, with the bucket of
-# its category. Non-mutating (Describe*, Get*) 100/20; DescribeInstances asked without
-# a filter or pagination falls in the 50/10 category, which our listing never is.
-EC2 = ApiTable(
-    apis={
-        "DescribeInstances": Limit(100, 20),
-        "GetConsoleOutput": Limit(100, 20),
-        "DescribeInstanceTypes": Limit(100, 20),
-        "CreateTags": Limit(100, 10),
-        "RunInstances": Limit(5, 2),
-        "TerminateInstances": Limit(100, 5),
-        "CreateFleet": Limit(50, 5),
-    },
-    default=Limit(50, 5),  # mutating actions
-    resources={"RunInstances": Limit(1000, 2), "TerminateInstances": Limit(1000, 20)},
-    total=Limit(10, 40),  # at most 50 calls in any second sent (a loaded machine bunches them)
-)
-
-
 class ApiBudgets:
     """The daemon's share of a provider account's buckets, per API.
 

@@ -67,8 +67,8 @@ def test_the_fleet_listing_pages_through_next_token(
     the cluster's live instances only: moto's own answer and the scale mode's."""
     from libcloud.compute.base import NodeImage
 
-    from slurm_burst.adapters.cloud import compute
     from slurm_burst.adapters.cloud.compute import LibcloudCloud
+    from slurm_burst.adapters.cloud.providers import ec2
 
     emu = RemoteEmulator(Scale(throttle=0, boot=0, console=0) if scaled else None)
     try:
@@ -83,7 +83,7 @@ def test_the_fleet_listing_pages_through_next_token(
         cloud = LibcloudCloud("aws", driver)
         gone = cloud.list_fleet("mine", lambda: None)[0].id
         cloud.terminate(gone)
-        monkeypatch.setattr(compute, "EC2_PAGE", 5)
+        monkeypatch.setattr(ec2, "PAGE", 5)
         pages: list[int] = []
         listed = cloud.list_fleet("mine", lambda: pages.append(1))
         assert len(listed) == 11 and gone not in {i.id for i in listed}

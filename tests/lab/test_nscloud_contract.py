@@ -40,15 +40,16 @@ def wait_state(driver: Any, node: Node, state: str, timeout: float = 10) -> Node
     )
 
 
-def connect(node: Node, key: paramiko.Ed25519Key) -> paramiko.SSHClient:
+def connect(node: Node, key: paramiko.Ed25519Key, wait: float = 5) -> paramiko.SSHClient:
     """An SSH session to ``node`` as root, trusting only the host key the provider
-    reported (retried for 5 s while sshd starts or the address's neighbour settles)."""
+    reported (retried for ``wait`` seconds while sshd starts or the address's neighbour
+    settles)."""
     client = paramiko.SSHClient()
     client.set_missing_host_key_policy(paramiko.RejectPolicy())
     keytype, b64 = node.extra["ssh_host_key"].split()[:2]
     host_key = paramiko.PKey.from_type_string(keytype, base64.b64decode(b64))
     client.get_host_keys().add(node.public_ips[0], keytype, host_key)
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + wait
     while True:
         try:
             client.connect(
@@ -66,9 +67,11 @@ def connect(node: Node, key: paramiko.Ed25519Key) -> paramiko.SSHClient:
             time.sleep(0.1)
 
 
-def ssh(node: Node, key: paramiko.Ed25519Key, command: str, timeout: float = 10) -> str:
-    """Run ``command`` over SSH (:func:`connect`); its output, once it exited 0."""
-    client = connect(node, key)
+def ssh(
+    node: Node, key: paramiko.Ed25519Key, command: str, timeout: float = 10, wait: float = 5
+) -> str:
+    """Run ``command`` over SSH (:func:`connect`, ``wait``); its output, once it exited 0."""
+    client = connect(node, key, wait)
     try:
         _, out, err = client.exec_command(command, timeout=timeout)
         text = out.read().decode()

@@ -108,7 +108,9 @@ def boot_blank(cloud: Any, name: str, key: Path, pkey: paramiko.Ed25519Key) -> N
     finally:
         cloud.ex_set_host_image(None)  # the lab's own VMs boot the host again
     node = wait_state(cloud, node, NodeState.RUNNING, timeout=30)
-    ssh(node, pkey, "true")  # sshd answers (retried while the address's neighbour settles)
+    # sshd answers: the image's systemd starts it after the VM is RUNNING, seconds later
+    # on a loaded machine (CI once took over the 5 s a vminit VM is given)
+    ssh(node, pkey, "true", wait=120)
     DEPLOY[f"boot {name}"] = time.monotonic() - t
     return node
 
@@ -355,22 +357,38 @@ def deployed(work: Path, inventory: Path, controller: Node, pkey: paramiko.Ed255
 
 @dataclass(frozen=True)
 class Ran:
-    """A batch job run to its end on the deployed cluster (``sbatch --wait``)."""
+    """A batch job run on the deployed cluster, to its end or the wait's."""
 
     job: str
-    out: str  # sbatch's output and its exit status (rc=N)
-    show: str  # scontrol show job, after it ended
+    out: str  # sbatch's output, then rc=N: the job's exit code (or why there is none)
+    show: str  # scontrol show job, after it ended (or at the end of the wait)
     seconds: float
 
 
-def run_job(node: Node, pkey: paramiko.Ed25519Key, args: str) -> Ran:
+ENDED = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "BOOT_FAIL",
+                   "DEADLINE", "OUT_OF_MEMORY", "PREEMPTED"})  # fmt: skip
+
+
+def run_job(node: Node, pkey: paramiko.Ed25519Key, args: str, within: float = 420) -> Ran:
+    """Submit, then follow the job in ``scontrol show job`` until it ends: a job that does
+    not end in time is a failed test that shows the job's state and reason, not a bare
+    socket timeout (``sbatch --wait`` over SSH gave CI nothing else to go on)."""
     run = on(node, pkey)
     t = time.monotonic()
-    out = run(f"cd /tmp && sbatch --parsable --wait {args} 2>&1; echo rc=$?", 300)
-    took = time.monotonic() - t
+    out = run(f"cd /tmp && sbatch --parsable {args} 2>&1; echo rc=$?")
     job = out.split()[0]
-    return Ran(job, out, run(f"scontrol show job {shlex.quote(job)}") if job.isdigit() else "",
-               took)  # fmt: skip
+    if not job.isdigit():
+        return Ran(job, out, "", time.monotonic() - t)
+    show = ""
+    while time.monotonic() < t + within:
+        show = run(f"scontrol show job {job}")
+        state = re.search(r"\bJobState=(\S+)", show)
+        if state and state.group(1) in ENDED:
+            code = re.search(r"\bExitCode=(\d+):", show)
+            return Ran(job, f"{job}\nrc={code.group(1) if code else '?'}", show,
+                       time.monotonic() - t)  # fmt: skip
+        time.sleep(2)
+    return Ran(job, f"{job}\nrc=none: not ended within {within:.0f} s", show, time.monotonic() - t)
 
 
 @pytest.fixture(scope="module")

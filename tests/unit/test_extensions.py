@@ -91,23 +91,24 @@ def test_without_the_plugin_its_section_and_driver_are_unknown(no_plugins: None)
         "widget: unknown key",
         "providers.p.driver: libcloud has no compute driver 'tincan'",
         "providers.p.driver: slurm-burst cannot read a new tincan instance's SSH host keys "
-        "through the provider's API, so no node could join (nothing to trust); use ec2, gce, "
-        "azure_arm or openstack (docs/providers.md, 'Host keys')",
+        "through the provider's API, so no node could join (nothing to trust); use azure_arm, "
+        "ec2, gce or openstack (docs/providers.md, 'Host keys')",
     ]
 
 
 def test_a_plugins_driver_is_a_libcloud_driver_with_its_traits(plugins: None) -> None:
     from libcloud.compute.drivers.dummy import DummyNodeDriver
 
-    from slurm_burst.adapters.cloud.attest import Console, host_key_source
+    from slurm_burst.adapters.cloud.attest import Console
     from slurm_burst.adapters.cloud.credentials import resolve
-    from slurm_burst.adapters.cloud.registry import driver_class, driver_exists
+    from slurm_burst.adapters.cloud.registry import driver_class, driver_exists, provider
 
     assert driver_class("tincan") is DummyNodeDriver and driver_exists("tincan")
-    assert extensions.host_key_sources("tincan") == ("console",)
-    assert extensions.reads_per_second("tincan") == 7.0
-    assert extensions.reads_per_second("ec2") == 10.0  # the built-in table wins for its own
-    assert isinstance(host_key_source("tincan", object()), Console)
+    tincan = provider("tincan")
+    assert tuple(tincan.host_key_sources) == ("console",)
+    assert tincan.host_key_reads_per_second == 7.0
+    assert provider("ec2").host_key_reads_per_second == 10.0  # a built-in provider's own
+    assert isinstance(tincan.host_key_source(object()), Console)
     cfg, problems = parse_config(
         BASE + '[providers.p]\ndriver = "tincan"\n', driver_exists=driver_exists
     )

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from slurm_burst.adapters.cloud.providers.ec2 import API_TABLE as EC2
 from slurm_burst.core.cloud import Busy, Instance, LaunchSpec, ThrottledError
-from slurm_burst.core.ratelimit import EC2, FLOOR, RECOVER, ApiBudgets, TokenBucket
+from slurm_burst.core.ratelimit import FLOOR, RECOVER, ApiBudgets, TokenBucket
 from slurm_burst.services.cloudcalls import CallSettings, ManagedCloud, SharedBudget
 
 

@@ -15,7 +15,17 @@ REPORT = """<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="p
 <testcase classname="tests.lab.test_a" name="test_slow" time="120.5"/>
 <testcase classname="tests.lab.test_a" name="test_quick" time="0.2"/>
 <testcase classname="tests.unit.test_b" name="test_broken" time="{broken}">
-<failure message="assert 1 == 2&#10;second line">trace</failure></testcase>
+<failure message="assert 1 == 2&#10;second line">def test_broken():
+&gt;       helper()
+
+tests/unit/test_b.py:9:
+_ _ _
+/usr/lib/python3/dist-packages/paramiko/client.py:40: in connect
+tests/conftest.py:77: in helper
+    assert 1 == 2
+E   assert 1 == 2
+
+tests/conftest.py:78: AssertionError</failure></testcase>
 </testsuite></testsuites>"""
 
 
@@ -34,7 +44,8 @@ def test_each_run_its_failures_the_slowest_and_the_whole_time(
     assert recap.main(["test-recap.py", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "host: 3 tests, 1 failed, 0 errors, 0 skipped in 600 s (10.0 min)" in out
-    assert "FAILURE tests.unit.test_b::test_broken: assert 1 == 2" in out
+    assert ("FAILURE tests.unit.test_b::test_broken: assert 1 == 2 (at tests/conftest.py:78)"
+            in out)  # fmt: skip
     assert "broken: no report" in out
     slow = out.split("teardown)\n")[1].split("==")[0].rstrip().splitlines()
     assert slow[0] == "  400.0 s  lab-26.05  tests.unit.test_b::test_broken"

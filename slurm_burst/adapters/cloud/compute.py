@@ -2,9 +2,10 @@
 
 The only module that turns libcloud ``Node`` objects into our :class:`Instance`
 and libcloud exceptions into our typed :class:`CloudError`. What differs per
-provider is in tables: the ``create_node`` arguments in :mod:`.profiles`, the
-idempotency-token argument, server-side tag filters and batching here; a new
-provider is a row, not a branch in a service.
+provider is in the provider's own module (:mod:`.providers`, looked up in
+:mod:`.registry`): the ``create_node`` arguments, batching, server-side tag filters, the
+fleet listing, tagging, termination and the host-key source; a new provider is a module,
+not a branch here or in a service.
 
 Idempotency: every launch carries a token, fixed in the state database before the
 call, and the token is also a tag on the instance. EC2 (and the lab) take it as
@@ -20,24 +21,15 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
-from functools import partial
 from typing import Any
 
 from libcloud.common.exceptions import BaseHTTPError
 from libcloud.common.types import LibcloudError
 from libcloud.compute.base import Node, NodeSize
-from libcloud.compute.types import NodeState
 
-from slurm_burst.adapters.cloud.attest import EC2_NS, HostKeySource, NoSource, host_key_source
-from slurm_burst.adapters.cloud.profiles import (
-    API_NAMES,
-    BATCH_DEFAULT,
-    DESTROY_KWARGS,
-    Placement,
-    azure_connection_fix,
-    create_kwargs,
-    filters_by_tag,
-)
+from slurm_burst.adapters.cloud.attest import HostKeySource, NoSource
+from slurm_burst.adapters.cloud.profiles import Placement, create_kwargs
+from slurm_burst.adapters.cloud.registry import provider
 from slurm_burst.core.cloud import (
     CLUSTER_TAG,
     GROUP_TAG,
@@ -57,11 +49,6 @@ __all__ = ["CLUSTER_TAG", "GROUP_TAG", "NODE_TAG", "TOKEN_TAG", "LibcloudCloud"]
 log = logging.getLogger(__name__)
 
 _ERRORS = (LibcloudError, BaseHTTPError, OSError)
-# drivers whose key pair is imported once and then named at launch
-KEYPAIR_IMPORT = {"ec2", "openstack"}
-EC2_PAGE = 1000  # DescribeInstances' largest page
-# every state but terminated: what a listing of the live fleet asks for
-EC2_LIVE_STATES = ("pending", "running", "shutting-down", "stopping", "stopped")
 
 
 class LibcloudCloud:
@@ -73,15 +60,15 @@ class LibcloudCloud:
         self.name = name
         self.driver = driver
         self.kind = str(getattr(driver, "type", "") or "")
+        self.provider = provider(self.kind)
         self.placement = placement or Placement()
-        self.batch_max = batch or BATCH_DEFAULT.get(self.kind, 1)
-        self.api_names = API_NAMES.get(self.kind, {})
-        self.lists_fleet = self.kind == "ec2"  # booting nodes read one shared listing
-        if self.kind == "azure_arm":
-            azure_connection_fix(driver)
+        self.batch_max = batch or self.provider.launch_batch
+        self.api_names = self.provider.api_names
+        self.lists_fleet = self.provider.lists_fleet  # booting nodes read one shared listing
+        self.provider.prepare(driver)
         self.source: HostKeySource | None
         try:
-            self.source = host_key_source(self.kind, driver, self.placement.host_keys)
+            self.source = self.provider.host_key_source(driver, self.placement.host_keys)
         except NoSource:
             self.source = None  # `config check` refuses such a profile; a join would fail
         self._sizes: dict[str, NodeSize] = {}
@@ -91,7 +78,7 @@ class LibcloudCloud:
     # -- launch ---------------------------------------------------------------
     def create_kwargs(self, spec: LaunchSpec) -> dict[str, Any]:
         placement = self.placement
-        if self.kind in KEYPAIR_IMPORT and not placement.key_name:
+        if self.provider.imports_key_pair and not placement.key_name:
             placement = _replace(placement, key_name=self._import_key(spec.ssh_public_key))
         try:
             return create_kwargs(self.kind, self.driver, spec, placement, self._size(spec.size))
@@ -110,7 +97,7 @@ class LibcloudCloud:
             node.id,
             time.monotonic() - started,
         )
-        return self._to_instance(node)
+        return self.to_instance(node)
 
     def launch_many(self, spec: LaunchSpec) -> list[Instance]:
         """Between ``spec.min_count`` (0: all) and ``spec.count`` instances in one call,
@@ -124,7 +111,7 @@ class LibcloudCloud:
         started = time.monotonic()
         made = self._create(spec)
         nodes = made if isinstance(made, list) else [made]
-        out = sorted((self._to_instance(n) for n in nodes), key=lambda i: i.launch_index)
+        out = sorted((self.to_instance(n) for n in nodes), key=lambda i: i.launch_index)
         log.info(
             "cloud.create_nodes provider=%s count=%d size=%s token=%s seconds=%.2f",
             self.name,
@@ -159,25 +146,8 @@ class LibcloudCloud:
 
     def tag(self, instance_id: str, tags: Mapping[str, str]) -> None:
         """Add tags to one instance (idempotent)."""
-        if self.kind == "ec2":
-            # EC2's lists are 1-based (ResourceId.1, Tag.1.Key); libcloud's
-            # ex_create_tags sends 0-based ones, which not every endpoint takes.
-            params = {"Action": "CreateTags", "ResourceId.1": instance_id}
-            for i, (k, v) in enumerate(sorted(tags.items()), start=1):
-                params[f"Tag.{i}.Key"], params[f"Tag.{i}.Value"] = k, v
-            try:
-                self.driver.connection.request(self.driver.path, params=params)
-            except _ERRORS as exc:
-                raise self._error(exc) from exc
-            return
-        setter = getattr(self.driver, "ex_create_tags", None)
-        if setter is None:
-            raise CloudError(f"{self.name}: driver {self.kind} cannot tag", "NotSupported")
-        node = self._node(instance_id)
-        if node is None:
-            raise NotFoundError(f"{self.name}: instance {instance_id} not found")
         try:
-            setter(node, dict(tags))
+            self.provider.tag(self, instance_id, dict(tags))
         except _ERRORS as exc:
             raise self._error(exc) from exc
 
@@ -247,10 +217,11 @@ class LibcloudCloud:
 
     # -- read -----------------------------------------------------------------
     def get(self, instance_id: str) -> Instance | None:
-        node = self._node(instance_id)
-        return None if node is None else self._to_instance(node)
+        node = self.node(instance_id)
+        return None if node is None else self.to_instance(node)
 
-    def _node(self, instance_id: str) -> Node | None:
+    def node(self, instance_id: str) -> Node | None:
+        """The driver's node of ``instance_id`` (None: not found)."""
         try:
             nodes = self.driver.list_nodes(ex_node_ids=[instance_id])
         except TypeError:  # a driver without ex_node_ids
@@ -269,67 +240,38 @@ class LibcloudCloud:
     def _list(self, cluster: str, also: Mapping[str, str]) -> list[Instance]:
         filters = {f"tag:{k}": v for k, v in {CLUSTER_TAG: cluster, **also}.items()}
         try:
-            if filters_by_tag(self.kind):
+            if self.provider.tag_filter:
                 nodes = self.driver.list_nodes(ex_filters=filters)
             else:
                 nodes = self.driver.list_nodes()
         except _ERRORS as exc:
             raise self._error(exc) from exc
-        out = [self._to_instance(n) for n in nodes]
+        out = [self.to_instance(n) for n in nodes]
         return [i for i in out if i.tags.get(CLUSTER_TAG) == cluster]
 
     def list_fleet(self, cluster: str, before_page: Callable[[], None]) -> list[Instance]:
-        """The cluster's instances that are not terminated, as one paginated
-        DescribeInstances (EC2) filtered on the cluster tag and the state: ``MaxResults``
-        1000 a page, ``NextToken`` to the next; ``before_page`` is called before each
-        page (it takes the page's token from the budget). libcloud's ``list_nodes``
-        neither pages nor skips its DescribeAddresses, so the request is made here
-        through the driver's own signed connection."""
-        if self.kind != "ec2":
-            before_page()
-            return [i for i in self.list_instances(cluster) if i.state != "terminated"]
-        base = {
-            "Action": "DescribeInstances",
-            "MaxResults": str(EC2_PAGE),
-            "Filter.1.Name": f"tag:{CLUSTER_TAG}",
-            "Filter.1.Value.1": cluster,
-            "Filter.2.Name": "instance-state-name",
-            **{f"Filter.2.Value.{i}": s for i, s in enumerate(EC2_LIVE_STATES, start=1)},
-        }
-        out: list[Instance] = []
-        token = ""
-        for _page in range(10_000):  # 10 million instances: a loop that cannot end is a bug
-            before_page()
-            params = {**base, "NextToken": token} if token else base
-            try:
-                obj = self.driver.connection.request(self.driver.path, params=params).object
-            except _ERRORS as exc:
-                raise self._error(exc) from exc
-            for rs in obj.iterfind(f"{{{EC2_NS}}}reservationSet/{{{EC2_NS}}}item"):
-                nodes = self.driver._to_nodes(rs, "instancesSet/item")
-                out += (self._to_instance(n) for n in nodes)
-            token = (obj.findtext(f"{{{EC2_NS}}}nextToken") or "").strip()
-            if not token:
-                break
-        return [i for i in out if i.tags.get(CLUSTER_TAG) == cluster]
+        """The cluster's instances that are not terminated, as the provider lists its fleet
+        (EC2: paginated, filtered on the server); ``before_page`` is called before each
+        page (it takes the page's token from the budget)."""
+        try:
+            return self.provider.list_fleet(self, cluster, before_page)
+        except _ERRORS as exc:
+            raise self._error(exc) from exc
 
     def host_keys(self, instance_id: str, size: str = "") -> list[tuple[str, str]]:
         """The SSH host keys the instance published where the provider lets us read them
-        (``[]`` until it has); see :mod:`.attest`. EC2, with the instance's ``size``
-        known: one GetConsoleOutput, no describe first."""
+        (``[]`` until it has); see :mod:`.attest`. With the instance's ``size`` known a
+        provider may skip the describe (EC2: one GetConsoleOutput)."""
         if self.source is None:
             raise CloudError(
                 f"{self.name}: driver {self.kind} offers no way to read an instance's SSH "
                 "host keys through its API; no host key to trust",
                 "NoHostKeySource",
             )
-        if self.kind == "ec2" and size:
-            node: Node | None = Node(
-                instance_id, instance_id, NodeState.UNKNOWN, [], [], self.driver,
-                extra={"instance_type": size},
-            )  # fmt: skip
-        else:
-            node = self._node(instance_id)
+        try:
+            node = self.provider.host_key_node(self, instance_id, size)
+        except _ERRORS as exc:
+            raise self._error(exc) from exc
         if node is None:
             raise NotFoundError(f"{self.name}: instance {instance_id} not found")
         try:
@@ -341,30 +283,20 @@ class LibcloudCloud:
 
     # -- terminate ------------------------------------------------------------
     def terminate(self, instance_id: str) -> None:
-        """Destroy the instance; one that is already gone counts as destroyed. EC2: one
-        TerminateInstances by id (no describe first; terminating twice is no error)."""
-        destroy: Callable[[], Any]
-        if self.kind == "ec2":
-            params = {"Action": "TerminateInstances", "InstanceId.1": instance_id}
-            destroy = partial(self.driver.connection.request, self.driver.path, params=params)
-        else:
-            node = self._node(instance_id)
-            if node is None or _state(node) == "terminated":
-                log.info("cloud.terminate provider=%s instance=%s already gone",
-                         self.name, instance_id)  # fmt: skip
-                return
-            destroy = partial(self.driver.destroy_node, node, **DESTROY_KWARGS.get(self.kind, {}))
+        """Destroy the instance; one that is already gone counts as destroyed."""
         try:
-            destroy()
+            done = self.provider.terminate(self, instance_id)
         except _ERRORS as exc:
             err = self._error(exc)
             if isinstance(err, NotFoundError):
                 return
             raise err from exc
-        log.info("cloud.terminate provider=%s instance=%s", self.name, instance_id)
+        log.info("cloud.terminate provider=%s instance=%s%s", self.name, instance_id,
+                 "" if done else " already gone")  # fmt: skip
 
     # -- translation ------------------------------------------------------------
-    def _to_instance(self, node: Node) -> Instance:
+    def to_instance(self, node: Node) -> Instance:
+        """Our :class:`Instance` of a libcloud node."""
         extra = node.extra or {}
         tags = extra.get("tags") or extra.get("labels") or extra.get("metadata") or {}
         if not isinstance(tags, Mapping):  # GCE: extra["tags"] are network tags (a list)
@@ -373,7 +305,7 @@ class LibcloudCloud:
         return Instance(
             id=str(node.id),
             name=str(node.name),
-            state=_state(node),
+            state=state_of(node),
             provider=self.name,
             size=str(size),
             public_ips=tuple(node.public_ips or ()),
@@ -393,7 +325,8 @@ class LibcloudCloud:
         return err
 
 
-def _state(node: Node) -> str:
+def state_of(node: Node) -> str:
+    """A libcloud node's state as our text (``running``, ``terminated``...)."""
     return str(getattr(node.state, "value", node.state))
 
 

@@ -9,7 +9,8 @@ Three sources, in this order of precedence:
 3. neither: the provider's standard environment (``AWS_ACCESS_KEY_ID``…,
    ``GOOGLE_APPLICATION_CREDENTIALS``, ``AZURE_CLIENT_ID``…, ``OS_USERNAME``…).
 
-What each driver's constructor gets (libcloud's names):
+What each driver's constructor gets (libcloud's names; each provider's module says
+which variables and file keys, :mod:`slurm_burst.adapters.cloud.providers`):
 
 =========  ======================================  ====================================
 driver     key / secret                            also (file keys or environment)
@@ -25,48 +26,27 @@ Errors name the variable or file that is missing, never a value.
 
 from __future__ import annotations
 
-import json
 import os
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from slurm_burst import extensions
+from slurm_burst.adapters.cloud.registry import provider
 from slurm_burst.config import Credentials, ProviderConfig
 from slurm_burst.config.model import StoreConfig
 from slurm_burst.core.errors import BadInput
 from slurm_burst.fileio import not_private, untrusted
 
-# the provider's standard environment: driver -> {constructor argument: variable}
-STANDARD_ENV: dict[str, dict[str, str]] = {
-    "ec2": {"key": "AWS_ACCESS_KEY_ID", "secret": "AWS_SECRET_ACCESS_KEY"},
+# a store's standard environment, by its driver: {argument: variable} (S3 and anything
+# else speaking its API: AWS's variables)
+STORE_ENV: dict[str, dict[str, str]] = {
     "azure_blobs": {"key": "AZURE_STORAGE_ACCOUNT", "secret": "AZURE_STORAGE_KEY"},
     # a service account's HMAC key, as gsutil's boto configuration names them
     "google_storage": {"key": "GS_ACCESS_KEY_ID", "secret": "GS_SECRET_ACCESS_KEY"},
-    "azure_arm": {
-        "key": "AZURE_CLIENT_ID",
-        "secret": "AZURE_CLIENT_SECRET",
-        "tenant_id": "AZURE_TENANT_ID",
-        "subscription_id": "AZURE_SUBSCRIPTION_ID",
-    },
-    "openstack": {
-        "key": "OS_USERNAME",
-        "secret": "OS_PASSWORD",
-        "ex_force_auth_url": "OS_AUTH_URL",
-        "ex_tenant_name": "OS_PROJECT_NAME",
-    },
 }
-OPTIONAL_ENV = {"ec2": {"token": "AWS_SESSION_TOKEN"}}
-# file keys passed on to the constructor besides key and secret
-FILE_EXTRAS = {
-    "ec2": ("token",),
-    "azure_arm": ("tenant_id", "subscription_id"),
-    "openstack": ("ex_force_auth_url", "ex_tenant_name", "ex_domain_name", "ex_force_auth_token"),
-    "gce": ("project",),
-}
-# drivers that need no credentials (libcloud's dummy; a plugin's driver says so itself)
-NONE_NEEDED = frozenset({"dummy"})
+AWS_ENV = {"key": "AWS_ACCESS_KEY_ID", "secret": "AWS_SECRET_ACCESS_KEY"}
+AWS_OPTIONAL = {"token": "AWS_SESSION_TOKEN"}
 
 
 class CredentialsError(BadInput):
@@ -78,45 +58,52 @@ class CredentialsError(BadInput):
 def resolve(prov: ProviderConfig, environ: Mapping[str, str] | None = None) -> dict[str, Any]:
     """Constructor arguments (``key``, ``secret``, …) for ``prov``'s driver."""
     where = f"providers.{prov.name}.credentials"
-    return _resolve(prov.driver, prov.credentials, where, environ)
+    env = os.environ if environ is None else environ
+    described = provider(prov.driver)
+    creds = prov.credentials
+    if creds is not None and creds.file:
+        return _from_file(Path(creds.file), where, described.file_extras)
+    if creds is not None and (creds.key_env or creds.secret_env):
+        return _named_env(creds, where, env)
+    if not described.needs_credentials:
+        return {}
+    found = described.credentials_from_env(env, where)
+    if found is not None:
+        return found
+    if not described.standard_env:
+        raise CredentialsError(
+            f"{where}: driver {prov.driver} has no standard environment; "
+            "set credentials.file or key_env/secret_env"
+        )
+    return _standard(described.standard_env, described.optional_env, where, env)
 
 
 def resolve_store(store: StoreConfig, environ: Mapping[str, str] | None = None) -> dict[str, Any]:
     """``key``, ``secret`` (and ``token``) of a store: its credentials file, the variables
-    it names, or the provider's standard environment (an S3 store AWS's, as the ec2
-    driver; an Azure store ``AZURE_STORAGE_ACCOUNT`` and ``AZURE_STORAGE_KEY``; a Google
-    store an HMAC key in ``GS_ACCESS_KEY_ID`` and ``GS_SECRET_ACCESS_KEY``)."""
-    driver = {"azure_blobs": "azure_blobs", "google_storage": "google_storage"}.get(
-        store.driver, "ec2"
-    )
-    return _resolve(driver, store.credentials, f"stores.{store.name}.credentials", environ)
-
-
-def _resolve(
-    driver: str, creds: Credentials | None, where: str, environ: Mapping[str, str] | None
-) -> dict[str, Any]:
+    it names, or the provider's standard environment (an S3 store AWS's; an Azure store
+    ``AZURE_STORAGE_ACCOUNT`` and ``AZURE_STORAGE_KEY``; a Google store an HMAC key in
+    ``GS_ACCESS_KEY_ID`` and ``GS_SECRET_ACCESS_KEY``)."""
+    where = f"stores.{store.name}.credentials"
     env = os.environ if environ is None else environ
+    creds = store.credentials
+    wanted = STORE_ENV.get(store.driver)
     if creds is not None and creds.file:
-        return _from_file(Path(creds.file), where, FILE_EXTRAS.get(driver, ()))
+        return _from_file(Path(creds.file), where, () if wanted else tuple(AWS_OPTIONAL))
     if creds is not None and (creds.key_env or creds.secret_env):
         return _named_env(creds, where, env)
-    if extensions.offers(driver, NONE_NEEDED, lambda d: not d.credentials):
-        return {}
-    if driver == "gce":
-        return _gce_from_env(env, where)
-    wanted = STANDARD_ENV.get(driver)
-    if wanted is None:
-        raise CredentialsError(
-            f"{where}: driver {driver} has no standard environment; "
-            "set credentials.file or key_env/secret_env"
-        )
+    return _standard(wanted or AWS_ENV, {} if wanted else AWS_OPTIONAL, where, env)
+
+
+def _standard(
+    wanted: Mapping[str, str], optional: Mapping[str, str], where: str, env: Mapping[str, str]
+) -> dict[str, Any]:
     missing = [var for var in wanted.values() if not env.get(var)]
     if missing:
         raise CredentialsError(
             f"{where}: not configured, and the standard environment lacks {', '.join(missing)}"
         )
     out = {arg: env[var] for arg, var in wanted.items()}
-    out.update({a: env[v] for a, v in OPTIONAL_ENV.get(driver, {}).items() if env.get(v)})
+    out.update({a: env[v] for a, v in optional.items() if env.get(v)})
     return out
 
 
@@ -166,21 +153,4 @@ def _from_file(path: Path, where: str, extras: tuple[str, ...]) -> dict[str, Any
     unknown = set(data) - {"key", "secret", *extras}
     if unknown:
         raise CredentialsError(f"{where}.file {path}: unknown keys {', '.join(sorted(unknown))}")
-    return out
-
-
-def _gce_from_env(env: Mapping[str, str], where: str) -> dict[str, Any]:
-    var = "GOOGLE_APPLICATION_CREDENTIALS"
-    path = env.get(var)
-    if not path:
-        raise CredentialsError(f"{where}: not configured, and {var} is not set")
-    check_private(Path(path), var)
-    try:
-        info = json.loads(Path(path).read_text())
-        email = info["client_email"]
-    except (OSError, ValueError, KeyError, TypeError):
-        raise CredentialsError(f"{var} {path}: not a service account key file") from None
-    out: dict[str, Any] = {"key": email, "secret": path}
-    if info.get("project_id"):
-        out["project"] = info["project_id"]
     return out

@@ -6,8 +6,6 @@ import pytest
 
 from slurm_burst.core.hostkeys import (
     SERIAL_PORT_SCRIPT,
-    SOURCES,
-    default_source,
     key_entry,
     parse_console_host_keys,
 )
@@ -73,13 +71,6 @@ def test_a_key_entry_is_checked_against_its_own_type_name() -> None:
     assert key_entry("ssh-ed25519", EC) is None
     assert key_entry("ssh-dss", ED) is None
     assert key_entry("ssh-ed25519", "") is None
-
-
-def test_every_source_is_known_and_the_first_is_the_default() -> None:
-    assert default_source("gce") == "guest-attributes"
-    assert default_source("azure_arm") == "boot-diagnostics"
-    assert default_source("vsphere") == ""
-    assert all(SOURCES.values())
 
 
 def test_the_serial_port_script_prints_what_the_parser_reads() -> None:

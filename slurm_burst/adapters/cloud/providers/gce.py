@@ -1,0 +1,168 @@
+"""Google Compute Engine through libcloud's ``gce`` driver: one ``insert`` per node,
+labels for tags, preemptible VMs for spot, host keys from the guest attributes or serial
+port 1, a service account key for credentials (docs/providers.md)."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any
+
+from slurm_burst.adapters.cloud.providers import Finding, Provider
+from slurm_burst.core.hostkeys import (
+    SERIAL_PORT_SCRIPT,
+    key_entry,
+    parse_console_host_keys,
+)
+
+if TYPE_CHECKING:
+    from libcloud.compute.base import Node, NodeSize
+
+    from slurm_burst.adapters.cloud.profiles import Placement
+    from slurm_burst.config.model import NodeGroup, ProviderConfig
+    from slurm_burst.core.cloud import LaunchSpec
+
+CREDENTIALS_VAR = "GOOGLE_APPLICATION_CREDENTIALS"
+
+
+def label(text: str) -> str:
+    """A GCE label key or value: lower case letters, digits, '_' and '-', at most 63."""
+    return re.sub(r"[^a-z0-9_-]", "-", text.lower())[:63]
+
+
+class Gce(Provider):
+    name = "gce"
+    spot = True  # scheduling.preemptible
+    host_key_sources = MappingProxyType({
+        "guest-attributes": f"{__name__}:GuestAttributes",
+        "serial-port": f"{__name__}:SerialPort",
+    })  # fmt: skip
+    host_key_reads_per_second = 10.0
+    file_extras = ("project",)
+
+    def group_problems(self, group: NodeGroup) -> list[Finding]:
+        if group.gpus and not (group.accelerator or group.gpu_type):
+            return [("accelerator", "GCE needs the accelerator type for the GPUs")]
+        return []
+
+    def construct(
+        self, cls: Any, prov: ProviderConfig, kwargs: dict[str, Any], key: str, secret: str
+    ) -> Any:
+        """GCENodeDriver(user_id, key, datacenter=zone, project=...)."""
+        kwargs.setdefault("datacenter", prov.zone or prov.region or None)
+        return cls(key, secret, **kwargs)
+
+    def credentials_from_env(self, env: Mapping[str, str], where: str) -> dict[str, Any]:
+        """The service account key file GOOGLE_APPLICATION_CREDENTIALS names (private)."""
+        from slurm_burst.adapters.cloud.credentials import CredentialsError, check_private
+
+        path = env.get(CREDENTIALS_VAR)
+        if not path:
+            raise CredentialsError(f"{where}: not configured, and {CREDENTIALS_VAR} is not set")
+        check_private(Path(path), CREDENTIALS_VAR)
+        try:
+            info = json.loads(Path(path).read_text())
+            email = info["client_email"]
+        except (OSError, ValueError, KeyError, TypeError):
+            raise CredentialsError(
+                f"{CREDENTIALS_VAR} {path}: not a service account key file"
+            ) from None
+        out: dict[str, Any] = {"key": email, "secret": path}
+        if info.get("project_id"):
+            out["project"] = info["project_id"]
+        return out
+
+    def launch_args(
+        self, driver: Any, spec: LaunchSpec, p: Placement, size: NodeSize, tags: Mapping[str, str]
+    ) -> dict[str, Any]:
+        kw: dict[str, Any] = {
+            "name": spec.node,
+            "size": size,
+            "image": spec.image,
+            "ex_network": p.network or "default",
+            "use_existing_disk": False,  # a fresh boot disk each launch, never a leftover
+            "ex_labels": {label(k): label(v) for k, v in tags.items()},
+            "ex_metadata": {
+                "startup-script": spec.user_data,
+                "ssh-keys": f"{p.ssh_user}:{spec.ssh_public_key.strip()}",
+            },
+        }
+        # where the daemon will read the host keys: the guest environment's hostkeys/
+        # guest attributes, or the block our startup script prints to serial port 1
+        if (p.host_keys or self.default_host_key_source) == "serial-port":
+            kw["ex_metadata"]["startup-script"] = spec.user_data + SERIAL_PORT_SCRIPT
+        else:
+            kw["ex_metadata"]["enable-guest-attributes"] = "TRUE"
+        if p.zone:
+            kw["location"] = p.zone
+        if p.subnet:
+            kw["ex_subnetwork"] = p.subnet
+        if p.security_groups:
+            kw["ex_tags"] = list(p.security_groups)  # firewall rules select by network tag
+        if spec.gpus:
+            kw["ex_accelerator_type"] = spec.accelerator
+            kw["ex_accelerator_count"] = spec.gpus
+        if spec.gpus or spec.spot:
+            kw["ex_on_host_maintenance"] = "TERMINATE"  # GPUs and preemptible VMs cannot migrate
+            kw["ex_automatic_restart"] = False
+        if spec.spot:
+            kw["ex_preemptible"] = True
+        if spec.disk_gb:
+            kw["ex_disk_size"] = spec.disk_gb
+        return kw
+
+
+class GuestAttributes:
+    """``instances.getGuestAttributes?queryPath=hostkeys/``, where Google's guest
+    environment publishes the keys (the launch sets ``enable-guest-attributes=TRUE``)."""
+
+    name = "guest-attributes"
+
+    def __init__(self, driver: Any) -> None:
+        self.driver = driver
+
+    def read(self, node: Node) -> list[tuple[str, str]]:
+        from libcloud.common.types import LibcloudError
+
+        from slurm_burst.adapters.cloud.attest import http_status
+
+        zone = node.extra["zone"].name
+        path = f"/zones/{zone}/instances/{node.name}/getGuestAttributes"
+        try:
+            resp = self.driver.connection.request(
+                path, method="GET", params={"queryPath": "hostkeys/"}
+            ).object
+        except LibcloudError as exc:
+            if http_status(exc) == 404:  # not published yet
+                return []
+            raise
+        items = ((resp or {}).get("queryValue") or {}).get("items") or []
+        keys = []
+        for item in items:
+            if item.get("namespace") != "hostkeys":
+                continue
+            ktype, words = str(item.get("key", "")), str(item.get("value", "")).split()
+            body = words[1] if len(words) > 1 and words[0] == ktype else (words or [""])[0]
+            key = key_entry(ktype, body)
+            if key is not None:
+                keys.append(key)
+        return keys
+
+
+class SerialPort:
+    """Serial port 1, where the launch's startup script prints the key block (Google's
+    images have no cloud-init)."""
+
+    name = "serial-port"
+
+    def __init__(self, driver: Any) -> None:
+        self.driver = driver
+
+    def read(self, node: Node) -> list[tuple[str, str]]:
+        return parse_console_host_keys(str(self.driver.ex_get_serial_output(node) or ""))
+
+
+PROVIDER = Gce()

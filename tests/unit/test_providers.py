@@ -1,0 +1,101 @@
+"""A provider is one module: the registry finds each, a plugin's or any other libcloud
+driver is described too, looking one up imports no cloud library, and no other module of
+the product tests for a provider's name."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+from slurm_burst.adapters.cloud import providers
+from slurm_burst.adapters.cloud.registry import built_in, host_key_sources, provider
+
+PRODUCT = Path(providers.__file__).parents[3]  # slurm_burst/
+BUILT_IN = ("azure_arm", "dummy", "ec2", "gce", "openstack")
+# libcloud's own names for them (libcloud.compute.types.Provider), compared against a
+# driver's ``type``
+LIBCLOUD_CONSTANTS = {"EC2", "GCE", "AZURE_ARM", "OPENSTACK", "DUMMY"}
+
+
+def test_every_module_of_the_package_is_a_provider_named_as_its_file() -> None:
+    found = built_in()
+    assert sorted(found) == list(BUILT_IN)
+    for name, described in found.items():
+        assert type(described).__module__ == f"{providers.__name__}.{name}"
+        assert provider(name) is described
+
+
+def test_each_cloud_offers_a_host_key_source_its_first_the_default() -> None:
+    assert host_key_sources("gce") == ("guest-attributes", "serial-port")
+    assert provider("gce").default_host_key_source == "guest-attributes"
+    assert provider("azure_arm").default_host_key_source == "boot-diagnostics"
+    for name in ("ec2", "openstack"):
+        assert provider(name).default_host_key_source == "console"
+    assert host_key_sources("vsphere") == () and host_key_sources("dummy") == ()
+
+
+def test_an_unknown_driver_is_the_generic_one() -> None:
+    other = provider("vsphere")
+    assert type(other) is providers.Provider and other.name == "vsphere"
+    assert other.launch_batch == 1 and not (other.spot or other.placement or other.lists_fleet)
+    assert other.api_table() is None and other.needs_credentials
+
+
+def test_what_each_provider_offers() -> None:
+    ec2, gce, azure, openstack = (provider(n) for n in ("ec2", "gce", "azure_arm", "openstack"))
+    assert ec2.launch_batch == 500 and ec2.lists_fleet and ec2.tag_filter
+    assert ec2.spot and gce.spot and not (azure.spot or openstack.spot)
+    assert ec2.placement and not (gce.placement or azure.placement or openstack.placement)
+    assert ec2.interruption_notices and not gce.interruption_notices
+    assert ec2.imports_key_pair and openstack.imports_key_pair and not gce.imports_key_pair
+    table = ec2.api_table()
+    assert table is not None and table.limit(ec2.api_names["launch"]).burst == 5
+    assert ec2.api_names["host_keys"] == "GetConsoleOutput"
+
+
+def test_looking_providers_up_imports_no_cloud_library() -> None:
+    """The hooks check the config, which asks the registry: libcloud stays unloaded."""
+    code = (
+        "import sys\n"
+        "from slurm_burst.adapters.cloud.registry import built_in, provider\n"
+        "assert built_in() and provider('ec2').host_key_sources\n"
+        "assert provider('gce').group_problems is not None\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in "
+        "('libcloud', 'requests', 'paramiko', 'sqlalchemy')))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout
+
+
+def _mentions(path: Path, root: Path = PRODUCT.parent) -> list[str]:
+    """Where ``path`` names a built-in provider: a string that is exactly its name, or
+    libcloud's constant for it (``Provider.EC2``)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Constant) and node.value in BUILT_IN:
+            found.append(f"{path.relative_to(root)}:{node.lineno}: {node.value!r}")
+        elif isinstance(node, ast.Attribute) and node.attr in LIBCLOUD_CONSTANTS:
+            found.append(f"{path.relative_to(root)}:{node.lineno}: .{node.attr}")
+    return found
+
+
+def test_no_module_but_its_own_tests_for_a_providers_name() -> None:
+    """What a provider is lives in its module: a branch on its name elsewhere (an
+    ``if driver == "ec2"``, a table keyed by it) is the spread this layout ended."""
+    own = {PRODUCT / "adapters" / "cloud" / "providers" / f"{n}.py" for n in BUILT_IN}
+    elsewhere = [m for p in sorted(PRODUCT.rglob("*.py")) if p not in own for m in _mentions(p)]
+    assert elsewhere == []
+
+
+def test_the_scan_finds_a_branch_on_a_name(tmp_path: Path) -> None:
+    """The rule above can fail: the same scan flags each form of the spread."""
+    (tmp_path / "x.py").write_text(
+        "def f(kind, d):\n"
+        "    if kind == 'gce':\n"
+        "        return 1\n"
+        "    return {'azure_arm': 2}.get(kind) or d.type == Provider.EC2\n"
+    )
+    found = _mentions(tmp_path / "x.py", tmp_path)
+    assert sorted(found) == ["x.py:2: 'gce'", "x.py:4: 'azure_arm'", "x.py:4: .EC2"]
