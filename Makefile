@@ -62,7 +62,8 @@ lab-down: venv
 # 26.05 the ledger and a budget Slurm enforces, the burst policy's read and update of the
 # queue, stage-in's bad copy sent again and sensitive data
 # refused, stage-out's outputs home before release, a spot refusal run on-demand in a
-# placement group, and an interruption notice's signal and requeue.
+# placement group, an interruption notice's signal and requeue, and a node group's cap
+# (its drain of powered-down nodes and a hand-made power_up refused).
 # The whole suite runs on the host's release (22.05) first, but for those two shares:
 # each runs once, on its own release (CI's time; the code under them is the same).
 LAB_RELEASES := 24.11 26.05
@@ -87,7 +88,8 @@ VERSION_TESTS_26.05 := \
 	tests/lab/test_x_stage.py::test_sensitive_data_is_refused_at_submit_and_by_the_daemon_and_nothing_leaves \
 	tests/lab/test_x_stage.py::test_outputs_come_home_verified_and_their_node_outlives_suspend_time_until_they_do \
 	tests/lab/test_x_ec2.py::test_spot_refused_runs_a_4_node_job_on_demand_in_one_placement_group \
-	tests/lab/test_x_ec2.py::test_an_interruption_notice_signals_the_job_which_is_requeued_and_completes_elsewhere
+	tests/lab/test_x_ec2.py::test_an_interruption_notice_signals_the_job_which_is_requeued_and_completes_elsewhere \
+	tests/lab/test_x_cap.py
 # The README's make demo (scripts/demo.sh) runs on the host's release and on the newest.
 DEMO_TEST := tests/lab/test_zy_demo.py
 DEMO_RELEASE := 26.05

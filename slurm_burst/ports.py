@@ -386,6 +386,10 @@ class Metrics(Protocol):
 
     def group_status(self, group: str, spend_per_hour: float, protected: bool) -> None: ...
 
+    def cap(self, group: str, room: int) -> None: ...  # a capped group's room left
+
+    def resume_over_cap(self, group: str) -> None: ...  # a resume refused at the cap
+
     def step(self, step: str, seconds: float) -> None: ...  # a launch/bootstrap step that succeeded
 
     def joined(self, group: str, seconds: float) -> None: ...  # resume request -> slurmd started

@@ -241,7 +241,13 @@ class NodeGroup:
         "its warm pool (SuspendExcNodes); their idle cost in a window is the site's.",
         default_factory=_empty,
     )
-    max_nodes: int | None = doc("Most nodes running at once; default count.", default=None)
+    max_nodes: int | None = doc(
+        "Most instances at once that are not terminating (requested, booting, joined, "
+        "idle); default count. Below count, the daemon keeps the powered-down nodes past "
+        "the room drained in Slurm (Code:GroupAtCap), so further jobs wait in the queue, "
+        "and refuses any resume that still gets past it (docs/configuration.md, 'Node cap').",
+        default=None,
+    )
     features: tuple[str, ...] = doc("Slurm node features.", default=())
     spot: bool = doc("Ask for spot/preemptible capacity.", default=False)
     spot_max_price: float = doc(

@@ -20,6 +20,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from slurm_burst.config import Fleet
+from slurm_burst.core.cap import CODE as OVER_CAP
+from slurm_burst.core.cap import over_cap
 from slurm_burst.core.hostlist import compress
 from slurm_burst.core.jobs import jobs_by_node
 from slurm_burst.core.nodestate import RESUMING, NodeState, Want
@@ -282,6 +284,9 @@ class Daemon:
             except BaseException:
                 self.workers.submit_launch([], held)  # nothing launched: claims released
                 raise
+            refused = self._refuse_over_cap(launch)
+            launch = [r for r in launch if r.name not in refused]
+            drive += refused
             self.prov.address_early([r.name for r in launch])  # before any worker starts
             self.workers.submit_launch(launch, held - set(drive))
             for name in drive:
@@ -295,6 +300,37 @@ class Daemon:
                 len(req.nodes),
                 compress(list(req.nodes)),
             )
+
+    def _refuse_over_cap(self, launch: Sequence[NodeRecord]) -> list[str]:
+        """Of the nodes just asked up, those past their group's ``max_nodes``, failed with
+        ``GroupAtCap`` (their worker tears them down and powers them down). The cap's
+        drain keeps Slurm from resuming them; this catches what gets past it (a
+        ``scontrol update state=power_up`` by hand, a resume before the first pass)."""
+        asked: dict[str, list[str]] = {}
+        for rec in launch:
+            g = self.fleet.node_groups.get(rec.group)
+            if g is not None and g.limit < g.count:
+                asked.setdefault(g.name, []).append(rec.name)
+        if not asked:
+            return []
+        states: dict[str, dict[str, NodeState]] = {}
+        for r in self.store.nodes():
+            if r.group in asked:
+                states.setdefault(r.group, {})[r.name] = r.state
+        refused = []
+        for group, names in asked.items():
+            limit = self.fleet.node_groups[group].limit
+            for name in over_cap(states.get(group, {}), limit, names):
+                message = (
+                    f"node group {group} is at max_nodes={limit}: no instance for {name} "
+                    "(a resume past the cap; its job, if any, is requeued)"
+                )
+                self.store.event(self.clock.now(), "node.over_cap", name, message)
+                if self.metrics is not None:
+                    self.metrics.resume_over_cap(group)
+                self.prov.fail(name, OVER_CAP, message)
+                refused.append(name)
+        return refused
 
     def _record_request(self, req: Request) -> tuple[list[NodeRecord], list[str]]:
         """Write what ``req`` asks of each node; return the nodes newly asked up (to be

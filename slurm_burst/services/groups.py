@@ -1,24 +1,33 @@
-"""Protected mode: a node group that keeps failing to launch stops being offered to jobs.
+"""What a node group may take, in Slurm: protected mode and the node cap.
 
-After ``daemon.protect_after`` failed launches in a row the reconcile loop protects
-the group: its nodes are drained in Slurm with a ``(Code:GroupProtected)`` reason
-(pending jobs stay pending rather than resuming node after node into the same
+Protected mode: after ``daemon.protect_after`` failed launches in a row the reconcile
+loop protects the group: its nodes are drained in Slurm with a ``(Code:GroupProtected)``
+reason (pending jobs stay pending rather than resuming node after node into the same
 failure) and launches are refused. The group comes back after
 ``daemon.protect_cooldown`` seconds, or at once with ``slurm-burst group enable``.
+
+The node cap (``max_nodes`` below ``count``): each reconcile pass keeps the group's
+powered-down nodes beyond its room drained with a ``(Code:GroupAtCap)`` reason
+(:mod:`slurm_burst.core.cap`), and lifts that drain as instances are released.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from dataclasses import replace
 
 from slurm_burst.config import NodeGroup
+from slurm_burst.core.cap import CapPlan, cap_reason, plan_cap
 from slurm_burst.core.hostlist import compress
+from slurm_burst.core.nodestate import NodeState
 from slurm_burst.core.nodestate import reason as node_reason
-from slurm_burst.core.slurm import SchedulerError
+from slurm_burst.core.slurm import SchedulerError, SlurmNode
 from slurm_burst.ports import NodeStore, Scheduler
 
 log = logging.getLogger(__name__)
+
+PROTECTED = "(Code:GroupProtected)"
 
 
 class GroupControl:
@@ -52,22 +61,64 @@ class GroupControl:
         a drain an admin set with another reason stays). Returns the nodes undrained."""
         g = self.groups[group]
         self.store.unprotect_group(group)
-        members = set(g.node_names())
-        drained = [
-            n.name
-            for n in self.scheduler.nodes()
-            if n.name in members and "(Code:GroupProtected)" in n.reason
-        ]
-        if drained:
-            try:
-                self.scheduler.update_nodes(drained, state="resume")
-            except SchedulerError as exc:
-                # scontrol refuses a whole batch for one node caught mid-transition
-                # (powering down): undrain one by one, keep what Slurm still refuses
-                log.warning("group.undrain_batch_refused group=%s error=%s", group, exc)
-                drained = [n for n in drained if self._resume_one(n)]
+        slurm = {n.name: n for n in self.scheduler.nodes() if n.name in set(g.node_names())}
+        drained = [n for n in g.node_names() if n in slurm and PROTECTED in slurm[n].reason]
+        if drained and g.limit < g.count:
+            # capped: the nodes past its room take the cap's drain instead of none, so
+            # Slurm never sees more of them available than the cap allows
+            states = {r.name: r.state for r in self.store.nodes() if r.group == group}
+            text = cap_reason(group, g.limit)
+            view = {n: x._replace(reason=text) if n in drained else x for n, x in slurm.items()}
+            plan = plan_cap(g.node_names(), g.limit, states, view, first=g.warm_pool())
+            lifted = set(plan.release)
+            capped = [n for n in drained if n not in lifted and slurm[n].powered_down
+                      and not slurm[n].powering_up]  # fmt: skip
+            if capped:
+                self.scheduler.update_nodes(capped, state="drain", reason=text)
+            drained = [n for n in drained if n not in set(capped)]
+        drained = self._undrain(group, drained)
         log.info("group.enabled group=%s undrained=%s", group, compress(drained) or "-")
         return drained
+
+    def _undrain(self, group: str, names: list[str]) -> list[str]:
+        """Lift a drain of ours from ``names``; the nodes whose drain was lifted."""
+        if not names:
+            return []
+        try:
+            self.scheduler.update_nodes(names, state="resume")
+        except SchedulerError as exc:
+            # scontrol refuses a whole batch for one node caught mid-transition
+            # (powering down): undrain one by one, keep what Slurm still refuses
+            log.warning("group.undrain_batch_refused group=%s error=%s", group, exc)
+            names = [n for n in names if self._resume_one(n)]
+        return names
+
+    def keep_cap(
+        self, group: str, states: Mapping[str, NodeState], slurm: Mapping[str, SlurmNode]
+    ) -> CapPlan:
+        """One pass of the node cap for ``group`` (``max_nodes`` below ``count``, not
+        protected): drain what Slurm must not power up, undrain what it may again."""
+        g = self.groups[group]
+        names, warm = g.node_names(), g.warm_pool()
+        plan = plan_cap(names, g.limit, states, slurm, first=warm)
+        if plan.drain:
+            # Slurm may have given one of them a job since the pass read its nodes: a
+            # drain then requeues that job. Read again just before (a window of
+            # milliseconds, not the pass's), and drain what both reads agree on.
+            members = set(names)
+            fresh = {n.name: n for n in self.scheduler.nodes() if n.name in members}
+            again = set(plan_cap(names, g.limit, states, fresh, first=warm).drain)
+            plan = replace(plan, drain=tuple(n for n in plan.drain if n in again))
+        if plan.drain:
+            self.scheduler.update_nodes(
+                list(plan.drain), state="drain", reason=cap_reason(group, g.limit)
+            )
+        released = self._undrain(group, list(plan.release))
+        if plan.drain or released:
+            log.info("group.cap group=%s limit=%d holding=%d room=%d capped=%s released=%s",
+                     group, g.limit, plan.holding, plan.room, compress(list(plan.drain)) or "-",
+                     compress(released) or "-")  # fmt: skip
+        return plan
 
     def _resume_one(self, name: str) -> bool:
         try:

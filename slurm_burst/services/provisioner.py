@@ -98,7 +98,7 @@ JOB_FAILED = "JobFailed"
 
 # Failures that say nothing about the group's health: not counted towards protected mode.
 NOT_LAUNCH_FAILURES = frozenset({
-    "GroupProtected", "SlurmPoweredDown", "ResumeLost",
+    "GroupProtected", "GroupAtCap", "SlurmPoweredDown", "ResumeLost",
     ThrottledError.code, Busy.code,  # the account's API budget, not the group's health
     "SpotInterruption",  # the provider took back an instance it had given
 })  # fmt: skip

@@ -277,6 +277,33 @@ class Reconciler:
             self.store.event(snap.now, "placement.deleted", "", f"{provider}/{name}")
             report.actions["delete_placement"] = report.actions.get("delete_placement", 0) + 1
 
+    def keep_caps(self, snap: Snapshot, report: PassReport) -> None:
+        """Each capped group's powered-down nodes past its room drained, and undrained as
+        room comes back (GroupControl.keep_cap); a protected group is drained whole."""
+        if snap.slurm_nodes is None:
+            return  # Slurm unread: nothing is known of what it may power up
+        capped = [g for g in self.fleet.node_groups.values() if g.limit < g.count]
+        if not capped:
+            return
+        groups = self.store.groups()  # read again: this pass may have protected one
+        for g in capped:
+            health = groups.get(g.name)
+            if health is not None and health.protected(snap.now):
+                continue
+            states = {r.name: r.state for r in snap.records.values() if r.group == g.name}
+            try:
+                cap = self.groups.keep_cap(g.name, states, snap.slurm_nodes)
+            except BurstError as exc:  # Slurm refused: tried again next pass
+                report.errors[f"cap.{g.name}"] = str(exc)
+                log.warning("reconcile.cap_failed group=%s error=%s", g.name, exc)
+                if self.metrics is not None:
+                    self.metrics.phase_error("cap")
+                continue
+            if cap.drain or cap.release:
+                report.actions["cap"] = report.actions.get("cap", 0) + 1
+            if self.metrics is not None:
+                self.metrics.cap(g.name, cap.room)
+
     # -- one pass ----------------------------------------------------------------
     def pass_once(self) -> PassReport:
         report = PassReport(started=self.clock.now())
@@ -284,6 +311,7 @@ class Reconciler:
         snap = self.observe(report)
         p = plan(snap, self.policy)
         self.act(p, snap, report)
+        self.keep_caps(snap, report)
         self.sweep_placements(snap, report)
         self.store.meta_set("suspects", p.suspects)
         report.seconds = self.clock.monotonic() - t0

@@ -158,6 +158,18 @@ class Metrics:
             ["group"],
             registry=r,
         )
+        self.cap_room = Gauge(
+            "slurm_burst_group_cap_room",
+            "More instances a capped node group's max_nodes allows now (0: at its cap).",
+            ["group"],
+            registry=r,
+        )
+        self.over_cap = Counter(
+            "slurm_burst_resumes_over_cap_total",
+            "Resumes the daemon refused because the node group was at its max_nodes.",
+            ["group"],
+            registry=r,
+        )
         self.leader = Gauge(
             "slurm_burst_leader", "1 when this daemon is the active (leader) daemon.", registry=r
         )
@@ -356,6 +368,12 @@ class Metrics:
     def group_status(self, group: str, spend_per_hour: float, protected: bool) -> None:
         self.spend_rate.labels(group).set(spend_per_hour)
         self.protected.labels(group).set(1 if protected else 0)
+
+    def cap(self, group: str, room: int) -> None:
+        self.cap_room.labels(group).set(room)
+
+    def resume_over_cap(self, group: str) -> None:
+        self.over_cap.labels(group).inc()
 
     def step(self, step: str, seconds: float) -> None:
         self.step_duration.labels(step).observe(seconds)
