@@ -861,6 +861,53 @@ def burst_partitions(groups: Mapping[str, NodeGroup]) -> list[str]:
     return list(dict.fromkeys(g.partition for g in groups.values()))
 
 
+class NodeNames:
+    """Which node group a node name is, read from the groups' patterns (no list of every
+    name: a group's names need not be expanded to be known). A name is a group's when it
+    is the pattern with a decimal index written as the pattern writes it (``gpu-007`` for
+    ``gpu-{n:03d}``, never ``gpu-7``) and the index is in the group's range; the config
+    check refuses groups whose names overlap. Answers are remembered (Slurm names the
+    same nodes every pass)."""
+
+    MEMO = 1_000_000  # names remembered at most (a listing of garbage names stops there)
+    DIGITS = 9  # the longest index read (a group has at most MAX_GROUP_NODES)
+
+    def __init__(self, groups: Mapping[str, NodeGroup]) -> None:
+        self._parts = []
+        for g in groups.values():
+            m = _PATTERN.fullmatch(g.pattern)
+            if m is not None:
+                self._parts.append((g, m.group("pre"), m.group("post")))
+        self._memo: dict[str, NodeGroup | None] = {}
+
+    def index_of(self, node: str) -> tuple[NodeGroup, int] | None:
+        """The node's group and its index there; None for a name of no group."""
+        for g, pre, post in self._parts:
+            digits = node[len(pre) : len(node) - len(post)] if node.startswith(pre) else ""
+            if (
+                digits
+                and node.endswith(post)
+                and len(digits) <= self.DIGITS
+                and digits.isascii()
+                and digits.isdigit()
+                and 1 <= (i := int(digits)) <= g.count
+                and g.node_name(i) == node
+            ):
+                return g, i
+        return None
+
+    def group_of(self, node: str) -> NodeGroup | None:
+        try:
+            return self._memo[node]
+        except KeyError:
+            pass
+        found = self.index_of(node)
+        group = found[0] if found is not None else None
+        if len(self._memo) < self.MEMO:
+            self._memo[node] = group
+        return group
+
+
 @dataclass(frozen=True)
 class Fleet:
     """The cluster's cloud node groups and their prices: what the services look a node up
@@ -869,10 +916,11 @@ class Fleet:
     cluster: str
     node_groups: Mapping[str, NodeGroup]
     rate_table: RateTable
-    index: Mapping[str, NodeGroup] = field(repr=False)  # node name -> its group
+    names: NodeNames = field(repr=False, compare=False)
 
     def group_of(self, node: str) -> NodeGroup | None:
-        return self.index.get(node)
+        """The node group ``node`` is of, or None for a node we do not manage."""
+        return self.names.group_of(node)
 
     def burst_partitions(self) -> list[str]:
         return burst_partitions(self.node_groups)
@@ -920,10 +968,6 @@ class Config:
     def burst_partitions(self) -> list[str]:
         return burst_partitions(self.node_groups)
 
-    @cached_property
-    def _group_index(self) -> Mapping[str, NodeGroup]:
-        return {name: g for g in self.node_groups.values() for name in g.node_names()}
-
     def rate_list(self) -> list[Rate]:
         """Every price as a core Rate: node groups' price_per_hour, then [rates.*].
 
@@ -958,7 +1002,8 @@ class Config:
 
     @cached_property
     def fleet(self) -> Fleet:
-        return Fleet(self.cluster.name, self.node_groups, self.rate_table, self._group_index)
+        return Fleet(self.cluster.name, self.node_groups, self.rate_table,
+                     NodeNames(self.node_groups))  # fmt: skip
 
     def gpus_of_size(self, size: str) -> int:
         """GPUs of the node group(s) using ``size`` (0 for a CPU size)."""
@@ -966,4 +1011,4 @@ class Config:
 
     def group_of(self, node: str) -> NodeGroup | None:
         """The node group defining ``node``, or None for a node we do not manage."""
-        return self._group_index.get(node)
+        return self.fleet.group_of(node)

@@ -429,3 +429,30 @@ def test_drop_ins_add_to_the_config_in_name_order(tmp_path: Path) -> None:
     _, problems = check_config(path)
     bad = [p for p in problems if p.path == "policy.min_wait"]
     assert bad and bad[0].line is None
+
+
+def test_a_nodes_group_is_read_from_the_patterns_not_from_a_list_of_names(
+    tmp_path: Path,
+) -> None:
+    """gpu-{n:03d} (count 4) and gpu-{n}-a (count 12): each name as its pattern writes
+    it and in its range, nothing else (a padded index unpadded, a Unicode digit, a huge
+    or negative index, a name of no group)."""
+    from slurm_burst.config.model import NodeNames
+
+    text = GOOD.replace('pattern = "gpu-{n:02d}"', 'pattern = "gpu-{n:03d}"')
+    text += '\n[node_groups.gpu2]\npattern = "gpu-{n}-a"\ncount = 12\npartition = "b"\n'
+    text += 'providers = ["aws"]\nsizes = ["g5.xlarge"]\nimage = "ami-1"\ncpus = 4\n'
+    text += "memory_mb = 1000\n"
+    cfg, problems = check_config(write(tmp_path, text))
+    assert cfg is not None, problems
+    count = cfg.node_groups["gpu"].count
+    names = NodeNames(cfg.node_groups)
+    assert names.index_of("gpu-001") == (cfg.node_groups["gpu"], 1)
+    assert names.index_of(f"gpu-{count:03d}") == (cfg.node_groups["gpu"], count)
+    assert names.index_of("gpu-12-a") == (cfg.node_groups["gpu2"], 12)
+    for other in ("gpu-1", "gpu-0001", f"gpu-{count + 1:03d}", "gpu-000", "gpu-13-a",
+                  "gpu-01-a", "gpu-\u00b9\u00b2\u00b3", "gpu-" + "9" * 40, "gpu--1-a",
+                  "gpu-", "gpu-1-ab", "cpu-001", ""):  # fmt: skip
+        assert names.index_of(other) is None, other
+        assert cfg.group_of(other) is None, other
+    assert all(cfg.group_of(n) is g for g in cfg.node_groups.values() for n in g.node_names())
