@@ -100,7 +100,7 @@ def _run(emu: RemoteEmulator, tmp: Path, nodes: int, scale: Scale, join_s: float
         """The SSH bootstrap, replaced by a wait of fixed length (nothing to log into)."""
         attested.setdefault(rec.name, time.perf_counter())
         time.sleep(join_s)
-        prov._record(rec, rec.instance_id, "joined", clock.now())
+        prov.instances.record(rec, rec.instance_id, "joined", clock.now())
         store.transition(rec.name, NodeState.JOINED, clock.now(), registered_at=0.0)
         joined[rec.name] = time.perf_counter()
 

@@ -69,6 +69,7 @@ if TYPE_CHECKING:
     from slurm_burst.services.gputelemetry import TelemetrySettings
     from slurm_burst.services.groups import GroupControl
     from slurm_burst.services.interruptions import Interruptions
+    from slurm_burst.services.launcher import Launcher, LauncherSettings
     from slurm_burst.services.nodeapi import NodeApi
     from slurm_burst.services.provisioner import Provisioner, ProvisionerSettings, Secrets
     from slurm_burst.services.reconciler import (
@@ -595,8 +596,6 @@ def provisioner_settings(cfg: Config, slurm_release: str | None) -> ProvisionerS
         mesh_interface=cfg.mesh.interface,
         boot_timeout=cfg.daemon.boot_timeout,
         bootstrap_timeout=cfg.daemon.bootstrap_timeout,
-        capacity_cooldown=cfg.daemon.capacity_cooldown,
-        name_each_max=cfg.daemon.name_each_max,
         gpu=cfg.gpu,
         resume_timeout=float(cfg.slurm.resume_timeout),
         slurm_release=slurm_release,
@@ -604,6 +603,16 @@ def provisioner_settings(cfg: Config, slurm_release: str | None) -> ProvisionerS
         mesh_node_port=cfg.mesh.node_port,
         mesh_sync_interval=cfg.mesh.sync_interval,
         notice_providers=notice_providers(cfg),
+    )
+
+
+def launcher_settings(cfg: Config) -> LauncherSettings:
+    from slurm_burst.services.launcher import LauncherSettings
+
+    return LauncherSettings(
+        fleet=cfg.fleet,
+        capacity_cooldown=cfg.daemon.capacity_cooldown,
+        name_each_max=cfg.daemon.name_each_max,
     )
 
 
@@ -711,6 +720,8 @@ def assemble(cfg: Config, parts: DaemonParts) -> Daemon:
     from slurm_burst.services.chargeback import ChargebackLoop
     from slurm_burst.services.daemon import Daemon, DaemonPorts, DaemonServices
     from slurm_burst.services.gputelemetry import GpuTelemetry
+    from slurm_burst.services.instancelog import InstanceLog
+    from slurm_burst.services.launcher import Launcher
     from slurm_burst.services.nodestage import NodeStaging, NodeStagingSettings
     from slurm_burst.services.outputs import OutputPorts, Outputs, OutputSettings
     from slurm_burst.services.provisioner import Provisioner, ProvisionerPorts
@@ -748,18 +759,20 @@ def assemble(cfg: Config, parts: DaemonParts) -> Daemon:
             StageWorkSettings(), p.store, p.pusher, p.clock, staging.pull_asked, book, outputs
         )
     views = fleet_views(cfg, clouds, p.clock)
-    provisioner = Provisioner(
-        provisioner_settings(cfg, p.slurm_release),
-        ProvisionerPorts(
-            store=p.store, clouds=clouds, mesh=p.mesh, connector=p.connector,
-            scheduler=p.scheduler, ledger=p.ledger, clock=p.clock, metrics=p.metrics,
-            staging=staging, outputs=outputs, views=views,
-        ),
-        p.secrets,
-        stopping=stop,
-        joined=registrations.watch,
+    ports = ProvisionerPorts(
+        store=p.store, clouds=clouds, mesh=p.mesh, connector=p.connector,
+        scheduler=p.scheduler, ledger=p.ledger, clock=p.clock, metrics=p.metrics,
+        staging=staging, outputs=outputs, views=views,
     )  # fmt: skip
-    workers = Workers(provisioner, p.store, cfg.daemon.workers, cfg.daemon.bootstrap_slots)
+    instances = InstanceLog(cfg.fleet, p.ledger, p.clock)
+    launcher = Launcher(launcher_settings(cfg), ports, p.secrets.ssh_public_key, instances)
+    provisioner = Provisioner(
+        provisioner_settings(cfg, p.slurm_release), ports, p.secrets,
+        launcher=launcher, instances=instances, stopping=stop, joined=registrations.watch,
+    )  # fmt: skip
+    workers = Workers(
+        provisioner, launcher, p.store, cfg.daemon.workers, cfg.daemon.bootstrap_slots
+    )
     reconcile = reconciler(
         cfg,
         ReconcilerPorts(
@@ -785,7 +798,7 @@ def assemble(cfg: Config, parts: DaemonParts) -> Daemon:
     warm = None
     if any(g.warm for g in cfg.node_groups.values()):
         warm = WarmKeeper(warm_settings(cfg), p.scheduler, p.store, p.clock)
-    node_api, interruptions, served = node_agents(cfg, p, provisioner, workers)
+    node_api, interruptions, served = node_agents(cfg, p, provisioner, launcher, workers)
     return Daemon(
         daemon_settings(cfg),
         DaemonPorts(
@@ -803,7 +816,7 @@ def assemble(cfg: Config, parts: DaemonParts) -> Daemon:
 
 
 def node_agents(
-    cfg: Config, p: DaemonParts, provisioner: Provisioner, workers: Workers
+    cfg: Config, p: DaemonParts, provisioner: Provisioner, launcher: Launcher, workers: Workers
 ) -> tuple[NodeApi | None, Interruptions | None, list[ServedStore]]:
     """What the nodes' agents talk to: the node API (direct peers; interruption notices,
     handed to the interruptions service where jobs can be requeued), and its server on
@@ -824,7 +837,7 @@ def node_agents(
 
         def cool(rec: NodeRecord, exc: CapacityError) -> None:
             size = cooled(rec.size, rec.market)
-            provisioner.launcher.size_unavailable(rec.name, rec.provider, size, exc)
+            launcher.size_unavailable(rec.name, rec.provider, size, exc)
 
         interruptions = Interruptions(
             InterruptionPorts(store=p.store, jobs=p.jobs, clock=p.clock, cool=cool,

@@ -102,16 +102,17 @@ class _Handler(GuardedHandler):
     def _serve(self, handle: Callable[[], dict[str, Any]]) -> None:
         """One request within the caller's and the server's slots; a refusal answered
         with its status."""
+        status, said = 503, {"error": "busy"}
         with self.slot() as ok:
-            if not ok:
-                self._answer(503, {"error": "busy"})
-                return
-            try:
-                said = handle()
-            except Refused as exc:
-                self._answer(exc.status, {"error": str(exc)})
-            else:
-                self._answer(200, said)
+            if ok:
+                try:
+                    status, said = 200, handle()
+                except Refused as exc:
+                    status, said = exc.status, {"error": str(exc)}
+        # answered once the slot is free again: a caller that asks again as soon as it
+        # has the answer (a node agent's next poll) never finds its last request still
+        # holding a slot, however late this thread runs on a loaded controller
+        self._answer(status, said)
 
     def _peers(self) -> dict[str, Any]:
         url = urlsplit(self.path[: MAX_URL + 1])

@@ -31,7 +31,7 @@ import logging
 import secrets
 import shlex
 import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -45,7 +45,9 @@ from slurm_burst.core.hostlist import compress
 from slurm_burst.core.jobs import job_ids, least_useful, share_out
 from slurm_burst.core.nodestate import NodeState, Want
 from slurm_burst.core.records import NodeRecord
-from slurm_burst.ports import Clock, Cloud, Metrics, NodeStore
+from slurm_burst.core.slurm import SchedulerError
+from slurm_burst.ports import Clock, Cloud, Metrics, NodeStore, Scheduler
+from slurm_burst.services.instancelog import InstanceLog
 
 log = logging.getLogger(__name__)
 
@@ -90,9 +92,7 @@ class LaunchPlan:
     candidates: tuple[Candidate, ...]  # empty: protected or every size cooling down
 
 
-# (node, instance) pairs launched: the provisioner records them in the ledger, in one
-# write for a batch
-Launched = Callable[[Sequence[tuple[NodeRecord, Instance]]], None]
+FELL_BACK = "slurm-burst: no spot capacity, on-demand"  # the node's Slurm comment
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -108,6 +108,8 @@ class LaunchPorts(Protocol):
     @property
     def store(self) -> NodeStore: ...
     @property
+    def scheduler(self) -> Scheduler: ...
+    @property
     def clouds(self) -> Mapping[str, Cloud]: ...
     @property
     def clock(self) -> Clock: ...
@@ -121,8 +123,7 @@ class Launcher:
         settings: LauncherSettings,
         ports: LaunchPorts,
         ssh_public_key: str,
-        launched: Launched,
-        fell_back: Callable[[Sequence[NodeRecord]], None] | None = None,
+        instances: InstanceLog,
     ) -> None:
         self.fleet = settings.fleet
         self.capacity_cooldown = settings.capacity_cooldown
@@ -131,8 +132,8 @@ class Launcher:
         self.clouds = ports.clouds
         self.ssh_public_key = ssh_public_key
         self.clock = ports.clock
-        self.launched = launched
-        self.fell_back = fell_back or (lambda recs: None)  # spot nodes launched on-demand
+        self.scheduler = ports.scheduler
+        self.instances = instances  # the ledger's instance events
         self.metrics = ports.metrics
         self._batch_locks: dict[str, threading.Lock] = {}
         self._unnamed: list[tuple[str, str, str]] = []  # (node, instance, provider) to tag
@@ -345,7 +346,7 @@ class Launcher:
         behind (the batch's recovery records again, once)."""
         if not pairs:
             return
-        self.launched(pairs)
+        self.instances.launched(pairs)
         now = self.clock.now()
         with self.store.atomically():
             for rec, inst in pairs:
@@ -358,6 +359,21 @@ class Launcher:
         fell = [rec for rec, _ in pairs if self.on_fallback(rec)]
         if fell:
             self.fell_back(fell)
+
+    def fell_back(self, recs: Sequence[NodeRecord]) -> None:
+        """Nodes of a spot group launched on their fallback's on-demand capacity: in the
+        events and in the node's Slurm comment (``scontrol show node``), cleared when
+        the node is released."""
+        now = self.clock.now()
+        for r in recs:
+            self.store.event(now, "spot.fallback", r.name, f"on-demand {r.provider}/{r.size}")
+        names = [r.name for r in recs]
+        log.warning("node.spot_fallback_launched count=%d hostlist=%s", len(names),
+                    compress(names))  # fmt: skip
+        try:  # a comment: Slurm keeps a reason only on a node DOWN or drained
+            self.scheduler.update_nodes(names, comment=f"{FELL_BACK} {recs[0].size}")
+        except SchedulerError as exc:
+            log.warning("node.comment_failed count=%d error=%s", len(names), exc)
 
     def on_fallback(self, rec: NodeRecord) -> bool:
         """Whether ``rec``'s launch is its spot group's on-demand fallback."""

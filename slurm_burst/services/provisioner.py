@@ -33,7 +33,6 @@ import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from importlib import resources
 
 from slurm_burst.config import Fleet, GpuConfig, NodeGroup
@@ -47,16 +46,13 @@ from slurm_burst.core.cloud import (
     classify,
 )
 from slurm_burst.core.errors import BadInput, BurstError, StepError
-from slurm_burst.core.hostlist import compress
 from slurm_burst.core.jobs import job_ids, nodes_by_job, released_with
 from slurm_burst.core.jsonread import read_json
 from slurm_burst.core.mesh import MeshError, hub_address, parking_address
 from slurm_burst.core.nodestate import LIVE, NodeState, TransitionError, Want, reason
-from slurm_burst.core.pricing import dollars
 from slurm_burst.core.records import NodeRecord, PoolExhausted, StoreError
 from slurm_burst.core.remote import RemoteError
 from slurm_burst.core.slurm import SchedulerError, mixed_version_problem, release_of
-from slurm_burst.core.usage import InstanceEvent
 from slurm_burst.ports import (
     Clock,
     Cloud,
@@ -69,7 +65,8 @@ from slurm_burst.ports import (
     Scheduler,
 )
 from slurm_burst.services.fleetview import FleetView
-from slurm_burst.services.launcher import SPOT, Launcher, LauncherSettings, cooled, timed
+from slurm_burst.services.instancelog import InstanceLog
+from slurm_burst.services.launcher import SPOT, Launcher, cooled, timed
 from slurm_burst.services.nodestage import NodeStaging
 from slurm_burst.services.outputs import Outputs
 
@@ -114,7 +111,6 @@ INSTANCE_FAULTS = frozenset({
 })  # fmt: skip
 REPLACED = "replaced.{node}"  # meta: when the node's request came, and its new instance
 SPOT_WAIT = "SpotCapacityWait"  # a spot launch's capacity did not come in time
-FELL_BACK = "slurm-burst: no spot capacity, on-demand"  # the node's Slurm comment
 
 
 @contextmanager
@@ -183,9 +179,7 @@ class ProvisionerSettings:
     mesh_interface: str
     boot_timeout: float
     bootstrap_timeout: float
-    capacity_cooldown: float  # a size that ran out of capacity waits this long
     gpu: GpuConfig
-    name_each_max: int = 100  # larger launches are named at launch, not one by one
     resume_timeout: float = 0.0  # Slurm's ResumeTimeout; 0: never replace an instance
     slurm_release: str | None = None  # slurmctld's; None: slurmd's is not checked
     mesh_api_port: int = 51821  # the daemon's node API on the hub's mesh address
@@ -216,6 +210,8 @@ class Provisioner:
         ports: ProvisionerPorts,
         secrets: Secrets,
         *,
+        launcher: Launcher,
+        instances: InstanceLog,
         stopping: threading.Event,
         joined: Callable[[str], None] | None = None,
         rand: Callable[[], float] = random.random,
@@ -249,17 +245,8 @@ class Provisioner:
         # follow it at once, so that the job's nodes are relaunched together
         self._spot_follow: dict[str, int] = {}
         self._spot_lock = threading.Lock()
-        self.launcher = Launcher(
-            LauncherSettings(
-                fleet=self.fleet,
-                capacity_cooldown=settings.capacity_cooldown,
-                name_each_max=settings.name_each_max,
-            ),
-            ports,
-            secrets.ssh_public_key,
-            self._launched,
-            self._fell_back,
-        )
+        self.launcher = launcher  # candidates, batches, fallback (wiring builds it)
+        self.instances = instances  # the ledger's instance events
         node_files = resources.files("slurm_burst.node")
         self.script = node_files.joinpath("bootstrap.sh").read_bytes()
         self.gpucheck = node_files.joinpath("gpucheck.py").read_bytes()
@@ -390,31 +377,6 @@ class Provisioner:
             raise StepError("NotConfigured", f"{rec.name} is in no node group of the config")
         return group
 
-    def _launched(self, pairs: Sequence[tuple[NodeRecord, Instance]]) -> None:
-        now = self.clock.now()
-        evs = [
-            self._event(rec, inst.id, "requested", rec.requested_at or now) for rec, inst in pairs
-        ]
-        try:
-            self.ledger.instance_events(evs)
-        except (BurstError, OSError) as exc:  # the database away and its spool full
-            log.error("ledger.write_failed nodes=%d event=requested error=%s", len(evs), exc)
-
-    def _fell_back(self, recs: Sequence[NodeRecord]) -> None:
-        """Nodes of a spot group launched on their fallback's on-demand capacity: in the
-        events and in the node's Slurm comment (``scontrol show node``), cleared when
-        the node is released."""
-        now = self.clock.now()
-        for r in recs:
-            self.store.event(now, "spot.fallback", r.name, f"on-demand {r.provider}/{r.size}")
-        names = [r.name for r in recs]
-        log.warning("node.spot_fallback_launched count=%d hostlist=%s", len(names),
-                    compress(names))  # fmt: skip
-        try:  # a comment: Slurm keeps a reason only on a node DOWN or drained
-            self.scheduler.update_nodes(names, comment=f"{FELL_BACK} {recs[0].size}")
-        except SchedulerError as exc:
-            log.warning("node.comment_failed count=%d error=%s", len(names), exc)
-
     def _instance_fault(self, rec: NodeRecord, fault: str) -> None:
         """An instance the provider accepted and then put in error (OpenStack: the
         scheduler found no host). A capacity fault cools the size down, as a capacity
@@ -485,7 +447,7 @@ class Provisioner:
         # this" (the estimate it was made at), which teaches nothing
         tight = seen.reads > 1 or took <= ATTEST_RETRY
         self._console_seen(rec.provider, rec.name, took if tight else None)
-        self._record(rec, rec.instance_id, "running", now)
+        self.instances.record(rec, rec.instance_id, "running", now)
         self.store.transition(
             rec.name,
             NodeState.BOOTSTRAPPING,
@@ -685,7 +647,7 @@ class Provisioner:
                 self._step(sh, "slurmd-start", rec.name, hub_ip)
         finally:
             sh.close()
-        self._record(rec, rec.instance_id, "joined", self.clock.now())
+        self.instances.record(rec, rec.instance_id, "joined", self.clock.now())
         self.store.transition(rec.name, NodeState.JOINED, self.clock.now(), registered_at=0.0)
         self.joined(rec.name)
         self.store.group_launch_result(rec.group, ok=True)
@@ -843,7 +805,8 @@ class Provisioner:
                 except SchedulerError as exc:
                     log.warning("node.comment_failed count=1 error=%s", exc)
             if rec.instance_id:
-                self._record(rec, rec.instance_id, "terminated", self.clock.now(), rec.error)
+                now = self.clock.now()
+                self.instances.record(rec, rec.instance_id, "terminated", now, rec.error)
         self.store.transition(
             name,
             NodeState.TERMINATED,
@@ -867,7 +830,7 @@ class Provisioner:
             want=Want.DOWN,
         )
         if rec.instance_id:
-            self._record(rec, rec.instance_id, "failed", self.clock.now(), code)
+            self.instances.record(rec, rec.instance_id, "failed", self.clock.now(), code)
         # a node that joined and registered was a good launch: what fails it later (a GPU
         # that went bad, a spot reclaim) says nothing about the group's launches
         served = rec.state == NodeState.JOINED and rec.registered_at > 0
@@ -916,7 +879,7 @@ class Provisioner:
         self.store.update(rec.name, error=code, message=message[:500])
         rec = self.store.node(rec.name) or rec
         if rec.instance_id:
-            self._record(rec, rec.instance_id, "failed", self.clock.now(), code)
+            self.instances.record(rec, rec.instance_id, "failed", self.clock.now(), code)
         failures = self.store.group_launch_result(rec.group, ok=False)
         log.info("group.failures group=%s in_a_row=%d", rec.group, failures)
         if self.metrics is not None:
@@ -1018,39 +981,3 @@ class Provisioner:
         rec = self.store.node(name)
         if rec is None or rec.want != Want.UP:
             raise Cancelled()
-
-    def _event(
-        self, rec: NodeRecord, instance_id: str, event: str, at: float, detail: str = ""
-    ) -> InstanceEvent:
-        """An instance event of ``rec``, priced at its launch."""
-        group = self.fleet.group_of(rec.name)
-        size = rec.size or (group.size_names[0] if group else "")
-        launched = datetime.fromtimestamp(rec.requested_at or at, UTC)
-        gpus = group.gpus if group else 0
-        price = self.fleet.rate_table.price(size, gpus, launched)
-        return InstanceEvent(
-            node=rec.name,
-            instance_id=instance_id,
-            event=event,
-            at=at,
-            provider=rec.provider,
-            size=size,
-            price_per_hour=float(dollars(price.micros_per_hour)) if price else 0.0,
-            detail=detail,
-            group=group.name if group else "",
-            partition=group.partition if group else "",
-            cpus=group.cpus if group else 0,
-            gpus=gpus,
-            price_source=price.source if price else "none",
-            price_version=price.version if price else "",
-        )
-
-    def _record(
-        self, rec: NodeRecord, instance_id: str, event: str, at: float, detail: str = ""
-    ) -> None:
-        """Record an instance event in the ledger, priced at launch (the ledger port
-        spools it if the database is away; it never stops provisioning)."""
-        try:
-            self.ledger.instance_event(self._event(rec, instance_id, event, at, detail))
-        except (BurstError, OSError) as exc:  # the database away and its spool full
-            log.error("ledger.write_failed node=%s event=%s error=%s", rec.name, event, exc)

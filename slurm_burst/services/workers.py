@@ -29,7 +29,7 @@ from slurm_burst.core.hostlist import compress
 from slurm_burst.core.nodestate import needs_work
 from slurm_burst.core.records import NodeRecord
 from slurm_burst.ports import NodeStore
-from slurm_burst.services.launcher import LaunchPlan
+from slurm_burst.services.launcher import Launcher, LaunchPlan
 from slurm_burst.services.periodic import contain
 from slurm_burst.services.provisioner import Later, NeedsJoinSlot, Provisioner, Relaunch
 
@@ -49,12 +49,13 @@ class Workers:
     def __init__(
         self,
         provisioner: Provisioner,
+        launcher: Launcher,
         store: NodeStore,
         size: int,
         join_slots: int = 0,
     ) -> None:
         self.prov = provisioner
-        self.launcher = provisioner.launcher
+        self.launcher = launcher
         self.store = store
         self.pool = ThreadPoolExecutor(size, thread_name_prefix="node")
         self.joins = ThreadPoolExecutor(join_slots or size, thread_name_prefix="join")
