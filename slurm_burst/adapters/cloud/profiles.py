@@ -64,6 +64,20 @@ def image(driver: Any, spec: LaunchSpec) -> NodeImage:
     return NodeImage(id=spec.image, name=spec.image, driver=driver)
 
 
+def user_data_args(
+    driver: Any, spec: LaunchSpec, size: NodeSize, tags: Mapping[str, str]
+) -> dict[str, Any]:
+    """What EC2's and OpenStack's ``create_node`` share: the name, size and image, the
+    user-data and the tags as metadata."""
+    return {
+        "name": spec.node,
+        "size": size,
+        "image": image(driver, spec),
+        "ex_userdata": spec.user_data,
+        "ex_metadata": dict(tags),
+    }
+
+
 def create_kwargs(
     kind: str, driver: Any, spec: LaunchSpec, placement: Placement, size: NodeSize
 ) -> dict[str, Any]:

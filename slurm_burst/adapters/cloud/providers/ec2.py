@@ -78,18 +78,12 @@ class Ec2(Provider):
     def launch_args(
         self, driver: Any, spec: LaunchSpec, p: Placement, size: NodeSize, tags: Mapping[str, str]
     ) -> dict[str, Any]:
-        from slurm_burst.adapters.cloud.profiles import image
+        from slurm_burst.adapters.cloud.profiles import user_data_args
 
         types: Any = importlib.import_module("libcloud.compute.drivers.ec2")  # untyped
-        kw: dict[str, Any] = {
-            "name": spec.node,
-            "size": size,
-            "image": image(driver, spec),
-            "ex_userdata": spec.user_data,
-            "ex_metadata": dict(tags),
-            "ex_clienttoken": spec.token,
-            "ex_terminate_on_shutdown": True,  # a node that powers itself off is gone
-        }
+        kw = user_data_args(driver, spec, size, tags)
+        kw["ex_clienttoken"] = spec.token
+        kw["ex_terminate_on_shutdown"] = True  # a node that powers itself off is gone
         if p.key_name:
             kw["ex_keyname"] = p.key_name
         if p.subnet:

@@ -44,16 +44,10 @@ class OpenStack(Provider):
     def launch_args(
         self, driver: Any, spec: LaunchSpec, p: Placement, size: NodeSize, tags: Mapping[str, str]
     ) -> dict[str, Any]:
-        from slurm_burst.adapters.cloud.profiles import image
+        from slurm_burst.adapters.cloud.profiles import user_data_args
 
         types: Any = importlib.import_module("libcloud.compute.drivers.openstack")  # untyped
-        kw: dict[str, Any] = {
-            "name": spec.node,
-            "size": size,
-            "image": image(driver, spec),
-            "ex_userdata": spec.user_data,
-            "ex_metadata": dict(tags),
-        }
+        kw = user_data_args(driver, spec, size, tags)
         if p.key_name:
             kw["ex_keyname"] = p.key_name
         if p.network:
