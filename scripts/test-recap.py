@@ -33,10 +33,13 @@ def first_line(text: str | None) -> str:
 
 
 def raised_at(trace: str | None) -> str:
-    """The deepest of the project's own frames in a failure's traceback ("" if none): a
-    fixture that failed in a helper is then found from CI's tail alone."""
+    """Where a failure was raised, from its traceback: the deepest frame in a test module
+    (``test_*.py``: the line that waited, not the shared ``wait`` helper), else the
+    deepest of the project's own ("" if none). CI's tail then says where alone."""
     frames = FRAME.findall(trace or "")
-    return f"{frames[-1][0]}:{frames[-1][1]}" if frames else ""
+    tests = [f for f in frames if f[0].rpartition("/")[2].startswith("test_")]
+    where = (tests or frames)[-1:]  # a test module's line before a shared helper's
+    return f"{where[0][0]}:{where[0][1]}" if where else ""
 
 
 def load(report: Path) -> ET.Element | str:

@@ -21,6 +21,7 @@ REPORT = """<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="p
 tests/unit/test_b.py:9:
 _ _ _
 /usr/lib/python3/dist-packages/paramiko/client.py:40: in connect
+tests/lab/test_x.py:31: in boot
 tests/conftest.py:77: in helper
     assert 1 == 2
 E   assert 1 == 2
@@ -44,7 +45,7 @@ def test_each_run_its_failures_the_slowest_and_the_whole_time(
     assert recap.main(["test-recap.py", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "host: 3 tests, 1 failed, 0 errors, 0 skipped in 600 s (10.0 min)" in out
-    assert ("FAILURE tests.unit.test_b::test_broken: assert 1 == 2 (at tests/conftest.py:78)"
+    assert ("FAILURE tests.unit.test_b::test_broken: assert 1 == 2 (at tests/lab/test_x.py:31)"
             in out)  # fmt: skip
     assert "broken: no report" in out
     slow = out.split("teardown)\n")[1].split("==")[0].rstrip().splitlines()
