@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -118,25 +119,34 @@ def images_cmd(releases: tuple[str, ...], as_json: bool) -> None:
     for name in releases or ("", *images.RELEASES):  # "": the blank host, first
         what = f"Slurm {name}" if name else "blank host"
         t = time.monotonic()
+        said: list[str] = []  # a build says its steps; the cache's image says nothing
+
+        def say(msg: str, said: list[str] = said) -> None:
+            said.append(msg)
+            _say(msg)
+
         try:
-            root = _image(name)
+            root = _image(name, say)
         except (images.ImageError, OSError) as exc:
             fail(f"lab images: {what}: {exc}", EXIT_FAILED)
-        done.append({"image": what, "root": str(root),
+        done.append({"image": what, "root": str(root), "built": bool(said),
                      "seconds": round(time.monotonic() - t, 1)})  # fmt: skip
         if not as_json:
-            click.echo(f"{what}: {root} ({done[-1]['seconds']} s)")
+            how = f"built in {done[-1]['seconds']} s" if said else "cached"
+            click.echo(f"{what}: {root} ({how})")
     if as_json:
         emit(done, as_json=True)
 
 
-def _image(name: str) -> Path:
-    """Slurm ``name``'s image, or the blank host's for ``""``."""
-    return images.ensure(name, progress=_say) if name else images.ensure_blank(progress=_say)
-
-
 def _say(msg: str) -> None:
     click.echo(f"lab: {msg}", err=True)
+
+
+def _image(name: str, progress: Callable[[str], None] = _say) -> Path:
+    """Slurm ``name``'s image, or the blank host's for ``""``."""
+    return (
+        images.ensure(name, progress=progress) if name else images.ensure_blank(progress=progress)
+    )
 
 
 @group.command("status")
