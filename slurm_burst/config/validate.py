@@ -6,7 +6,7 @@ import ipaddress
 import re
 from collections.abc import Callable
 
-from slurm_burst.adapters.cloud.registry import built_in, host_key_sources, provider
+from slurm_burst.adapters.cloud.registry import host_key_sources, offering, provider
 from slurm_burst.config.model import _PATTERN, Config, NodeGroup, ProviderConfig
 from slurm_burst.config.schema import Problem
 from slurm_burst.config.validate_launch import launch_problems
@@ -358,7 +358,7 @@ def _host_keys(name: str, prov: ProviderConfig, out: list[Problem]) -> None:
     base = f"providers.{name}"
     offered = host_key_sources(prov.driver)
     if prov.driver and not offered:
-        usable = sorted(n for n, p in built_in().items() if p.host_key_sources)
+        usable = offering(lambda p: p.host_key_sources)
         out.append(
             Problem(
                 f"{base}.driver",

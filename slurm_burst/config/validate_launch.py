@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from slurm_burst.adapters.cloud.registry import built_in, provider
+from slurm_burst.adapters.cloud.registry import offering, provider
 from slurm_burst.config.model import Config, NodeGroup
 from slurm_burst.config.schema import Problem
 
@@ -95,6 +95,6 @@ def _placement(cfg: Config, g: NodeGroup, base: str, out: list[Problem]) -> None
             out.append(Problem(
                 f"{base}.placement",
                 f"provider {pname!r} ({prov.driver}): slurm-burst makes placement groups on "
-                f"{', '.join(sorted(n for n, d in built_in().items() if d.placement))} only "
+                f"{', '.join(offering(lambda d: d.placement))} only "
                 "(and a plugin's driver that offers them); use a group without placement there",
             ))  # fmt: skip

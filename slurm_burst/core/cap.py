@@ -57,12 +57,12 @@ def holding(
             out.add(name)
             continue
         node = slurm.get(name) if slurm is not None else None
-        if node is not None and not _free(node):
+        if node is not None and not free(node):
             out.add(name)
     return out
 
 
-def _free(node: SlurmNode) -> bool:
+def free(node: SlurmNode) -> bool:
     """Powered down (or on its way there) with no job: no instance, none coming."""
     going = node.powered_down or "POWERING_DOWN" in node.flags
     return going and not node.powering_up and node.state in ("idle", "down")
@@ -97,7 +97,7 @@ def plan_cap(
     ours: set[str] = set()
     for name in names:
         node = slurm.get(name)
-        if name in held or node is None or not _free(node):
+        if name in held or node is None or not free(node):
             continue
         if MARK in node.reason and "DRAIN" in node.flags:
             ours.add(name)

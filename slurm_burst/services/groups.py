@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 
 from slurm_burst.config import NodeGroup
-from slurm_burst.core.cap import CapPlan, cap_reason, plan_cap
+from slurm_burst.core.cap import CapPlan, cap_reason, free, plan_cap
 from slurm_burst.core.hostlist import compress
 from slurm_burst.core.nodestate import NodeState
 from slurm_burst.core.nodestate import reason as node_reason
@@ -61,21 +61,25 @@ class GroupControl:
         a drain an admin set with another reason stays). Returns the nodes undrained."""
         g = self.groups[group]
         self.store.unprotect_group(group)
-        slurm = {n.name: n for n in self.scheduler.nodes() if n.name in set(g.node_names())}
-        drained = [n for n in g.node_names() if n in slurm and PROTECTED in slurm[n].reason]
+        names = g.node_names()
+        members = set(names)
+        slurm = {n.name: n for n in self.scheduler.nodes() if n.name in members}
+        drained = [n for n in names if n in slurm and PROTECTED in slurm[n].reason]
         if drained and g.limit < g.count:
             # capped: the nodes past its room take the cap's drain instead of none, so
-            # Slurm never sees more of them available than the cap allows
+            # Slurm never sees more of them available than the cap allows. The plan sees
+            # the protected drain as the cap's own: what it releases is lifted, the other
+            # free ones keep a drain (the cap's), the ones holding a place are lifted too
             states = {r.name: r.state for r in self.store.nodes() if r.group == group}
             text = cap_reason(group, g.limit)
             view = {n: x._replace(reason=text) if n in drained else x for n, x in slurm.items()}
-            plan = plan_cap(g.node_names(), g.limit, states, view, first=g.warm_pool())
-            lifted = set(plan.release)
-            capped = [n for n in drained if n not in lifted and slurm[n].powered_down
-                      and not slurm[n].powering_up]  # fmt: skip
+            lifted = set(plan_cap(names, g.limit, states, view, first=g.warm_pool()).release)
+            capped = {n for n in drained if n not in lifted and free(slurm[n])}
             if capped:
-                self.scheduler.update_nodes(capped, state="drain", reason=text)
-            drained = [n for n in drained if n not in set(capped)]
+                self.scheduler.update_nodes(
+                    [n for n in drained if n in capped], state="drain", reason=text
+                )
+            drained = [n for n in drained if n not in capped]
         drained = self._undrain(group, drained)
         log.info("group.enabled group=%s undrained=%s", group, compress(drained) or "-")
         return drained

@@ -29,7 +29,7 @@ from typing import Any
 from slurm_burst.config import Fleet
 from slurm_burst.core.cloud import CloudError, InUseError
 from slurm_burst.core.errors import BurstError
-from slurm_burst.core.nodestate import LIVE, Want
+from slurm_burst.core.nodestate import LIVE, NodeState, Want
 from slurm_burst.core.placement import unheld
 from slurm_burst.core.pricing import dollars
 from slurm_burst.core.reconcile import (
@@ -286,13 +286,16 @@ class Reconciler:
         if not capped:
             return
         groups = self.store.groups()  # read again: this pass may have protected one
+        states: dict[str, dict[str, NodeState]] = {g.name: {} for g in capped}
+        for r in snap.records.values():  # the records by group, once for every group
+            if r.group in states:
+                states[r.group][r.name] = r.state
         for g in capped:
             health = groups.get(g.name)
             if health is not None and health.protected(snap.now):
                 continue
-            states = {r.name: r.state for r in snap.records.values() if r.group == g.name}
             try:
-                cap = self.groups.keep_cap(g.name, states, snap.slurm_nodes)
+                cap = self.groups.keep_cap(g.name, states[g.name], snap.slurm_nodes)
             except BurstError as exc:  # Slurm refused: tried again next pass
                 report.errors[f"cap.{g.name}"] = str(exc)
                 log.warning("reconcile.cap_failed group=%s error=%s", g.name, exc)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 import importlib
 import pkgutil
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
@@ -84,6 +84,12 @@ def provider(name: str) -> Provider:
         return _built_in(name)
     plugin = extensions.cloud_driver(name)
     return PluginProvider(plugin) if plugin is not None else Provider(name)
+
+
+def offering(trait: Callable[[Provider], object]) -> list[str]:
+    """The built-in providers that have ``trait``, by name (what a config error names
+    as the alternatives)."""
+    return sorted(name for name, p in built_in().items() if trait(p))
 
 
 def host_key_sources(name: str) -> tuple[str, ...]:
