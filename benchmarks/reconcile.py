@@ -194,8 +194,7 @@ def child(d: Path, nodes: int) -> dict[str, Any]:
             ],
         )  # fmt: skip
     # the orphans have been suspect for longer than the grace period
-    store.meta_set(
-        "suspects",
+    store.set_suspects(
         {
             f"instance:lab:i-{i:08x}": time.time() - 1000
             for i in range(nodes + 1, nodes + 1 + ORPHANS)

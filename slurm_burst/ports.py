@@ -20,12 +20,15 @@ from slurm_burst.core.gpu import GpuSample, GpuUsage, GroupGpus
 from slurm_burst.core.mesh import Peer
 from slurm_burst.core.nodestate import NodeState
 from slurm_burst.core.records import (
+    Batch,
     GroupHealth,
     NodeRecord,
     OutputRecord,
+    Placement,
     Request,
     Spooled,
     StageRecord,
+    WarmOverride,
 )
 from slurm_burst.core.slurm import JobOwner, QueuedJob, SlurmJob, SlurmNode, SlurmPartition
 from slurm_burst.core.usage import (
@@ -229,43 +232,30 @@ class Connector(Protocol):
     ) -> RemoteShell: ...
 
 
-class NodeStore(Protocol):
-    """The daemon's durable memory: node records, the hooks' requests, the mesh address
-    pool, group health, events and the heartbeat. Every write is atomic and durable
-    before it returns: a request a hook recorded survives a crash of either side."""
+class NodeBook(Protocol):
+    """Node records and their events: every state change checked against the state
+    machine and logged as an event (``services.lifecycle`` is its one writer)."""
 
-    def atomically(self) -> AbstractContextManager[None]:
-        """Every write inside is one transaction: all of it lands, or none if the block
-        raises; other threads see none of it until the block ends."""
-        ...
+    def node(self, name: str) -> NodeRecord | None: ...
 
-    # heartbeat and small facts (batches in flight, suspects, the last pass report)
-    def beat(self, now: float, info: Mapping[str, Any]) -> None: ...
+    def nodes(self) -> list[NodeRecord]: ...
 
-    def heartbeat(self) -> dict[str, Any] | None: ...
+    def nodes_named(self, names: Sequence[str]) -> dict[str, NodeRecord]: ...
 
-    def meta_get(self, key: str) -> Any: ...
+    def transition(
+        self, name: str, new: NodeState, now: float, group: str = "", **changes: Any
+    ) -> NodeRecord: ...
 
-    def meta_items(self, prefix: str) -> dict[str, Any]: ...
+    def update(self, name: str, **changes: Any) -> None: ...
 
-    def meta_set(self, key: str, value: Any) -> None: ...
+    def event(self, now: float, event: str, node: str = "", detail: str = "") -> None: ...
 
-    def meta_delete(self, key: str) -> None: ...
+    def events(self, since_id: int = 0, limit: int = 1000) -> list[dict[str, Any]]: ...
 
-    # node groups: failures in a row, protected mode; sizes cooling down
-    def groups(self) -> dict[str, GroupHealth]: ...
 
-    def group_launch_result(self, name: str, ok: bool) -> int: ...
+class RequestBook(Protocol):
+    """The hooks' requests: the hooks write, the daemon consumes."""
 
-    def protect_group(self, name: str, until: float, reason: str) -> None: ...
-
-    def unprotect_group(self, name: str) -> None: ...
-
-    def mark_unavailable(self, provider: str, size: str, until: float, code: str) -> None: ...
-
-    def unavailable(self, now: float) -> dict[tuple[str, str], tuple[float, str]]: ...
-
-    # requests: the hooks write, the daemon consumes
     def add_request(
         self,
         kind: str,
@@ -283,7 +273,11 @@ class NodeStore(Protocol):
 
     def finish_request(self, request_id: int, now: float) -> None: ...
 
-    # stages: the stage-in hook writes, the daemon works them
+
+class StageBook(Protocol):
+    """Stages and outputs: the stage-in hook records them, the daemon works them; and
+    the pulls of a job's data onto its nodes."""
+
     def add_stage(self, rec: StageRecord) -> StageRecord:
         """Record a job's stage-in; one already recorded stays, unless it failed."""
         ...
@@ -296,9 +290,11 @@ class NodeStore(Protocol):
         self, job_id: int, now: float, *, expect: Sequence[str] = (), **changes: Any
     ) -> bool: ...
 
-    def forget_stages(self, before: float) -> int: ...  # and sealed or lost outputs
+    def forget_stages(self, before: float) -> int:
+        """Forget stages last changed before ``before``, and the pulls of every job
+        with no stage left; how many stages."""
+        ...
 
-    # outputs: the stage-in hook records them, the daemon syncs and seals them
     def add_outputs(self, recs: Sequence[OutputRecord]) -> None: ...  # known ones stay
 
     def outputs(
@@ -309,24 +305,25 @@ class NodeStore(Protocol):
         self, job_id: int, name: str, now: float, *, expect: Sequence[str] = (), **changes: Any
     ) -> bool: ...
 
-    # nodes: every state change checked against the state machine and logged as an event
-    def node(self, name: str) -> NodeRecord | None: ...
+    # pulls: a job's data fetched onto a node (at its join, or asked by the prolog)
+    def pulled(self, job_id: int, node: str, at: float, fetched_bytes: int) -> None: ...
 
-    def nodes(self) -> list[NodeRecord]: ...
+    def pulled_on(self, job_id: int) -> list[str]: ...  # the nodes holding the job's data
 
-    def nodes_named(self, names: Sequence[str]) -> dict[str, NodeRecord]: ...
+    def ask_pull(self, job_id: int, node: str, at: float) -> None: ...
 
-    def transition(
-        self, name: str, new: NodeState, now: float, group: str = "", **changes: Any
-    ) -> NodeRecord: ...
+    def pulls_asked(self) -> list[tuple[int, str]]: ...
 
-    def update(self, name: str, **changes: Any) -> None: ...
+    def pull_done(self, job_id: int, node: str, failure: str = "") -> None:
+        """An asked pull is over; ``failure`` says why it failed (kept for the prolog)."""
+        ...
 
-    def event(self, now: float, event: str, node: str = "", detail: str = "") -> None: ...
+    def pull_failure(self, job_id: int, node: str) -> str: ...  # '' if none
 
-    def events(self, since_id: int = 0, limit: int = 1000) -> list[dict[str, Any]]: ...
 
-    # the mesh address pool: never one address for two nodes
+class AddressPool(Protocol):
+    """The mesh address pool: never one address for two nodes."""
+
     def allocate_address(self, node: str, subnet: str, now: float) -> str: ...
 
     def allocate_addresses(self, nodes: Sequence[str], subnet: str, now: float) -> dict[str, str]:
@@ -337,6 +334,113 @@ class NodeStore(Protocol):
     def release_address(self, node: str) -> str | None: ...
 
     def addresses(self) -> dict[str, str]: ...
+
+
+class GroupBook(Protocol):
+    """Node groups' health: failures in a row, protected mode, sizes cooling down, a
+    warm pool's override."""
+
+    def groups(self) -> dict[str, GroupHealth]: ...
+
+    def group_launch_result(self, name: str, ok: bool) -> int: ...
+
+    def protect_group(self, name: str, until: float, reason: str) -> None: ...
+
+    def unprotect_group(self, name: str) -> None: ...
+
+    def mark_unavailable(self, provider: str, size: str, until: float, code: str) -> None: ...
+
+    def unavailable(self, now: float) -> dict[tuple[str, str], tuple[float, str]]: ...
+
+    def warm_override(self, group: str) -> WarmOverride | None: ...
+
+    def set_warm_override(self, group: str, override: WarmOverride | None) -> None: ...
+
+
+class LaunchBook(Protocol):
+    """Launches in flight and what they made: batches (fixed before their call, so a
+    crash repeats it), per-job placement groups, interruption notices seen, resumes
+    replaced, the installation's id."""
+
+    def installation(self, make: Callable[[], str]) -> str:
+        """The installation's id; ``make()``'s, kept, the first time."""
+        ...
+
+    def begin_batch(self, batch: Batch) -> None: ...
+
+    def batch(self, token: str) -> Batch | None: ...
+
+    def end_batch(self, token: str) -> None: ...
+
+    def placements(self) -> dict[str, Placement]: ...  # by name
+
+    def set_placement(self, placement: Placement) -> None: ...
+
+    def forget_placement(self, name: str) -> None: ...
+
+    def notice_seen(self, instance_id: str, node: str, action: str, at: float) -> bool:
+        """Record an interruption notice; False if it was seen already."""
+        ...
+
+    def replaced(self, node: str) -> tuple[float, float] | None:
+        """When the node's resume was asked first and again, if it was replaced."""
+        ...
+
+    def set_replaced(self, node: str, first: float, again: float) -> None: ...
+
+
+class Leadership(Protocol):
+    """Who acts: the acting daemon's heartbeat and the standbys it has."""
+
+    def beat(self, now: float, info: Mapping[str, Any]) -> None: ...
+
+    def heartbeat(self) -> dict[str, Any] | None: ...
+
+    def follower(self, node_id: str, info: Mapping[str, Any] | None) -> None: ...  # None: gone
+
+    def followers(self) -> dict[str, dict[str, Any]]: ...
+
+
+class PassBook(Protocol):
+    """What the periodic passes leave for the next pass and for ``status``: the last
+    reconcile pass, the instances suspected orphans (since when), the last policy pass."""
+
+    def last_pass(self) -> dict[str, Any] | None: ...
+
+    def record_pass(self, summary: Mapping[str, Any]) -> None: ...
+
+    def suspects(self) -> dict[str, float]: ...
+
+    def set_suspects(self, suspects: Mapping[str, float]) -> None: ...
+
+    def policy_report(self) -> dict[str, Any] | None: ...
+
+    def set_policy_report(self, doc: Mapping[str, Any]) -> None: ...
+
+
+class NodeStore(
+    NodeBook,
+    RequestBook,
+    StageBook,
+    AddressPool,
+    GroupBook,
+    LaunchBook,
+    Leadership,
+    PassBook,
+    Protocol,
+):
+    """The daemon's durable memory, every part of it in one database: a write inside
+    ``atomically`` spans parts. Every write is atomic and durable before it returns: a
+    request a hook recorded survives a crash of either side."""
+
+    def atomically(self) -> AbstractContextManager[None]:
+        """Every write inside is one transaction: all of it lands, or none if the block
+        raises; other threads see none of it until the block ends."""
+        ...
+
+    def check_writable(self, now: float) -> None:
+        """A write that changes nothing read: StoreError while the database takes none."""
+        ...
 
 
 class LeaderElection(Protocol):

@@ -99,7 +99,7 @@ def warm(ctx: click.Context, name: str, nodes: int | None, duration: str | None,
     are in SuspendExcNodes), so a group needs a [node_groups.NAME.warm.*] window.
     """
     from slurm_burst.core.hostlist import compress
-    from slurm_burst.services.warmpool import OVERRIDE
+    from slurm_burst.core.records import WarmOverride
 
     cfg = app(ctx).config
     if name not in cfg.node_groups:
@@ -108,7 +108,7 @@ def warm(ctx: click.Context, name: str, nodes: int | None, duration: str | None,
     pool = cfg.node_groups[name].warm_pool()
     store = state_store(ctx)
     if off:
-        store.meta_delete(OVERRIDE + name)
+        store.set_warm_override(name, None)
         click.echo(f"node group {name}: override ended; its windows hold")
         return
     if not pool:
@@ -120,7 +120,7 @@ def warm(ctx: click.Context, name: str, nodes: int | None, duration: str | None,
         fail(f"--nodes {nodes}: the warm pool of {name} has {len(pool)} ({compress(pool)})",
              EXIT_BAD_INPUT)  # fmt: skip
     until = time.time() + _duration(duration)
-    store.meta_set(OVERRIDE + name, {"nodes": nodes, "until": until})
+    store.set_warm_override(name, WarmOverride(nodes, until))
     click.echo(f"node group {name}: {nodes} of {compress(pool)} kept up until {ts(until)}")
 
 

@@ -30,7 +30,7 @@ def jobs(ctx: click.Context, verdict: str | None, as_json: bool) -> None:
     not run.
     """
     cfg = app(ctx).config
-    doc: dict[str, Any] | None = state_store(ctx).meta_get("policy")
+    doc: dict[str, Any] | None = state_store(ctx).policy_report()
     if not cfg.policy.enabled or doc is None:
         why = "is off (policy.enabled)" if not cfg.policy.enabled else "has not run yet"
         if as_json:

@@ -8,6 +8,7 @@ store is another. Pure: no I/O.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -111,6 +112,52 @@ class Request:
     nodes: tuple[str, ...]
     jobs: list[dict[str, Any]]
     created_at: float
+
+
+@dataclass(frozen=True)
+class Batch:
+    """One launch call for many nodes, recorded before the call: a crash repeats it
+    with the same token and parameters (EC2 refuses a token reused with others)."""
+
+    token: str
+    nodes: tuple[str, ...]
+    provider: str
+    size: str
+    group: str
+    least: int = 0  # the fewest instances worth having (0: a batch kept before it was)
+    market: str = ""
+    via: str = ""
+    placement: str = ""  # its placement group, if any
+
+    def doc(self) -> dict[str, Any]:
+        return {"nodes": list(self.nodes), "provider": self.provider, "size": self.size,
+                "group": self.group, "least": self.least, "market": self.market,
+                "via": self.via, "placement": self.placement}  # fmt: skip
+
+    @classmethod
+    def from_doc(cls, token: str, doc: Mapping[str, Any]) -> Batch:
+        return cls(token, tuple(doc.get("nodes") or ()), str(doc.get("provider", "")),
+                   str(doc.get("size", "")), str(doc.get("group", "")),
+                   int(doc.get("least") or 0), str(doc.get("market") or ""),
+                   str(doc.get("via") or ""), str(doc.get("placement") or ""))  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Placement:
+    """A per-job placement group: recorded before it is made (a crash leaks nothing),
+    ``made`` once the provider has it."""
+
+    name: str
+    provider: str
+    made: bool = False
+
+
+@dataclass(frozen=True)
+class WarmOverride:
+    """``slurm-burst group warm``: keep ``nodes`` of a warm pool up until ``until``."""
+
+    nodes: int
+    until: float
 
 
 @dataclass(frozen=True)

@@ -389,7 +389,7 @@ class BurstPolicy:
             "jobs": [_row(d, self.look_again.get(d.job)) for d in shown],
         }
         try:
-            self.store.meta_set("policy", doc)
+            self.store.set_policy_report(doc)
         except StoreError as exc:  # the pass's work is done; only its summary is lost
             log.warning("policy.save_failed error=%s", exc)
 

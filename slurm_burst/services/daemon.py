@@ -169,7 +169,7 @@ class Daemon:
             self.metrics.leading(True)
         log.info("daemon.leader node_id=%s", self.node_id)
         self.store.event(self.clock.now(), "daemon.leader", "", self.node_id)
-        self.store.meta_delete(f"follower.{self.node_id}")
+        self.store.follower(self.node_id, None)
         self.host.open()
         self.beat()
         self.prov.restore_peers()
@@ -193,8 +193,8 @@ class Daemon:
         """Standby: say so (``slurm-burst status`` shows it), act on nothing."""
         if self.metrics is not None:
             self.metrics.leading(False)
-        self.store.meta_set(
-            f"follower.{self.node_id}",
+        self.store.follower(
+            self.node_id,
             {"at": self.clock.now(), "pid": os.getpid(), "leader": self.leader.leader_info()},
         )
 

@@ -35,7 +35,6 @@ from slurm_burst.services.periodic import contain
 log = logging.getLogger(__name__)
 
 CODE = "SpotInterruption"
-NOTICED = "notice."  # state meta, by instance id: the notice, once
 LEAVE_WAIT = 8.0  # seconds a requeued job gets to leave the node before it is failed
 
 
@@ -58,10 +57,8 @@ class Interruptions:
         """Handle ``rec``'s notice (see the module); what was done, for the agent."""
         p = self.p
         now = p.clock.now()
-        key = f"{NOTICED}{rec.instance_id}"
-        if p.store.meta_get(key) is not None:
+        if not p.store.notice_seen(rec.instance_id, rec.name, notice.action, notice.at):
             return {"known": True}
-        p.store.meta_set(key, {"node": rec.name, "action": notice.action, "at": notice.at})
         left = notice.at - now
         p.store.event(now, "spot.interruption", rec.name,
                       f"{notice.action} in {left:.0f} s ({rec.instance_id})")  # fmt: skip

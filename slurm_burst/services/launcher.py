@@ -36,7 +36,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from functools import partial
-from typing import Any, Protocol
+from typing import Protocol
 
 from slurm_burst.config import Fleet, NodeGroup
 from slurm_burst.core.cloud import NODE_TAG, CapacityError, CloudError, Instance, LaunchSpec
@@ -44,7 +44,7 @@ from slurm_burst.core.errors import StepError
 from slurm_burst.core.hostlist import compress
 from slurm_burst.core.jobs import job_ids, least_useful, share_out
 from slurm_burst.core.nodestate import NodeState, Want
-from slurm_burst.core.records import NodeRecord
+from slurm_burst.core.records import Batch, NodeRecord, Placement
 from slurm_burst.core.slurm import SchedulerError
 from slurm_burst.ports import Clock, Cloud, Metrics, NodeStore, Scheduler
 from slurm_burst.services.instancelog import InstanceLog
@@ -54,7 +54,6 @@ log = logging.getLogger(__name__)
 TAG_THREADS = 4  # parallel tag calls after a batch launch (paced by the CreateTags budget)
 BATCH_THREADS = 4  # launch calls of one node group in flight at once
 TOKEN_MAX = 63  # the longest launch token (GCE label values; EC2 ClientToken takes 64)
-PLACEMENT = "placement."  # state meta: a placement group made (or about to be), by name
 
 
 SPOT = "spot"  # NodeRecord.market of a spot launch ('' : on-demand)
@@ -145,12 +144,7 @@ class Launcher:
         """The state database's random id, made on first use (one per installation,
         shared by an HA pair, which shares the database)."""
         if self._installation is None:
-            with self.store.atomically():
-                got = self.store.meta_get("installation")
-                if not got:
-                    got = secrets.token_hex(4)
-                    self.store.meta_set("installation", got)
-            self._installation = str(got)
+            self._installation = self.store.installation(lambda: secrets.token_hex(4))
         return self._installation
 
     # -- candidates -------------------------------------------------------------------
@@ -284,9 +278,9 @@ class Launcher:
         """
         resumed = rec.token if rec.state == NodeState.LAUNCHING else ""  # a call may be made
         if resumed:
-            info = self.store.meta_get(f"batch.{rec.token}")
-            if info is not None:
-                self._recover_batch(rec, group, info)
+            batch = self.store.batch(rec.token)
+            if batch is not None:
+                self._recover_batch(rec, group, batch)
                 return
         start = 0
         if rec.state == NodeState.LAUNCHING:  # pick up where it was
@@ -449,15 +443,13 @@ class Launcher:
         if placed:
             least = len(names)  # one job, one placement: all of it or none
         with self.store.atomically():  # the token is fixed before the call: a crash repeats it
-            self.store.meta_set(  # with the same parameters: EC2 refuses a token reused
-                f"batch.{token}",  # with others (IdempotentParameterMismatch)
-                {"nodes": names, "provider": cand.provider, "size": cand.size,
-                 "group": group.name, "least": least, "market": cand.market,
-                 "via": cand.via, "placement": placed},
+            self.store.begin_batch(  # with the same parameters: EC2 refuses a token reused
+                Batch(token, tuple(names), cand.provider, cand.size, group.name, least,
+                      cand.market, cand.via, placed)  # with others (IdempotentParameterMismatch)
             )  # fmt: skip
             made_pg = bool(placed) and self._placement_made(placed)
             if placed and not made_pg:  # known before it exists: a crash leaks nothing
-                self.store.meta_set(f"{PLACEMENT}{placed}", {"provider": cand.provider})
+                self.store.set_placement(Placement(placed, cand.provider))
             for rec in recs:  # as launch_batch read them: requested, or launching still
                 if rec.state == NodeState.REQUESTED:  # after a capacity error of the last size
                     self.store.transition(rec.name, NodeState.LAUNCHING, self.clock.now(), **fix)
@@ -472,7 +464,7 @@ class Launcher:
         except CloudError as exc:
             if isinstance(exc, CapacityError):
                 self.size_unavailable(names[0], cand.provider, cand.cooled, exc)
-            self.store.meta_delete(f"batch.{token}")  # nothing was made
+            self.store.end_batch(token)  # nothing was made
             return exc
         served = self._adopt_batch(token, made)
         if len(made) < len(recs):
@@ -481,12 +473,13 @@ class Launcher:
         return set(names) - served
 
     def _placement_made(self, name: str) -> bool:
-        return bool((self.store.meta_get(f"{PLACEMENT}{name}") or {}).get("made"))
+        got = self.store.placements().get(name)
+        return got is not None and got.made
 
     def _make_placement(self, provider: str, name: str) -> None:
         """Make placement group ``name`` (recorded already) and note that it is made."""
         self.clouds[provider].create_placement(name)
-        self.store.meta_set(f"{PLACEMENT}{name}", {"provider": provider, "made": True})
+        self.store.set_placement(Placement(name, provider, made=True))
 
     def placement_name(self, recs: Sequence[NodeRecord], provider: str) -> str:
         """The placement group of one job's launch on ``provider``: the same for a repeat
@@ -498,8 +491,8 @@ class Launcher:
     def _adopt_batch(self, token: str, made: Sequence[Instance]) -> set[str]:
         """Give the batch's nodes their instances (by launch index; whole jobs first if
         fewer were made than asked), then forget the batch. Returns the nodes served."""
-        info = self.store.meta_get(f"batch.{token}") or {}
-        nodes: list[str] = info.get("nodes", [])
+        batch = self.store.batch(token)
+        nodes = list(batch.nodes) if batch is not None else []
         each = len(nodes) <= self.name_each_max  # else named at launch
         held = self.store.nodes_named(nodes)
         if len(made) < len(nodes):
@@ -514,7 +507,7 @@ class Launcher:
             pairs.append((rec, inst))
             adopted.append((name, inst.id, rec.provider))
         self._booting(pairs)
-        self.store.meta_delete(f"batch.{token}")
+        self.store.end_batch(token)
         if each:
             with self._guard:
                 self._unnamed.extend(adopted)
@@ -558,25 +551,23 @@ class Launcher:
             with ThreadPoolExecutor(min(TAG_THREADS, len(adopted))) as pool:
                 list(pool.map(name_one, adopted))
 
-    def _recover_batch(self, rec: NodeRecord, group: NodeGroup, info: dict[str, Any]) -> None:
+    def _recover_batch(self, rec: NodeRecord, group: NodeGroup, batch: Batch) -> None:
         """A node left launching in a batch (the daemon died during the call): adopt what
         the call made, or repeat it with the same token."""
         with self._batch_lock(rec.token):
             again = self.store.node(rec.name)
             if again is None or again.state != NodeState.LAUNCHING or again.token != rec.token:
                 return  # another worker of the batch finished it
-            cloud = self.clouds[info["provider"]]
-            names: list[str] = info["nodes"]
+            cloud = self.clouds[batch.provider]
+            names = list(batch.nodes)
             made = cloud.find(rec.token, self.fleet.cluster)
             if len(made) != len(names):
-                least = int(info.get("least") or 0)  # 0: a batch recorded before it was kept
-                cand = Candidate(0, info["provider"], info["size"], info.get("market", ""),
-                                 info.get("via", ""))  # fmt: skip
-                placed = str(info.get("placement") or "")
+                cand = Candidate(0, batch.provider, batch.size, batch.market, batch.via)
+                placed = batch.placement
                 if placed and not self._placement_made(placed):  # the crash came before it
-                    self._make_placement(info["provider"], placed)
-                made = cloud.launch_many(
-                    self.batch_spec(group, names, cand, rec.token, least, placed)
+                    self._make_placement(batch.provider, placed)
+                made = cloud.launch_many(  # least 0: a batch recorded before it was kept
+                    self.batch_spec(group, names, cand, rec.token, batch.least, placed)
                 )
             log.info("node.batch_recovered token=%s count=%d", rec.token, len(made))
             self._adopt_batch(rec.token, made)

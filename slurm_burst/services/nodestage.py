@@ -39,16 +39,8 @@ log = logging.getLogger(__name__)
 REMOTE_PULLER = "/run/slurm-burst-stagein.py"
 REMOTE_OUTPUTS = "/run/slurm-burst-stageout.py"
 POLL = 0.5
-ON_NODE = "staged.{job}.{node}"  # meta: the job's data is on the node (bytes, when)
-ASKED = "pull.{job}.{node}"  # meta: the prolog asks for a pull onto a node already up
-FAILED = "pullfail.{job}.{node}"  # meta: that pull failed (why)
 ASKED_WAIT = 600.0  # seconds a pull the prolog asked for may take
 FETCH_STALL = 10  # seconds without a byte after which a fetch has failed
-
-
-def meta_prefix(template: str) -> str:
-    """The part of a meta key template before its job: what lists every key of it."""
-    return template.split("{", 1)[0]
 
 
 @dataclass(frozen=True)
@@ -89,8 +81,8 @@ class NodeStaging:
     def pull_asked(self, job_id: int, name: str) -> None:
         """A pull the PrologSlurmctld asked for: job ``job_id`` landed on ``name``, a node
         that had joined before (for another job, or warm). The answer is in the state
-        database (``ON_NODE`` or ``FAILED``), and the ask is removed."""
-        asked = ASKED.format(job=job_id, node=name)
+        database (``pulled`` or ``pull_failure``), and the ask is removed."""
+        failure = ""
         try:
             node = self.store.node(name)
             st = self.store.stage(job_id)
@@ -104,8 +96,8 @@ class NodeStaging:
                 sh.close()
         except BurstError as exc:
             log.error("stage.pull_failed node=%s job=%s code=%s %s", name, job_id, exc.code, exc)
-            self.store.meta_set(FAILED.format(job=job_id, node=name), f"{exc.code}: {exc}"[:900])
-        self.store.meta_delete(asked)
+            failure = f"{exc.code}: {exc}"[:900]
+        self.store.pull_done(job_id, name, failure)
 
     def _pull_stages(
         self, sh: RemoteShell, node: NodeRecord, stages: list[StageRecord], deadline: float,
@@ -128,10 +120,7 @@ class NodeStaging:
                         raise StepError("StagePull", f"job {st.job_id}: {d['dst']} gone") from None
                     got += self._pull(sh, node, st, again[0], deadline, heal=False)
             got += self._outputs(sh, node, st, deadline)
-            self.store.meta_set(
-                ON_NODE.format(job=st.job_id, node=node.name),
-                {"at": self.clock.now(), "fetched_bytes": got},
-            )
+            self.store.pulled(st.job_id, node.name, self.clock.now(), got)
             fetched += got
         return fetched
 

@@ -60,7 +60,6 @@ from slurm_burst.ports import (
     RemoteShell,
     Scheduler,
 )
-from slurm_burst.services.nodestage import ON_NODE, meta_prefix
 from slurm_burst.services.periodic import contain
 from slurm_burst.services.staging import Stager
 from slurm_burst.services.transfers import TransferBook
@@ -388,10 +387,7 @@ class Outputs:
     def _pulled_on(self, job_id: int) -> str:
         """The first of the nodes that made the job's directories at their join (their
         ``staged`` marks; hostlist order, as Slurm picks the batch host); '' if none."""
-        nodes = [
-            k.split(".", 2)[2] for k in self.store.meta_items(f"{meta_prefix(ON_NODE)}{job_id}.")
-        ]
-        return min(nodes, key=_natural, default="")
+        return min(self.store.pulled_on(job_id), key=_natural, default="")
 
     def _settled(self, sh: RemoteShell, r: OutputRecord) -> None:
         """``_sync``, again at once (up to ``CHANGED_TRIES`` in all) when files changed

@@ -26,7 +26,6 @@ from slurm_burst.core.hostlist import HostlistError, compress, expand_unique
 from slurm_burst.core.prolog import FAIL, READY, judge
 from slurm_burst.core.records import StageState, StoreError
 from slurm_burst.ports import NodeStore
-from slurm_burst.services.nodestage import ASKED, FAILED, ON_NODE
 
 log = logging.getLogger("slurm_burst.prolog")
 
@@ -152,18 +151,19 @@ class _Gate:
         limit = self.started + deadline_seconds(self.cfg)
         asked = False
         while True:
-            missing = [n for n in ours if db.meta_get(ON_NODE.format(job=job, node=n)) is None]
+            pulled = set(db.pulled_on(job))
+            missing = [n for n in ours if n not in pulled]
             if not missing:
                 log.info("prolog.staged job=%s count=%d", job, len(ours))
                 return self._result(EXIT_OK)
             for n in missing:
-                why = db.meta_get(FAILED.format(job=job, node=n))
+                why = db.pull_failure(job, n)
                 if why:
                     log.error("prolog.stage_failed job=%s node=%s %s", job, n, why)
                     return self._result(EXIT_FAILED, f"{n}: {why}")
             if not asked:
                 for n in missing:
-                    db.meta_set(ASKED.format(job=job, node=n), self.now())
+                    db.ask_pull(job, n, self.now())
                 wake()
                 asked = True
             if self.now() > limit:

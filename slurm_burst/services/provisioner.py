@@ -109,7 +109,6 @@ INSTANCE_FAULTS = frozenset({
     "InsufficientInstanceCapacity", "SshUnreachable", "RemoteCommand", "WireGuardKey",
     "WireGuardHandshake", "GpuUnhealthy", "StagePull",
 })  # fmt: skip
-REPLACED = "replaced.{node}"  # meta: when the node's request came, and its new instance
 SPOT_WAIT = "SpotCapacityWait"  # a spot launch's capacity did not come in time
 
 
@@ -866,9 +865,8 @@ class Provisioner:
             or not any(self.store.stage(j) for j in job_ids(rec.job_list()))
         ):
             return False
-        key = REPLACED.format(node=rec.name)
-        was = self.store.meta_get(key)
-        if isinstance(was, dict) and was.get("again") == rec.requested_at:
+        was = self.store.replaced(rec.name)
+        if was is not None and was[1] == rec.requested_at:
             return False  # this is the new instance already: once per resume
         spent = self.clock.now() - (rec.requested_at or rec.state_since)
         if 2 * spent > limit:
@@ -890,7 +888,7 @@ class Provisioner:
             return True
         # the new instance is billed from now, the old one until now
         again = self._request_again(rec)
-        self.store.meta_set(key, {"first": rec.requested_at, "again": again})
+        self.store.set_replaced(rec.name, rec.requested_at, again)
         return True
 
     def _request_again(self, rec: NodeRecord) -> float:

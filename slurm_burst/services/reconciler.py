@@ -46,7 +46,6 @@ from slurm_burst.core.usage import InstanceEvent
 from slurm_burst.ports import AccountingLedger, Clock, Cloud, Mesh, Metrics, NodeStore, Scheduler
 from slurm_burst.services.fleetview import FleetView
 from slurm_burst.services.groups import GroupControl
-from slurm_burst.services.launcher import PLACEMENT
 from slurm_burst.services.periodic import contain
 from slurm_burst.services.status import spend_rate
 
@@ -157,7 +156,7 @@ class Reconciler:
             read("ledger", self.ledger.open_instances) if self.ledger is not None else None
         )
         groups = read("groups", self.store.groups) or {}
-        suspects = read("suspects", lambda: self.store.meta_get("suspects")) or {}
+        suspects = read("suspects", self.store.suspects) or {}
         records = read("records", self.store.nodes)
         if records is None:  # without our own records no rule is safe
             raise RuntimeError(report.errors["observe.records"])
@@ -240,7 +239,7 @@ class Reconciler:
         elif a.kind == "return_to_service":
             # only once the state database takes writes again: else the next resume would
             # fail the same way; an error here leaves it to a later pass
-            self.store.meta_set("writable_at", snap.now)
+            self.store.check_writable(snap.now)
             self.scheduler.update_nodes([a.node], state="resume")  # clears DOWN
             try:
                 self.scheduler.update_nodes([a.node], state="power_down_force")  # idle~ again
@@ -255,11 +254,7 @@ class Reconciler:
         """Delete the per-job placement groups no node holds an instance in any more. A
         group whose instances are still shutting down (EC2: InUse) waits for a later
         pass; one the provider no longer knows is forgotten."""
-        made = {
-            key.removeprefix(PLACEMENT): str(info.get("provider", ""))
-            for key, info in self.store.meta_items(PLACEMENT).items()
-            if isinstance(info, dict)
-        }
+        made = {name: pg.provider for name, pg in self.store.placements().items()}
         for name, provider in unheld(made, snap.records.values()):
             cloud = self.clouds.get(provider)
             if cloud is None:  # the provider left the config: nothing can delete it here
@@ -273,7 +268,7 @@ class Reconciler:
                 report.errors[f"act.delete_placement.{name}"] = str(exc)
                 log.warning("reconcile.placement_delete_failed name=%s error=%s", name, exc)
                 continue
-            self.store.meta_delete(f"{PLACEMENT}{name}")
+            self.store.forget_placement(name)
             self.store.event(snap.now, "placement.deleted", "", f"{provider}/{name}")
             report.actions["delete_placement"] = report.actions.get("delete_placement", 0) + 1
 
@@ -316,7 +311,7 @@ class Reconciler:
         self.act(p, snap, report)
         self.keep_caps(snap, report)
         self.sweep_placements(snap, report)
-        self.store.meta_set("suspects", p.suspects)
+        self.store.set_suspects(p.suspects)
         report.seconds = self.clock.monotonic() - t0
         self.record(snap, report, p)
         return report
@@ -332,7 +327,7 @@ class Reconciler:
             "nodes": by_group,
             "spend_per_hour": {g: float(dollars(v)) for g, v in spend.items()},
         }
-        self.store.meta_set("reconcile", summary)
+        self.store.record_pass(summary)
         if report.actions or report.errors:
             log.info(
                 "reconcile.pass seconds=%.3f actions=%s errors=%d",

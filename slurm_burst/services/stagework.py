@@ -34,7 +34,6 @@ from slurm_burst.core.records import StageRecord, StageState, StoreError
 from slurm_burst.core.staging import SensitiveData
 from slurm_burst.core.usage import TransferDirection
 from slurm_burst.ports import Clock, NodeStore, StagePusher
-from slurm_burst.services.nodestage import ASKED, FAILED, ON_NODE, meta_prefix
 from slurm_burst.services.outputs import Outputs
 from slurm_burst.services.periodic import contain
 from slurm_burst.services.transfers import TransferBook
@@ -93,18 +92,12 @@ class StageWork:
         if self.outputs is not None:
             started += self.outputs.pass_once()
         if self.puller is not None:
-            for key in self.store.meta_items(meta_prefix(ASKED)):
-                _, job, node = key.split(".", 2)
-                started += self._start_pull(int(job), node)
+            for job, node in self.store.pulls_asked():
+                started += self._start_pull(job, node)
         now = self.clock.now()
         if now - self._forgot_at > 3600:
             self._forgot_at = now
             gone = self.store.forget_stages(now - self.settings.keep_days * 86400)
-            known = {str(s.job_id) for s in self.store.stages()}
-            for template in (ON_NODE, ASKED, FAILED):  # what the nodes' pulls left
-                for key in self.store.meta_items(meta_prefix(template)):
-                    if key.split(".", 2)[1] not in known:
-                        self.store.meta_delete(key)
             if gone:
                 log.info("stage.forgotten count=%d", gone)
         return started

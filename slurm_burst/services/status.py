@@ -43,10 +43,10 @@ def status(cfg: Config, store: NodeStore, now: float, leader: str | None = None)
     beat = store.heartbeat()
     records = store.nodes()
     groups = store.groups()
-    last = store.meta_get("reconcile")
+    last = store.last_pass()
     followers = {
-        k.removeprefix("follower."): v
-        for k, v in store.meta_items("follower.").items()
+        k: v
+        for k, v in store.followers().items()
         if now - float(v.get("at", 0)) < cfg.daemon.heartbeat_stale
     }
     age = None if beat is None else now - float(beat["at"])

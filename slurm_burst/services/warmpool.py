@@ -22,7 +22,6 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from slurm_burst.config import NodeGroup
 from slurm_burst.core.slurm import SchedulerError, SlurmNode
@@ -31,7 +30,6 @@ from slurm_burst.ports import Clock, NodeStore, Scheduler
 
 log = logging.getLogger(__name__)
 
-OVERRIDE = "warm."  # store meta key prefix: warm.<group> -> {"nodes", "until", "by"}
 GOING_DOWN = frozenset({"POWERING_DOWN", "POWER_DOWN"})
 
 
@@ -110,9 +108,9 @@ def wanted(
     group = g.name
     t = local(now)
     n = warm_nodes(g.warm_windows(), t.tm_wday, t.tm_hour * 60 + t.tm_min)
-    override: Any = store.meta_get(OVERRIDE + group)
-    if isinstance(override, dict) and float(override.get("until", 0)) > now:
-        n = max(n, int(override.get("nodes", 0)))
+    override = store.warm_override(group)
+    if override is not None and override.until > now:
+        n = max(n, override.nodes)
     return min(n, len(g.warm_pool()))
 
 

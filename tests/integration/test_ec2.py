@@ -40,6 +40,7 @@ from slurm_burst.core.cloud import (
 from slurm_burst.core.jobs import jobs_by_node
 from slurm_burst.core.nodestate import NodeState, Want, reason
 from slurm_burst.core.ratelimit import ApiBudgets
+from slurm_burst.core.records import Batch
 from slurm_burst.services.daemon import Daemon
 from slurm_burst.services.launcher import Candidate
 from slurm_burst.services.provisioner import Later, Provisioner, Secrets
@@ -200,10 +201,7 @@ def test_batch_interrupted_after_the_call_is_adopted_not_launched_again(
     requested(prov, *names)
     group = cfg.node_groups["cpu"]
     token = f"{cfg.cluster.name}-crash"
-    prov.store.meta_set(
-        f"batch.{token}",
-        {"nodes": names, "provider": "aws", "size": "c5.large", "group": "cpu"},
-    )
+    prov.store.begin_batch(Batch(token, tuple(names), "aws", "c5.large", "cpu"))
     for n in names:
         prov.store.transition(
             n, NodeState.LAUNCHING, time.time(), token=token, provider="aws", size="c5.large"
@@ -232,10 +230,7 @@ def test_a_partial_batch_repeated_after_a_crash_sends_the_same_parameters(
     requested(prov, *names)
     group = cfg.node_groups["cpu"]
     token = f"{cfg.cluster.name}-partial"
-    prov.store.meta_set(
-        f"batch.{token}",
-        {"nodes": names, "provider": "aws", "size": "c5.large", "group": "cpu", "least": 4},
-    )
+    prov.store.begin_batch(Batch(token, tuple(names), "aws", "c5.large", "cpu", least=4))
     for n in names:
         prov.store.transition(
             n, NodeState.LAUNCHING, time.time(), token=token, provider="aws", size="c5.large"

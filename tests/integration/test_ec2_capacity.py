@@ -20,7 +20,6 @@ import pytest
 
 from slurm_burst.config import Config
 from slurm_burst.core.nodestate import NodeState, Want
-from slurm_burst.services.launcher import PLACEMENT
 from tests.conftest import invoke, wait
 from tests.integration.test_ec2 import (
     aws_instances,
@@ -94,7 +93,7 @@ def test_a_jobs_nodes_launch_into_one_placement_group_deleted_once_none_remain(
     d.reconciler.pass_once()
     assert pg not in market(emulator)["groups"]  # type: ignore[operator]
     assert emulator.calls["DeletePlacementGroup"] == 1
-    assert prov.store.meta_items(PLACEMENT) == {}
+    assert prov.store.placements() == {}
     assert any(e["event"] == "placement.deleted" for e in prov.store.events())
     d.reconciler.pass_once()  # nothing left to delete: no call
     assert emulator.calls["DeletePlacementGroup"] == 1

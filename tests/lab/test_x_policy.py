@@ -37,7 +37,7 @@ def onprem_busy(env: dict[str, str]) -> Iterator[int]:
 
 
 def decision(store: Store, job: int) -> dict[str, Any] | None:
-    doc = store.meta_get("policy") or {}
+    doc = store.policy_report() or {}
     return next((r for r in doc.get("jobs", []) if r["job"] == str(job)), None)
 
 

@@ -170,7 +170,7 @@ def test_a_job_on_a_node_that_is_up_already_gets_its_data_there(
     assert instances[0] == instances[1]  # the same instance: no second join
     out = (out_dir / f"{ids[1]}.out").read_text()
     assert hashlib.sha256((second / "b").read_bytes()).hexdigest() in out, out
-    assert store.meta_get(f"staged.{ids[1]}.{node}") is not None
+    assert node in store.pulled_on(ids[1])
 
 
 def test_a_job_that_may_run_on_prem_runs_there_without_an_upload(

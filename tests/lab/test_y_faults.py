@@ -72,7 +72,7 @@ def wait(cond: Callable[[], Any], timeout: float, what: str) -> Any:
 
 
 def passes(store: Store) -> int:
-    last = store.meta_get("reconcile") or {}
+    last = store.last_pass() or {}
     return int(last.get("ended", 0) * 1000)
 
 
@@ -129,7 +129,7 @@ def settle(
 ) -> None:
     """Wait until ``done`` and the invariants hold; record the reconcile passes after which
     the invariants held (counted from the fault's effect) and the seconds until done."""
-    start = store.meta_get("reconcile") or {}
+    start = store.last_pass() or {}
     first = float(start.get("ended", time.time()))
     t0 = time.monotonic()
     deadline = t0 + timeout
@@ -138,7 +138,7 @@ def settle(
     while time.monotonic() < deadline:
         wrong = check_invariants(store, cloud, lab_config, jobs, env)
         if not wrong and consistent_at is None:
-            consistent_at = float((store.meta_get("reconcile") or {}).get("ended", first))
+            consistent_at = float((store.last_pass() or {}).get("ended", first))
         if wrong:
             consistent_at = None  # not yet (or no longer): count again
         if not wrong and done():
@@ -771,11 +771,11 @@ def test_ha_leader_killed_the_follower_takes_over(
     assert ev["detail"] == "lab-b"
 
     def acted() -> bool:
-        last = store.meta_get("reconcile") or {}
+        last = store.last_pass() or {}
         return float(last.get("ended", 0)) > killed_at
 
     wait(acted, 4 * period, "a reconcile pass by lab-b")
-    acted_after = float(store.meta_get("reconcile")["ended"]) - killed_at
+    acted_after = float((store.last_pass() or {})["ended"]) - killed_at
     assert acted_after <= 2 * period + 2, f"lab-b acted {acted_after:.1f} s after the kill"
     settle("HA leader SIGKILLed (standby takes over)",
            f"lab-b led after {ev['at'] - killed_at:.1f} s, acted after {acted_after:.1f} s; "

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -50,6 +51,12 @@ class Queue:
             else:
                 self.jobs[i] = self.jobs[i]._replace(partitions=tuple(partitions))
         return said
+
+
+def report(store: MemoryStore) -> dict[str, Any]:
+    doc = store.policy_report()
+    assert doc is not None, "the policy pass left no report"
+    return doc
 
 
 def job(
@@ -97,7 +104,7 @@ def test_long_waits_are_sent_in_one_update_per_partition_list() -> None:
         (["3"], ("onprem", "burst-gpu")),
     ]
     assert q.calls[0][2].startswith("slurm-burst: sent to burst-cpu 2026-")
-    doc = store.meta_get("policy")
+    doc = report(store)
     rows = {row["job"]: row for row in doc["jobs"]}
     assert rows["1"]["verdict"] == "burst" and rows["1"]["group"] == "cpu"
     assert rows["5"] == {"job": "5", "verdict": "never", "reason": "on-prem only", "group": None,
@@ -127,7 +134,7 @@ def test_what_slurm_refuses_is_reported_and_looked_at_again() -> None:
     p, store = policy(q)
     r = p.pass_once()
     assert r.steered == 2 and r.complaints == ["Job is no longer pending execution for job 2"]
-    assert store.meta_get("policy")["complaints"] == r.complaints
+    assert report(store)["complaints"] == r.complaints
 
 
 def test_budgets_and_the_cap_hold_jobs_back_in_priority_order() -> None:
@@ -136,7 +143,7 @@ def test_budgets_and_the_cap_hold_jobs_back_in_priority_order() -> None:
     p, store = policy(q, ({"physics": 0.02}, None))
     r = p.pass_once()
     assert r.verdicts == {"burst": 2, "wait": 1}
-    rows = {row["job"]: row for row in store.meta_get("policy")["jobs"]}
+    rows = {row["job"]: row for row in report(store)["jobs"]}
     assert rows["1"]["reason"] == "budget: $0.0144 needed, $0.0056 left"
     capped, _ = policy(Queue([job(1), job(2)]), ({}, 0.0))
     assert capped.pass_once().verdicts == {"wait": 2}
@@ -156,7 +163,7 @@ def test_no_money_known_yet_means_no_burst_and_slurm_trouble_means_no_pass() -> 
     r = p.pass_once()
     assert (
         r.error.startswith("reading the queue: squeue: Unable")
-        and store.meta_get("policy")["error"] == r.error
+        and report(store)["error"] == r.error
     )
 
 
@@ -166,7 +173,7 @@ def test_a_pass_makes_one_read_and_one_update_per_partition_list(n: int) -> None
     p, store = policy(q)
     r = p.pass_once()
     assert q.reads == 1 and len(q.calls) == 1 and r.steered == n
-    assert len(store.meta_get("policy")["jobs"]) == n
+    assert len(report(store)["jobs"]) == n
 
 
 def test_a_protected_group_is_skipped_for_the_next_cheapest() -> None:
@@ -175,7 +182,7 @@ def test_a_protected_group_is_skipped_for_the_next_cheapest() -> None:
     store.protect_group("cpu", T0 + 600, "2 failed launches in a row")
     r = p.pass_once()
     assert r.steered == 0 and r.verdicts == {"never": 1}  # no other group fits a CPU job
-    assert store.meta_get("policy")["jobs"][0]["reason"] == "no node group fits the job"
+    assert report(store)["jobs"][0]["reason"] == "no node group fits the job"
     store.unprotect_group("cpu")
     p.clock.advance(10)  # type: ignore[attr-defined]
     assert p.pass_once().steered == 1
@@ -204,7 +211,7 @@ def test_a_job_whose_data_takes_longer_to_move_than_its_wait_stays_home() -> Non
     _staged(store, 3, 1 << 40, state="staged")
     r = p.pass_once()
     assert r.verdicts == {"burst": 3, "wait": 1}
-    rows = {row["job"]: row for row in store.meta_get("policy")["jobs"]}
+    rows = {row["job"]: row for row in report(store)["jobs"]}
     assert rows["1"]["verdict"] == "wait"
     assert rows["1"]["reason"] == (
         "expected on-prem wait 2.0 h <= 2.7 h (with 2.4 h to move its data)"
@@ -231,7 +238,7 @@ def test_moving_a_jobs_data_is_paid_for_out_of_its_budget() -> None:
     _staged(store, 1, 100 << 30)
     r = p.pass_once()
     assert r.verdicts == {"burst": 1, "wait": 1}
-    rows = {row["job"]: row for row in store.meta_get("policy")["jobs"]}
+    rows = {row["job"]: row for row in report(store)["jobs"]}
     assert rows["1"]["reason"].startswith("budget: $12.0"), rows["1"]
     assert rows["2"]["verdict"] == "burst"
 

@@ -13,14 +13,34 @@ from tests.contracts.ledger import LedgerContract
 from tests.contracts.mesh import MeshContract
 from tests.contracts.slurm import SchedulerContract
 from tests.contracts.ssh import ShellContract
-from tests.contracts.store import StoreContract
+from tests.contracts.store import (
+    AddressPoolContract,
+    GroupBookContract,
+    LaunchBookContract,
+    LeadershipContract,
+    NodeBookContract,
+    PassBookContract,
+    RequestBookContract,
+    StageBookContract,
+    StoreContract,
+)
 from tests.fakes.clock import FakeClock
 from tests.fakes.cloud import FakeCloud
 from tests.fakes.ledger import FakeLedger
 from tests.fakes.mesh import FakeMesh
 from tests.fakes.slurm import FakeScheduler
 from tests.fakes.ssh import FakeConnector
-from tests.fakes.store import MemoryStore
+from tests.fakes.store import (
+    MemoryAddresses,
+    MemoryGroups,
+    MemoryLaunches,
+    MemoryLeadership,
+    MemoryNodes,
+    MemoryPasses,
+    MemoryRequests,
+    MemoryStages,
+    MemoryStore,
+)
 
 
 @pytest.fixture()
@@ -32,6 +52,55 @@ class TestMemoryStore(StoreContract):
     @pytest.fixture()
     def store(self) -> MemoryStore:
         return MemoryStore()
+
+
+# each part alone, as a service that needs only it would get it
+class TestMemoryNodes(NodeBookContract):
+    @pytest.fixture()
+    def store(self) -> MemoryNodes:
+        return MemoryNodes()
+
+
+class TestMemoryRequests(RequestBookContract):
+    @pytest.fixture()
+    def store(self) -> MemoryRequests:
+        return MemoryRequests()
+
+
+class TestMemoryStages(StageBookContract):
+    @pytest.fixture()
+    def store(self) -> MemoryStages:
+        return MemoryStages()
+
+
+class TestMemoryAddresses(AddressPoolContract):
+    @pytest.fixture()
+    def store(self) -> MemoryAddresses:
+        return MemoryAddresses()
+
+
+class TestMemoryGroups(GroupBookContract):
+    @pytest.fixture()
+    def store(self) -> MemoryGroups:
+        return MemoryGroups()
+
+
+class TestMemoryLaunches(LaunchBookContract):
+    @pytest.fixture()
+    def store(self) -> MemoryLaunches:
+        return MemoryLaunches()
+
+
+class TestMemoryLeadership(LeadershipContract):
+    @pytest.fixture()
+    def store(self) -> MemoryLeadership:
+        return MemoryLeadership()
+
+
+class TestMemoryPasses(PassBookContract):
+    @pytest.fixture()
+    def store(self) -> MemoryPasses:
+        return MemoryPasses()
 
 
 class TestFakeCloud(CloudContract):

@@ -36,7 +36,7 @@ def _config(tmp_path: Path, enabled: bool) -> Path:
 
 def test_the_last_pass_as_a_table_and_as_json(tmp_path: Path) -> None:
     cfg = _config(tmp_path, True)
-    Store(tmp_path / "state" / "state.db").meta_set("policy", DOC)
+    Store(tmp_path / "state" / "state.db").set_policy_report(DOC)
     table = invoke(["--config", str(cfg), "jobs"]).stdout
     assert "3 pending, 2 may burst, 2 decided, 1 sent" in table
     assert "! slurm: Job is no longer pending execution for job 9" in table

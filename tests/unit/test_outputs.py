@@ -193,8 +193,8 @@ def test_a_job_that_never_ran_on_a_cloud_node_has_nothing_to_bring_home() -> Non
 def test_a_job_over_before_a_pass_saw_it_is_sealed_from_the_node_it_joined_on() -> None:
     outputs, store, clock, connector, _ = setup([])
     for node in ("burst-10", "burst-9", "burst-1"):  # each made the job's directories
-        store.meta_set(f"staged.42.{node}", {"at": 0})
-    store.meta_set("staged.420.burst-0", {"at": 0})  # another job's
+        store.pulled(42, node, 0.0, 0)
+    store.pulled(420, "burst-0", 0.0, 0)  # another job's
     outputs.seal(42)
     [out] = store.outputs(42)
     assert out.node == "burst-1" and connector.tried == ["10.0.0.5"]

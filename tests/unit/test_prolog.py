@@ -279,12 +279,13 @@ def test_a_staged_job_on_a_node_up_already_waits_for_its_data_there(
 
     def daemon() -> None:  # what the daemon's stage thread does when woken
         woken.append(True)
-        if store.meta_get("pull.7.burst-cpu-2") is None:
+        if (7, "burst-cpu-2") not in store.pulls_asked():
             return
         if daemon_says == "ok":
-            store.meta_set("staged.7.burst-cpu-2", {"at": clock.now(), "fetched_bytes": 3})
+            store.pulled(7, "burst-cpu-2", clock.now(), 3)
+            store.pull_done(7, "burst-cpu-2")
         elif daemon_says == "fail":
-            store.meta_set("pullfail.7.burst-cpu-2", "StagePull: disk full")
+            store.pull_done(7, "burst-cpu-2", "StagePull: disk full")
 
     env = {"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "burst-cpu-2"}
     result = run_prolog(env, lab_config_in(tmp_path), lambda: store, now=clock.now,

@@ -60,7 +60,7 @@ def test_a_node_launches_boots_bootstraps_and_joins(w: World) -> None:
     assert rec is not None and rec.state == NodeState.JOINED and rec.error == ""
     (inst,) = w.cloud.of_node(N)
     assert (rec.instance_id, rec.provider, rec.size) == (inst.id, "lab", "ns.cpu2")
-    install = w.store.meta_get("installation")
+    install = w.store.installation(str)
     assert re.fullmatch(r"[0-9a-f]{8}", install) and rec.token == f"burstlab-{install}-{N}-1-0"
     # the hub knows the node's key at its pool address; Slurm reaches it there
     (peer,) = w.mesh.peers()
@@ -126,7 +126,7 @@ def test_a_terminated_node_asked_up_again_launches_with_a_new_token(w: World) ->
     w.store.update(N, want=Want.UP)
     rec = w.prov.drive(N)
     assert rec is not None and rec.state == NodeState.JOINED and rec.launch_seq == 2
-    install = w.store.meta_get("installation")
+    install = w.store.installation(str)
     assert rec.token == f"burstlab-{install}-{N}-2-0" and len(w.cloud.of_node(N)) == 1
 
 
@@ -518,7 +518,7 @@ def test_launch_tokens_differ_between_installations_and_never_cut_a_long_name(
     a, b = first.prov.drive(N), second.prov.drive(N)
     assert a is not None and b is not None and a.token != b.token
     # the same database keeps its id: a restarted daemon repeats its own tokens
-    assert first.prov.launcher.installation() == first.store.meta_get("installation")
+    assert first.prov.launcher.installation() == first.store.installation(str)
     long = a._replace(name="n" * 70)
     other = a._replace(name="n" * 69 + "m")
     t1, t2 = first.prov.launcher.token(long, 0), first.prov.launcher.token(other, 0)

@@ -89,7 +89,7 @@ def test_status_reports_daemon_nodes_groups_and_spend() -> None:
     store.transition("burst-gpu-1", NodeState.LAUNCHING, now, provider="lab", size="ns.gpu1")
     store.transition("burst-gpu-1", NodeState.BOOTING, now, instance_id="ns-1")
     store.protect_group("cpu", now + 60, "3 failed launches in a row")
-    store.meta_set("reconcile", {"ended": now, "seconds": 0.1, "actions": {}, "errors": {}})
+    store.record_pass({"ended": now, "seconds": 0.1, "actions": {}, "errors": {}})
     st = status(cfg, store, now)
     assert st["daemon"]["running"] and st["leader"] == "ctl-a"
     assert st["nodes"] == {"gpu": {"booting": 1}}

@@ -13,10 +13,11 @@ import pytest
 
 from slurm_burst.adapters.state.store import Store
 from slurm_burst.config.load import parse_config
+from slurm_burst.core.records import WarmOverride
 from slurm_burst.core.slurm import SlurmNode
 from slurm_burst.core.warm import PoolNode, pool_moves
 from slurm_burst.services.slurmconf import render
-from slurm_burst.services.warmpool import OVERRIDE, WarmKeeper
+from slurm_burst.services.warmpool import WarmKeeper
 from slurm_burst.wiring import chargeback_settings, warm_settings
 from tests.conftest import invoke
 from tests.fakes.clock import FakeClock
@@ -88,7 +89,7 @@ def test_a_busy_pool_node_stays_and_an_override_keeps_nodes_up() -> None:
     k.pass_once()
     clock.advance(400)
     assert k.pass_once() == {"gpu": (0, [], ["gpu-02"])}  # gpu-03 runs a job: it stays
-    store.meta_set(OVERRIDE + "gpu", {"nodes": 2, "until": clock.now() + 3600})
+    store.set_warm_override("gpu", WarmOverride(2, clock.now() + 3600))
     k2, _sched, _s, _c = keeper(at(5, 12))
     k2.store, k2.clock = store, clock
     assert k2.pass_once() == {"gpu": (2, ["gpu-02", "gpu-03"], [])}

@@ -20,7 +20,7 @@ import json
 import os
 import sqlite3
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -29,15 +29,18 @@ from urllib.parse import quote
 from slurm_burst.core.nodestate import NodeState, Want, check_transition
 from slurm_burst.core.records import (
     NODE_FIELDS,
+    Batch,
     DuplicateRequest,
     GroupHealth,
     NodeRecord,
     OutputRecord,
     OutputState,
+    Placement,
     PoolExhausted,
     Request,
     StageRecord,
     StoreError,
+    WarmOverride,
 )
 from slurm_burst.core.slurm import JobOwner
 from slurm_burst.fileio import (
@@ -170,6 +173,24 @@ COLUMN = {f: ("node_group" if f == "group" else f) for f in NodeRecord._fields}
 NODE_SELECT = "SELECT " + ", ".join(COLUMN.values()) + " FROM nodes"  # noqa: S608 - our names
 NODE_RETURNING = " RETURNING " + ", ".join(COLUMN.values())
 _STATE = {str(s): s for s in NodeState}
+
+# the ``meta`` keys of small facts (an earlier release's, so an upgrade keeps them)
+FOLLOWER = "follower."  # follower.<node id> -> {at, pid, leader}
+BATCH = "batch."  # batch.<token> -> Batch.doc()
+PLACEMENT = "placement."  # placement.<name> -> {provider, made}
+NOTICED = "notice."  # notice.<instance id> -> {node, action, at}
+REPLACED = "replaced."  # replaced.<node> -> {first, again}
+WARM = "warm."  # warm.<group> -> {nodes, until}
+PULLED = "staged."  # staged.<job>.<node> -> {at, fetched_bytes}
+ASKED = "pull."  # pull.<job>.<node> -> when the prolog asked
+PULL_FAILED = "pullfail."  # pullfail.<job>.<node> -> why
+
+
+def _job_node(key: str) -> tuple[int, str]:
+    job, node = key.split(".", 1)
+    return int(job), node
+
+
 _WANT = {str(w): w for w in Want}
 
 
@@ -379,23 +400,141 @@ class Store:
         except sqlite3.Error as exc:
             raise StoreError(f"state database {self.path}: {exc}") from exc
 
-    def meta_get(self, key: str) -> Any:
+    # -- small facts, kept in ``meta`` under the keys of earlier releases ----------
+    def _get(self, key: str) -> Any:
         rows = self._read("SELECT value FROM meta WHERE key = ?", (key,))
         return json.loads(rows[0]["value"]) if rows else None
 
-    def meta_items(self, prefix: str) -> dict[str, Any]:
+    def _items(self, prefix: str) -> dict[str, Any]:
+        """The facts whose key starts with ``prefix``, by the rest of the key."""
         rows = self._read(
             "SELECT key, value FROM meta WHERE substr(key, 1, ?) = ?", (len(prefix), prefix)
         )
-        return {r["key"]: json.loads(r["value"]) for r in rows}
+        return {r["key"][len(prefix) :]: json.loads(r["value"]) for r in rows}
 
-    def meta_set(self, key: str, value: Any) -> None:
+    def _set(self, key: str, value: Any) -> None:
         with self.tx() as db:
             db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, json.dumps(value)))
 
-    def meta_delete(self, key: str) -> None:
+    def _delete(self, key: str) -> None:
         with self.tx() as db:
             db.execute("DELETE FROM meta WHERE key = ?", (key,))
+
+    def check_writable(self, now: float) -> None:
+        self._set("writable_at", now)
+
+    # -- who acts ---------------------------------------------------------------
+    def follower(self, node_id: str, info: Mapping[str, Any] | None) -> None:
+        if info is None:
+            self._delete(f"{FOLLOWER}{node_id}")
+        else:
+            self._set(f"{FOLLOWER}{node_id}", dict(info))
+
+    def followers(self) -> dict[str, dict[str, Any]]:
+        return {k: dict(v) for k, v in self._items(FOLLOWER).items() if isinstance(v, dict)}
+
+    # -- what the periodic passes leave -------------------------------------------
+    def last_pass(self) -> dict[str, Any] | None:
+        got = self._get("reconcile")
+        return dict(got) if isinstance(got, dict) else None
+
+    def record_pass(self, summary: Mapping[str, Any]) -> None:
+        self._set("reconcile", dict(summary))
+
+    def suspects(self) -> dict[str, float]:
+        got = self._get("suspects")
+        return {str(k): float(v) for k, v in got.items()} if isinstance(got, dict) else {}
+
+    def set_suspects(self, suspects: Mapping[str, float]) -> None:
+        self._set("suspects", dict(suspects))
+
+    def policy_report(self) -> dict[str, Any] | None:
+        got = self._get("policy")
+        return dict(got) if isinstance(got, dict) else None
+
+    def set_policy_report(self, doc: Mapping[str, Any]) -> None:
+        self._set("policy", dict(doc))
+
+    # -- launches in flight ----------------------------------------------------------
+    def installation(self, make: Callable[[], str]) -> str:
+        with self.tx():
+            got = self._get("installation")
+            if not got:
+                got = make()
+                self._set("installation", got)
+        return str(got)
+
+    def begin_batch(self, batch: Batch) -> None:
+        self._set(f"{BATCH}{batch.token}", batch.doc())
+
+    def batch(self, token: str) -> Batch | None:
+        got = self._get(f"{BATCH}{token}")
+        return Batch.from_doc(token, got) if isinstance(got, dict) else None
+
+    def end_batch(self, token: str) -> None:
+        self._delete(f"{BATCH}{token}")
+
+    def placements(self) -> dict[str, Placement]:
+        return {
+            name: Placement(name, str(v.get("provider", "")), bool(v.get("made")))
+            for name, v in self._items(PLACEMENT).items()
+            if isinstance(v, dict)
+        }
+
+    def set_placement(self, placement: Placement) -> None:
+        doc: dict[str, Any] = {"provider": placement.provider}
+        if placement.made:
+            doc["made"] = True
+        self._set(f"{PLACEMENT}{placement.name}", doc)
+
+    def forget_placement(self, name: str) -> None:
+        self._delete(f"{PLACEMENT}{name}")
+
+    def notice_seen(self, instance_id: str, node: str, action: str, at: float) -> bool:
+        with self.tx():
+            if self._get(f"{NOTICED}{instance_id}") is not None:
+                return False
+            self._set(f"{NOTICED}{instance_id}", {"node": node, "action": action, "at": at})
+            return True
+
+    def replaced(self, node: str) -> tuple[float, float] | None:
+        got = self._get(f"{REPLACED}{node}")
+        if not isinstance(got, dict):
+            return None
+        return float(got.get("first") or 0.0), float(got.get("again") or 0.0)
+
+    def set_replaced(self, node: str, first: float, again: float) -> None:
+        self._set(f"{REPLACED}{node}", {"first": first, "again": again})
+
+    # -- pulls of a job's data onto its nodes -----------------------------------------
+    def pulled(self, job_id: int, node: str, at: float, fetched_bytes: int) -> None:
+        self._set(f"{PULLED}{int(job_id)}.{node}", {"at": at, "fetched_bytes": fetched_bytes})
+
+    def pulled_on(self, job_id: int) -> list[str]:
+        return sorted(self._items(f"{PULLED}{int(job_id)}."))
+
+    def ask_pull(self, job_id: int, node: str, at: float) -> None:
+        self._set(f"{ASKED}{int(job_id)}.{node}", at)
+
+    def pulls_asked(self) -> list[tuple[int, str]]:
+        return sorted(_job_node(k) for k in self._items(ASKED))
+
+    def pull_done(self, job_id: int, node: str, failure: str = "") -> None:
+        with self.tx():
+            if failure:
+                self._set(f"{PULL_FAILED}{int(job_id)}.{node}", failure)
+            self._delete(f"{ASKED}{int(job_id)}.{node}")
+
+    def pull_failure(self, job_id: int, node: str) -> str:
+        return str(self._get(f"{PULL_FAILED}{int(job_id)}.{node}") or "")
+
+    def _forget_pulls(self, db: sqlite3.Connection) -> None:
+        """The pulls of every job with no stage left."""
+        known = {int(r[0]) for r in db.execute("SELECT job_id FROM stages")}
+        for prefix in (PULLED, ASKED, PULL_FAILED):
+            for key in self._items(prefix):
+                if _job_node(key)[0] not in known:
+                    self._delete(f"{prefix}{key}")
 
     # -- node groups: failures in a row, protected mode -----------------------
     def groups(self) -> dict[str, GroupHealth]:
@@ -444,6 +583,19 @@ class Store:
             (r["provider"], r["size"]): (r["until"], r["code"])
             for r in self._read("SELECT * FROM unavailable WHERE until > ?", (now,))
         }
+
+    # -- a warm pool's override (slurm-burst group warm) ------------------------
+    def warm_override(self, group: str) -> WarmOverride | None:
+        got = self._get(f"{WARM}{group}")
+        if not isinstance(got, dict):
+            return None
+        return WarmOverride(int(got.get("nodes") or 0), float(got.get("until") or 0.0))
+
+    def set_warm_override(self, group: str, override: WarmOverride | None) -> None:
+        if override is None:
+            self._delete(f"{WARM}{group}")
+        else:
+            self._set(f"{WARM}{group}", {"nodes": override.nodes, "until": override.until})
 
     # -- requests (hooks write, the daemon consumes) --------------------------
     def add_request(
@@ -599,13 +751,16 @@ class Store:
         )
 
     def forget_stages(self, before: float) -> int:
-        """Drop the records of stages last changed before ``before``; how many."""
+        """Drop the records of stages last changed before ``before`` (and the pulls of
+        jobs with no stage left); how many."""
         with self.tx() as db:
             db.execute(
                 "DELETE FROM outputs WHERE updated_at < ? AND state IN (?, ?)",
                 (before, OutputState.SEALED, OutputState.LOST),
             )
-            return db.execute("DELETE FROM stages WHERE updated_at < ?", (before,)).rowcount
+            gone = int(db.execute("DELETE FROM stages WHERE updated_at < ?", (before,)).rowcount)
+            self._forget_pulls(db)
+            return gone
 
     # -- nodes ----------------------------------------------------------------
     def _require_current(self) -> None:
