@@ -209,7 +209,7 @@ def _bench_lab_burst(release: str, wide: bool, label: str = "") -> None:
 
     from slurm_burst.adapters.state.store import Store
     from slurm_burst.config import load_config
-    from slurm_burst.wiring import state_db_path
+    from slurm_burst.wiring.light import state_db_path
 
     cfg = load_config(LAB_CONFIG)
     lab = Lab(cfg, release=release)

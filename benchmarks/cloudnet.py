@@ -34,7 +34,7 @@ from slurm_burst_lab.service import Lab  # noqa: E402
 
 from slurm_burst.adapters.state.store import Store  # noqa: E402
 from slurm_burst.config import Config, load_config  # noqa: E402
-from slurm_burst.wiring import state_db_path  # noqa: E402
+from slurm_burst.wiring.light import state_db_path  # noqa: E402
 
 SENT = size(256, 16) * 2**20
 RUNS = size(3, 1)

@@ -34,7 +34,6 @@ sys.path.insert(0, str(ROOT))
 
 from slurm_burst_lab.ec2emu import RemoteEmulator, Scale  # noqa: E402
 
-from slurm_burst import wiring  # noqa: E402
 from slurm_burst.adapters.cloud.compute import LibcloudCloud  # noqa: E402
 from slurm_burst.adapters.ha import SoleLeader  # noqa: E402
 from slurm_burst.adapters.ssh.session import SshConnector, generate_key  # noqa: E402
@@ -44,7 +43,12 @@ from slurm_burst.core.cloud import LaunchSpec  # noqa: E402
 from slurm_burst.core.nodestate import NodeState  # noqa: E402
 from slurm_burst.core.records import NodeRecord, Request  # noqa: E402
 from slurm_burst.services.provisioner import Provisioner, Secrets  # noqa: E402
-from slurm_burst.wiring import DaemonParts  # noqa: E402
+from slurm_burst.wiring.clouds import managed_clouds  # noqa: E402
+from slurm_burst.wiring.daemon import DaemonParts, assemble  # noqa: E402
+from slurm_burst.wiring.ledger import daemon_ledger  # noqa: E402
+from slurm_burst.wiring.ledger import ledger as sql_ledger  # noqa: E402
+from slurm_burst.wiring.light import clock as system_clock  # noqa: E402
+from slurm_burst.wiring.light import state_db_path  # noqa: E402
 from tests.fakes.mesh import FakeMesh  # noqa: E402
 from tests.fakes.slurm import FakeScheduler  # noqa: E402
 from tests.integration.ec2config import CONFIG  # noqa: E402
@@ -132,7 +136,7 @@ def launching(
     )
     store = parts.store
     assert isinstance(store, Store)
-    daemon = wiring.assemble(cfg, parts)
+    daemon = assemble(cfg, parts)
     daemon.prov.drive = launch_only(daemon.prov)  # type: ignore[method-assign,assignment]
     runner = threading.Thread(target=daemon.run, daemon=True)
     runner.start()
@@ -160,20 +164,20 @@ def daemon_parts(
     """The daemon's real parts for a run against the emulator (the ledger and state
     database in ``tmp``), with a fake mesh and Slurm; and the EC2 profile inside."""
     key = str(tmp / "ssh" / "id_ed25519")
-    sql = wiring.ledger(cfg, check_schema=False)
+    sql = sql_ledger(cfg, check_schema=False)
     sql.upgrade()
-    clouds = wiring.managed_clouds(cfg)
+    clouds = managed_clouds(cfg)
     aws = clouds["aws"].inner
     assert isinstance(aws, LibcloudCloud)
     aws._size("c5.large")  # the size table, read once at start (as a first launch does)
-    clock = wiring.clock()
+    clock = system_clock()
     parts = DaemonParts(
-        store=Store(wiring.state_db_path(cfg)),
+        store=Store(state_db_path(cfg)),
         clouds=clouds,
         mesh=FakeMesh(clock),  # nothing joins the mesh here
         connector=SshConnector(cfg.daemon.ssh_user, key),
         scheduler=scheduler,
-        ledger=wiring.daemon_ledger(cfg, sql),
+        ledger=daemon_ledger(cfg, sql),
         secrets=Secrets(generate_key(key), b""),
         leader=SoleLeader("bench"),
         clock=clock,

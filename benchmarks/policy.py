@@ -26,7 +26,7 @@ from sizes import QUICK, size  # noqa: E402
 from slurm_burst.config import load_config  # noqa: E402
 from slurm_burst.core.workload import parse_alibaba, parse_swf  # noqa: E402
 from slurm_burst.services.simulation import run  # noqa: E402
-from slurm_burst.wiring import policy_settings  # noqa: E402
+from slurm_burst.wiring.daemon import policy_settings  # noqa: E402
 
 TRACES = ROOT.parent / "shared" / "traces"
 CONFIG = ROOT / "slurm-conf" / "example" / "slurm-burst.toml"

@@ -136,7 +136,7 @@ def bench(release: str | None) -> dict[str, Any]:
 
     from slurm_burst.adapters.state.store import Store
     from slurm_burst.config import load_config
-    from slurm_burst.wiring import state_db_path
+    from slurm_burst.wiring.light import state_db_path
 
     cfg = load_config(LAB_CONFIG)
     lab = Lab(cfg, release=release or HOST_RELEASE)

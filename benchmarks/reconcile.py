@@ -95,7 +95,6 @@ def child(d: Path, nodes: int) -> dict[str, Any]:
     from libcloud.compute.base import Node
     from libcloud.compute.types import NodeState
 
-    from slurm_burst import wiring
     from slurm_burst.adapters.clock import SystemClock
     from slurm_burst.adapters.cloud.compute import CLUSTER_TAG, GROUP_TAG, NODE_TAG, LibcloudCloud
     from slurm_burst.adapters.metrics.prom import Metrics
@@ -104,7 +103,9 @@ def child(d: Path, nodes: int) -> dict[str, Any]:
     from slurm_burst.adapters.state.store import Store
     from slurm_burst.config import load_config
     from slurm_burst.core.mesh import Peer
+    from slurm_burst.services.lifecycle import Lifecycle
     from slurm_burst.services.reconciler import NodeHands, ReconcilerPorts
+    from slurm_burst.wiring import daemon
 
     cfg = load_config(d / "config.toml")
     calls: list[tuple[str, ...]] = []
@@ -207,13 +208,14 @@ def child(d: Path, nodes: int) -> dict[str, Any]:
         failed.append(name)
         return True
 
-    rec = wiring.reconciler(
+    rec = daemon.reconciler(
         cfg,
         ReconcilerPorts(
             store=store, scheduler=sched, clouds={"lab": cloud}, mesh=Hub(), clock=SystemClock(),
             metrics=Metrics(),  # as the daemon runs it: the pass records its metrics too
         ),
         NodeHands(fail=fail, submit=lambda name: None),
+        Lifecycle(store, SystemClock()),
     )  # fmt: skip
     cpus, walls, slurm = [], [], []
     for _ in range(PASSES):  # the same world each pass: the steady state of a busy site

@@ -41,11 +41,11 @@ sys.path.insert(0, str(ROOT))
 from launch import burners, daemon_parts, resume  # noqa: E402
 from slurm_burst_lab.ec2emu import RemoteEmulator, Scale, bucket_of  # noqa: E402
 
-from slurm_burst import wiring  # noqa: E402
 from slurm_burst.config import Config, load_config  # noqa: E402
 from slurm_burst.core.cloud import Instance, LaunchSpec  # noqa: E402
 from slurm_burst.core.nodestate import NodeState  # noqa: E402
 from slurm_burst.core.records import NodeRecord  # noqa: E402
+from slurm_burst.wiring.daemon import assemble  # noqa: E402
 from tests.fakes.slurm import FakeScheduler  # noqa: E402
 from tests.integration.ec2config import CONFIG  # noqa: E402
 
@@ -90,7 +90,7 @@ def _run(emu: RemoteEmulator, tmp: Path, nodes: int, scale: Scale, join_s: float
     parts, aws = daemon_parts(cfg, tmp, slurm)
     store = parts.store
     clock = parts.clock
-    daemon = wiring.assemble(cfg, parts)
+    daemon = assemble(cfg, parts)
     marks: dict[str, float] = {}
     attested: dict[str, float] = {}
     joined: dict[str, float] = {}

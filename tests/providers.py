@@ -15,10 +15,10 @@ from typing import Any
 
 import pytest
 
-from slurm_burst import wiring
 from slurm_burst.adapters.cloud.compute import LibcloudCloud
 from slurm_burst.config import ProviderConfig, load_config
 from slurm_burst.core.cloud import LaunchSpec
+from slurm_burst.wiring import clouds
 from tests.conftest import LAB_CONFIG
 
 FIXTURES = Path(__file__).resolve().parent / "data" / "providers"
@@ -113,7 +113,7 @@ def openstack(monkeypatch: pytest.MonkeyPatch) -> LibcloudCloud:
 
     return LibcloudCloud(
         "onprem",
-        wiring.cloud_driver(prov),
+        clouds.cloud_driver(prov),
         Placement(network=prov.network, security_groups=prov.security_groups, zone=prov.zone),
     )
 
@@ -176,7 +176,7 @@ def gce(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
         from slurm_burst.adapters.cloud.profiles import Placement
 
         GceRouter(http, overrides or {})
-        return LibcloudCloud("gcp", wiring.cloud_driver(prov),
+        return LibcloudCloud("gcp", clouds.cloud_driver(prov),
                              Placement(zone="us-central1-a", security_groups=("slurm-node",),
                                        ssh_user="slurm", host_keys=host_keys))  # fmt: skip
 
@@ -237,7 +237,7 @@ def azure(monkeypatch: pytest.MonkeyPatch) -> Any:
         AzureRouter(http, overrides or {})
         lab = load_config(LAB_CONFIG)  # any config: a placement reads its ssh_user
         cfg = dataclasses.replace(lab, daemon=dataclasses.replace(lab.daemon, ssh_user="slurm"))
-        return LibcloudCloud("az", wiring.cloud_driver(prov), wiring.placement(cfg, prov))
+        return LibcloudCloud("az", clouds.cloud_driver(prov), clouds.placement(cfg, prov))
 
     return make
 

@@ -27,7 +27,8 @@ from slurm_burst.adapters.proc import alive, spawn_detached
 from slurm_burst.config import Config
 from slurm_burst.core.hostlist import compress
 from slurm_burst.services.slurmconf import render
-from slurm_burst.wiring import kept_paths, slurm_release
+from slurm_burst.wiring.light import slurm_release
+from slurm_burst.wiring.storage import kept_paths
 from slurm_burst_lab import prerunpoll
 from slurm_burst_lab.config import LabConfig, settings
 from slurm_burst_lab.images import HOST_RELEASE
@@ -322,7 +323,7 @@ def stop_ec2_vms(paths: Paths) -> None:
 def start_daemon(cfg: Config, paths: Paths) -> Proc:
     """The slurm-burst daemon, as systemd would run it; ready once its heartbeat is written."""
     from slurm_burst.core.records import StoreError
-    from slurm_burst.wiring import node_store
+    from slurm_burst.wiring.light import node_store
 
     argv = [
         sys.executable,

@@ -26,7 +26,9 @@ from slurm_burst.adapters.proc import alive, pid_start_time
 from slurm_burst.config import Config
 from slurm_burst.core.slurm import SchedulerError
 from slurm_burst.services.slurmconf import install_hooks
-from slurm_burst.wiring import cloud_driver, mesh_hub, scheduler
+from slurm_burst.wiring.clouds import cloud_driver
+from slurm_burst.wiring.daemon import mesh_hub
+from slurm_burst.wiring.light import scheduler
 from slurm_burst_lab import accounting, images, simnvml
 from slurm_burst_lab import components as c
 from slurm_burst_lab.config import settings

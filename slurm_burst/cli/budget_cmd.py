@@ -13,7 +13,7 @@ if TYPE_CHECKING:
 
 
 def _chargeback(ctx: click.Context) -> Chargeback:
-    from slurm_burst.wiring import chargeback
+    from slurm_burst.wiring.ledger import chargeback
 
     return chargeback(app(ctx).config)
 

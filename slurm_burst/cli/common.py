@@ -71,7 +71,7 @@ class AppContext:
 
 
 def _driver_exists(name: str) -> bool:
-    from slurm_burst.wiring import driver_exists
+    from slurm_burst.wiring.clouds import driver_exists
 
     return driver_exists(name)
 
@@ -138,7 +138,7 @@ json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON f
 
 def state_store(ctx: click.Context) -> NodeStore:
     """The daemon's state database, read-only use (exit 3 if there is none)."""
-    from slurm_burst.wiring import node_store
+    from slurm_burst.wiring.light import node_store
 
     try:
         return node_store(app(ctx).config, create=False)

@@ -39,8 +39,8 @@ def render_cmd(ctx: click.Context, output_dir: Path | None, slurm_release: str |
       echo 'Include slurm-burst.conf' >> /etc/slurm/slurm.conf   # relative: configless
       scontrol reconfigure   # node definition changes need a slurmctld restart
     """
-    from slurm_burst.wiring import kept_paths
-    from slurm_burst.wiring import slurm_release as release_of_cluster
+    from slurm_burst.wiring.light import slurm_release as release_of_cluster
+    from slurm_burst.wiring.storage import kept_paths
 
     cfg = app(ctx).config
     try:

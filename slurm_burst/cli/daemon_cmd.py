@@ -49,15 +49,15 @@ def daemon(ctx: click.Context, node_id: str | None) -> None:
     """
     import dataclasses
 
-    from slurm_burst import wiring
+    from slurm_burst.wiring import daemon, storage
 
     cfg = app(ctx).config
     if node_id:
         cfg = dataclasses.replace(cfg, daemon=dataclasses.replace(cfg.daemon, node_id=node_id))
     _daemon_logging(cfg.daemon.log_file, app(ctx).verbose)
-    _descriptors(wiring.descriptor_budget(cfg))
+    _descriptors(storage.descriptor_budget(cfg))
     try:
-        d = wiring.daemon(cfg)
+        d = daemon.daemon(cfg)
     except (OSError, RuntimeError) as exc:
         fail(f"daemon set-up failed: {exc}", EXIT_FAILED)
 

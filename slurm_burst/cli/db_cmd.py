@@ -21,7 +21,7 @@ def group() -> None:
 @click.pass_context
 def upgrade(ctx: click.Context, target: str) -> None:
     """Create the ledger tables, or bring them to this version's schema. Idempotent."""
-    from slurm_burst.wiring import ledger
+    from slurm_burst.wiring.ledger import ledger
 
     cfg = app(ctx).config
     before, after = ledger(cfg, check_schema=False).upgrade(target)
@@ -36,7 +36,7 @@ def upgrade(ctx: click.Context, target: str) -> None:
 @click.pass_context
 def current(ctx: click.Context, as_json: bool) -> None:
     """The schema revision of the database and the one this slurm-burst needs."""
-    from slurm_burst.wiring import ledger
+    from slurm_burst.wiring.ledger import ledger
 
     cfg = app(ctx).config
     have, head = ledger(cfg, check_schema=False).revision()

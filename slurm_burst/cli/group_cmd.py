@@ -129,7 +129,7 @@ def warm(ctx: click.Context, name: str, nodes: int | None, duration: str | None,
 @click.pass_context
 def enable(ctx: click.Context, name: str) -> None:
     """End protected mode of node group NAME now: launches allowed, Slurm drain lifted."""
-    from slurm_burst.wiring import group_control
+    from slurm_burst.wiring.light import group_control
 
     cfg = app(ctx).config
     if name not in cfg.node_groups:

@@ -29,7 +29,7 @@ def _hook(kind: str) -> click.Command:
         from slurm_burst.core.records import StoreError
         from slurm_burst.core.slurmsyntax import visible
         from slurm_burst.ports import NodeStore
-        from slurm_burst.wiring import node_store, request_spool, scheduler, slurm_group
+        from slurm_burst.wiring.light import node_store, request_spool, scheduler, slurm_group
 
         a = app(ctx)
         a.check_drivers = False  # importing libcloud to check driver names costs ~150 ms
@@ -95,7 +95,7 @@ def prolog_slurmctld(ctx: click.Context) -> None:
 
     from slurm_burst.services.hooks import wake
     from slurm_burst.services.prolog import chain, run_prolog
-    from slurm_burst.wiring import node_store, slurm_group
+    from slurm_burst.wiring.light import node_store, slurm_group
 
     a = app(ctx)
     a.check_drivers = False
@@ -145,7 +145,7 @@ def stage_in(ctx: click.Context, job_id: str, script: str) -> None:
     from slurm_burst.services.burstbuffer import MAX_SCRIPT
     from slurm_burst.services.hooks import wake
     from slurm_burst.services.stagehook import run_stage_in
-    from slurm_burst.wiring import clock, node_store, scheduler, slurm_group
+    from slurm_burst.wiring.light import clock, node_store, scheduler, slurm_group
 
     a = app(ctx)
     a.check_drivers = False

@@ -17,7 +17,7 @@ BY_CHOICES = ("account", "user", "partition", "month", "day", "job")
 
 
 def _ledger(ctx: click.Context) -> Any:
-    from slurm_burst.wiring import ledger
+    from slurm_burst.wiring.ledger import ledger
 
     return ledger(app(ctx).config)
 
@@ -352,7 +352,7 @@ def export(ctx: click.Context, start: str | None, end: str | None, output: str) 
 def sync(ctx: click.Context, as_json: bool) -> None:
     """Ingest finished jobs from sacct and split closed instances now (the daemon does
     this every ledger.ingest_interval)."""
-    from slurm_burst.wiring import chargeback
+    from slurm_burst.wiring.ledger import chargeback
 
     cb = chargeback(app(ctx).config, _ledger(ctx))
     seen, added = cb.ingest()  # the ledger or sacct failing: a BurstError, its exit code

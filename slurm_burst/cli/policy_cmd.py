@@ -306,7 +306,7 @@ def _write_dropin(path: Path, block: str) -> Path:
 
 
 def _plot(result: Any, source: str, directory: str) -> list[str]:
-    from slurm_burst.wiring import plot_tuning
+    from slurm_burst.wiring.storage import plot_tuning
 
     try:
         return plot_tuning(result.points, result.target, source, directory)

@@ -279,7 +279,7 @@ def simulate(
     progress.done()
     doc = doc_of(trace, pool, gpus, groups, rows)
     if plot_dir:
-        from slurm_burst.wiring import plot_simulation
+        from slurm_burst.wiring.storage import plot_simulation
 
         title = f"{Path(trace_path).name}, {pool:,} CPUs, {gpus} GPUs"
         try:

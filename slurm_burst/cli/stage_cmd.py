@@ -123,7 +123,7 @@ def push(
 def status(ctx: click.Context, src: str | None, account: str, store: str, as_json: bool) -> None:
     """The account's staged datasets (or SRC's): newest version, files, bytes, when."""
     from slurm_burst.core.staging import check_src
-    from slurm_burst.wiring import stager
+    from slurm_burst.wiring.storage import stager
 
     if src is not None:
         check_src(src)
@@ -185,7 +185,7 @@ def gc(
 
     Exit 0 when done (problems, such as a manifest that cannot be read, are listed:
     that namespace keeps all its objects)."""
-    from slurm_burst.wiring import stager
+    from slurm_burst.wiring.storage import stager
 
     cfg = app(ctx).config
     name = store or cfg.staging.store
@@ -247,7 +247,7 @@ def _not_booked(exc: Exception) -> None:
 
 def _storage_book(cfg: Any, store: str) -> StorageBook | None:
     """The store's storage book on the ledger (None, said, where there is no ledger)."""
-    from slurm_burst.wiring import storage_book
+    from slurm_burst.wiring.ledger import storage_book
 
     if store not in cfg.stores:
         return None  # the stager says what is wrong with the store
@@ -262,7 +262,7 @@ def _live_manifests(cfg: Any) -> dict[str, set[str]]:
     """The versions the daemon's jobs hold, by namespace (its state database, read only;
     without one there are none, and that is said)."""
     from slurm_burst.core.staging import StagingError, namespace
-    from slurm_burst.wiring import node_store
+    from slurm_burst.wiring.light import node_store
 
     try:
         db = node_store(cfg, create=False)
@@ -302,7 +302,7 @@ def _live_manifests(cfg: Any) -> dict[str, set[str]]:
 def jobs(ctx: click.Context, states: tuple[str, ...], as_json: bool) -> None:
     """Jobs' stage-ins as the daemon keeps them: whose, what, where each is, and why one
     failed or stayed home (records are kept a week). Reads the state database only."""
-    from slurm_burst.wiring import node_store
+    from slurm_burst.wiring.light import node_store
 
     store = node_store(app(ctx).config, create=False)
     try:
@@ -343,7 +343,7 @@ def outputs(ctx: click.Context, job_id: int | None, states: tuple[str, ...], as_
     """Jobs' stage-outs (#BB_LUA stage_out) as the daemon keeps them: where each goes,
     the last version synced, and whether it came home (sealed) or what was lost.
     Reads the state database only."""
-    from slurm_burst.wiring import node_store
+    from slurm_burst.wiring.light import node_store
 
     store = node_store(app(ctx).config, create=False)
     try:
@@ -438,7 +438,7 @@ def _as_user(
     """``work`` on the stager of ``store`` (its keys read here, as root), run as
     ``as_user`` if given (adapters/asuser.py); a BurstError said as JSON with --json."""
     from slurm_burst.core.errors import BurstError
-    from slurm_burst.wiring import run_as, stager
+    from slurm_burst.wiring.storage import run_as, stager
 
     try:
         st = stager(app(ctx).config, store, progress)
@@ -460,7 +460,9 @@ def _record_push(
     import getpass
 
     from slurm_burst.core.errors import BurstError
-    from slurm_burst.wiring import clock, daemon_ledger, transfer_book
+    from slurm_burst.wiring.ledger import daemon_ledger
+    from slurm_burst.wiring.light import clock
+    from slurm_burst.wiring.storage import transfer_book
 
     try:
         user = as_user or getpass.getuser()

@@ -26,7 +26,7 @@ def status(ctx: click.Context, as_json: bool) -> None:
     cfg = app(ctx).config
     leader = None
     if cfg.daemon.ha_url:
-        from slurm_burst.wiring import leader as make_leader
+        from slurm_burst.wiring.light import leader as make_leader
 
         leader = make_leader(cfg).leader_info() or None
     st = build(cfg, state_store(ctx), time.time(), leader)

@@ -67,7 +67,7 @@ def _list(names: Iterable[str]) -> str:
 
 def lua_table(cfg: Config, kept_paths: Sequence[str] | None = None) -> str:
     """The script's CONF table. ``kept_paths``: every spelling of the kept paths (as
-    ``wiring.kept_paths`` finds them on this host); the configured ones if None."""
+    ``wiring.storage.kept_paths`` finds them on this host); the configured ones if None."""
     accounts, qos = cfg.policy.onprem_only()
     paths = cfg.staging.onprem_only_paths if kept_paths is None else kept_paths
     fields: Mapping[str, str] = {

@@ -91,7 +91,7 @@ class PolicyReport:
 
 @dataclass(frozen=True, kw_only=True)
 class PolicySettings:
-    """What the burst policy needs of the config (wiring.policy_settings)."""
+    """What the burst policy needs of the config (wiring.daemon.policy_settings)."""
 
     policy: PolicyConfig  # its rules (PolicyConfig.rule), interval, recheck, groups
     partition_of: Mapping[str, str]  # node group -> its burst partition

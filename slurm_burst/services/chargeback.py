@@ -82,7 +82,7 @@ def month_bounds(now: datetime) -> tuple[date, date]:
 
 @dataclass(frozen=True, kw_only=True)
 class ChargebackSettings:
-    """What chargeback needs of the config (wiring.chargeback_settings)."""
+    """What chargeback needs of the config (wiring.ledger.chargeback_settings)."""
 
     fleet: Fleet  # node groups, prices (account overrides), burst partitions
     ledger: LedgerConfig  # overlap, overhead rule, site account, intervals

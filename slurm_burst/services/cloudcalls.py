@@ -36,7 +36,7 @@ TURNS_KEPT = 10_000
 
 @dataclass(frozen=True, kw_only=True)
 class CallSettings:
-    """How a provider's calls are retried (wiring.managed_clouds builds them)."""
+    """How a provider's calls are retried (wiring.clouds.managed_clouds builds them)."""
 
     attempts: int = 5  # tries of a throttled call (daemon.api_attempts)
     base: float = 1.0  # seconds of the first backoff (daemon.api_backoff)

@@ -39,6 +39,7 @@ from slurm_burst.services.burstpolicy import BurstPolicy
 from slurm_burst.services.chargeback import ChargebackLoop
 from slurm_burst.services.gputelemetry import GpuTelemetry
 from slurm_burst.services.interruptions import Interruptions
+from slurm_burst.services.lifecycle import Lifecycle
 from slurm_burst.services.nodeapi import NodeApi
 from slurm_burst.services.periodic import contain
 from slurm_burst.services.provisioner import Provisioner
@@ -56,7 +57,7 @@ SERVE_RETRY = 30.0  # seconds between tries to serve a mesh store that could not
 
 @dataclass(frozen=True, kw_only=True)
 class DaemonSettings:
-    """What the daemon's own loop needs of the config (wiring.daemon_settings)."""
+    """What the daemon's own loop needs of the config (wiring.daemon.daemon_settings)."""
 
     fleet: Fleet
     poll_period: float
@@ -81,6 +82,7 @@ class DaemonServices:
     provisioner: Provisioner
     workers: Workers
     reconciler: Reconciler
+    lifecycle: Lifecycle  # the one writer of node records
     registrations: Registrations | None = None  # publishes slurmd registrations (prolog)
     ledger_loop: ChargebackLoop | None = None
     telemetry: GpuTelemetry | None = None  # GPU samples of joined nodes, while leading
@@ -120,6 +122,7 @@ class Daemon:
         self.stagework = services.stagework
         self.node_api = services.node_api
         self.interruptions = services.interruptions
+        self.lifecycle = services.lifecycle
         self.stop = stop  # set by a signal, or when leadership is lost; the workers see it
         self.node_id = ports.leader.node_id
         self._reconcile_thread: threading.Thread | None = None
@@ -348,31 +351,18 @@ class Daemon:
             if req.kind == "resume":
                 if rec is not None and rec.state in RESUMING and rec.want == Want.UP:
                     if name in by_node and rec.jobs != jobs:  # Slurm's jobs, after a resume
-                        self.store.update(name, jobs=jobs)  # of ours (ResumeLost) had none
+                        self.lifecycle.serving(name, jobs)  # of ours (ResumeLost) had none
                     log.info("node.resume.duplicate node=%s state=%s", name, rec.state)
                     continue
                 if rec is None or rec.state == NodeState.TERMINATED:
-                    new = self.store.transition(
-                        name,
-                        NodeState.REQUESTED,
-                        self.clock.now(),
-                        group=group.name,
-                        want=Want.UP,
-                        launch_seq=(rec.launch_seq + 1) if rec else 1,
-                        requested_at=req.created_at,
-                        jobs=jobs,
-                        error="",
-                        message="",
-                    )
+                    new = self.lifecycle.asked_up(name, group.name, rec, req.created_at, jobs)
                     launch.append(new)
                     continue
-                self.store.update(name, want=Want.UP, jobs=jobs)
+                self.lifecycle.wanted(name, Want.UP, jobs)
             elif rec is None:
-                self.store.transition(
-                    name, NodeState.TERMINATED, self.clock.now(), group=group.name
-                )
+                self.lifecycle.first_seen_down(name, group.name)
             elif rec.want != Want.DOWN:
-                self.store.update(name, want=Want.DOWN)
+                self.lifecycle.wanted(name, Want.DOWN)
             drive.append(name)
         return launch, drive
 

@@ -52,7 +52,7 @@ FLUSH_AFTER = 600.0  # seconds between ledger rows of a job that keeps running
 
 @dataclass(frozen=True, kw_only=True)
 class TelemetrySettings:
-    """What the GPU sampler needs of the config (wiring.telemetry_settings)."""
+    """What the GPU sampler needs of the config (wiring.daemon.telemetry_settings)."""
 
     fleet: Fleet
     gpu: GpuConfig  # node_python, telemetry_interval, per_gpu_metrics

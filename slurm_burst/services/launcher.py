@@ -48,6 +48,7 @@ from slurm_burst.core.records import Batch, NodeRecord, Placement
 from slurm_burst.core.slurm import SchedulerError
 from slurm_burst.ports import Clock, Cloud, Metrics, NodeStore, Scheduler
 from slurm_burst.services.instancelog import InstanceLog
+from slurm_burst.services.lifecycle import Lifecycle
 
 log = logging.getLogger(__name__)
 
@@ -123,6 +124,7 @@ class Launcher:
         ports: LaunchPorts,
         ssh_public_key: str,
         instances: InstanceLog,
+        lifecycle: Lifecycle,
     ) -> None:
         self.fleet = settings.fleet
         self.capacity_cooldown = settings.capacity_cooldown
@@ -133,6 +135,7 @@ class Launcher:
         self.clock = ports.clock
         self.scheduler = ports.scheduler
         self.instances = instances  # the ledger's instance events
+        self.lifecycle = lifecycle  # the one writer of node records
         self.metrics = ports.metrics
         self._batch_locks: dict[str, threading.Lock] = {}
         self._unnamed: list[tuple[str, str, str]] = []  # (node, instance, provider) to tag
@@ -291,14 +294,7 @@ class Launcher:
             token = self.token(rec, cand.seq)
             fix = {"token": token, "provider": cand.provider, "size": cand.size,
                    "market": cand.market, "placement": ""}  # fmt: skip
-            if rec.state == NodeState.REQUESTED:
-                rec = self.store.transition(rec.name, NodeState.LAUNCHING, self.clock.now(), **fix)
-            elif (rec.token, rec.provider, rec.size, rec.market, rec.placement) != tuple(
-                fix.values()
-            ):
-                self.store.update(rec.name, **fix)
-                rec = rec._replace(token=token, provider=cand.provider, size=cand.size,
-                                   market=cand.market, placement="")  # fmt: skip
+            rec = self.lifecycle.launching(rec, **fix)
             cloud = self.clouds[cand.provider]
             try:
                 with timed(self.clock, rec.name, "launch", self.metrics):
@@ -341,12 +337,7 @@ class Launcher:
         if not pairs:
             return
         self.instances.launched(pairs)
-        now = self.clock.now()
-        with self.store.atomically():
-            for rec, inst in pairs:
-                self.store.transition(
-                    rec.name, NodeState.BOOTING, now, instance_id=inst.id, ip=inst.address
-                )
+        self.lifecycle.booting(pairs)
         if self.metrics is not None:
             for rec, _ in pairs:
                 self.metrics.launched(rec.group, rec.provider, rec.size)
@@ -451,10 +442,7 @@ class Launcher:
             if placed and not made_pg:  # known before it exists: a crash leaks nothing
                 self.store.set_placement(Placement(placed, cand.provider))
             for rec in recs:  # as launch_batch read them: requested, or launching still
-                if rec.state == NodeState.REQUESTED:  # after a capacity error of the last size
-                    self.store.transition(rec.name, NodeState.LAUNCHING, self.clock.now(), **fix)
-                else:
-                    self.store.update(rec.name, **fix)
+                self.lifecycle.launching(rec, **fix)  # (after a capacity error of the last size)
         spec = self.batch_spec(group, names, cand, token, least, placed)
         try:
             if placed and not made_pg:  # once per job and provider, whatever the sizes tried

@@ -67,6 +67,7 @@ from slurm_burst.ports import (
 from slurm_burst.services.fleetview import FleetView
 from slurm_burst.services.instancelog import InstanceLog
 from slurm_burst.services.launcher import SPOT, Launcher, cooled, timed
+from slurm_burst.services.lifecycle import Lifecycle
 from slurm_burst.services.nodestage import NodeStaging
 from slurm_burst.services.outputs import Outputs
 
@@ -169,7 +170,7 @@ class Secrets:
 
 @dataclass(frozen=True, kw_only=True)
 class ProvisionerSettings:
-    """What the provisioner needs of the config (wiring.provisioner_settings builds it)."""
+    """What the provisioner needs of the config (wiring.daemon.provisioner_settings builds it)."""
 
     fleet: Fleet
     controller_addr: str  # the hub routes it to the nodes when outside the mesh
@@ -202,23 +203,31 @@ class ProvisionerPorts:
     views: Mapping[str, FleetView] = field(default_factory=dict)  # provider -> its listing
 
 
+@dataclass(frozen=True, kw_only=True)
+class ProvisionerServices:
+    """The services a node's steps ask (wiring builds each once and hands it in)."""
+
+    launcher: Launcher  # candidates, batches, fallback
+    lifecycle: Lifecycle  # the one writer of node records
+    instances: InstanceLog  # the ledger's instance events
+    joined: Callable[[str], None] | None = None  # slurmd started: watch it register
+
+
 class Provisioner:
     def __init__(
         self,
         settings: ProvisionerSettings,
         ports: ProvisionerPorts,
         secrets: Secrets,
+        services: ProvisionerServices,
         *,
-        launcher: Launcher,
-        instances: InstanceLog,
         stopping: threading.Event,
-        joined: Callable[[str], None] | None = None,
         rand: Callable[[], float] = random.random,
     ) -> None:
         self.settings = settings
         self.fleet = settings.fleet
         self.slurm_release = settings.slurm_release
-        self.joined = joined or (lambda name: None)  # slurmd started: watch it register
+        self.joined = services.joined or (lambda name: None)
         self.store = ports.store
         self.clouds = ports.clouds
         self.mesh = ports.mesh
@@ -244,8 +253,9 @@ class Provisioner:
         # follow it at once, so that the job's nodes are relaunched together
         self._spot_follow: dict[str, int] = {}
         self._spot_lock = threading.Lock()
-        self.launcher = launcher  # candidates, batches, fallback (wiring builds it)
-        self.instances = instances  # the ledger's instance events
+        self.launcher = services.launcher
+        self.lifecycle = services.lifecycle
+        self.instances = services.instances
         node_files = resources.files("slurm_burst.node")
         self.script = node_files.joinpath("bootstrap.sh").read_bytes()
         self.gpucheck = node_files.joinpath("gpucheck.py").read_bytes()
@@ -291,7 +301,7 @@ class Provisioner:
             if rec.state == NodeState.JOINED:
                 return rec
             if rec.state == NodeState.TERMINATED:
-                self._request_again(rec)
+                self.lifecycle.asked_again(rec)
                 continue
             try:
                 if rec.state in (NodeState.REQUESTED, NodeState.LAUNCHING):
@@ -447,13 +457,7 @@ class Provisioner:
         tight = seen.reads > 1 or took <= ATTEST_RETRY
         self._console_seen(rec.provider, rec.name, took if tight else None)
         self.instances.record(rec, rec.instance_id, "running", now)
-        self.store.transition(
-            rec.name,
-            NodeState.BOOTSTRAPPING,
-            now,
-            ip=seen.address,
-            host_keys=json.dumps(keys),
-        )
+        self.lifecycle.bootstrapping(rec.name, seen.address, keys)
 
     def _spot_waited(self, rec: NodeRecord) -> bool:
         """A spot launch whose capacity has not come within its group's
@@ -476,11 +480,11 @@ class Provisioner:
         self.launcher.size_unavailable(rec.name, rec.provider, cooled(rec.size, SPOT), exc)
         log.warning("node.spot_fallback node=%s waited=%.0f instance=%s fallback=%s",
                     rec.name, waited, rec.instance_id, group.spot_fallback)  # fmt: skip
-        self.store.update(rec.name, error=SPOT_WAIT, message=str(exc))
+        self.lifecycle.errored(rec.name, SPOT_WAIT, str(exc))
         self._teardown(self.store.node(rec.name) or rec, replacing=True)
         again = self.store.node(rec.name)
         if again is not None and again.want == Want.UP:
-            self._request_again(again)
+            self.lifecycle.asked_again(again)
         if not follows:  # the first of its job: the others, launched with it, follow now
             siblings = self._spot_siblings(rec)
             with self._spot_lock:
@@ -600,7 +604,7 @@ class Provisioner:
                 addr = self.store.allocate_address(
                     rec.name, self.settings.mesh_subnet, self.clock.now()
                 )
-            self.store.update(rec.name, wg_pubkey=pub, mesh_addr=addr)
+            self.lifecycle.meshed(rec.name, pub, addr)
             with (
                 self._timed(rec.name, "hub-peer"),
                 _as_step("HubPeer", MeshError),
@@ -647,7 +651,7 @@ class Provisioner:
         finally:
             sh.close()
         self.instances.record(rec, rec.instance_id, "joined", self.clock.now())
-        self.store.transition(rec.name, NodeState.JOINED, self.clock.now(), registered_at=0.0)
+        self.lifecycle.joined(rec.name)
         self.joined(rec.name)
         self.store.group_launch_result(rec.group, ok=True)
         took = self.clock.now() - rec.requested_at
@@ -778,9 +782,7 @@ class Provisioner:
         view = self.views.get(rec.provider)
         if view is not None and rec.instance_id:
             view.unwatch(rec.instance_id)
-        if rec.state != NodeState.TERMINATING:
-            wants = {} if replacing else {"want": Want.DOWN}
-            rec = self.store.transition(name, NodeState.TERMINATING, self.clock.now(), **wants)
+        rec = self.lifecycle.terminating(rec, replacing)
         if rec.error in DIAGNOSED and rec.ip:
             self._diagnose(rec)
         with self._timed(name, "teardown"):
@@ -806,28 +808,13 @@ class Provisioner:
             if rec.instance_id:
                 now = self.clock.now()
                 self.instances.record(rec, rec.instance_id, "terminated", now, rec.error)
-        self.store.transition(
-            name,
-            NodeState.TERMINATED,
-            self.clock.now(),
-            wg_pubkey="",
-            mesh_addr="",
-            ip="",
-            host_keys="[]",
-        )
+        self.lifecycle.terminated(name)
 
     def _fail(self, rec: NodeRecord, code: str, message: str) -> None:
         log.error(
             "node.failed node=%s state=%s code=%s error=%s", rec.name, rec.state, code, message
         )
-        self.store.transition(
-            rec.name,
-            NodeState.FAILED,
-            self.clock.now(),
-            error=code,
-            message=message[:500],
-            want=Want.DOWN,
-        )
+        self.lifecycle.failed(rec.name, code, message)
         if rec.instance_id:
             self.instances.record(rec, rec.instance_id, "failed", self.clock.now(), code)
         # a node that joined and registered was a good launch: what fails it later (a GPU
@@ -874,7 +861,7 @@ class Provisioner:
         log.error("node.replaced node=%s state=%s code=%s seconds=%.1f error=%s",
                   rec.name, rec.state, code, spent, message)  # fmt: skip
         self.store.event(self.clock.now(), "node.replaced", rec.name, f"{code}: {message}"[:500])
-        self.store.update(rec.name, error=code, message=message[:500])
+        self.lifecycle.errored(rec.name, code, message)
         rec = self.store.node(rec.name) or rec
         if rec.instance_id:
             self.instances.record(rec, rec.instance_id, "failed", self.clock.now(), code)
@@ -887,23 +874,9 @@ class Provisioner:
         if now is None or now.want != Want.UP:  # suspended meanwhile: it stays down
             return True
         # the new instance is billed from now, the old one until now
-        again = self._request_again(rec)
+        again = self.lifecycle.asked_again(rec)
         self.store.set_replaced(rec.name, rec.requested_at, again)
         return True
-
-    def _request_again(self, rec: NodeRecord) -> float:
-        """A torn-down node still wanted up, asked for anew (a new launch token); when."""
-        now = self.clock.now()
-        self.store.transition(
-            rec.name,
-            NodeState.REQUESTED,
-            now,
-            launch_seq=rec.launch_seq + 1,
-            requested_at=now,
-            error="",
-            message="",
-        )
-        return now
 
     def _release_job_of(self, failed: NodeRecord, code: str) -> None:
         """Let go of the other nodes of ``failed``'s jobs: the job is requeued (or, if it
@@ -926,8 +899,7 @@ class Provisioner:
             ):  # fmt: skip
                 continue
             message = f"job {lost} lost {failed.name} ({code})"
-            self.store.update(name, want=Want.DOWN, error=JOB_FAILED, message=message)
-            self.store.event(self.clock.now(), "node.released", name, message)
+            self.lifecycle.released(name, JOB_FAILED, message)
             log.warning("node.released node=%s job=%s failed=%s code=%s",
                         name, lost, failed.name, code)  # fmt: skip
             with self._released_lock:

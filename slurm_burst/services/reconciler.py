@@ -46,6 +46,7 @@ from slurm_burst.core.usage import InstanceEvent
 from slurm_burst.ports import AccountingLedger, Clock, Cloud, Mesh, Metrics, NodeStore, Scheduler
 from slurm_burst.services.fleetview import FleetView
 from slurm_burst.services.groups import GroupControl
+from slurm_burst.services.lifecycle import Lifecycle
 from slurm_burst.services.periodic import contain
 from slurm_burst.services.status import spend_rate
 
@@ -68,7 +69,7 @@ class PassReport:
 
 @dataclass(frozen=True, kw_only=True)
 class ReconcilerSettings:
-    """What the reconcile loop needs of the config (wiring.reconciler_settings)."""
+    """What the reconcile loop needs of the config (wiring.daemon.reconciler_settings)."""
 
     fleet: Fleet
     policy: Policy  # the planner's thresholds
@@ -101,6 +102,7 @@ class Reconciler:
         ports: ReconcilerPorts,
         hands: NodeHands,
         groups: GroupControl,
+        lifecycle: Lifecycle,
     ) -> None:
         self.fleet = settings.fleet
         self.policy = settings.policy
@@ -115,6 +117,7 @@ class Reconciler:
         self.ledger = ports.ledger
         self.metrics = ports.metrics
         self.groups = groups  # protected mode
+        self.lifecycle = lifecycle  # the one writer of node records
 
     # -- observe ----------------------------------------------------------------
     def observe(self, report: PassReport) -> Snapshot:
@@ -219,7 +222,7 @@ class Reconciler:
             elif self.fail(a.node, a.code, a.message):
                 self.submit(a.node)
         elif a.kind == "teardown":
-            self.store.update(a.node, want=Want.DOWN)
+            self.lifecycle.wanted(a.node, Want.DOWN)
             self.submit(a.node)
         elif a.kind == "remove_peer":
             self.mesh.remove_peer(a.target)

@@ -21,6 +21,7 @@ from slurm_burst.core.errors import BurstError
 from slurm_burst.core.hostlist import compress
 from slurm_burst.core.nodestate import NodeState
 from slurm_burst.ports import Clock, Metrics, NodeStore, Scheduler
+from slurm_burst.services.lifecycle import Lifecycle
 from slurm_burst.services.periodic import contain
 
 log = logging.getLogger(__name__)
@@ -36,8 +37,11 @@ class Registrations:
         interval: float = 0.25,
         give_up: float = 300.0,
         metrics: Metrics | None = None,
+        *,
+        lifecycle: Lifecycle,
     ) -> None:
         self.store = store
+        self.lifecycle = lifecycle  # the one writer of node records
         self.metrics = metrics
         self.scheduler = scheduler
         self.clock = clock
@@ -102,7 +106,7 @@ class Registrations:
         now = self.clock.now()
         for name in sorted(seen):
             rec = records[name]
-            self.store.update(name, registered_at=now)
+            self.lifecycle.registered(name, now)
             log.info(
                 "node.registered node=%s seconds_after_request=%.1f",
                 name,

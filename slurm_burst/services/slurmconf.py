@@ -178,7 +178,7 @@ def health_check_lines(cfg: Config) -> str:
 def render(cfg: Config, release: str, kept_paths: Sequence[str] | None = None) -> dict[str, str]:
     """``{"slurm-burst.conf": ..., "gres.conf": ...}`` for ``cfg``, in what Slurm
     ``release`` (e.g. "24.11") accepts. ``kept_paths``: every spelling of
-    staging.onprem_only_paths on this host, for burst_buffer.lua (``wiring.kept_paths``;
+    staging.onprem_only_paths on this host, for burst_buffer.lua (``wiring.storage.kept_paths``;
     the configured paths if None).
 
     Every value goes in as one word Slurm reads back unchanged, and the result is read

@@ -36,7 +36,7 @@ GOING_DOWN = frozenset({"POWERING_DOWN", "POWER_DOWN"})
 @dataclass(frozen=True, kw_only=True)
 class WarmSettings:
     """The groups with warm pools, and how long each group's idle node stays up (its
-    partition's SuspendTime, else slurm.suspend_time): wiring.warm_settings."""
+    partition's SuspendTime, else slurm.suspend_time): wiring.daemon.warm_settings."""
 
     groups: Mapping[str, NodeGroup]
     idle_limits: Mapping[str, float]

@@ -1,5 +1,5 @@
 """A whole fake world for the services: the lab's config, and every port faked and
-wired together as ``wiring.assemble`` wires the real ones."""
+wired together as ``wiring.daemon.assemble`` wires the real ones."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from slurm_burst.ports import ServedStore
 from slurm_burst.services.cloudcalls import ManagedCloud
 from slurm_burst.services.daemon import Daemon
 from slurm_burst.services.provisioner import Provisioner, Secrets
-from slurm_burst.wiring import DaemonParts, assemble
+from slurm_burst.wiring.daemon import DaemonParts, assemble
 from tests.conftest import lab_config_in, wait
 from tests.fakes.clock import FakeClock
 from tests.fakes.cloud import FakeCloud, address, host_key

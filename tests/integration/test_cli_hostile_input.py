@@ -202,7 +202,7 @@ def test_conf_render_refuses_a_config_that_would_inject_a_line(tmp_path: Path) -
 
 
 def test_superscript_digits_in_a_duration_are_bad_input(cfg: Config) -> None:
-    from slurm_burst.wiring import node_store
+    from slurm_burst.wiring.light import node_store
 
     node_store(cfg).close()  # the daemon's state database, as on a running site
     out = _sb(cfg, "group", "warm", "ec2", "--nodes", "1", "--for", "²m", expect=2)

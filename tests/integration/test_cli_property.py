@@ -82,7 +82,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Config, Pa
         (files / "device").symlink_to("/dev/null")
     runner = CliRunner()
     assert runner.invoke(cli, ["--config", cfg.source, "db", "upgrade"]).exit_code == 0
-    from slurm_burst.wiring import node_store
+    from slurm_burst.wiring.light import node_store
 
     store = node_store(_load(cfg.source))
     store.beat(time.time() + 10**6, {"pid": 1, "node_id": "prop"})  # fresh for the run
@@ -208,7 +208,7 @@ def test_no_input_makes_a_command_crash(
 
 
 def _requests(cfg: Config) -> int:
-    from slurm_burst.wiring import node_store
+    from slurm_burst.wiring.light import node_store
 
     store = node_store(cfg)
     try:

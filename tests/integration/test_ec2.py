@@ -22,7 +22,6 @@ from typing import Any
 
 import pytest
 
-from slurm_burst import wiring
 from slurm_burst.adapters.cloud.compute import LibcloudCloud
 from slurm_burst.adapters.ha import SoleLeader
 from slurm_burst.adapters.ssh.session import SshConnector, generate_key
@@ -44,7 +43,12 @@ from slurm_burst.core.records import Batch
 from slurm_burst.services.daemon import Daemon
 from slurm_burst.services.launcher import Candidate
 from slurm_burst.services.provisioner import Later, Provisioner, Secrets
-from slurm_burst.wiring import DaemonParts
+from slurm_burst.wiring.clouds import cloud_driver, managed_clouds
+from slurm_burst.wiring.daemon import DaemonParts, assemble
+from slurm_burst.wiring.ledger import daemon_ledger
+from slurm_burst.wiring.ledger import ledger as sql_ledger
+from slurm_burst.wiring.light import clock as system_clock
+from slurm_burst.wiring.light import state_db_path
 from tests.conftest import invoke, wait
 from tests.contracts.cloud import CloudContract
 from tests.fakes.mesh import FakeMesh
@@ -60,28 +64,28 @@ from tests.providers import FIXTURES, NOVA, Http  # noqa: E402
 
 
 def daemon(cfg: Config, tmp: Path, slurm: FakeScheduler | None = None) -> Daemon:
-    """The daemon as wiring.daemon builds it, on the EC2 emulator and the SQLite state and
+    """The daemon as daemon.daemon builds it, on the EC2 emulator and the SQLite state and
     ledger; the hub and Slurm are fakes (no instance boots in an emulator, and no
     slurmctld knows these nodes: the lab's fault matrix checks real Slurm reasons)."""
     key = str(tmp / "ssh" / "id_ed25519")
     public = generate_key(key)
-    sql = wiring.ledger(cfg, check_schema=False)
+    sql = sql_ledger(cfg, check_schema=False)
     sql.upgrade()  # as the daemon does at start
-    clock = wiring.clock()
+    clock = system_clock()
     parts = DaemonParts(
-        store=Store(wiring.state_db_path(cfg)),
-        clouds=wiring.managed_clouds(cfg),
+        store=Store(state_db_path(cfg)),
+        clouds=managed_clouds(cfg),
         mesh=FakeMesh(clock),
         connector=SshConnector(cfg.daemon.ssh_user, key),
         scheduler=slurm
         or FakeScheduler.cloud_nodes([n for g in cfg.node_groups.values() for n in g.node_names()]),
-        ledger=wiring.daemon_ledger(cfg, sql),
+        ledger=daemon_ledger(cfg, sql),
         secrets=Secrets(public, b"unused"),
         leader=SoleLeader("test"),
         clock=clock,
         sql_ledger=sql,
     )
-    return wiring.assemble(cfg, parts)
+    return assemble(cfg, parts)
 
 
 def provisioner(cfg: Config, tmp: Path, slurm: FakeScheduler | None = None) -> Provisioner:
@@ -325,7 +329,7 @@ def test_ec2_error_is_typed_with_its_code_and_named_in_the_node_reason(
     tmp_path: Path,
 ) -> None:
     cfg = cfg_factory()
-    raw = LibcloudCloud("aws", wiring.cloud_driver(cfg.providers["aws"]))
+    raw = LibcloudCloud("aws", cloud_driver(cfg.providers["aws"]))
     spec = LaunchSpec(
         "aws-5", cfg.cluster.name, "cpu", "c5.large", "ami-12345678", f"e-{code}", _pub(), ""
     )
@@ -402,7 +406,7 @@ def test_capacity_error_falls_the_batch_back_to_the_next_size(
     for n in names:
         rec = prov.store.node(n)
         assert rec is not None and (rec.state, rec.size) == (NodeState.BOOTING, "c5.xlarge")
-    sizes = {r["node"]: r["size"] for r in wiring.ledger(cfg).instances()}
+    sizes = {r["node"]: r["size"] for r in sql_ledger(cfg).instances()}
     assert {sizes[n] for n in names} == {"c5.xlarge"}
 
 
@@ -486,7 +490,7 @@ def test_capacity_on_the_first_provider_falls_back_to_the_next_provider(
     assert ("onprem", "g1.gpu") in prov.store.unavailable(time.time())
     assert http.body("POST", r"/servers$")["server"]["flavorRef"] == "f-gpu-1"
     assert emulator.calls["RunInstances"] == 1
-    row = next(r for r in wiring.ledger(cfg).instances() if r["node"] == "aws-40")
+    row = next(r for r in sql_ledger(cfg).instances() if r["node"] == "aws-40")
     assert (row["provider"], row["size"], row["instance_id"]) == (
         "aws",
         "c5.large",

@@ -26,7 +26,7 @@ from slurm_burst.adapters.storage.gcs import GcsStore
 from slurm_burst.config.load import load_config
 from slurm_burst.config.model import StoreConfig
 from slurm_burst.config.validate_staging import staging_problems
-from slurm_burst.wiring import object_store
+from slurm_burst.wiring.storage import object_store
 from tests.conftest import LAB_CONFIG
 
 responses = pytest.importorskip("responses", reason="needs responses (make test installs it)")

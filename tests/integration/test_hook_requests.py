@@ -54,7 +54,7 @@ from slurm_burst.cli.main import cli
 from slurm_burst.config import Config, load_config
 from slurm_burst.services.daemon import drain
 from slurm_burst.trusted import Writers
-from slurm_burst.wiring import node_store
+from slurm_burst.wiring.light import node_store
 from tests.conftest import LAB_CONFIG
 
 HOOK_WRITERS = Writers.us(user="nobody", group="nogroup")

@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 from slurm_burst.config import Config, load_config
 from slurm_burst.core.staging import KeptHome, SensitiveData, StagingError
 from slurm_burst.services.slurmconf import render
-from slurm_burst.wiring import kept_paths
+from slurm_burst.wiring.storage import kept_paths
 from tests.conftest import examples
 from tests.integration.test_staging import stager, tree
 from tests.s3server import S3Server

@@ -36,7 +36,7 @@ from slurm_burst.core.usage import (
     SchemaOutdated,
     Transfer,
 )
-from slurm_burst.wiring import chargeback_settings
+from slurm_burst.wiring.ledger import chargeback_settings
 from tests.contracts.ledger import LedgerContract
 
 PG_ADMIN = "postgresql+psycopg://root@127.0.0.1/postgres"

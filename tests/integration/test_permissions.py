@@ -24,7 +24,7 @@ from click.testing import CliRunner
 
 from slurm_burst.cli.main import cli
 from slurm_burst.config import Config, load_config
-from slurm_burst.wiring import node_store
+from slurm_burst.wiring.light import node_store
 from tests.conftest import LAB_CONFIG
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="runs a hook as nobody: needs root")

@@ -56,7 +56,7 @@ def python(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_the_wheel_holds_the_product_and_no_lab(wheel: Path) -> None:
     names = zipfile.ZipFile(wheel).namelist()
-    assert "slurm_burst/extensions.py" in names and "slurm_burst/wiring.py" in names
+    assert "slurm_burst/extensions.py" in names and "slurm_burst/wiring/daemon.py" in names
     lab = [n for n in names if "lab" in n.split("/")[0] or "nscloud" in n or "simnvml" in n]
     assert lab == []
     entry_points = next(n for n in names if n.endswith("entry_points.txt"))

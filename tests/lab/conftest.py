@@ -18,7 +18,8 @@ from slurm_burst_lab.service import Lab
 from slurm_burst.adapters.cloud.registry import driver_class
 from slurm_burst.adapters.state.store import Store
 from slurm_burst.config import Config, load_config
-from slurm_burst.wiring import cloud_driver, node_store
+from slurm_burst.wiring.clouds import cloud_driver
+from slurm_burst.wiring.light import node_store
 from tests.conftest import LAB_CONFIG, ROOT, invoke, wait
 from tests.providers import azure, gce, http, openstack  # noqa: F401  (fixtures)
 

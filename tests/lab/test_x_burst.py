@@ -27,7 +27,8 @@ from slurm_burst.adapters.state.store import Store
 from slurm_burst.config import Config
 from slurm_burst.core.hostlist import expand
 from slurm_burst.services.hooks import EXIT_DAEMON_DOWN
-from slurm_burst.wiring import ledger, mesh_hub
+from slurm_burst.wiring.daemon import mesh_hub
+from slurm_burst.wiring.ledger import ledger
 from tests.conftest import LAB_CONFIG, invoke, wait
 
 TIMING: dict[str, float] = {}

@@ -284,10 +284,10 @@ def test_an_interruption_notice_signals_the_job_which_is_requeued_and_completes_
     assert {"spot.interruption", "job.signalled", "job.requeued"} <= kinds, kinds
     again = store.node(info["NodeList"])
     assert again is not None and again.instance_id != rec.instance_id and again.market == ""
-    from slurm_burst import wiring
+    from slurm_burst.wiring import ledger
 
     def reclaimed() -> list[dict[str, Any]]:
-        rows = wiring.ledger(lab_config).instances()
+        rows = ledger.ledger(lab_config).instances()
         return [r for r in rows if r["instance_id"] == rec.instance_id and r["terminated"]]
 
     (row,) = wait(reclaimed, 30, "the reclaim in the ledger")

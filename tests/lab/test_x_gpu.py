@@ -27,7 +27,7 @@ from slurm_burst.adapters.ledger.models import GpuUsageRow
 from slurm_burst.adapters.state.store import Store
 from slurm_burst.config import Config
 from slurm_burst.core.slurm import parse_job_gpus
-from slurm_burst.wiring import ledger
+from slurm_burst.wiring.ledger import ledger
 from tests.conftest import wait
 from tests.lab.conftest import GPU_BUSY_JOB, sh
 

@@ -34,7 +34,8 @@ from slurm_burst_lab.service import Lab
 from slurm_burst.adapters.state.store import Store
 from slurm_burst.config import Config
 from slurm_burst.core.nodestate import LIVE
-from slurm_burst.wiring import ledger, mesh_hub
+from slurm_burst.wiring.daemon import mesh_hub
+from slurm_burst.wiring.ledger import ledger
 from tests.conftest import FULL, LAB_CONFIG, invoke
 from tests.conftest import wait as until
 from tests.lab.conftest import FAULT_MATRIX, await_alert, job_fields, sh

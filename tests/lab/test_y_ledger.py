@@ -24,7 +24,8 @@ import pytest
 from slurm_burst_lab.service import Lab
 
 from slurm_burst.config import Config
-from slurm_burst.wiring import cloud_driver, ledger
+from slurm_burst.wiring.clouds import cloud_driver
+from slurm_burst.wiring.ledger import ledger
 from tests.conftest import LAB_CONFIG, invoke, wait
 from tests.lab.conftest import GPU_BUSY_JOB
 

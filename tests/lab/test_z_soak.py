@@ -38,7 +38,8 @@ from slurm_burst_lab.service import Lab
 
 from slurm_burst.adapters.state.store import Store
 from slurm_burst.config import Config
-from slurm_burst.wiring import ledger, mesh_hub
+from slurm_burst.wiring.daemon import mesh_hub
+from slurm_burst.wiring.ledger import ledger
 from tests.conftest import wait
 from tests.lab.conftest import SOAK, sh
 

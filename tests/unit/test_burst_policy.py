@@ -18,7 +18,7 @@ from slurm_burst.core.slurm import JobOwner, QueuedJob, SchedulerError
 from slurm_burst.services.burstpolicy import BurstPolicy
 from slurm_burst.services.simulation import cloud_groups
 from slurm_burst.services.transfers import StorePrices
-from slurm_burst.wiring import policy_settings
+from slurm_burst.wiring.daemon import policy_settings
 from tests.conftest import LAB_CONFIG, lab_config_in
 from tests.fakes.clock import FakeClock
 from tests.fakes.store import MemoryStore

@@ -16,7 +16,7 @@ from slurm_burst.core.gpu import GpuUsage
 from slurm_burst.core.nodestate import NodeState
 from slurm_burst.core.slurm import SlurmJob
 from slurm_burst.services.gputelemetry import GpuTelemetry
-from slurm_burst.wiring import telemetry_settings
+from slurm_burst.wiring.daemon import telemetry_settings
 from tests.fakes.world import World, make_world
 
 G1, G2 = "burst-gpu-1", "burst-gpu-2"

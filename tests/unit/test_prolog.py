@@ -13,6 +13,7 @@ from slurm_burst.core.nodestate import NodeState, Want
 from slurm_burst.core.prolog import FAIL, READY, WAIT, judge
 from slurm_burst.core.records import NodeRecord, StageRecord
 from slurm_burst.core.slurm import JobOwner, SlurmNode, parse_state_field
+from slurm_burst.services.lifecycle import Lifecycle
 from slurm_burst.services.prolog import EXIT_FAILED, EXIT_OK, deadline_seconds, run_prolog
 from slurm_burst.services.registration import Registrations
 from tests.conftest import lab_config_in
@@ -109,7 +110,9 @@ def watch_world() -> tuple[Registrations, MemoryStore, FakeScheduler, FakeClock]
     clock = FakeClock()
     store = MemoryStore()
     slurm = FakeScheduler.cloud_nodes(["n1", "n2", "n3"])
-    regs = Registrations(store, slurm, clock, threading.Event(), give_up=60)
+    regs = Registrations(
+        store, slurm, clock, threading.Event(), give_up=60, lifecycle=Lifecycle(store, clock)
+    )
     for n in ("n1", "n2", "n3"):
         store.transition(n, NodeState.REQUESTED, clock.now(), group="cpu", want=Want.UP)
         for s in (NodeState.LAUNCHING, NodeState.BOOTING, NodeState.BOOTSTRAPPING,

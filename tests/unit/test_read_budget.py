@@ -168,7 +168,7 @@ def test_a_large_launch_waits_for_the_instance_tokens_instead_of_failing() -> No
 
 
 def test_profiles_on_one_account_share_its_budget(tmp_path: Path) -> None:
-    from slurm_burst import wiring
+    from slurm_burst.wiring import clouds
     from tests.conftest import lab_config_in
 
     extra = """
@@ -190,7 +190,7 @@ credentials = { key_env = "K", secret_env = "S" }
 """
     cfg = lab_config_in(tmp_path, extra)
     built = {n: Keys([0.0]) for n in ("aws1", "aws2", "aws3")}
-    got = wiring.api_budgets(cfg, built)  # type: ignore[arg-type]
+    got = clouds.api_budgets(cfg, built)  # type: ignore[arg-type]
     assert got["aws1"] is got["aws2"] and got["aws3"] is not got["aws1"]
     assert got["aws1"].account == "aws1"
     assert got["aws3"].budgets.ready_in("GetConsoleOutput", 0.0) == 0.0

@@ -21,7 +21,7 @@ from slurm_burst.core.slurm import JobOwner, array_script, parse_job_owner
 from slurm_burst.core.staging import SensitiveData
 from slurm_burst.services.stagehook import StageInResult, run_stage_in
 from slurm_burst.services.stagework import StageWork, StageWorkSettings
-from slurm_burst.wiring import node_store
+from slurm_burst.wiring.light import node_store
 from tests.conftest import invoke, lab_config_in
 from tests.fakes.store import MemoryStore
 from tests.unit.test_burst_buffer_lua import STAGING

@@ -64,7 +64,7 @@ def test_a_mesh_store_is_served_on_the_hubs_address_with_a_key_only_root_reads(
     from pathlib import Path
 
     from slurm_burst.core.staging import StorageUnavailable
-    from slurm_burst.wiring import mesh_store_servers, object_store
+    from slurm_burst.wiring.storage import mesh_store_servers, object_store
 
     state = Path(str(tmp_path))
     st = StoreConfig(name="m", driver="mesh", directory=str(state / "store"))

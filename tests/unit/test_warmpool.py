@@ -18,7 +18,8 @@ from slurm_burst.core.slurm import SlurmNode
 from slurm_burst.core.warm import PoolNode, pool_moves
 from slurm_burst.services.slurmconf import render
 from slurm_burst.services.warmpool import WarmKeeper
-from slurm_burst.wiring import chargeback_settings, warm_settings
+from slurm_burst.wiring.daemon import warm_settings
+from slurm_burst.wiring.ledger import chargeback_settings
 from tests.conftest import invoke
 from tests.fakes.clock import FakeClock
 from tests.fakes.slurm import FakeScheduler
