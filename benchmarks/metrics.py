@@ -27,6 +27,7 @@ sys.path.insert(0, str(ROOT))
 from prometheus_client.exposition import generate_latest  # noqa: E402
 
 from slurm_burst.adapters.metrics.prom import Metrics  # noqa: E402
+from slurm_burst.core.fleetstatus import FleetStatus, GroupView  # noqa: E402
 from slurm_burst.core.gpu import GroupGpus  # noqa: E402
 from slurm_burst.core.nodestate import NodeState, Want  # noqa: E402
 from slurm_burst.core.reconcile import findings, summarize  # noqa: E402
@@ -56,7 +57,10 @@ def fill(m: Metrics, nodes: int, now: float = 1.8e9) -> None:
                    provider=PROVIDERS[i % 3], size=SIZES[i % 3], requested_at=now - i % 900)
         for i in range(nodes)
     ]  # fmt: skip
-    m.node_counts(summarize(records), GROUPS)
+    by_group = summarize(records)
+    m.fleet(FleetStatus(now, {
+        g: GroupView(g, by_group.get(g, {}), 12.5, nodes // 16) for g in GROUPS
+    }))  # fmt: skip
     slurm = [
         SlurmNode(name=r.name, state=SLURM_STATES[i % 6][0], flags=SLURM_STATES[i % 6][1])
         for i, r in enumerate(records)
@@ -76,8 +80,6 @@ def fill(m: Metrics, nodes: int, now: float = 1.8e9) -> None:
             m.failed(r.group, CODES[i % len(CODES)])
             m.cloud_call(r.provider, CALLS[i % len(CALLS)], 0.01 * (i % 3000),
                          CODES[i % 3] if i % 100 == 0 else None)  # fmt: skip
-    for g in GROUPS:
-        m.group_status(g, 12.5, False)
     accounts = [f"acct{i:03d}" for i in range(150)]
     m.spent({(a, GROUPS[(i + k) % 16]): 100.0 * i + k for i, a in enumerate(accounts)
              for k in range(3)})  # fmt: skip

@@ -16,6 +16,7 @@ from typing import Any, BinaryIO, Protocol
 
 from slurm_burst.core.allocation import Allocation
 from slurm_burst.core.cloud import Instance, LaunchSpec
+from slurm_burst.core.fleetstatus import FleetStatus
 from slurm_burst.core.gpu import GpuSample, GpuUsage, GroupGpus
 from slurm_burst.core.mesh import Peer
 from slurm_burst.core.nodestate import NodeState
@@ -484,11 +485,7 @@ class Metrics(Protocol):
 
     def contained(self, where: str, code: str) -> None: ...  # a loop boundary stopped an error
 
-    def node_counts(
-        self, by_group: Mapping[str, Mapping[str, int]], groups: Sequence[str]
-    ) -> None: ...
-
-    def group_status(self, group: str, spend_per_hour: float, protected: bool) -> None: ...
+    def fleet(self, view: FleetStatus) -> None: ...  # nodes by state, spend, protected mode
 
     def cap(self, group: str, room: int) -> None: ...  # a capped group's room left
 

@@ -29,7 +29,7 @@ def status(ctx: click.Context, as_json: bool) -> None:
         from slurm_burst.wiring.light import leader as make_leader
 
         leader = make_leader(cfg).leader_info() or None
-    st = build(cfg, state_store(ctx), time.time(), leader)
+    st = build(cfg, state_store(ctx), time.time(), leader).doc()
     if as_json:
         emit(st, True)
     else:
@@ -65,6 +65,8 @@ def _print(st: dict[str, Any]) -> None:
     click.echo(f"spend:     ${st['spend_per_hour_total']:.2f}/h")
     for name, g in st["protected_groups"].items():
         click.echo(f"PROTECTED: {name} until {ts(g['until'])}: {g['reason']}")
+    for name, c in st["caps"].items():
+        click.echo(f"cap:       {name} holds {c['holding']} of max_nodes={c['max_nodes']}")
     for u in st["unavailable_sizes"]:
         click.echo(f"cooling:   {u['provider']}/{u['size']} until {ts(u['until'])} ({u['code']})")
     rows = [

@@ -31,7 +31,6 @@ from slurm_burst.core.cloud import CloudError, InUseError
 from slurm_burst.core.errors import BurstError
 from slurm_burst.core.nodestate import LIVE, NodeState, Want
 from slurm_burst.core.placement import unheld
-from slurm_burst.core.pricing import dollars
 from slurm_burst.core.reconcile import (
     Action,
     Plan,
@@ -39,7 +38,6 @@ from slurm_burst.core.reconcile import (
     Snapshot,
     findings,
     plan,
-    summarize,
 )
 from slurm_burst.core.slurm import SchedulerError, node_activity
 from slurm_burst.core.usage import InstanceEvent
@@ -48,7 +46,7 @@ from slurm_burst.services.fleetview import FleetView
 from slurm_burst.services.groups import GroupControl
 from slurm_burst.services.lifecycle import Lifecycle
 from slurm_burst.services.periodic import contain
-from slurm_burst.services.status import spend_rate
+from slurm_burst.services.status import fleet_status
 
 log = logging.getLogger(__name__)
 
@@ -321,14 +319,13 @@ class Reconciler:
 
     def record(self, snap: Snapshot, report: PassReport, p: Plan | None = None) -> None:
         records = list(snap.records.values())
-        by_group = summarize(records)
-        spend = spend_rate(self.fleet, records)
+        view = fleet_status(self.fleet, records, snap.groups, snap.now)
         ended = self.clock.now()
         summary = {
             **asdict(report),
             "ended": ended,
-            "nodes": by_group,
-            "spend_per_hour": {g: float(dollars(v)) for g, v in spend.items()},
+            "nodes": {n: dict(g.nodes) for n, g in view.groups.items() if g.nodes},
+            "spend_per_hour": {n: g.spend_per_hour for n, g in view.groups.items() if g.live},
         }
         self.store.record_pass(summary)
         if report.actions or report.errors:
@@ -341,14 +338,10 @@ class Reconciler:
         m = self.metrics
         if m is not None:
             m.reconcile_pass(report.seconds, ended)
-            m.node_counts(by_group, list(self.fleet.node_groups))
+            m.fleet(view)  # nodes by state, spend, protected mode: what status shows
             budgets = {id(b): b for c in self.clouds.values() if (b := getattr(c, "budget", None))}
             for budget in budgets.values():  # each account's API budget left, once
                 budget.export()
-            for g in self.fleet.node_groups:
-                health = snap.groups.get(g)
-                protected = health is not None and health.protected(snap.now)
-                m.group_status(g, float(dollars(spend.get(g, 0))), protected)
             if snap.slurm_nodes is not None:
                 m.slurm_node_activity(
                     {(side, a): n for side, by in report.slurm_nodes.items() for a, n in by.items()}

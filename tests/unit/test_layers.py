@@ -65,7 +65,7 @@ def test_services_and_ports_know_no_adapter(path: Path) -> None:
 def test_commands_reach_adapters_through_the_composition_root(path: Path) -> None:
     for name in _imports(path):
         assert not name.startswith("slurm_burst.adapters"), (
-            f"{_rel(path)} imports {name}: build it in slurm_burst/wiring.py"
+            f"{_rel(path)} imports {name}: build it in slurm_burst/wiring/"
         )
 
 

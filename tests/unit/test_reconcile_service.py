@@ -19,6 +19,7 @@ from slurm_burst.core.cloud import (
     ThrottledError,
     backoff,
 )
+from slurm_burst.core.fleetstatus import FleetStatus, GroupView
 from slurm_burst.core.nodestate import NodeState, Want
 from slurm_burst.services.cloudcalls import CallSettings, ManagedCloud
 from slurm_burst.services.status import status
@@ -81,7 +82,7 @@ def test_status_reports_daemon_nodes_groups_and_spend() -> None:
     cfg = load_config(LAB_CONFIG)
     store = MemoryStore()
     now = time.time()
-    assert status(cfg, store, now)["daemon"]["running"] is False
+    assert status(cfg, store, now).daemon.running is False
     store.beat(now, {"pid": 42, "node_id": "ctl-a", "in_flight": 0})
     store.transition(
         "burst-gpu-1", NodeState.REQUESTED, now, group="gpu", want=Want.UP, requested_at=now
@@ -90,8 +91,12 @@ def test_status_reports_daemon_nodes_groups_and_spend() -> None:
     store.transition("burst-gpu-1", NodeState.BOOTING, now, instance_id="ns-1")
     store.protect_group("cpu", now + 60, "3 failed launches in a row")
     store.record_pass({"ended": now, "seconds": 0.1, "actions": {}, "errors": {}})
-    st = status(cfg, store, now)
+    typed = status(cfg, store, now)
+    assert typed.fleet.groups["gpu"].live == 1 and typed.fleet.groups["cpu"].protected(now)
+    assert typed.fleet.groups["capped"].max_nodes == 2 and typed.fleet.groups["gpu"].holding == 1
+    st = typed.doc()
     assert st["daemon"]["running"] and st["leader"] == "ctl-a"
+    assert st["caps"]["capped"] == {"max_nodes": 2, "holding": 0}
     assert st["nodes"] == {"gpu": {"booting": 1}}
     assert st["protected_groups"]["cpu"]["reason"] == "3 failed launches in a row"
     assert st["spend_per_hour_total"] == pytest.approx(2.80)  # rates.gpu1-2026: 2 GPUs x 1.40
@@ -120,13 +125,16 @@ def test_metrics_are_named_by_convention() -> None:
     from slurm_burst.adapters.metrics.prom import Metrics
 
     m = Metrics()
-    m.node_counts({"cpu": {"joined": 3}}, ["cpu", "gpu"])
+    m.fleet(FleetStatus(0.0, {"cpu": GroupView("cpu", {"joined": 3}, 1.5, 3, protected_until=9.0),
+                              "gpu": GroupView("gpu", {}, 0.0, 0)}))  # fmt: skip
     m.launched("cpu", "lab", "ns.cpu2")
     m.reconcile_pass(0.2, 1_790_000_000.0)
     m.cloud_call("lab", "launch", 0.3, "InsufficientInstanceCapacity")
     text = m.text().decode()
     assert 'slurm_burst_nodes{group="cpu",state="joined"} 3.0' in text
     assert 'slurm_burst_nodes{group="gpu",state="joined"} 0.0' in text
+    assert 'slurm_burst_group_protected{group="cpu"} 1.0' in text  # what status says
+    assert 'slurm_burst_spend_rate_dollars_per_hour{group="cpu"} 1.5' in text
     assert 'slurm_burst_launches_total{group="cpu",provider="lab",size="ns.cpu2"} 1.0' in text
     assert "slurm_burst_reconcile_pass_duration_seconds_count 1.0" in text
     assert (

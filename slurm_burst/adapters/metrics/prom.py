@@ -18,6 +18,7 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from slurm_burst import __version__
+from slurm_burst.core.fleetstatus import FleetStatus
 from slurm_burst.core.gpu import GpuSample, GroupGpus
 
 NODE_STATES = (
@@ -359,15 +360,12 @@ class Metrics:
     def contained(self, where: str, code: str) -> None:
         self.contained_errors.labels(where, code).inc()
 
-    def node_counts(self, by_group: Mapping[str, Mapping[str, int]], groups: Sequence[str]) -> None:
-        for g in groups:
-            counts = by_group.get(g, {})
+    def fleet(self, view: FleetStatus) -> None:
+        for g in view.groups.values():
             for state in NODE_STATES:
-                self.nodes.labels(g, state).set(counts.get(state, 0))
-
-    def group_status(self, group: str, spend_per_hour: float, protected: bool) -> None:
-        self.spend_rate.labels(group).set(spend_per_hour)
-        self.protected.labels(group).set(1 if protected else 0)
+                self.nodes.labels(g.name, state).set(g.nodes.get(state, 0))
+            self.spend_rate.labels(g.name).set(g.spend_per_hour)
+            self.protected.labels(g.name).set(1 if g.protected(view.at) else 0)
 
     def cap(self, group: str, room: int) -> None:
         self.cap_room.labels(group).set(room)
