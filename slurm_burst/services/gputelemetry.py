@@ -39,7 +39,7 @@ from slurm_burst.core.gpu import (
 from slurm_burst.core.jsonread import read_json
 from slurm_burst.core.nodestate import NodeState
 from slurm_burst.core.records import NodeRecord
-from slurm_burst.ports import Clock, Connector, Metrics, NodeStore, Scheduler
+from slurm_burst.ports import Clock, Connector, Metrics, NodeBook, Scheduler
 from slurm_burst.services.periodic import every
 from slurm_burst.services.provisioner import GPU_CHECK
 
@@ -62,7 +62,7 @@ class GpuTelemetry:
     def __init__(
         self,
         settings: TelemetrySettings,
-        store: NodeStore,
+        store: NodeBook,
         connector: Connector,
         scheduler: Scheduler,
         clock: Clock,

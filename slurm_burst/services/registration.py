@@ -20,7 +20,7 @@ import threading
 from slurm_burst.core.errors import BurstError
 from slurm_burst.core.hostlist import compress
 from slurm_burst.core.nodestate import NodeState
-from slurm_burst.ports import Clock, Metrics, NodeStore, Scheduler
+from slurm_burst.ports import Clock, Metrics, NodeBook, Scheduler
 from slurm_burst.services.lifecycle import Lifecycle
 from slurm_burst.services.periodic import contain
 
@@ -30,7 +30,7 @@ log = logging.getLogger(__name__)
 class Registrations:
     def __init__(
         self,
-        store: NodeStore,
+        store: NodeBook,  # the node records it reads (the state port's part)
         scheduler: Scheduler,
         clock: Clock,
         stop: threading.Event,

@@ -28,7 +28,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from slurm_burst.core.hostlist import compress
 from slurm_burst.core.nodestate import needs_work
 from slurm_burst.core.records import NodeRecord
-from slurm_burst.ports import NodeStore
+from slurm_burst.ports import NodeBook
 from slurm_burst.services.launcher import Launcher, LaunchPlan
 from slurm_burst.services.periodic import contain
 from slurm_burst.services.provisioner import Later, NeedsJoinSlot, Provisioner, Relaunch
@@ -50,7 +50,7 @@ class Workers:
         self,
         provisioner: Provisioner,
         launcher: Launcher,
-        store: NodeStore,
+        store: NodeBook,
         size: int,
         join_slots: int = 0,
     ) -> None:

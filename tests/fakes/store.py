@@ -476,18 +476,6 @@ class MemoryPasses(_Part):
             self._policy = copy.deepcopy(dict(doc))
 
 
-PARTS: tuple[type[_Part], ...] = (
-    MemoryNodes,
-    MemoryRequests,
-    MemoryStages,
-    MemoryAddresses,
-    MemoryGroups,
-    MemoryLaunches,
-    MemoryLeadership,
-    MemoryPasses,
-)
-
-
 class MemoryStore(
     MemoryNodes,
     MemoryRequests,
@@ -511,7 +499,7 @@ class MemoryStore(
     def atomically(self) -> Iterator[None]:
         """Hold the lock for the block; on an exception put every field back as it was."""
         with self._lock:
-            fields = [k for part in PARTS for k in part._DATA]
+            fields = [k for part in type(self).__mro__ for k in vars(part).get("_DATA", ())]
             saved = {k: copy.deepcopy(getattr(self, k)) for k in fields}
             try:
                 yield
