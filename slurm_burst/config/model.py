@@ -167,8 +167,10 @@ class ProviderConfig:
     api_limits: Mapping[str, Any] = doc(
         "The account's request buckets per API, where they differ from the provider's "
         "documented ones (ec2: docs/scale.md), as API = [burst, refill per second], e.g. "
-        "{ DescribeInstances = [200, 40] } after a limit increase. Profiles on the same "
-        "account and region share the buckets.",
+        "{ DescribeInstances = [200, 40] } after a limit increase; for gce a quota group "
+        "(default, read_requests, list_requests, operation_read_requests) as [1, calls a "
+        "minute / 60], its calls a minute all the daemon's. Profiles on the same account "
+        "and region (gce: the same project) share them.",
         default_factory=_empty,
     )
 

@@ -52,17 +52,19 @@ class SharedBudget:
         budgets: ApiBudgets,
         metrics: Metrics | None = None,
         monotonic: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,  # quota windows are the wall clock's minutes
     ) -> None:
         self.account = account
         self.budgets = budgets
         self.metrics = metrics
         self.monotonic = monotonic
+        self.wall = wall
         self._lock = threading.Lock()
         self._turns: dict[tuple[str, str], float] = {}  # (api, key) -> when its turn comes
 
     def reserve(self, api: str, made: int = 0) -> float:
         with self._lock:
-            return self.budgets.reserve(api, self.monotonic(), made)
+            return self.budgets.reserve(api, self.monotonic(), made, self.wall())
 
     def turn(self, api: str, key: str) -> float:
         """A caller that does not wait (``key``: what it reads): 0.0 if it may call now;
@@ -76,7 +78,7 @@ class SharedBudget:
                     self._turns[(api, key)] = due
                     return due - now
                 return 0.0
-            wait = self.budgets.reserve(api, now)
+            wait = self.budgets.reserve(api, now, wall=self.wall())
             if wait > 0:
                 self._turns[(api, key)] = now + wait
                 if len(self._turns) > 4 * TURNS_KEPT:  # forget turns nobody came back for
@@ -86,11 +88,11 @@ class SharedBudget:
 
     def throttled(self, api: str) -> None:
         with self._lock:
-            self.budgets.throttled(api, self.monotonic())
+            self.budgets.throttled(api, self.monotonic(), self.wall())
 
     def levels(self) -> dict[str, float]:
         with self._lock:
-            return self.budgets.levels(self.monotonic())
+            return self.budgets.levels(self.monotonic(), self.wall())
 
     def export(self) -> None:
         """Tokens left per API, into the metrics (the reconcile pass calls it)."""

@@ -91,21 +91,17 @@ def managed_clouds(cfg: Config, metrics: Metrics | None = None) -> dict[str, Man
 def api_budgets(
     cfg: Config, built: Mapping[str, Cloud], metrics: Metrics | None = None
 ) -> dict[str, SharedBudget]:
-    """Each profile's :class:`SharedBudget`: profiles with the same driver, region,
-    credentials and endpoint are one account and share theirs (named after the first)."""
+    """Each profile's :class:`SharedBudget`: profiles in the same scope (the provider's
+    ``budget_scope``: an account in a region, a GCE project) share theirs (named after
+    the first)."""
 
     shared: dict[tuple[str, ...], Budget] = {}
     out = {}
     for name in sorted(built):
         p = cfg.providers[name]
-        creds = p.credentials
-        account = (
-            p.driver, p.region,
-            (creds.file or creds.key_env) if creds else "",
-            str(p.options.get("host", "")), str(p.options.get("port", "")),
-        )  # fmt: skip
+        described = provider(p.driver)
+        account = described.budget_scope(p)
         if account not in shared:
-            described = provider(p.driver)
             table = described.api_table()
             overrides = {api: Limit(float(b), float(r)) for api, (b, r) in p.api_limits.items()}
             if p.host_key_reads_per_second or table is None:  # else: the table's

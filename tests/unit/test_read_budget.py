@@ -201,3 +201,49 @@ def _spec(count: int) -> LaunchSpec:
         node="n", cluster="c", group="g", size="c5.large", image="ami-1", token="t",
         ssh_public_key="", user_data="", count=count,
     )  # fmt: skip
+
+
+def test_gce_profiles_of_one_project_share_its_per_minute_quotas(tmp_path: Path) -> None:
+    """GCE counts calls per project and quota group in minute windows: two regions of
+    one project are one budget, a host-key read and an instance read share the read
+    group, and a 403 rateLimitExceeded spends the rest of the minute."""
+    from slurm_burst.wiring import clouds
+    from tests.conftest import lab_config_in
+
+    extra = """
+[providers.gce1]
+driver = "gce"
+region = "us-central1"
+zone = "us-central1-a"
+options = { project = "p1" }
+credentials = { key_env = "G1", secret_env = "GS1" }
+
+[providers.gce2]
+driver = "gce"
+region = "europe-west4"
+zone = "europe-west4-a"
+options = { project = "p1" }
+credentials = { key_env = "G1", secret_env = "GS1" }
+
+[providers.gce3]
+driver = "gce"
+region = "us-central1"
+zone = "us-central1-a"
+options = { project = "p2" }
+credentials = { key_env = "G2", secret_env = "GS2" }
+api_limits = { read_requests = [1, 0.05] }
+"""
+    cfg = lab_config_in(tmp_path, extra)
+    built = {n: Keys([0.0]) for n in ("gce1", "gce2", "gce3")}
+    got = clouds.api_budgets(cfg, built)  # type: ignore[arg-type]
+    assert got["gce1"] is got["gce2"] and got["gce3"] is not got["gce1"]
+    mine = got["gce3"].budgets  # the site's own: 3 reads a minute
+    waits = [mine.reserve(api, 0.0, wall=610.0)
+             for api in ("instances.get", "instances.getGuestAttributes", "instances.get",
+                         "instances.getGuestAttributes")]  # fmt: skip
+    assert waits == [0.0, 0.0, 0.0, 51.0]
+    shared = got["gce1"].budgets
+    assert shared.reserve("instances.aggregatedList", 0.0, wall=610.0) == 0.0
+    shared.throttled("instances.aggregatedList", 0.0, wall=611.0)
+    assert shared.ready_in("instances.aggregatedList", 0.0, wall=611.0) == 50.0
+    assert shared.ready_in("instances.get", 0.0, wall=611.0) == 0.0  # another group

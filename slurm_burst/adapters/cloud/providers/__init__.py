@@ -92,6 +92,17 @@ class Provider:
         """The provider's documented API buckets (None: only the profile's own limits)."""
         return None
 
+    def budget_scope(self, prov: ProviderConfig) -> tuple[str, ...]:
+        """What the provider counts calls against: profiles with the same scope share
+        one budget. By default an account in a region: driver, region, credentials and
+        endpoint."""
+        creds = prov.credentials
+        return (
+            prov.driver, prov.region,
+            (creds.file or creds.key_env) if creds else "",
+            str(prov.options.get("host", "")), str(prov.options.get("port", "")),
+        )  # fmt: skip
+
     def profile_problems(self, prov: ProviderConfig) -> list[Finding]:
         """What a provider profile lacks for this provider (keys under the profile)."""
         return []

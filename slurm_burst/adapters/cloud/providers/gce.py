@@ -17,6 +17,7 @@ from slurm_burst.core.hostkeys import (
     key_entry,
     parse_console_host_keys,
 )
+from slurm_burst.core.ratelimit import ApiTable, Limit, Quota
 
 if TYPE_CHECKING:
     from libcloud.compute.base import Node, NodeSize
@@ -26,6 +27,37 @@ if TYPE_CHECKING:
     from slurm_burst.core.cloud import LaunchSpec
 
 CREDENTIALS_VAR = "GOOGLE_APPLICATION_CREDENTIALS"
+
+# Compute Engine's rate quotas, per project ("Compute Engine rate quotas"; docs/scale.md):
+# calls per quota group in each 60-s interval synchronized to the minute, refilled whole
+# at the next, an excess answered 403 rateLimitExceeded (sometimes 429). Not buckets:
+# core.ratelimit.QuotaWindow. A project's own values are on its Quotas page; a profile's
+# api_limits sets a group's (its refill a second times 60).
+API_TABLE = ApiTable(
+    apis={},
+    default=Limit(1, 0),  # every call is in a quota group below
+    resources={},
+    total=Limit(10, 40),  # at most 50 calls in any second sent, as on EC2
+    quotas={
+        "default": Quota(1500),  # mutations: insert, bulkInsert, delete, setLabels
+        "read_requests": Quota(1500),  # *.get, guest attributes, serial port output
+        "list_requests": Quota(1500),  # *.list, *.aggregatedList
+        "operation_read_requests": Quota(1500),  # zone and region operations' get, wait
+    },
+    quota_of={
+        "instances.insert": "default", "instances.bulkInsert": "default",
+        "regionInstances.bulkInsert": "default", "instances.delete": "default",
+        "instances.setLabels": "default", "resourcePolicies.insert": "default",
+        "resourcePolicies.delete": "default",
+        "instances.get": "read_requests", "instances.getGuestAttributes": "read_requests",
+        "instances.getSerialPortOutput": "read_requests",
+        "instances.list": "list_requests", "instances.aggregatedList": "list_requests",
+        "zoneOperations.list": "list_requests",
+        "zoneOperations.get": "operation_read_requests",
+        "zoneOperations.wait": "operation_read_requests",
+        "regionOperations.get": "operation_read_requests",
+    },
+)  # fmt: skip
 
 
 def label(text: str) -> str:
@@ -42,6 +74,22 @@ class Gce(Provider):
     })  # fmt: skip
     host_key_reads_per_second = 10.0
     file_extras = ("project",)
+    api_names = MappingProxyType({
+        "launch": "instances.insert", "find": "instances.aggregatedList",
+        "list": "instances.aggregatedList", "get": "instances.get",
+        "tag": "instances.setLabels", "terminate": "instances.delete",
+        "host_keys": "instances.getGuestAttributes",
+    })  # fmt: skip
+
+    def api_table(self) -> ApiTable:
+        return API_TABLE
+
+    def budget_scope(self, prov: ProviderConfig) -> tuple[str, ...]:
+        """A project's quotas: every region's profiles on one project share them."""
+        creds = prov.credentials
+        project = str(prov.options.get("project", ""))
+        return (prov.driver, project, (creds.file or creds.key_env) if creds else "",
+                str(prov.options.get("host", "")))  # fmt: skip
 
     def group_problems(self, group: NodeGroup) -> list[Finding]:
         if group.gpus and not (group.accelerator or group.gpu_type):
