@@ -96,11 +96,26 @@ class Gce(Provider):
             return [("accelerator", "GCE needs the accelerator type for the GPUs")]
         return []
 
+    def profile_problems(self, prov: ProviderConfig) -> list[Finding]:
+        endpoint = prov.options.get("endpoint")
+        if endpoint is None:
+            return []
+        try:
+            split_endpoint(str(endpoint))
+        except ValueError as exc:
+            return [("options.endpoint", str(exc))]
+        return []
+
     def construct(
         self, cls: Any, prov: ProviderConfig, kwargs: dict[str, Any], key: str, secret: str
     ) -> Any:
-        """GCENodeDriver(user_id, key, datacenter=zone, project=...)."""
+        """GCENodeDriver(user_id, key, datacenter=zone, project=...); with an ``endpoint``
+        option, every API call and the token exchange go there instead of Google's own
+        hosts (a Private Service Connect endpoint; the lab's emulator)."""
         kwargs.setdefault("datacenter", prov.zone or prov.region or None)
+        endpoint = kwargs.pop("endpoint", None)
+        if endpoint:
+            cls = endpoint_driver(cls, str(endpoint))
         return cls(key, secret, **kwargs)
 
     def credentials_from_env(self, env: Mapping[str, str], where: str) -> dict[str, Any]:
@@ -214,3 +229,41 @@ class SerialPort:
 
 
 PROVIDER = Gce()
+
+
+def split_endpoint(url: str) -> tuple[bool, str, int]:
+    """``https://HOST[:PORT]`` (or ``http://`` on loopback alone): (secure, host, port).
+    ValueError, saying what is wrong, for anything else."""
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as exc:
+        raise ValueError(f"{url!r} is not a URL: {exc}") from None
+    host = parts.hostname or ""
+    if parts.scheme not in ("https", "http") or not host or parts.path not in ("", "/"):
+        raise ValueError(f"{url!r}: give https://HOST[:PORT], no path")
+    if parts.query or parts.fragment or parts.username or parts.password:
+        raise ValueError(f"{url!r}: give https://HOST[:PORT], nothing more")
+    secure = parts.scheme == "https"
+    if not secure and host not in ("127.0.0.1", "localhost", "::1"):
+        raise ValueError(f"{url!r}: plain http only on this host (127.0.0.1): use https")
+    return secure, host, port or (443 if secure else 80)
+
+
+def endpoint_driver(cls: Any, url: str) -> Any:
+    """``cls`` (libcloud's GCE driver) with its connection, and the OAuth connection
+    its credential makes, pointed at ``url``: libcloud names www.googleapis.com and
+    accounts.google.com itself, and passes a driver's own host to the GCE connection in
+    the wrong place. The connection's keyword arguments reach the token connection too,
+    so the first token exchange (made while the driver is built) goes there as well."""
+    secure, host, port = split_endpoint(url)
+    base = cls.connectionCls
+
+    class Connection(base):  # type: ignore[misc,valid-type]
+        def __init__(self, user_id: Any, key: Any, _secure: Any, *args: Any, **kw: Any) -> None:
+            kw.update(host=host, port=port)
+            super().__init__(user_id, key, secure, *args, **kw)
+
+    return type(f"{cls.__name__}AtEndpoint", (cls,), {"connectionCls": Connection})

@@ -1,0 +1,306 @@
+"""The lab's Compute Engine emulator (slurm_burst_lab.gceemu) over HTTP: libcloud's own
+GCE driver, built by slurm-burst with its ``endpoint`` option, launches, lists and
+deletes on it after a real token exchange; bulk inserts keep Compute's rules; and every
+request and answer is checked against Compute's own discovery document
+(``compute.v1.json``, shipped by google-api-python-client)."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from slurm_burst_lab.gceemu import PROJECT, GceEmulator, Quotas, matches
+
+from slurm_burst.adapters.cloud.providers.gce import split_endpoint
+from slurm_burst.config import ProviderConfig
+from slurm_burst.wiring.clouds import cloud_driver
+
+pytestmark = pytest.mark.integration
+
+ZONE = "us-central1-a"
+IMAGE = "debian-12-bookworm-v20261001"
+
+
+def _discovery() -> dict[str, Any]:
+    import googleapiclient  # type: ignore[import-untyped]
+
+    path = Path(googleapiclient.__file__).parent / "discovery_cache" / "documents"
+    return dict(json.loads((path / "compute.v1.json").read_text()))
+
+
+DISCOVERY = _discovery()
+SCHEMAS: dict[str, Any] = DISCOVERY["schemas"]
+
+
+def conforms(value: Any, schema: dict[str, Any], where: str, out: list[str]) -> None:
+    """What in ``value`` the discovery document's ``schema`` does not allow, into ``out``:
+    unknown fields, and values of another type (int64 and uint64 travel as strings; a
+    JSON null is a field left unset, as Google's APIs read it)."""
+    if value is None:
+        return
+    if "$ref" in schema:
+        schema = SCHEMAS[schema["$ref"]]
+    kind = schema.get("type")
+    if kind == "object":
+        if not isinstance(value, dict):
+            out.append(f"{where}: {type(value).__name__}, not an object")
+            return
+        props = schema.get("properties", {})
+        extra = schema.get("additionalProperties")
+        for k, v in value.items():
+            if k in props:
+                conforms(v, props[k], f"{where}.{k}", out)
+            elif extra is not None:
+                conforms(v, extra, f"{where}[{k}]", out)
+            else:
+                out.append(f"{where}.{k}: not a field of {schema.get('id', 'the object')}")
+    elif kind == "array":
+        if not isinstance(value, list):
+            out.append(f"{where}: {type(value).__name__}, not an array")
+            return
+        for i, v in enumerate(value):
+            conforms(v, schema["items"], f"{where}[{i}]", out)
+    elif kind == "string":
+        if not isinstance(value, str):
+            out.append(f"{where}: {value!r} is not a string ({schema.get('format', '')})")
+        elif "enum" in schema and value not in schema["enum"]:
+            out.append(f"{where}: {value!r} is none of {schema['enum'][:8]}")
+    elif kind == "integer":
+        if not isinstance(value, int) or isinstance(value, bool):
+            out.append(f"{where}: {value!r} is not an integer")
+    elif kind == "boolean":
+        if not isinstance(value, bool):
+            out.append(f"{where}: {value!r} is not a boolean")
+    elif kind == "number" and not isinstance(value, (int, float)):
+        out.append(f"{where}: {value!r} is not a number")
+
+
+def schema_of_kind(kind: str) -> str:
+    """Compute's ``kind`` names its schema: compute#instanceList -> InstanceList."""
+    name = kind.split("#", 1)[1]
+    return name[0].upper() + name[1:]
+
+
+REQUESTS = {"instances": "Instance", "bulkInsert": "BulkInsertInstanceResource",
+            "setLabels": "InstancesSetLabelsRequest"}  # fmt: skip
+
+
+def check_exchanges(emu: GceEmulator) -> int:
+    """Every request body and answer the emulator kept, against the discovery document."""
+    problems: list[str] = []
+    for method, path, body in emu.requests:
+        if body is not None:
+            schema = REQUESTS[path.rstrip("/").rsplit("/", 1)[-1]]
+            conforms(body, {"$ref": schema}, f"{method} {path}", problems)
+    for what, answer in emu.answers:
+        conforms(answer, {"$ref": schema_of_kind(answer["kind"])}, f"answer to {what}", problems)
+    assert problems == [], "\n".join(problems[:20])
+    return len(emu.requests) + len(emu.answers)
+
+
+@pytest.fixture()
+def emu() -> Iterator[GceEmulator]:
+    e = GceEmulator()
+    e.keep_exchanges = True
+    e.start()
+    yield e
+    e.stop()
+
+
+@pytest.fixture()
+def driver(emu: GceEmulator, tmp_path: Path) -> Any:
+    """libcloud's GCE driver as slurm-burst builds it: a service account key (made here,
+    0600) and the emulator as the profile's ``endpoint``: the token is exchanged there."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import rsa
+
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048).private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    )  # fmt: skip
+    sa = tmp_path / "sa.json"
+    sa.write_text(json.dumps({"type": "service_account", "project_id": PROJECT,
+                              "client_email": f"burst@{PROJECT}.iam.gserviceaccount.com",
+                              "private_key": key.decode()}))  # fmt: skip
+    sa.chmod(0o600)
+    os.environ["GOOGLE_APPLICATION_CREDENTIALS"] = str(sa)
+    try:
+        prov = ProviderConfig(name="gcp", driver="gce", zone=ZONE, options={
+            "endpoint": f"http://127.0.0.1:{emu.port}",
+            "credential_file": str(tmp_path / "token-cache.json"),
+        })  # fmt: skip
+        return cloud_driver(prov)
+    finally:
+        del os.environ["GOOGLE_APPLICATION_CREDENTIALS"]
+
+
+def test_libclouds_driver_launches_lists_and_deletes_after_a_token_exchange(
+    emu: GceEmulator, driver: Any
+) -> None:
+    assert emu.calls["token"] == 1 and driver.zone.name == ZONE
+    node = driver.create_node(
+        "burst-gce-1", "n2-standard-2", IMAGE, ex_labels={"slurm-burst-cluster": "lab"},
+        ex_metadata={"enable-guest-attributes": "TRUE"}, ex_tags=["slurm-node"],
+    )  # fmt: skip
+    assert (node.name, node.state, node.extra["labels"]) == (
+        "burst-gce-1",
+        "running",
+        {"slurm-burst-cluster": "lab"},
+    )
+    assert node.private_ips == ["10.251.0.2"] and emu.calls["insert"] == 1
+    assert [n.name for n in driver.list_nodes()] == ["burst-gce-1"]
+    with pytest.raises(Exception, match="already exists"):
+        driver.create_node("burst-gce-1", "n2-standard-2", IMAGE)
+    assert driver.destroy_node(node)
+    assert driver.list_nodes() == [] and emu.calls["delete"] == 1
+    assert check_exchanges(emu) > 20
+
+
+def _bulk(driver: Any, names: list[str], *, min_count: int | None = None,
+          region: str = "", request_id: str = "", shape: str = "") -> dict[str, Any]:  # fmt: skip
+    body: dict[str, Any] = {
+        "count": str(len(names)), "minCount": str(min_count or len(names)),  # int64: strings
+        "perInstanceProperties": {n: {} for n in names},
+        "instanceProperties": {
+            "machineType": "n2-standard-2", "labels": {"slurm-burst-cluster": "lab"},
+            "disks": [{"boot": True, "autoDelete": True, "initializeParams": {
+                "sourceImage": f"projects/debian-cloud/global/images/{IMAGE}"}}],
+            "networkInterfaces": [{"network": "global/networks/default"}],
+        },
+    }  # fmt: skip
+    if shape:
+        body["locationPolicy"] = {"targetShape": shape}
+    where = f"/regions/{region}" if region else f"/zones/{ZONE}"
+    params = {"requestId": request_id} if request_id else {}
+    started = driver.connection.request(f"{where}/instances/bulkInsert", method="POST",
+                                        data=body, params=params).object  # fmt: skip
+    assert started["status"] == "RUNNING" and "error" not in started  # the outcome comes later
+    # its outcome (read plainly: libcloud's request raises on an operation with an error)
+    import urllib.request
+
+    conn = driver.connection
+    url = f"http://{conn.host}:{conn.port}{conn.request_path}{where}/operations/{started['name']}"
+    with urllib.request.urlopen(urllib.request.Request(url + "/wait", method="POST")) as r:
+        return dict(json.loads(r.read()))
+
+
+def test_a_bulk_insert_makes_all_its_named_instances_or_at_least_min_count(
+    emu: GceEmulator, driver: Any
+) -> None:
+    op = _bulk(driver, ["b-1", "b-2", "b-3"])
+    assert op["status"] == "DONE" and "error" not in op
+    group = op["operationGroupId"]
+    wanted = f'operationGroupId="{group}" AND operationType="insert"'
+    per = driver.connection.request(f"/zones/{ZONE}/operations", method="GET",
+                                    params={"filter": wanted}).object["items"]  # fmt: skip
+    assert sorted(o["targetLink"].rsplit("/", 1)[1] for o in per) == ["b-1", "b-2", "b-3"]
+    emu.limit("n2-standard-2", ZONE, 2)  # room for two more
+    short = _bulk(driver, ["c-1", "c-2", "c-3"], min_count=3)
+    assert short["error"]["errors"][-1]["code"] == "ZONE_RESOURCE_POOL_EXHAUSTED"
+    assert not any(n.startswith("c-") for _, n in emu.instances)  # none, not two
+    part = _bulk(driver, ["d-1", "d-2", "d-3"], min_count=2)
+    assert "error" not in part and sorted(n for _, n in emu.instances if n[0] == "d") == [
+        "d-1", "d-2"]  # fmt: skip
+    check_exchanges(emu)
+
+
+def test_a_repeated_request_id_is_the_same_request_and_one_job_stays_in_one_zone(
+    emu: GceEmulator, driver: Any
+) -> None:
+    first = _bulk(driver, ["r-1", "r-2"], region="us-central1", request_id="req-1",
+                  shape="ANY_SINGLE_ZONE")  # fmt: skip
+    again = _bulk(driver, ["r-1", "r-2"], region="us-central1", request_id="req-1",
+                  shape="ANY_SINGLE_ZONE")  # fmt: skip
+    assert again["name"] == first["name"] and len(emu.instances) == 2
+    assert len({z for z, _ in emu.instances}) == 1  # one zone for the job's nodes
+    other = _bulk(driver, ["r-1", "r-3"], region="us-central1")  # a new id, one exists
+    codes = [e["code"] for e in other["error"]["errors"]]
+    assert codes == ["RESOURCE_ALREADY_EXISTS"] and len(emu.instances) == 3
+    check_exchanges(emu)
+
+
+def test_the_fleet_is_listed_filtered_and_in_pages(emu: GceEmulator, driver: Any) -> None:
+    _bulk(driver, [f"f-{i}" for i in range(7)])
+    driver.connection.request(f"/zones/{ZONE}/instances/f-0/setLabels", method="POST", data={
+        "labels": {"slurm-burst-cluster": "other"},
+        "labelFingerprint": emu.instances[(ZONE, "f-0")]["labelFingerprint"]})  # fmt: skip
+    names, token, pages = [], "", 0
+    while True:
+        params = {"filter": 'labels.slurm-burst-cluster = "lab" AND status != "TERMINATED"',
+                  "maxResults": 3}  # fmt: skip
+        if token:
+            params["pageToken"] = token
+        page = driver.connection.request("/aggregated/instances", method="GET",
+                                         params=params).object  # fmt: skip
+        pages += 1
+        names += [i["name"] for zone in page["items"].values() for i in zone.get("instances", [])]
+        token = page.get("nextPageToken", "")
+        if not token:
+            break
+    assert sorted(names) == [f"f-{i}" for i in range(1, 7)] and pages == 2
+    check_exchanges(emu)
+
+
+def test_host_keys_are_read_from_guest_attributes_once_published(
+    emu: GceEmulator, driver: Any
+) -> None:
+    from slurm_burst.adapters.cloud.providers.gce import GuestAttributes
+
+    node = driver.create_node("burst-gce-2", "n2-standard-2", IMAGE)
+    reader = GuestAttributes(driver)
+    assert reader.read(node) == []  # not published yet: a 404, no keys
+    emu.publish("burst-gce-2", [("ssh-ed25519", "AAAAC3NzaC1lZDI1NTE5AAAAIExample")])
+    assert reader.read(node) == [("ssh-ed25519", "AAAAC3NzaC1lZDI1NTE5AAAAIExample")]
+    check_exchanges(emu)
+
+
+def test_quotas_answer_rate_limit_exceeded_past_a_groups_minute(tmp_path: Path) -> None:
+    e = GceEmulator(quotas=Quotas({"read_requests": 3}))
+    e.start()
+    try:
+        import urllib.error
+        import urllib.request
+
+        url = f"http://127.0.0.1:{e.port}/compute/v1/projects/{PROJECT}/zones/{ZONE}"
+        if time.time() % 60 > 58:  # not across a minute's edge
+            time.sleep(2.5)
+        for _ in range(3):
+            urllib.request.urlopen(url).read()
+        with pytest.raises(urllib.error.HTTPError) as err:
+            urllib.request.urlopen(url)
+        assert err.value.code == 403
+        doc = json.loads(err.value.read())
+        assert doc["error"]["errors"][0]["reason"] == "rateLimitExceeded"
+        assert e.quotas is not None and e.quotas.throttled["read_requests"] == 1
+    finally:
+        e.stop()
+
+
+def test_filters_are_read_as_compute_reads_them() -> None:
+    r = {"name": "n-1", "status": "RUNNING", "labels": {"c": "lab"}, "scheduling":
+         {"preemptible": True}}  # fmt: skip
+    assert matches('labels.c = "lab" AND status != "TERMINATED"', r)
+    assert matches("(status = RUNNING) (labels.c = lab)", r)
+    assert matches("scheduling.preemptible = true", r) and not matches('name = "n-2"', r)
+    assert matches('name = "n-2" OR labels.c = lab', r) and matches("labels.c:*", r)
+    for bad in ('labels.c = "lab" AND', "(status = RUNNING", "status RUNNING", "= x"):
+        with pytest.raises(ValueError, match="filter"):
+            matches(bad, r)
+
+
+@pytest.mark.parametrize(("url", "ok"), [
+    ("https://compute-psc.p.googleapis.com", True), ("http://127.0.0.1:8480", True),
+    ("http://10.0.0.5:80", False), ("https://h/path", False), ("ftp://h", False),
+    ("https://user:pw@h", False), ("https://h:99999", False),
+])  # fmt: skip
+def test_an_endpoint_is_https_or_loopback_http(url: str, ok: bool) -> None:
+    if ok:
+        assert split_endpoint(url)[1] in ("compute-psc.p.googleapis.com", "127.0.0.1")
+    else:
+        with pytest.raises(ValueError):
+            split_endpoint(url)
