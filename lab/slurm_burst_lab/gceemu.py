@@ -1013,3 +1013,47 @@ def _tokens(expr: str) -> list[tuple[str, str]]:
         else:
             out.append(("word", word))
     return out
+
+
+# Compute's default per-project quota groups (docs/scale.md), calls a minute
+DEFAULT_QUOTAS = {"default": 1500, "read_requests": 1500, "list_requests": 1500,
+                  "operation_read_requests": 1500}  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m slurm_burst_lab.gceemu PORT``: Compute's API for the lab's project on
+    127.0.0.1:PORT; ``--quotas F``: scale mode, Compute's default rate quotas times F
+    (403 rateLimitExceeded past them); ``--boot-delay S``: instances STAGING for S s."""
+    import argparse
+    import signal
+
+    from werkzeug.serving import make_server
+
+    ap = argparse.ArgumentParser(prog="python -m slurm_burst_lab.gceemu")
+    ap.add_argument("port", type=int)
+    ap.add_argument("--quotas", type=float, default=None, metavar="F",
+                    help="scale mode: Compute's default quotas times F")  # fmt: skip
+    ap.add_argument("--boot-delay", type=float, default=0.0)
+    args = ap.parse_args(argv)
+    if args.quotas is not None and not 0 < args.quotas < 1e6:
+        ap.error(f"--quotas {args.quotas}: a factor above 0")
+    if not 0 <= args.boot_delay < 86400:
+        ap.error(f"--boot-delay {args.boot_delay}: seconds, from 0")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)
+    quotas = None
+    if args.quotas is not None:
+        quotas = Quotas({g: max(1, round(n * args.quotas)) for g, n in DEFAULT_QUOTAS.items()})
+    emu = GceEmulator(quotas=quotas, boot_delay=args.boot_delay)
+    server = make_server("127.0.0.1", args.port, emu, threaded=True)
+    emu.port = args.port
+
+    def stop(signum: int, frame: Any) -> None:
+        threading.Thread(target=server.shutdown, daemon=True).start()
+
+    signal.signal(signal.SIGTERM, stop)
+    server.serve_forever()
+
+
+if __name__ == "__main__":
+    main()
