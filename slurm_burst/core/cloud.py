@@ -40,6 +40,7 @@ class LaunchSpec:
     count: int = 1  # instances in this one call (a batch: the same spec, ``count`` times)
     min_count: int = 0  # fewest instances the call may make (0: ``count``, all or none)
     placement_group: str = ""  # the placement group the instances go in ('' : none)
+    names: tuple[str, ...] = ()  # a batch's nodes, in order: who names instances at launch
 
 
 class Instance(NamedTuple):

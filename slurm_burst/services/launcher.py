@@ -268,6 +268,7 @@ class Launcher:
         named at launch after its nodes (the same on a repeat: the token's parameters)."""
         spec = self.spec(group, names[0], cand.size, token, len(names), least, cand.via,
                          placement_group)  # fmt: skip
+        spec = replace(spec, names=tuple(names))  # a provider may name each at launch
         if len(names) <= self.name_each_max:
             return spec
         return replace(spec, tags={"Name": launch_name(names), **spec.tags})
@@ -478,12 +479,18 @@ class Launcher:
 
     def _adopt_batch(self, token: str, made: Sequence[Instance]) -> set[str]:
         """Give the batch's nodes their instances (by launch index; whole jobs first if
-        fewer were made than asked), then forget the batch. Returns the nodes served."""
+        fewer were made than asked; by their node tag where each instance was named after
+        its node at launch, GCE), then forget the batch. Returns the nodes served."""
         batch = self.store.batch(token)
         nodes = list(batch.nodes) if batch is not None else []
         each = len(nodes) <= self.name_each_max  # else named at launch
         held = self.store.nodes_named(nodes)
-        if len(made) < len(nodes):
+        by_node = {i.tags.get(NODE_TAG, ""): i for i in made}
+        named = bool(made) and len(by_node) == len(made) and set(by_node) <= set(nodes)
+        if named:  # each instance named after its node at launch (GCE): it is that node's
+            nodes = [n for n in nodes if n in by_node]
+            made = [by_node[n] for n in nodes]
+        elif len(made) < len(nodes):
             recs = [held[n] for n in nodes if n in held]
             nodes = share_out(nodes, _jobs_of(recs), len(made))
         adopted: list[tuple[str, str, str]] = []
@@ -496,7 +503,7 @@ class Launcher:
             adopted.append((name, inst.id, rec.provider))
         self._booting(pairs)
         self.store.end_batch(token)
-        if each:
+        if each and not named:
             with self._guard:
                 self._unnamed.extend(adopted)
         return set(nodes[: len(made)])

@@ -68,6 +68,7 @@ class FakeCloud:
     vms: dict[str, _Vm] = field(default_factory=dict)
     placements: dict[str, set[str]] = field(default_factory=dict)  # name -> instance ids
     spot: str = ""  # "refuse": spot launches fail for capacity; "withhold": stay pending
+    names_at_launch: bool = False  # each instance named after its node at launch (GCE's)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     # -- the port ---------------------------------------------------------------
@@ -199,18 +200,22 @@ class FakeCloud:
                 (v for v in self.vms.values() if v.token == spec.token),
                 key=lambda v: v.launch_index,
             )
+            # a provider that names each instance after its node (GCE) makes which of
+            # them it makes: here the last ones, so that no caller can rely on the order
+            named = list(spec.names[-count:]) if self.names_at_launch and spec.names else []
             if not made:  # the token is new: make them (a repeat returns the same ones)
                 for i in range(count):
                     vm_id = f"{self.name}-{len(self.vms) + 1:06d}"
                     name = spec.node if count == 1 else f"{spec.group}-{spec.token[-8:]}-{i}"
+                    name = named[i] if named else name
                     tags = {
                         **spec.tags,
                         CLUSTER_TAG: spec.cluster,
                         GROUP_TAG: spec.group,
                         TOKEN_TAG: spec.token,
                     }
-                    if count == 1:
-                        tags[NODE_TAG] = spec.node
+                    if count == 1 or named:
+                        tags[NODE_TAG] = name
                     self.vms[vm_id] = _Vm(
                         vm_id, name, spec.size, self.clock.now(), spec.token, i, tags
                     )

@@ -18,6 +18,7 @@ from slurm_burst_lab.gceemu import PROJECT, GceEmulator, Quotas, matches
 
 from slurm_burst.adapters.cloud.providers.gce import split_endpoint
 from slurm_burst.config import ProviderConfig
+from slurm_burst.core.cloud import LaunchSpec
 from slurm_burst.wiring.clouds import cloud_driver
 
 pytestmark = pytest.mark.integration
@@ -304,3 +305,56 @@ def test_an_endpoint_is_https_or_loopback_http(url: str, ok: bool) -> None:
     else:
         with pytest.raises(ValueError):
             split_endpoint(url)
+
+
+def _batch(names: tuple[str, ...], token: str, least: int = 0, size: str = "n2-standard-2"
+           ) -> LaunchSpec:  # fmt: skip
+    return LaunchSpec(node=names[0], cluster="lab", group="gce", size=size, image=IMAGE,
+                      token=token, ssh_public_key="ssh-ed25519 AAAAC3Nz burst",
+                      user_data="#!/bin/sh\n", count=len(names), min_count=least,
+                      names=names, spot=True)  # fmt: skip
+
+
+def test_a_batch_is_one_bulk_insert_named_after_its_nodes_and_a_repeat_makes_none(
+    emu: GceEmulator, driver: Any
+) -> None:
+    from slurm_burst.adapters.cloud.compute import LibcloudCloud
+    from slurm_burst.adapters.cloud.profiles import Placement
+
+    cloud = LibcloudCloud("gcp", driver, Placement(zone=ZONE, security_groups=("slurm-node",),
+                                                   ssh_user="slurm"))  # fmt: skip
+    names = ("burst-gce-1", "burst-gce-2", "burst-gce-3")
+    emu.calls.clear()
+    made = cloud.launch_many(_batch(names, "burstlab-0a1b2c3d-b3-0-0123456789abcdef"))
+    assert sorted(i.name for i in made) == list(names)
+    assert emu.calls["bulkInsert"] == 1 and emu.calls["insert"] == 0
+    assert {i.tags["slurm-burst-token"] for i in made} == {
+        "burstlab-0a1b2c3d-b3-0-0123456789abcdef"
+    }
+    inst = emu.instances[(ZONE, "burst-gce-2")]
+    assert inst["scheduling"]["provisioningModel"] == "SPOT"
+    assert inst["tags"]["items"] == ["slurm-node"]
+    items = {i["key"]: i["value"] for i in inst["metadata"]["items"]}
+    assert items["enable-guest-attributes"] == "TRUE" and items["ssh-keys"].startswith("slurm:")
+    # the daemon died before it recorded them: the repeat is the same request
+    again = cloud.launch_many(_batch(names, "burstlab-0a1b2c3d-b3-0-0123456789abcdef"))
+    assert sorted(i.id for i in again) == sorted(i.id for i in made) and len(emu.instances) == 3
+    check_exchanges(emu)
+
+
+def test_a_bulk_insert_short_of_capacity_is_a_capacity_error_or_what_is_worth_having(
+    emu: GceEmulator, driver: Any
+) -> None:
+    from slurm_burst.adapters.cloud.compute import LibcloudCloud
+    from slurm_burst.adapters.cloud.profiles import Placement
+    from slurm_burst.core.cloud import CapacityError
+
+    cloud = LibcloudCloud("gcp", driver, Placement(zone=ZONE, ssh_user="slurm"))
+    emu.limit("n2-standard-4", ZONE, 2)
+    with pytest.raises(CapacityError) as err:
+        cloud.launch_many(_batch(("j-1", "j-2", "j-3"), "tok-job-1", size="n2-standard-4"))
+    assert err.value.code == "ZONE_RESOURCE_POOL_EXHAUSTED" and not emu.instances
+    made = cloud.launch_many(_batch(("k-1", "k-2", "k-3"), "tok-job-2", least=2,
+                                    size="n2-standard-4"))  # fmt: skip
+    assert sorted(i.name for i in made) == ["k-1", "k-2"]
+    check_exchanges(emu)

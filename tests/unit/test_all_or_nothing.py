@@ -91,3 +91,20 @@ def test_best_effort_per_node_keeps_the_other_nodes(tmp_path: Path) -> None:
     assert [w.rec(n).state for n in ("burst-cpu-1", "burst-cpu-3", "burst-cpu-4")] == [
         NodeState.JOINED
     ] * 3
+
+
+def test_a_provider_that_names_instances_at_launch_gets_them_adopted_by_name(
+    w: World,
+) -> None:
+    """GCE names each instance of a bulk insert after its node and makes whichever of
+    them it has room for: each node gets the instance named after it, whatever the
+    order, and no instance is tagged afterwards (the name is its node)."""
+    w.cloud.names_at_launch = True
+    w.cloud.limit["ns.cpu2"] = 8  # it makes 8 of 16: the last 8 names
+    w.store.add_request("resume", CPU, jobs((1, 1, 8), (2, 9, 16)), 0.0)
+    w.settle()
+    assert all(w.rec(n).state == NodeState.JOINED for n in CPU)
+    assert [w.rec(n).size for n in CPU] == ["ns.cpu4"] * 8 + ["ns.cpu2"] * 8
+    named = {vm.id: vm.name for vm in w.cloud.vms.values()}
+    assert all(named[w.rec(n).instance_id] == n for n in CPU)  # each its own
+    assert w.cloud.calls["tag"] == 0

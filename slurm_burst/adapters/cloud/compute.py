@@ -72,6 +72,7 @@ class LibcloudCloud:
         except NoSource:
             self.source = None  # `config check` refuses such a profile; a join would fail
         self._sizes: dict[str, NodeSize] = {}
+        self._remembered: dict[str, Any] = {}  # what a provider looked up once (an image)
         self._keypair = ""
         self._lock = threading.Lock()
 
@@ -109,9 +110,16 @@ class LibcloudCloud:
         :meth:`tag` once the caller has mapped them.
         """
         started = time.monotonic()
-        made = self._create(spec)
-        nodes = made if isinstance(made, list) else [made]
-        out = sorted((self.to_instance(n) for n in nodes), key=lambda i: i.launch_index)
+        try:
+            bulk = self.provider.launch_many(self, spec)
+        except _ERRORS as exc:
+            raise self._error(exc) from exc
+        if bulk is not None:
+            out = bulk
+        else:
+            made = self._create(spec)
+            nodes = made if isinstance(made, list) else [made]
+            out = sorted((self.to_instance(n) for n in nodes), key=lambda i: i.launch_index)
         log.info(
             "cloud.create_nodes provider=%s count=%d size=%s token=%s seconds=%.2f",
             self.name,
@@ -314,6 +322,19 @@ class LibcloudCloud:
             launch_index=int(extra.get("launch_index") or 0),
             fault=_fault(extra.get("fault")),
         )
+
+    def remembered(self, key: str, make: Callable[[], Any]) -> Any:
+        """``make()``'s answer, asked once per profile (a lookup that does not change)."""
+        with self._lock:
+            if key in self._remembered:
+                return self._remembered[key]
+        got = make()
+        with self._lock:
+            return self._remembered.setdefault(key, got)
+
+    def error_of(self, exc: Exception) -> CloudError:
+        """A libcloud error as our typed one (a provider module's calls use it)."""
+        return self._error(exc)
 
     def _error(self, exc: Exception) -> CloudError:
         code = getattr(exc, "code", None)  # GCE: the error's code, not in its message

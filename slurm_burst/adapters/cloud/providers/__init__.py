@@ -168,6 +168,12 @@ class Provider:
         return kw
 
     # -- calls on a cloud (libcloud's errors are typed by the caller) ------------------
+    def launch_many(self, cloud: LibcloudCloud, spec: LaunchSpec) -> list[Instance] | None:
+        """A batch's launch where the provider's API does better than its driver's
+        ``create_node`` (GCE: one bulkInsert, instances named after their nodes); None:
+        ``create_node``."""
+        return None
+
     def tag(self, cloud: LibcloudCloud, instance_id: str, tags: Mapping[str, str]) -> None:
         setter = getattr(cloud.driver, "ex_create_tags", None)
         if setter is None:
