@@ -69,6 +69,7 @@ from urllib.parse import parse_qsl, urlencode
 from slurm_burst_lab.ec2imds import Imds
 from slurm_burst_lab.ec2market import Market
 from slurm_burst_lab.ec2vms import Ec2Vms
+from slurm_burst_lab.loopback import serve, shut
 
 log = logging.getLogger(__name__)
 
@@ -194,21 +195,13 @@ class Ec2Emulator:
 
     # -- control --------------------------------------------------------------
     def start(self) -> int:
-        from werkzeug.serving import make_server
-
-        logging.getLogger("werkzeug").setLevel(logging.ERROR)
-        self._server = make_server("127.0.0.1", 0, self, threaded=True)
+        self._server = serve(self, "ec2-emulator")
         self.port = int(self._server.server_port)
-        threading.Thread(
-            target=self._server.serve_forever, name="ec2-emulator", daemon=True
-        ).start()
         return self.port
 
     def stop(self) -> None:
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-            self._server = None
+        shut(self._server)
+        self._server = None
 
     def inject(
         self, action: str, code: str, http: int = 400, times: int = 1, message: str = ""

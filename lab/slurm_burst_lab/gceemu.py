@@ -49,6 +49,8 @@ from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import parse_qs
 
+from slurm_burst_lab.loopback import serve, shut
+
 log = logging.getLogger(__name__)
 
 StartResponse = Callable[..., Any]
@@ -192,20 +194,13 @@ class GceEmulator:
 
     # -- control ----------------------------------------------------------------------
     def start(self) -> int:
-        from werkzeug.serving import make_server
-
-        logging.getLogger("werkzeug").setLevel(logging.ERROR)
-        self._server = make_server("127.0.0.1", 0, self, threaded=True)
+        self._server = serve(self, "gce-emulator")
         self.port = int(self._server.server_port)
-        threading.Thread(target=self._server.serve_forever, name="gce-emulator",
-                         daemon=True).start()  # fmt: skip
         return self.port
 
     def stop(self) -> None:
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-            self._server = None
+        shut(self._server)
+        self._server = None
 
     def inject(
         self, method: str, http: int, reason: str, message: str = "", times: int = 1
