@@ -358,3 +358,35 @@ def test_a_bulk_insert_short_of_capacity_is_a_capacity_error_or_what_is_worth_ha
                                     size="n2-standard-4"))  # fmt: skip
     assert sorted(i.name for i in made) == ["k-1", "k-2"]
     check_exchanges(emu)
+
+
+def test_the_fleet_is_one_listing_and_reads_and_teardowns_need_no_other(
+    emu: GceEmulator, driver: Any
+) -> None:
+    """Booting nodes, host-key reads and teardowns share one aggregatedList of the
+    cluster's instances: no libcloud ``list_nodes`` (every instance and every disk) per
+    read, no per-node get; an instance not listed yet is found by one filtered listing."""
+    from slurm_burst.adapters.cloud.compute import LibcloudCloud
+    from slurm_burst.adapters.cloud.profiles import Placement
+
+    cloud = LibcloudCloud("gcp", driver, Placement(zone=ZONE, ssh_user="slurm"))
+    made = cloud.launch_many(_batch(("g-1", "g-2", "g-3"), "tok-fleet"))
+    driver.create_node("not-ours", "e2-small", IMAGE)  # another tool's, same project
+    emu.calls.clear()
+    pages: list[int] = []
+    fleet = cloud.list_fleet("lab", lambda: pages.append(1))
+    assert sorted(i.name for i in fleet) == ["g-1", "g-2", "g-3"] and pages == [1]
+    assert emu.calls == {"aggregatedList": 1}
+    emu.publish("g-2", [("ssh-ed25519", "AAAAC3NzaC1lZDI1NTE5AAAAIGtwoXXX")])
+    g2 = next(i for i in made if i.name == "g-2")
+    assert cloud.host_keys(g2.id) == [("ssh-ed25519", "AAAAC3NzaC1lZDI1NTE5AAAAIGtwoXXX")]
+    assert emu.calls == {"aggregatedList": 1, "getGuestAttributes": 1}  # no lookup
+    cloud.terminate(g2.id)
+    cloud.terminate(g2.id)  # gone already: nothing to do, no error
+    assert (ZONE, "g-2") not in emu.instances and emu.calls["delete"] == 1
+    assert emu.calls["aggregatedList"] == 2  # the second: one filtered on its id
+    fresh = LibcloudCloud("gcp", driver, Placement(zone=ZONE, ssh_user="slurm"))
+    g3 = next(i for i in made if i.name == "g-3")
+    assert fresh.host_keys(g3.id) == []  # not listed by this one: found by its id
+    assert emu.calls["aggregatedList"] == 3 and "list" not in emu.calls
+    check_exchanges(emu)

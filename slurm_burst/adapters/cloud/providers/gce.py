@@ -7,13 +7,13 @@ from __future__ import annotations
 import json
 import re
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from types import MappingProxyType
+from types import MappingProxyType, SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 from slurm_burst.adapters.cloud.providers import Finding, Provider
-from slurm_burst.core.cloud import NODE_TAG, TOKEN_TAG
+from slurm_burst.core.cloud import CLUSTER_TAG, NODE_TAG, TOKEN_TAG
 from slurm_burst.core.hostkeys import (
     SERIAL_PORT_SCRIPT,
     key_entry,
@@ -83,6 +83,7 @@ class Gce(Provider):
     host_key_reads_per_second = 10.0
     file_extras = ("project",)
     launch_batch = 1000  # one bulkInsert (Compute takes up to 5,000 a call)
+    lists_fleet = True  # booting nodes and the reconcile pass read one aggregatedList
     api_names = MappingProxyType({
         "launch": "instances.insert", "find": "instances.aggregatedList",
         "list": "instances.aggregatedList", "get": "instances.get",
@@ -298,6 +299,78 @@ class Gce(Provider):
             private_ips=tuple(n["networkIP"] for n in nics if n.get("networkIP")),
             tags=tags,
         )  # fmt: skip
+
+    # -- the fleet, read once for all --------------------------------------------------
+    def list_fleet(
+        self, cloud: LibcloudCloud, cluster: str, before_page: Callable[[], None]
+    ) -> list[Instance]:
+        """One ``instances.aggregatedList`` filtered on the cluster's label, 500 a page,
+        ``before_page`` before each (it takes the page's turn from the quota): every zone
+        at once, no disk listing (libcloud's ``list_nodes`` adds one), and where each
+        instance is, for the host-key reads and teardowns that follow."""
+        wanted = f'labels.{label(CLUSTER_TAG)} = "{label(cluster)}"'
+        out = self._aggregated(cloud, wanted, before_page)
+        return [i for i in out if i.tags.get(CLUSTER_TAG) == label(cluster)]
+
+    def _aggregated(
+        self, cloud: LibcloudCloud, wanted: str, before_page: Callable[[], None] = lambda: None
+    ) -> list[Instance]:
+        conn = cloud.driver.connection
+        places = cloud.remembered("gce-places", dict)  # instance id -> (zone, name)
+        out: list[Instance] = []
+        token = ""
+        for _page in range(20_000):  # 10 million instances: a loop that cannot end is a bug
+            before_page()
+            params: dict[str, Any] = {"filter": wanted, "maxResults": 500}
+            if token:
+                params["pageToken"] = token
+            page = conn.request("/aggregated/instances", method="GET", params=params).object
+            for scope, found in (page.get("items") or {}).items():
+                for doc in found.get("instances") or []:
+                    inst = self.instance_of(cloud.name, doc)
+                    places[inst.id] = (scope.rsplit("/", 1)[-1], inst.name)
+                    out.append(inst)
+            token = str(page.get("nextPageToken") or "")
+            if not token:
+                break
+        return out
+
+    def _place(self, cloud: LibcloudCloud, instance_id: str) -> tuple[str, str] | None:
+        """Where instance ``instance_id`` is (zone, name): from the last listing, else
+        one listing filtered on its id (not libcloud's every instance and disk)."""
+        places = cloud.remembered("gce-places", dict)
+        if instance_id not in places:
+            self._aggregated(cloud, f'id = "{instance_id}"')
+        return places.get(instance_id)  # type: ignore[no-any-return]
+
+    def host_key_node(self, cloud: LibcloudCloud, instance_id: str, size: str) -> Node | None:
+        """What the host-key readers need of the instance (its zone and name), without a
+        lookup when the fleet listing has seen it."""
+        from libcloud.compute.base import Node
+        from libcloud.compute.types import NodeState
+
+        place = self._place(cloud, instance_id)
+        if place is None:
+            return None
+        zone, name = place
+        return Node(instance_id, name, NodeState.UNKNOWN, [], [], cloud.driver,
+                    extra={"zone": SimpleNamespace(name=zone), "name": name})  # fmt: skip
+
+    def terminate(self, cloud: LibcloudCloud, instance_id: str) -> bool:
+        """``instances.delete`` by the instance's zone and name; the operation is not
+        waited for (the listing shows the instance going); False if it was gone."""
+        from libcloud.common.google import ResourceNotFoundError
+
+        place = self._place(cloud, instance_id)
+        if place is None:
+            return False
+        zone, name = place
+        try:
+            cloud.driver.connection.request(f"/zones/{zone}/instances/{name}", method="DELETE")
+        except ResourceNotFoundError:
+            return False
+        cloud.remembered("gce-places", dict).pop(instance_id, None)
+        return True
 
     def _zone(self, cloud: LibcloudCloud) -> str:
         zone = cloud.placement.zone or getattr(getattr(cloud.driver, "zone", None), "name", "")
