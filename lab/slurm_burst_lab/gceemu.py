@@ -167,11 +167,15 @@ class GceEmulator:
     """Compute's API for one project, as a WSGI app; serve with :meth:`start`."""
 
     def __init__(
-        self, project: str = PROJECT, quotas: Quotas | None = None, boot_delay: float = 0.0
-    ) -> None:
+        self, project: str = PROJECT, quotas: Quotas | None = None, boot_delay: float = 0.0,
+        keys_after: float | None = None,
+    ) -> None:  # fmt: skip
         self.project = project
         self.quotas = quotas
         self.boot_delay = boot_delay  # seconds an instance stays STAGING after its insert
+        # scale mode: every instance publishes a host key of its own this many seconds
+        # after it runs, as Google's guest environment does (None: only what publish says)
+        self.keys_after = keys_after
         self.calls: Counter[str] = Counter()
         self.requests: list[tuple[str, str, Any]] = []  # (method, path, body): the checks
         self.answers: list[tuple[str, Any]] = []  # (what, answer): the checks
@@ -814,6 +818,10 @@ class GceEmulator:
         self._instance(zone, name)
         path = q.get("queryPath", "")
         attrs = self.guest.get(name)
+        inst = self.instances[(zone, name)]
+        keys_at = inst["_made"] + self.boot_delay + (self.keys_after or 0.0)
+        if not attrs and self.keys_after is not None and time.time() >= keys_at:
+            attrs = {"ssh-ed25519": scale_key(inst["id"])}
         if path != "hostkeys/" or not attrs:
             raise ApiError(404, "notFound", f"The resource 'projects/{self.project}/zones/{zone}"
                                             f"/instances/{name}' guest attributes under "
@@ -1010,6 +1018,18 @@ def _tokens(expr: str) -> list[tuple[str, str]]:
     return out
 
 
+def scale_key(instance_id: str) -> str:
+    """A host key of the instance's own (scale mode): an ed25519 key blob whose 32 bytes
+    are a hash of its id, in the form the daemon's parser reads."""
+    import hashlib
+
+    blob = (
+        b"\x00\x00\x00\x0bssh-ed25519\x00\x00\x00\x20"
+        + hashlib.sha256(instance_id.encode()).digest()
+    )
+    return base64.b64encode(blob).decode()
+
+
 # Compute's default per-project quota groups (docs/scale.md), calls a minute
 DEFAULT_QUOTAS = {"default": 1500, "read_requests": 1500, "list_requests": 1500,
                   "operation_read_requests": 1500}  # fmt: skip
@@ -1029,6 +1049,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--quotas", type=float, default=None, metavar="F",
                     help="scale mode: Compute's default quotas times F")  # fmt: skip
     ap.add_argument("--boot-delay", type=float, default=0.0)
+    ap.add_argument("--keys-after", type=float, default=None, metavar="S",
+                    help="scale mode: each instance's host key, S s after it runs")  # fmt: skip
     args = ap.parse_args(argv)
     if args.quotas is not None and not 0 < args.quotas < 1e6:
         ap.error(f"--quotas {args.quotas}: a factor above 0")
@@ -1039,7 +1061,9 @@ def main(argv: list[str] | None = None) -> None:
     quotas = None
     if args.quotas is not None:
         quotas = Quotas({g: max(1, round(n * args.quotas)) for g, n in DEFAULT_QUOTAS.items()})
-    emu = GceEmulator(quotas=quotas, boot_delay=args.boot_delay)
+    if args.keys_after is not None and not 0 <= args.keys_after < 86400:
+        ap.error(f"--keys-after {args.keys_after}: seconds, from 0")
+    emu = GceEmulator(quotas=quotas, boot_delay=args.boot_delay, keys_after=args.keys_after)
     server = make_server("127.0.0.1", args.port, emu, threaded=True)
     emu.port = args.port
 

@@ -390,3 +390,46 @@ def test_the_fleet_is_one_listing_and_reads_and_teardowns_need_no_other(
     assert fresh.host_keys(g3.id) == []  # not listed by this one: found by its id
     assert emu.calls["aggregatedList"] == 3 and "list" not in emu.calls
     check_exchanges(emu)
+
+
+def test_in_scale_mode_instances_boot_and_publish_their_keys_on_their_own(tmp_path: Path) -> None:
+    """Scale mode's instances stay STAGING for the boot delay, then publish a host key
+    of their own ``keys_after`` seconds later, as the guest environment does."""
+    import urllib.error
+    import urllib.request
+
+    from slurm_burst_lab.gceemu import scale_key
+
+    from tests.conftest import wait
+
+    e = GceEmulator(boot_delay=3.0, keys_after=1.0)
+    e.start()
+    try:
+        base = f"http://127.0.0.1:{e.port}/compute/v1/projects/{PROJECT}/zones/{ZONE}/instances"
+        body = json.dumps({"name": "s-1", "machineType": "zones/x/machineTypes/e2-small"})
+        urllib.request.urlopen(urllib.request.Request(base, body.encode(), method="POST"))
+
+        def get(path: str) -> dict[str, Any]:
+            with urllib.request.urlopen(base + path) as r:
+                return dict(json.loads(r.read()))
+
+        assert get("/s-1")["status"] == "STAGING"  # 3 s: a loaded machine reads it sooner
+        with pytest.raises(urllib.error.HTTPError):
+            get("/s-1/getGuestAttributes?queryPath=hostkeys/")
+        wait(lambda: get("/s-1")["status"] == "RUNNING", 15, "the instance running")
+
+        def keys() -> list[dict[str, str]]:
+            try:
+                got = get("/s-1/getGuestAttributes?queryPath=hostkeys/")
+            except urllib.error.HTTPError:
+                return []
+            return list(got["queryValue"]["items"])
+
+        items = wait(keys, 15, "its host key published")
+        key = scale_key(e.instances[(ZONE, "s-1")]["id"])
+        assert items == [{"namespace": "hostkeys", "key": "ssh-ed25519", "value": key}]
+        from slurm_burst.core.hostkeys import key_entry
+
+        assert key_entry("ssh-ed25519", key) == ("ssh-ed25519", key)  # the daemon reads it
+    finally:
+        e.stop()
