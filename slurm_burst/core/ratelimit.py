@@ -263,6 +263,10 @@ class ApiBudgets:
             b = self._made[api] = TokenBucket(lim.refill * self.share, lim.burst)
         return b
 
+    def counted_as(self, api: str) -> str:
+        """``api``'s quota group, where the provider counts calls by group; else ``api``."""
+        return self.table.quota_of.get(api, api) if self.table is not None else api
+
     def _window(self, api: str) -> QuotaWindow | None:
         """The window of ``api``'s quota group, if its provider counts calls so."""
         group = self.table.quota_of.get(api) if self.table is not None else None

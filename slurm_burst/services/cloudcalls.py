@@ -86,6 +86,10 @@ class SharedBudget:
                     self._turns = dict(old[-TURNS_KEPT:])
             return wait
 
+    def counted_as(self, api: str) -> str:
+        """What the provider counts ``api``'s calls in: its quota group (GCE), or itself."""
+        return self.budgets.counted_as(api)
+
     def throttled(self, api: str) -> None:
         with self._lock:
             self.budgets.throttled(api, self.monotonic(), self.wall())
@@ -176,8 +180,8 @@ class ManagedCloud:
     def _throttled_answer(self, api: str) -> None:
         """The provider throttled ``api``: its shared rate is cut, and it is counted."""
         self.budget.throttled(api)
-        if self.metrics is not None:
-            self.metrics.api_throttled(self.name, api)
+        if self.metrics is not None:  # a quota group's, where the provider counts by group
+            self.metrics.api_throttled(self.name, self.budget.counted_as(api))
 
     def launch(self, spec: LaunchSpec) -> Instance:
         return self._call("launch", self.inner.launch, spec, made=1)

@@ -247,3 +247,13 @@ api_limits = { read_requests = [1, 0.05] }
     shared.throttled("instances.aggregatedList", 0.0, wall=611.0)
     assert shared.ready_in("instances.aggregatedList", 0.0, wall=611.0) == 50.0
     assert shared.ready_in("instances.get", 0.0, wall=611.0) == 0.0  # another group
+
+
+def test_a_throttled_gce_call_is_counted_under_its_quota_group() -> None:
+    from slurm_burst.adapters.cloud.providers.gce import API_TABLE
+
+    budget = SharedBudget("gcp", ApiBudgets(API_TABLE), wall=lambda: 610.0)
+    assert budget.counted_as("instances.getGuestAttributes") == "read_requests"
+    assert budget.counted_as("RunInstances") == "RunInstances"  # not in a group: itself
+    budget.throttled("instances.get")
+    assert budget.levels()["read_requests"] == 0.0  # the minute is spent

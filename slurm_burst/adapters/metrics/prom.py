@@ -136,14 +136,16 @@ class Metrics:
         self.api_budget = Gauge(
             "slurm_burst_cloud_api_tokens",
             "Request tokens the daemon's budget has left per provider account (named after "
-            "its first profile) and API; negative: promised to calls waiting their turn.",
+            "its first profile) and API, or calls left in a quota group's current minute "
+            "(GCE); negative: promised to calls waiting their turn.",
             ["account", "api"],
             registry=r,
         )
         self.api_throttles = Counter(
             "slurm_burst_cloud_api_throttled_total",
-            "Throttled answers (RequestLimitExceeded, HTTP 429/503) by provider and API: "
-            "the account's budget is spent by someone else too, or ours is set too high.",
+            "Throttled answers (RequestLimitExceeded, rateLimitExceeded, HTTP 429/503) by "
+            "provider and API (GCE: its quota group): the account's budget is spent by "
+            "someone else too, or ours is set too high.",
             ["provider", "api"],
             registry=r,
         )
