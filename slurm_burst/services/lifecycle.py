@@ -25,8 +25,7 @@ MESSAGE_MAX = 500  # characters of an error kept on the record (the event keeps 
 
 class Lifecycle:
     def __init__(self, store: NodeStore, clock: Clock) -> None:
-        self.store = store
-        self.nodes = store  # the part of it that is written here: its node records
+        self.store = store  # of it, only its node records (NodeBook) are written here
         self.clock = clock
 
     # -- what Slurm asks (the daemon's requests) ------------------------------------
@@ -35,7 +34,7 @@ class Lifecycle:
     ) -> NodeRecord:
         """A resume of a node that is down (``was``: its record, if it had one): asked
         for with a new launch sequence, its last error cleared."""
-        return self.nodes.transition(
+        return self.store.transition(
             name,
             NodeState.REQUESTED,
             self.clock.now(),
@@ -51,7 +50,7 @@ class Lifecycle:
     def asked_again(self, rec: NodeRecord) -> float:
         """A torn-down node still wanted up, asked for anew (a new launch token); when."""
         now = self.clock.now()
-        self.nodes.transition(
+        self.store.transition(
             rec.name,
             NodeState.REQUESTED,
             now,
@@ -67,20 +66,20 @@ class Lifecycle:
         changes: dict[str, object] = {"want": want}
         if jobs is not None:
             changes["jobs"] = jobs
-        self.nodes.update(name, **changes)
+        self.store.update(name, **changes)
 
     def serving(self, name: str, jobs: str) -> None:
         """The jobs a node up (or on its way) serves, as Slurm gave them."""
-        self.nodes.update(name, jobs=jobs)
+        self.store.update(name, jobs=jobs)
 
     def first_seen_down(self, name: str, group: str) -> None:
         """A suspend of a node never recorded: known from now on, terminated."""
-        self.nodes.transition(name, NodeState.TERMINATED, self.clock.now(), group=group)
+        self.store.transition(name, NodeState.TERMINATED, self.clock.now(), group=group)
 
     def released(self, name: str, code: str, message: str) -> None:
         """A node let go because another node of its job failed: wanted down, and why."""
-        self.nodes.update(name, want=Want.DOWN, error=code, message=message[:MESSAGE_MAX])
-        self.nodes.event(self.clock.now(), "node.released", name, message[:MESSAGE_MAX])
+        self.store.update(name, want=Want.DOWN, error=code, message=message[:MESSAGE_MAX])
+        self.store.event(self.clock.now(), "node.released", name, message[:MESSAGE_MAX])
 
     # -- the launch ------------------------------------------------------------------
     def launching(
@@ -93,9 +92,9 @@ class Lifecycle:
         fix = {"token": token, "provider": provider, "size": size, "market": market,
                "placement": placement}  # fmt: skip
         if rec.state == NodeState.REQUESTED:
-            return self.nodes.transition(rec.name, NodeState.LAUNCHING, self.clock.now(), **fix)
+            return self.store.transition(rec.name, NodeState.LAUNCHING, self.clock.now(), **fix)
         if any(getattr(rec, k) != v for k, v in fix.items()):
-            self.nodes.update(rec.name, **fix)
+            self.store.update(rec.name, **fix)
             return rec._replace(token=token, provider=provider, size=size, market=market,
                                 placement=placement)  # fmt: skip
         return rec
@@ -105,37 +104,37 @@ class Lifecycle:
         now = self.clock.now()
         with self.store.atomically():
             for rec, inst in pairs:
-                self.nodes.transition(
+                self.store.transition(
                     rec.name, NodeState.BOOTING, now, instance_id=inst.id, ip=inst.address
                 )
 
     def bootstrapping(self, name: str, ip: str, host_keys: Sequence[tuple[str, str]]) -> None:
         """The instance runs and its host keys are attested: bootstrap over SSH."""
         keys = json.dumps([list(k) for k in host_keys])
-        self.nodes.transition(name, NodeState.BOOTSTRAPPING, self.clock.now(), ip=ip,
+        self.store.transition(name, NodeState.BOOTSTRAPPING, self.clock.now(), ip=ip,
                               host_keys=keys)  # fmt: skip
 
     def meshed(self, name: str, wg_pubkey: str, mesh_addr: str) -> None:
         """The node's WireGuard key (made on it) and its address in the mesh."""
-        self.nodes.update(name, wg_pubkey=wg_pubkey, mesh_addr=mesh_addr)
+        self.store.update(name, wg_pubkey=wg_pubkey, mesh_addr=mesh_addr)
 
     def joined(self, name: str) -> None:
         """slurmd started on the node; it has not registered yet."""
-        self.nodes.transition(name, NodeState.JOINED, self.clock.now(), registered_at=0.0)
+        self.store.transition(name, NodeState.JOINED, self.clock.now(), registered_at=0.0)
 
     def registered(self, name: str, at: float) -> None:
         """slurmctld has the node's registration: it may run jobs."""
-        self.nodes.update(name, registered_at=at)
+        self.store.update(name, registered_at=at)
 
     # -- the end ------------------------------------------------------------------------
     def errored(self, name: str, code: str, message: str) -> None:
         """Why the node's instance is let go (it is replaced, or its spot capacity did
         not come), kept on the record before the teardown that follows."""
-        self.nodes.update(name, error=code, message=message[:MESSAGE_MAX])
+        self.store.update(name, error=code, message=message[:MESSAGE_MAX])
 
     def failed(self, name: str, code: str, message: str) -> NodeRecord:
         """A step failed: the node is wanted down and its record says why."""
-        return self.nodes.transition(
+        return self.store.transition(
             name,
             NodeState.FAILED,
             self.clock.now(),
@@ -150,11 +149,11 @@ class Lifecycle:
         if rec.state == NodeState.TERMINATING:
             return rec
         wants = {} if replacing else {"want": Want.DOWN}
-        return self.nodes.transition(rec.name, NodeState.TERMINATING, self.clock.now(), **wants)
+        return self.store.transition(rec.name, NodeState.TERMINATING, self.clock.now(), **wants)
 
     def terminated(self, name: str) -> None:
         """Everything of the instance is gone: nothing of it stays on the record."""
-        self.nodes.transition(
+        self.store.transition(
             name,
             NodeState.TERMINATED,
             self.clock.now(),

@@ -20,6 +20,11 @@ from slurm_burst.core.records import GroupHealth
 from slurm_burst.ports import NodeStore
 
 
+def pays_for(r: Tracked) -> bool:
+    """Whether the record's instance is one the site pays for now."""
+    return bool(r.instance_id) and r.state in LIVE and r.state != NodeState.FAILED
+
+
 def spend_rate(fleet: Fleet, records: Iterable[Tracked]) -> dict[str, int]:
     """Micro-dollars per hour of the instances live now, by group.
 
@@ -36,7 +41,7 @@ def spend_rate(fleet: Fleet, records: Iterable[Tracked]) -> dict[str, int]:
 
     out: dict[str, int] = {}
     for r in records:
-        if not r.instance_id or r.state not in LIVE or r.state == NodeState.FAILED:
+        if not pays_for(r):
             continue
         minute = int((r.requested_at or r.state_since) // 60)
         out[r.group] = out.get(r.group, 0) + price(r.size, gpus_of.get(r.group, 0), minute)
@@ -55,7 +60,7 @@ def fleet_status(
     live: dict[str, int] = {}
     held: dict[str, int] = {}
     for r in records:
-        if r.instance_id and r.state in LIVE and r.state != NodeState.FAILED:
+        if pays_for(r):
             live[r.group] = live.get(r.group, 0) + 1
         if holds_instance(r.state):
             held[r.group] = held.get(r.group, 0) + 1

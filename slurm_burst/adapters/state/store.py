@@ -531,10 +531,9 @@ class Store:
     def _forget_pulls(self, db: sqlite3.Connection) -> None:
         """The pulls of every job with no stage left."""
         known = {int(r[0]) for r in db.execute("SELECT job_id FROM stages")}
-        for prefix in (PULLED, ASKED, PULL_FAILED):
-            for key in self._items(prefix):
-                if _job_node(key)[0] not in known:
-                    self._delete(f"{prefix}{key}")
+        gone = [(f"{prefix}{key}",) for prefix in (PULLED, ASKED, PULL_FAILED)
+                for key in self._items(prefix) if _job_node(key)[0] not in known]  # fmt: skip
+        db.executemany("DELETE FROM meta WHERE key = ?", gone)
 
     # -- node groups: failures in a row, protected mode -----------------------
     def groups(self) -> dict[str, GroupHealth]:

@@ -217,7 +217,8 @@ class Gce(Provider):
         op = conn.request(f"/zones/{zone}/instances/bulkInsert", method="POST", data=body,
                           params={"requestId": request_id}).object  # fmt: skip
         failure = self._outcome(cloud, zone, str(op["name"]))
-        made = self.made(cloud, zone, labels[label(TOKEN_TAG)])
+        # what it made, by the token's label: one listing, and their places learnt with it
+        made = self._aggregated(cloud, f'labels.{label(TOKEN_TAG)} = "{labels[label(TOKEN_TAG)]}"')
         least = spec.min_count or len(names)
         if len(made) < least:
             if failure is not None:
@@ -263,22 +264,6 @@ class Gce(Provider):
         if scheduling:
             props["scheduling"] = scheduling
         return props
-
-    def made(self, cloud: LibcloudCloud, zone: str, token_label: str) -> list[Instance]:
-        """The zone's instances that carry a launch's token label (every page)."""
-        conn = cloud.driver.connection
-        out: list[Instance] = []
-        token = ""
-        while True:
-            params = {"filter": f'labels.{label(TOKEN_TAG)} = "{token_label}"',
-                      "maxResults": 500}  # fmt: skip
-            if token:
-                params["pageToken"] = token
-            page = conn.request(f"/zones/{zone}/instances", method="GET", params=params).object
-            out += [self.instance_of(cloud.name, doc) for doc in page.get("items") or []]
-            token = str(page.get("nextPageToken") or "")
-            if not token:
-                return out
 
     @staticmethod
     def instance_of(provider: str, doc: Mapping[str, Any]) -> Instance:
