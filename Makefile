@@ -90,11 +90,13 @@ VERSION_TESTS_26.05 := \
 	tests/lab/test_x_ec2.py::test_spot_refused_runs_a_4_node_job_on_demand_in_one_placement_group \
 	tests/lab/test_x_ec2.py::test_an_interruption_notice_signals_the_job_which_is_requeued_and_completes_elsewhere \
 	tests/lab/test_x_cap.py
-# The README's make demo (scripts/demo.sh) runs on the host's release and on the newest.
-DEMO_TEST := tests/lab/test_zy_demo.py
-DEMO_RELEASE := 26.05
+# On the host's release and again on the newest: the README's make demo (scripts/demo.sh),
+# and a job on GCE VMs end to end (the GCE emulator's instances boot that release's image).
+NEWEST_TOO := tests/lab/test_zy_demo.py \
+	tests/lab/test_x_gce.py::test_a_job_runs_on_gce_vms_bulk_launched_attested_by_guest_attributes_and_joined
+NEWEST := 26.05
 version_tests = $(VERSION_TESTS_COMMON) $(VERSION_TESTS_$(1)) \
-	$(if $(filter $(DEMO_RELEASE),$(1)),$(DEMO_TEST)) \
+	$(if $(filter $(NEWEST),$(1)),$(NEWEST_TOO)) \
 	tests/lab/test_zz_lab_down.py::test_down_removes_everything
 # As root the other releases run their shares; the host's run leaves them out.
 RELEASE_SHARES := $(foreach r,$(LAB_RELEASES),$(VERSION_TESTS_$(r)))

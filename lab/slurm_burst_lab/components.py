@@ -234,13 +234,18 @@ S3_CREDENTIALS = {"key": "AKIDSLURMBURSTLABS3", "secret": "lab-s3-secret-0123456
 
 
 def lab_env(cfg: Config) -> dict[str, str]:
-    """What the lab's daemon needs in its environment: the EC2 emulator's and the S3
-    server's credentials in the variables the lab's config names."""
+    """What the lab's daemon needs in its environment: the EC2 emulator's, the GCE
+    emulator's (a service account and its key file) and the S3 server's credentials in
+    the variables the lab's config names."""
     env: dict[str, str] = {}
     prov = cfg.providers.get(settings(cfg).ec2_provider)
     creds = prov.credentials if prov is not None else None
     if creds is not None and creds.key_env and creds.secret_env:
         env |= {creds.key_env: EC2_CREDENTIALS["key"], creds.secret_env: EC2_CREDENTIALS["secret"]}
+    gce = cfg.providers.get(settings(cfg).gce_provider)
+    gcreds = gce.credentials if gce is not None else None
+    if gcreds is not None and gcreds.key_env and gcreds.secret_env:
+        env |= {gcreds.key_env: GCE_ACCOUNT, gcreds.secret_env: str(gce_key_file(cfg))}
     store = cfg.stores.get(cfg.staging.store)
     s3 = store.credentials if store is not None else None
     if s3 is not None and s3.key_env and s3.secret_env:
@@ -313,11 +318,75 @@ def start_ec2(cfg: Config, paths: Paths) -> Proc:
     return proc
 
 
-def stop_ec2_vms(paths: Paths) -> None:
-    """Halt what a dead emulator left (it halts its VMs itself on SIGTERM)."""
-    from slurm_burst_lab.ec2vms import halt_all
+def stop_emulator_vms(paths: Paths) -> None:
+    """Halt what a dead emulator left (each halts its VMs itself on SIGTERM)."""
+    from slurm_burst_lab.labvms import halt_all
 
     halt_all(paths.state / "ec2")
+    halt_all(paths.state / "gce")
+
+
+# the service account the lab's GCE emulator serves tokens to (its key: gce_key_file)
+GCE_ACCOUNT = "slurm-burst@burst-lab.iam.gserviceaccount.com"
+
+
+def gce_key_file(cfg: Config) -> Path:
+    return Path(settings(cfg).state_dir) / "gce" / "service-account.json"
+
+
+def write_gce_key(cfg: Config) -> Path:
+    """The service account's key file (made here, 0600, as a site's would be): an RSA key
+    libcloud signs its token request with; the emulator checks the request's shape."""
+    import json
+
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import rsa
+
+    path = gce_key_file(cfg)
+    if path.exists():
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048).private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    )  # fmt: skip
+    prov = cfg.providers[settings(cfg).gce_provider]
+    doc = {"type": "service_account", "client_email": GCE_ACCOUNT, "private_key": key.decode(),
+           "project_id": str(prov.options.get("project", ""))}  # fmt: skip
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump(doc, f)
+    return path
+
+
+def start_gce(cfg: Config, paths: Paths) -> Proc:
+    """The Compute Engine emulator on the lab profile's endpoint, its instances booting as
+    VMs on the namespace cloud's bridge in a subnet of their own (lab.gce_subnet), each
+    STAGING until its VM starts (RUNNING: the guest boots, as on GCE); ready once it
+    answers."""
+    import urllib.request
+
+    from slurm_burst_lab.config import gce_port
+
+    lab = settings(cfg)
+    port = gce_port(cfg.providers[lab.gce_provider].options.get("endpoint"))
+    cloud = cfg.providers[lab.cloud_provider].options
+    write_gce_key(cfg)
+    bridge, delay = str(cloud.get("bridge", "sbl-inet")), str(cloud.get("boot_delay", 2.0))
+    argv = [sys.executable, "-m", "slurm_burst_lab.gceemu", str(port),
+            "--boot", str(paths.state / "gce"), "--bridge", bridge, "--range", lab.gce_subnet,
+            "--vm-delay", delay, "--boot-delay", delay, "--hide", str(paths.state)]  # fmt: skip
+    proc = spawn(argv, paths.log / "gce.out")
+
+    def ready() -> bool:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/_emulator/calls", timeout=5):
+                return True
+        except OSError:
+            return False
+
+    wait_for(ready, 60, "GCE emulator", proc)
+    return proc
 
 
 def start_daemon(cfg: Config, paths: Paths) -> Proc:

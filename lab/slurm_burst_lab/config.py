@@ -51,6 +51,16 @@ class LabConfig:
         "with its EC2 emulator, whose instances boot as VMs on the cloud bridge; '' none.",
         default="",
     )
+    gce_provider: str = doc(
+        "Provider profile (driver 'gce', options.endpoint http://127.0.0.1:PORT) the lab "
+        "serves with its Compute Engine emulator, whose instances boot as VMs on the cloud "
+        "bridge in a subnet of their own (gce_subnet); '' none.",
+        default="",
+    )
+    gce_subnet: str = doc(
+        "The GCE instances' subnet on the cloud bridge (its first address the bridge's).",
+        default="10.251.1.0/24",
+    )
     prometheus: str = doc(
         "HOST:PORT of the lab's Prometheus (Debian's package), which scrapes the daemon "
         "every second and evaluates the shipped alert rules with 2-s 'for' windows; '' none.",
@@ -115,4 +125,31 @@ def validate(lab: LabConfig, cfg: Config) -> list[Problem]:
             )
         elif not isinstance(ec2_port, int) or not 1024 <= ec2_port <= 65535:
             out.append(Problem("lab.ec2_provider", "its options.port must be 1024..65535"))
+    if lab.gce_provider:
+        out += _gce_problems(lab, cfg)
     return out
+
+
+def gce_port(endpoint: object) -> int | None:
+    """The port of a ``http://127.0.0.1:PORT`` endpoint (the lab's emulator), else None."""
+    m = re.fullmatch(r"http://127\.0\.0\.1:(\d{4,5})/?", str(endpoint or ""))
+    port = int(m.group(1)) if m else 0
+    return port if 1024 <= port <= 65535 else None
+
+
+def _gce_problems(lab: LabConfig, cfg: Config) -> list[Problem]:
+    gce = cfg.providers.get(lab.gce_provider)
+    if gce is None or gce.driver != "gce" or gce_port(gce.options.get("endpoint")) is None:
+        return [Problem("lab.gce_provider", "must name a provider profile with driver 'gce' "
+                        "and options.endpoint 'http://127.0.0.1:PORT' (the lab's Compute "
+                        "Engine emulator; PORT 1024..65535)")]  # fmt: skip
+    try:
+        net = ipaddress.IPv4Network(lab.gce_subnet)
+        cloud = ipaddress.ip_network(str(cfg.providers[lab.cloud_provider].options.get(
+            "subnet", "10.251.0.0/24")))  # fmt: skip
+    except (ValueError, KeyError) as exc:
+        return [Problem("lab.gce_subnet", f"is not an IPv4 network: {exc}")]
+    if net.overlaps(cloud) or net.num_addresses < 8:
+        return [Problem("lab.gce_subnet", f"must be a network of 8 addresses or more apart "
+                        f"from the namespace cloud's {cloud}")]  # fmt: skip
+    return []

@@ -29,7 +29,7 @@ more (see ../shared/docs/LAB-NOTES.md):
 - placement groups and spot capacity a test can refuse or withhold
   (:mod:`slurm_burst_lab.ec2market`, :attr:`Ec2Emulator.market`);
 
-- Booting (opt-in, :class:`~slurm_burst_lab.ec2vms.Ec2Vms`): each instance becomes a
+- Booting (opt-in, :class:`~slurm_burst_lab.labvms.LabVms`): each instance becomes a
   namespace VM at its private IP. Instances launched without a subnet go to the
   emulator's default subnet (``default_subnet``), a range of the lab bridge's subnet.
 
@@ -68,7 +68,7 @@ from urllib.parse import parse_qsl, urlencode
 
 from slurm_burst_lab.ec2imds import Imds
 from slurm_burst_lab.ec2market import Market
-from slurm_burst_lab.ec2vms import Ec2Vms
+from slurm_burst_lab.labvms import LabVms
 from slurm_burst_lab.loopback import serve, shut
 
 log = logging.getLogger(__name__)
@@ -188,7 +188,8 @@ class Ec2Emulator:
         self.buffer_lag = 0.0
         self.console_reads: list[dict[str, str]] = []
         self.made: dict[str, tuple[str, float]] = {}  # instance id -> (type, when made)
-        self.vms: Ec2Vms | None = None  # instances boot as VMs (the lab)
+        self.vms: LabVms | None = None  # instances boot as VMs (the lab)
+        self.key_pairs: dict[str, str] = {}  # key pair name -> public key line (booting)
         self.default_subnet = ""  # SubnetId for a RunInstances that names none
         self.market = Market(error_document, NS_EC2.decode())
         self.imds = Imds()  # each booted instance's metadata, in its own namespace
@@ -336,7 +337,10 @@ class Ec2Emulator:
         if action == "RunInstances":
             self._made(args, out)
         elif self.vms is not None and action == "ImportKeyPair":
-            self.vms.import_key(args.get("KeyName", ""), args.get("PublicKeyMaterial", ""))
+            line = _decoded(args.get("PublicKeyMaterial", ""))
+            if line:
+                with self._lock:
+                    self.key_pairs[args.get("KeyName", "")] = line.strip()
         elif self.vms is not None and action == "TerminateInstances":
             for key, value in params:
                 if key.startswith("InstanceId."):
@@ -362,8 +366,10 @@ class Ec2Emulator:
                 self.made.setdefault(iid, (item.findtext("e:instanceType", "", ns), now))
             if self.vms is not None and iid not in withheld:
                 ip = item.findtext("e:privateIpAddress", "", ns)
+                with self._lock:
+                    key = self.key_pairs.get(args.get("KeyName", ""), "")
                 self.vms.boot(
-                    iid, ip, args.get("UserData", ""), args.get("KeyName", ""),
+                    iid, ip, _decoded(args.get("UserData", "")) or None, (key,) if key else (),
                     args.get("ImageId", ""),
                 )  # fmt: skip
                 self.imds.serve(iid, self.vms.netns_of(iid))
@@ -851,7 +857,15 @@ class RemoteEmulator:
         self._proc.wait(timeout=30)
 
 
-def boot_vms(emu: Ec2Emulator, vms: Ec2Vms, vm_range: str) -> None:
+def _decoded(b64: str) -> str:
+    """A base64 parameter (user-data, a key pair's public key) as text; '' if it is not."""
+    try:
+        return base64.b64decode(b64).decode() if b64 else ""
+    except (ValueError, UnicodeDecodeError):
+        return ""
+
+
+def boot_vms(emu: Ec2Emulator, vms: LabVms, vm_range: str) -> None:
     """Booting on: a VPC and default subnet (``vm_range``, inside the lab bridge's subnet)
     for instances launched without one; call once the emulator serves."""
     import ipaddress
@@ -908,9 +922,9 @@ def main(argv: list[str] | None = None) -> None:
     emu = Ec2Emulator(serialize=bool(args.boot), scale=scale)
     server = make_server("127.0.0.1", args.port, emu, threaded=True)
     emu.port = args.port
-    vms: Ec2Vms | None = None
+    vms: LabVms | None = None
     if args.boot:
-        vms = Ec2Vms(args.boot, args.bridge, args.subnet, args.boot_delay, tuple(args.hide))
+        vms = LabVms(args.boot, args.bridge, args.subnet, args.boot_delay, tuple(args.hide))
         threading.Thread(target=lambda: boot_vms(emu, vms, args.vm_range), daemon=True).start()
 
     def stop(signum: int, frame: Any) -> None:

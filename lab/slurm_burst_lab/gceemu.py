@@ -26,7 +26,14 @@ boot nothing. This one is written for the lab. It serves:
   ``QUOTA_EXCEEDED``: :meth:`GceEmulator.limit`), faults injected per method;
 - rate quotas as Compute counts them, in scale mode (:class:`Quotas`): calls per quota
   group in each 60-s interval of the wall clock, answering 403 ``rateLimitExceeded``
-  past it (or 429, as Compute sometimes does).
+  past it (or 429, as Compute sometimes does);
+- booting (opt-in, :class:`~slurm_burst_lab.labvms.LabVms`; the lab): each instance
+  becomes a namespace VM on the lab's cloud bridge at its ``networkIP`` (the emulator's
+  address range there), running its ``startup-script``, root's authorized keys those
+  of its ``ssh-keys`` metadata, its host name its own name; its serial port 1 is the
+  VM's console, and its ``hostkeys/`` guest attributes the host keys printed there (what
+  Google's guest environment publishes). Deleting it halts the VM;
+- a control endpoint for the lab's tests (``/_emulator/calls``, ``/_emulator/quotas``).
 
 Where it is simpler than Compute, docs/providers.md says so. Every request is counted
 by method (:attr:`GceEmulator.calls`).
@@ -35,6 +42,7 @@ by method (:attr:`GceEmulator.calls`).
 from __future__ import annotations
 
 import base64
+import ipaddress
 import itertools
 import json
 import logging
@@ -49,6 +57,8 @@ from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import parse_qs
 
+from slurm_burst.core.hostkeys import parse_console_host_keys
+from slurm_burst_lab.labvms import LabVms
 from slurm_burst_lab.loopback import serve, shut
 
 log = logging.getLogger(__name__)
@@ -193,8 +203,8 @@ class GceEmulator:
         self._lock = threading.RLock()
         self._server: Any = None
         self.port = 0
-        self.on_insert: Callable[[dict[str, Any]], None] | None = None  # a VM boots (lab)
-        self.on_delete: Callable[[dict[str, Any]], None] | None = None
+        self.vms: LabVms | None = None  # instances boot as VMs (the lab)
+        self.vm_range: ipaddress.IPv4Network | None = None  # their addresses (with vms)
 
     # -- control ----------------------------------------------------------------------
     def start(self) -> int:
@@ -253,6 +263,8 @@ class GceEmulator:
         try:
             if path in ("/token", "/o/oauth2/token"):
                 return self._json(start_response, 200, self._token(raw))
+            if path.startswith("/_emulator/"):
+                return self._json(start_response, 200, self._control(path[11:], query))
             if not path.startswith(f"{API}/projects/"):
                 raise ApiError(404, "notFound", f"The requested URL {path} was not found.")
             body = json.loads(raw) if raw else None
@@ -290,6 +302,23 @@ class GceEmulator:
         self.calls["token"] += 1
         return {"access_token": f"ya29.emulator-{next(self._ids)}", "token_type": "Bearer",
                 "expires_in": 3599}  # fmt: skip
+
+    def _control(self, what: str, q: Mapping[str, str]) -> dict[str, Any]:
+        """The lab's tests' switches: ``calls`` (counts by method, throttled answers by
+        quota group, the most calls of a group in one window); ``quotas?factor=F``
+        (Compute's default quotas times F from now on; 0: none)."""
+        with self._lock:
+            if what == "quotas":
+                factor = float(q.get("factor", "0"))
+                if not (math.isfinite(factor) and 0 <= factor < 1e6):
+                    raise ApiError(400, "invalid", f"quotas factor {q.get('factor')!r}")
+                self.quotas = scaled_quotas(factor) if factor else None
+            elif what != "calls":
+                raise ApiError(404, "notFound", f"no emulator control {what!r}")
+            quotas = self.quotas
+            return {"calls": dict(self.calls),
+                    "throttled": dict(quotas.throttled) if quotas else {},
+                    "most_in_a_window": quotas.most_in_a_window() if quotas else {}}  # fmt: skip
 
     # -- routing ------------------------------------------------------------------------
     def _route(self, method: str, rest: str, q: dict[str, str], body: Any) -> Any:
@@ -566,12 +595,11 @@ class GceEmulator:
         network = f"{SELF}/projects/{self.project}/global/networks/default"
         subnet = f"{_region_url(self.project, ZONES[zone])}/subnetworks/default"
         for i, nic in enumerate(props.get("networkInterfaces") or [{}]):
-            n = len(self.instances)
             nics.append({
                 "kind": "compute#networkInterface", "name": f"nic{i}",
                 "network": nic.get("network") or network,
                 "subnetwork": nic.get("subnetwork") or subnet,
-                "networkIP": f"10.251.{(n // 250) % 250}.{n % 250 + 2}",
+                "networkIP": self._address(),
                 "fingerprint": "nicfp0000=", "stackType": "IPV4_ONLY",
             })  # fmt: skip
         inst: dict[str, Any] = {
@@ -599,9 +627,37 @@ class GceEmulator:
         if props.get("guestAccelerators"):
             inst["guestAccelerators"] = list(props["guestAccelerators"])
         self.instances[(zone, name)] = inst
-        if self.on_insert is not None:
-            self.on_insert(self._shown(inst))
+        if self.vms is not None:
+            self._boot(inst)
         return inst
+
+    def _address(self) -> str:
+        """A new instance's internal IP: with booting, the lowest of the range no live
+        instance holds (Compute reuses a deleted instance's address too); else one more."""
+        if self.vm_range is None:
+            n = len(self.instances)
+            return f"10.251.{(n // 250) % 250}.{n % 250 + 2}"
+        held = {nic["networkIP"] for inst in self.instances.values()
+                for nic in inst["networkInterfaces"]}  # fmt: skip
+        for host in list(self.vm_range.hosts())[1:]:  # the first is the range's gateway
+            if str(host) not in held:
+                return str(host)
+        raise ApiError(400, "IP_SPACE_EXHAUSTED",
+                       f"Subnetwork range {self.vm_range} has no free address")  # fmt: skip
+
+    def _boot(self, inst: dict[str, Any]) -> None:
+        """The instance's VM: its startup script, the ``ssh-keys`` of its metadata as
+        root's authorized keys, its boot disk's image (as the lab maps images)."""
+        assert self.vms is not None
+        meta = {i.get("key"): str(i.get("value", "")) for i in inst["metadata"]["items"]}
+        keys = tuple(line.partition(":")[2].strip()
+                     for line in meta.get("ssh-keys", "").splitlines() if ":" in line)  # fmt: skip
+        boot = next((d for d in inst["disks"] if d.get("boot")), None)
+        image = _last(self.disks.get((_last(inst["zone"]), _last(boot["source"])), {})
+                      .get("sourceImage", "")) if boot else ""  # fmt: skip
+        self.vms.boot(inst["id"], inst["networkInterfaces"][0]["networkIP"],
+                      meta.get("startup-script") or None, tuple(k for k in keys if k), image,
+                      hostname=inst["name"])  # fmt: skip
 
     def _room_for(self, mtype: str, zone: str) -> float:
         return self.room.get((mtype, zone), math.inf)
@@ -744,8 +800,8 @@ class GceEmulator:
             self.room[(mtype, zone)] += 1
         self.guest.pop(name, None)
         self.serial.pop(name, None)
-        if self.on_delete is not None:
-            self.on_delete(inst)
+        if self.vms is not None:
+            self.vms.halt(inst["id"])
         return self._operation_done("delete", inst["selfLink"], inst["id"], zone=zone, q=q)
 
     def _set_labels(self, zone: str, name: str, body: Any, q: Mapping[str, str]) -> dict[str, Any]:
@@ -822,6 +878,8 @@ class GceEmulator:
         keys_at = inst["_made"] + self.boot_delay + (self.keys_after or 0.0)
         if not attrs and self.keys_after is not None and time.time() >= keys_at:
             attrs = {"ssh-ed25519": scale_key(inst["id"])}
+        if not attrs and self.vms is not None:  # what the guest environment publishes
+            attrs = dict(parse_console_host_keys(self.vms.console(inst["id"]) or ""))
         if path != "hostkeys/" or not attrs:
             raise ApiError(404, "notFound", f"The resource 'projects/{self.project}/zones/{zone}"
                                             f"/instances/{name}' guest attributes under "
@@ -837,6 +895,8 @@ class GceEmulator:
         if q.get("port", "1") != "1":
             raise ApiError(400, "invalid", "Only serial port 1 is served by the emulator")
         text = self.serial.get(name, "")
+        if not text and self.vms is not None:
+            text = self.vms.console(self.instances[(zone, name)]["id"]) or ""
         start = max(0, int(q.get("start") or 0))
         return {"kind": "compute#serialPortOutput", "contents": text[start:], "start": str(start),
                 "next": str(len(text)), "selfLink": f"{_zone_url(self.project, zone)}/instances/"
@@ -1035,10 +1095,24 @@ DEFAULT_QUOTAS = {"default": 1500, "read_requests": 1500, "list_requests": 1500,
                   "operation_read_requests": 1500}  # fmt: skip
 
 
+def scaled_quotas(factor: float) -> Quotas:
+    """Compute's default quotas times ``factor`` (at least one call a window each)."""
+    return Quotas({g: max(1, round(n * factor)) for g, n in DEFAULT_QUOTAS.items()})
+
+
+def boot_vms(emu: GceEmulator, vms: LabVms, vm_range: str) -> None:
+    """Booting on: the instances' addresses are ``vm_range`` (a subnet of its own on the
+    lab's cloud bridge, its first address the bridge's), their VMs ``vms``."""
+    emu.vm_range = ipaddress.IPv4Network(vm_range)
+    vms.ensure_network()
+    emu.vms = vms
+
+
 def main(argv: list[str] | None = None) -> None:
     """``python -m slurm_burst_lab.gceemu PORT``: Compute's API for the lab's project on
     127.0.0.1:PORT; ``--quotas F``: scale mode, Compute's default rate quotas times F
-    (403 rateLimitExceeded past them); ``--boot-delay S``: instances STAGING for S s."""
+    (403 rateLimitExceeded past them); ``--boot-delay S``: instances STAGING for S s;
+    ``--boot STATE_DIR``: instances boot as namespace VMs (the lab); SIGTERM halts them."""
     import argparse
     import signal
 
@@ -1051,6 +1125,21 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--boot-delay", type=float, default=0.0)
     ap.add_argument("--keys-after", type=float, default=None, metavar="S",
                     help="scale mode: each instance's host key, S s after it runs")  # fmt: skip
+    ap.add_argument(
+        "--boot",
+        metavar="STATE_DIR",
+        default="",
+        help="instances boot as namespace VMs (the lab), kept under STATE_DIR",
+    )
+    ap.add_argument("--bridge", default="sbl-inet")
+    ap.add_argument(
+        "--range",
+        dest="vm_range",
+        default="10.251.1.0/24",
+        help="with --boot: the instances' subnet on the bridge",
+    )
+    ap.add_argument("--vm-delay", type=float, default=2.0, help="with --boot: VM boot seconds")
+    ap.add_argument("--hide", action="append", default=[])
     args = ap.parse_args(argv)
     if args.quotas is not None and not 0 < args.quotas < 1e6:
         ap.error(f"--quotas {args.quotas}: a factor above 0")
@@ -1058,12 +1147,15 @@ def main(argv: list[str] | None = None) -> None:
         ap.error(f"--boot-delay {args.boot_delay}: seconds, from 0")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     logging.getLogger("werkzeug").setLevel(logging.ERROR)
-    quotas = None
-    if args.quotas is not None:
-        quotas = Quotas({g: max(1, round(n * args.quotas)) for g, n in DEFAULT_QUOTAS.items()})
+    quotas = scaled_quotas(args.quotas) if args.quotas is not None else None
     if args.keys_after is not None and not 0 <= args.keys_after < 86400:
         ap.error(f"--keys-after {args.keys_after}: seconds, from 0")
     emu = GceEmulator(quotas=quotas, boot_delay=args.boot_delay, keys_after=args.keys_after)
+    vms: LabVms | None = None
+    if args.boot:
+        net = ipaddress.IPv4Network(args.vm_range)
+        vms = LabVms(args.boot, args.bridge, str(net), args.vm_delay, tuple(args.hide))
+        boot_vms(emu, vms, str(net))
     server = make_server("127.0.0.1", args.port, emu, threaded=True)
     emu.port = args.port
 
@@ -1071,7 +1163,11 @@ def main(argv: list[str] | None = None) -> None:
         threading.Thread(target=server.shutdown, daemon=True).start()
 
     signal.signal(signal.SIGTERM, stop)
-    server.serve_forever()
+    try:
+        server.serve_forever()
+    finally:
+        if vms is not None:
+            vms.halt_all()
 
 
 if __name__ == "__main__":

@@ -32,7 +32,7 @@ from slurm_burst.wiring.light import scheduler
 from slurm_burst_lab import accounting, images, simnvml
 from slurm_burst_lab import components as c
 from slurm_burst_lab.config import settings
-from slurm_burst_lab.ec2vms import register_image
+from slurm_burst_lab.labvms import register_image
 from slurm_burst_lab.nscloud import net, vm
 from slurm_burst_lab.slurmroot import RootError, SlurmRoot, remove_tree
 
@@ -223,6 +223,13 @@ class Lab:
             for ami in {g.image for g in self.cfg.node_groups.values()
                         if self.lab.ec2_provider in g.providers}:  # fmt: skip
                 register_image(self.paths.state / "ec2", ami, image, (self.lab.shared_dir,))
+        if self.lab.gce_provider:
+            self.progress("cloud: GCE emulator (its instances boot as VMs on that bridge)")
+            record["processes"]["gce"] = vars(c.start_gce(self.cfg, self.paths))
+            self._write_record(record)
+            for name in {g.image for g in self.cfg.node_groups.values()
+                         if self.lab.gce_provider in g.providers}:  # fmt: skip
+                register_image(self.paths.state / "gce", name, image, (self.lab.shared_dir,))
         if self.lab.daemon:
             self.progress("slurm-burst daemon (WireGuard hub, provisioning)")
             record["processes"]["daemon"] = vars(c.start_daemon(self.cfg, self.paths))
@@ -304,12 +311,13 @@ class Lab:
         if daemon:  # first: it must not act on what is being removed
             c.stop(c.Proc(daemon["pid"], daemon["start"]), grace=10.0)
             removed.append("daemon")
-        ec2 = (record.get("processes") or {}).get("ec2")
-        if ec2:  # it halts its VMs on SIGTERM
-            c.stop(c.Proc(ec2["pid"], ec2["start"]), grace=20.0)
-            removed.append("EC2 emulator")
+        for key, what in (("ec2", "EC2 emulator"), ("gce", "GCE emulator")):
+            emu = (record.get("processes") or {}).get(key)
+            if emu:  # it halts its VMs on SIGTERM
+                c.stop(c.Proc(emu["pid"], emu["start"]), grace=20.0)
+                removed.append(what)
         if self.paths.state.exists():
-            c.stop_ec2_vms(self.paths)
+            c.stop_emulator_vms(self.paths)
         if self.paths.state.exists() or record:
             try:
                 self.cloud().ex_teardown(every_vm_network=True)

@@ -27,8 +27,8 @@ from tests.providers import azure, gce, http, openstack  # noqa: F401  (fixtures
 FAULT_MATRIX: list[tuple[str, str, str, str]] = []
 # the soak's figures (test_z_soak fills it)
 SOAK: dict[str, Any] = {}
-# per-node step figures of the EC2 join (test_x_ec2 fills it)
-EC2_JOIN: dict[str, Any] = {}
+# per-node step figures of the EC2 and GCE joins (test_x_ec2, test_x_gce fill it)
+CLOUD_JOIN: dict[str, Any] = {}
 # seconds of each step of the deployment's fixtures (test_x_deploy fills it)
 DEPLOY: dict[str, float] = {}
 # the GPU job whose GPU test_x_gpu kept 90 % busy: {"job": id} (test_y_ledger checks it)
@@ -45,7 +45,7 @@ needs_root = pytest.mark.skipif(
 # (Ansible's plays, 25 and 32 VMs booting at once), and in make test the unit and
 # integration tiers share the machine during the lab run's first part, in which the
 # modules that mostly wait on Slurm's and the daemon's timers do better.
-LATE = ("test_x_deploy.py", "test_x_ec2.py", "test_x_prolog.py")
+LATE = ("test_x_deploy.py", "test_x_ec2.py", "test_x_gce.py", "test_x_prolog.py")
 LAST = ("test_y_ledger.py", "test_zy_demo.py", "test_zz_lab_down.py")
 
 
@@ -86,9 +86,9 @@ def pytest_runtest_makereport(
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
-    if EC2_JOIN:
-        terminalreporter.section("EC2 join (lab emulator)")
-        for key, value in EC2_JOIN.items():
+    if CLOUD_JOIN:
+        terminalreporter.section("EC2 and GCE joins (the lab's emulators)")
+        for key, value in CLOUD_JOIN.items():
             terminalreporter.write_line(f"{key:<28} {value}")
     if DEPLOY:
         terminalreporter.section("deployment (seconds a step)")

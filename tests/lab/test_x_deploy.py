@@ -38,7 +38,7 @@ from libcloud.compute.providers import get_driver
 from libcloud.compute.types import NodeState, Provider
 from slurm_burst_lab import images
 from slurm_burst_lab.components import EC2_CREDENTIALS
-from slurm_burst_lab.ec2vms import register_image
+from slurm_burst_lab.labvms import register_image
 from slurm_burst_lab.mirror import MirrorRelay, TcpRelay
 from slurm_burst_lab.service import Lab
 

@@ -20,7 +20,7 @@ from slurm_burst_lab.service import Lab
 from slurm_burst.adapters.state.store import Store
 from slurm_burst.config import Config
 from tests.conftest import wait
-from tests.lab.conftest import EC2_JOIN, sh
+from tests.lab.conftest import CLOUD_JOIN, sh
 
 NODES = ("burst-ec2-1", "burst-ec2-2")
 
@@ -66,7 +66,7 @@ def test_a_job_runs_on_ec2_instances_the_ec2_profile_launched_attested_and_joine
     for name in NODES:
         steps = dict(re.findall(rf"node\.step node={name} step=([\w-]+) seconds=([\d.]+)", log))
         assert "attest" in steps, f"no attest step logged for {name}"
-        EC2_JOIN[name] = {k: steps[k] for k in ("launch", "boot", "attest", "ssh", "slurmd")
+        CLOUD_JOIN[name] = {k: steps[k] for k in ("launch", "boot", "attest", "ssh", "slurmd")
                           if k in steps}  # fmt: skip
     # released: instances terminated through the API, their VMs halted
     sh(env, "scontrol", "update", f"nodename={','.join(NODES)}", "state=power_down")
@@ -111,7 +111,7 @@ def test_a_burst_of_32_ec2_vms_joins_every_node_and_runs_its_job_while_ec2_throt
     recs = [store.node(n) for n in WIDE]
     assert all(r is not None and r.instance_id.startswith("i-") and not r.error for r in recs)
     calls = [(action, throttled) for _, action, throttled in seen["timeline"]]
-    EC2_JOIN["burst-ec2x-[1-32]"] = {  # the run's figures, in the session's summary
+    CLOUD_JOIN["burst-ec2x-[1-32]"] = {  # the run's figures, in the session's summary
         "srun_s": f"{took:.1f}", "calls": str(len(calls)), "throttled": str(seen["throttled"]),
         **{a: str(sum(1 for b, _ in calls if b == a)) for a in sorted({a for a, _ in calls})},
     }  # fmt: skip
@@ -227,7 +227,7 @@ def test_spot_withheld_falls_back_after_the_wait_and_the_job_runs(
     assert any(e["event"] == "size.unavailable" and "SpotCapacityWait" in e["detail"]
                for e in events)  # fmt: skip
     assert not [e for e in events if e["event"] in ("node.failed", "node.released")], events
-    EC2_JOIN["spot withheld -> on-demand, job ran"] = {"srun_s": f"{took:.1f}"}
+    CLOUD_JOIN["spot withheld -> on-demand, job ran"] = {"srun_s": f"{took:.1f}"}
     _release(env, lab, store, nodes)
 
 
@@ -292,5 +292,5 @@ def test_an_interruption_notice_signals_the_job_which_is_requeued_and_completes_
 
     (row,) = wait(reclaimed, 30, "the reclaim in the ledger")
     assert row["failure_code"] == "SpotInterruption", row
-    EC2_JOIN["interruption notice -> USR1"] = {"seconds": f"{took:.2f}"}
+    CLOUD_JOIN["interruption notice -> USR1"] = {"seconds": f"{took:.2f}"}
     _release(env, lab, store, [info["NodeList"]])
