@@ -151,25 +151,27 @@ def launching(
 
 
 def resume(cfg: Config, nodes: int) -> None:
-    """Slurm's ResumeProgram for nodes aws-[1-nodes]: the hook, a process of its own."""
-    hook = [sys.executable, "-m", "slurm_burst", "--config", cfg.source, "resume",
-            f"aws-[1-{nodes}]"]  # fmt: skip
+    """Slurm's ResumeProgram for the cpu group's nodes 1 to ``nodes`` (aws-[1-nodes]):
+    the hook, a process of its own."""
+    hosts = cfg.node_groups["cpu"].pattern.replace("{n}", f"[1-{nodes}]")
+    hook = [sys.executable, "-m", "slurm_burst", "--config", cfg.source, "resume", hosts]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     subprocess.run(hook, check=True, env=env, capture_output=True)
 
 
 def daemon_parts(
-    cfg: Config, tmp: Path, scheduler: FakeScheduler
-) -> tuple[DaemonParts, LibcloudCloud]:
-    """The daemon's real parts for a run against the emulator (the ledger and state
-    database in ``tmp``), with a fake mesh and Slurm; and the EC2 profile inside."""
+    cfg: Config, tmp: Path, scheduler: FakeScheduler, provider: str = "aws",
+    size: str = "c5.large",
+) -> tuple[DaemonParts, LibcloudCloud]:  # fmt: skip
+    """The daemon's real parts for a run against an emulator (the ledger and state
+    database in ``tmp``), with a fake mesh and Slurm; and the ``provider`` profile inside."""
     key = str(tmp / "ssh" / "id_ed25519")
     sql = sql_ledger(cfg, check_schema=False)
     sql.upgrade()
     clouds = managed_clouds(cfg)
-    aws = clouds["aws"].inner
-    assert isinstance(aws, LibcloudCloud)
-    aws._size("c5.large")  # the size table, read once at start (as a first launch does)
+    cloud = clouds[provider].inner
+    assert isinstance(cloud, LibcloudCloud)
+    cloud._size(size)  # the size table, read once at start (as a first launch does)
     clock = system_clock()
     parts = DaemonParts(
         store=Store(state_db_path(cfg)),
@@ -182,7 +184,7 @@ def daemon_parts(
         leader=SoleLeader("bench"),
         clock=clock,
     )
-    return parts, aws
+    return parts, cloud
 
 
 def watch(store: Store, aws: LibcloudCloud) -> dict[str, float]:

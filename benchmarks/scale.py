@@ -1,11 +1,16 @@
-"""A 1,000-node EC2 burst within EC2's API limits: the daemon's real path from the resume
-hook to every node joined, against the EC2 emulator in its scale mode (EC2's documented
-request buckets per API, which answer RequestLimitExceeded; instances pending for
-``--boot`` s; host keys on the console ``--console`` s after that).
+"""A 1,000-node burst within the provider's API limits: the daemon's real path from the
+resume hook to every node joined, against an emulator in its scale mode. EC2
+(``--provider ec2``): the EC2 emulator with EC2's documented request buckets per API,
+which answer RequestLimitExceeded; instances pending for ``--boot`` s; host keys on the
+console ``--console`` s after that. GCE (``--provider gce``): the Compute Engine
+emulator with Compute's default rate quotas (per group, per wall-clock minute, 403
+rateLimitExceeded past them); instances STAGING for ``--boot`` s; host keys in their
+guest attributes ``--console`` s after that.
 
 What is real: the resume hook (a new process, as Slurm runs it), the daemon's request
 handling, launcher, provisioner, workers and timers, fleet listing, API budgets,
-reconcile loop, state database and ledger, libcloud's EC2 driver over HTTP with SigV4.
+reconcile loop, state database and ledger, libcloud's EC2 driver over HTTP with SigV4
+(GCE: libcloud's GCE driver after a token exchange, one bulkInsert per 1,000).
 What is not: the SSH bootstrap is a fake of fixed duration (``--join`` s: nothing boots
 in the emulator), and Slurm is the tests' fake scheduler. Times are real (no virtual
 clock): a run takes about boot + console + a minute.
@@ -14,11 +19,13 @@ Prints one JSON object (``--json``) or a table: ``calls_per_joined_node`` (every
 call from the hook to the last join, over the nodes joined), ``peak_calls_per_s`` (the
 most in any second), ``max_sustained_action_rate_ratio`` (the highest of any action's
 calls in a 60-s window over 60 s, over that action's documented refill),
-``throttled_answers``, ``nodes_failed``, ``launch_to_all_attested_s`` and
+``throttled_answers``, ``nodes_failed`` (GCE: ``most_in_a_quota_window`` per group and
+``max_quota_window_ratio``, the most over the quota), ``launch_to_all_attested_s`` and
 ``launch_to_all_joined_s`` (from the first launch answer), ``daemon_cpu_s_per_node``,
-``daemon_peak_rss_mb``; and the goals (issue 31).
+``daemon_peak_rss_mb``; and the goals (issues 31 and 49).
 
     python benchmarks/scale.py --provider ec2 --nodes 1000 --json
+    python benchmarks/scale.py --provider gce --nodes 1000 --json
 """
 
 from __future__ import annotations
@@ -40,6 +47,12 @@ sys.path.insert(0, str(ROOT))
 
 from launch import burners, daemon_parts, resume  # noqa: E402
 from slurm_burst_lab.ec2emu import RemoteEmulator, Scale, bucket_of  # noqa: E402
+from slurm_burst_lab.gceemu import (  # noqa: E402
+    ACCOUNT,
+    DEFAULT_QUOTAS,
+    RemoteGceEmulator,
+    write_key_file,
+)
 
 from slurm_burst.config import Config, load_config  # noqa: E402
 from slurm_burst.core.cloud import Instance, LaunchSpec  # noqa: E402
@@ -58,12 +71,42 @@ GOALS = {
     "daemon_cpu_s_per_node": 0.05,
     "daemon_peak_rss_mb": 300.0,
 }
+# GCE's: no quota group past its window instead of EC2's bucket rates
+GCE_GOALS = {k: v for k, v in GOALS.items() if k not in ("peak_calls_per_s",
+             "max_sustained_action_rate_ratio")} | {"max_quota_window_ratio": 1.0}  # fmt: skip
+
+# the GCE profile and node group, in place of the EC2 ones of the EC2 tests' config
+GCE = """
+[providers.gcp]
+driver = "gce"
+region = "us-central1"
+zone = "us-central1-a"
+credentials = {{ key_env = "SB_BENCH_GCE_ACCOUNT", secret_env = "SB_BENCH_GCE_KEY_FILE" }}
+options = {{ project = "burst-lab", endpoint = "{endpoint}", credential_file = "{tmp}/token" }}
+
+[node_groups.cpu]
+pattern = "gce-{{n}}"
+count = {nodes}
+partition = "burst-gce"
+providers = ["gcp"]
+sizes = ["n2-standard-2"]
+image = "slurm-burst-node-v1"
+cpus = 2
+memory_mb = 3500
+price_per_hour = {{ "n2-standard-2" = 0.0971 }}
+
+"""
 
 
-def config(tmp: Path, port: int, nodes: int) -> Config:
+def config(tmp: Path, port: int, nodes: int, provider: str = "ec2") -> Config:
     cluster = f"scale-{time.time_ns() % 10**9}"
     text = CONFIG.format(cluster=cluster, tmp=tmp, port=port, spot="false")
     text = text.replace("count = 64", f"count = {nodes}")
+    if provider == "gce":
+        head, rest = text.split("[providers.aws]", 1)
+        tail = rest[rest.index("[ledger]") :]
+        text = head + GCE.format(endpoint=f"http://127.0.0.1:{port}", tmp=tmp,
+                                 nodes=nodes) + tail  # fmt: skip
     text = text.replace("workers = 8\n", "")  # the defaults: 64 workers, 200 join slots
     text = text.replace("api_backoff = 0.01\napi_backoff_max = 0.05\n", "")
     text = text.replace("poll_period = 1\n", "poll_period = 10\n")
@@ -73,21 +116,30 @@ def config(tmp: Path, port: int, nodes: int) -> Config:
     return load_config(path)
 
 
-def run(nodes: int, scale: Scale, join_s: float) -> dict[str, Any]:
-    emu = RemoteEmulator(scale)
-    try:
-        with tempfile.TemporaryDirectory() as d:
+def run(nodes: int, scale: Scale, join_s: float, provider: str = "ec2") -> dict[str, Any]:
+    with tempfile.TemporaryDirectory() as d:
+        if provider == "gce":
+            gce = RemoteGceEmulator(scale.throttle, scale.boot, scale.console)
+            try:
+                os.environ["SB_BENCH_GCE_KEY_FILE"] = str(write_key_file(Path(d) / "sa.json"))
+                return _run(gce, Path(d), nodes, scale, join_s, "gce")
+            finally:
+                gce.stop()
+        emu = RemoteEmulator(scale)
+        try:
             return _run(emu, Path(d), nodes, scale, join_s)
-    finally:
-        emu.stop()
+        finally:
+            emu.stop()
 
 
-def _run(emu: RemoteEmulator, tmp: Path, nodes: int, scale: Scale, join_s: float) -> dict[str, Any]:
+def _run(emu: RemoteEmulator | RemoteGceEmulator, tmp: Path, nodes: int, scale: Scale,
+         join_s: float, provider: str = "ec2") -> dict[str, Any]:  # fmt: skip
     (tmp / "slurm").mkdir()
-    cfg = config(tmp, emu.port, nodes)
+    cfg = config(tmp, emu.port, nodes, provider)
     names = cfg.node_groups["cpu"].node_names()
     slurm = FakeScheduler.cloud_nodes(names)
-    parts, aws = daemon_parts(cfg, tmp, slurm)
+    gce = provider == "gce"
+    parts, aws = daemon_parts(cfg, tmp, slurm, *(("gcp", "n2-standard-2") if gce else ()))
     store = parts.store
     clock = parts.clock
     daemon = assemble(cfg, parts)
@@ -123,6 +175,7 @@ def _run(emu: RemoteEmulator, tmp: Path, nodes: int, scale: Scale, join_s: float
     emu.clear()
     cpu0 = time.process_time()
     t0 = time.monotonic()
+    wall0 = time.time()
     started = time.perf_counter()
     resume(cfg, nodes)
     deadline = started + scale.boot + scale.console + 900
@@ -142,11 +195,17 @@ def _run(emu: RemoteEmulator, tmp: Path, nodes: int, scale: Scale, join_s: float
     cpu = time.process_time() - cpu0
     daemon.stop.set()
     runner.join(timeout=60)
-    seen = emu.timeline()
-    line = [(t - t0, a, thr) for t, a, thr in seen["timeline"]]
+    if isinstance(emu, RemoteGceEmulator):  # wall-clock times: Compute's windows are minutes
+        line = [(t - wall0, a, thr) for t, a, thr in emu.timeline() if a != "token"]
+        throttled = sum(1 for _, _, thr in line if thr)
+    else:
+        seen = emu.timeline()
+        line = [(t - t0, a, thr) for t, a, thr in seen["timeline"]]
+        throttled = int(seen["throttled"])
     answer = marks.get("launch_answer", started)
-    return {
-        "provider": "ec2",
+    learned = prov._console_delays.get("gcp" if gce else "aws", [])
+    out = {
+        "provider": provider,
         "nodes": nodes,
         "boot_s": scale.boot,
         "console_after_boot_s": scale.console,
@@ -157,17 +216,26 @@ def _run(emu: RemoteEmulator, tmp: Path, nodes: int, scale: Scale, join_s: float
         "calls": dict(Counter(a for _, a, _ in line)),
         "calls_per_joined_node": round(len(line) / max(1, len(joined)), 3),
         "peak_calls_per_s": _peak([t for t, _, _ in line], 1.0),
-        "max_sustained_action_rate_ratio": _sustained(line, scale.throttle),
-        "throttled_answers": int(seen["throttled"]),
+        "throttled_answers": throttled,
         "calls_per_10s": _histogram(line, marks.get("launch_answer_mono", t0) - t0),
         "hook_to_first_launch_call_s": round(marks.get("launch_call", started) - started, 2),
         "hook_to_launch_answer_s": round(answer - started, 2),
         "launch_to_all_attested_s": round(max(attested.values(), default=answer) - answer, 1),
         "launch_to_all_joined_s": round(max(joined.values(), default=answer) - answer, 1),
-        "console_delay_learned_s": sorted(round(x, 1) for x in prov._console_delays.get("aws", [])),
+        "console_delay_learned_s": sorted(round(x, 1) for x in learned),
         "daemon_cpu_s_per_node": round(cpu / nodes, 4),
         "daemon_peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
     }
+    if isinstance(emu, RemoteGceEmulator):
+        most = emu.calls()["most_in_a_window"]
+        out["quota_scale"] = scale.throttle
+        out["most_in_a_quota_window"] = most
+        out["max_quota_window_ratio"] = round(max(
+            (n / max(1, round(DEFAULT_QUOTAS[g] * scale.throttle)) for g, n in most.items()),
+            default=0.0), 3)  # fmt: skip
+    else:
+        out["max_sustained_action_rate_ratio"] = _sustained(line, scale.throttle)
+    return out
 
 
 def _histogram(line: list[tuple[float, str, bool]], answer: float) -> dict[str, list[int]]:
@@ -203,7 +271,8 @@ def _sustained(line: list[tuple[float, str, bool]], scale: float) -> float:
 
 
 def goals(r: dict[str, Any]) -> dict[str, bool]:
-    out = {k: r[k] <= v for k, v in GOALS.items() if v is not None}
+    table = GCE_GOALS if r["provider"] == "gce" else GOALS
+    out = {k: r[k] <= v for k, v in table.items() if v is not None}
     out["launch_to_all_attested_s"] = (
         r["launch_to_all_attested_s"] <= r["boot_s"] + r["console_after_boot_s"] + 75
     )
@@ -214,7 +283,7 @@ def goals(r: dict[str, Any]) -> dict[str, bool]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--provider", default="ec2", choices=["ec2"])
+    ap.add_argument("--provider", default="ec2", choices=["ec2", "gce"])
     ap.add_argument("--nodes", type=int, default=1000)
     ap.add_argument("--boot", type=float, default=60.0)
     ap.add_argument("--console", type=float, default=30.0)
@@ -223,7 +292,8 @@ def main() -> None:
         "--bucket-scale",
         type=float,
         default=1.0,
-        help="EC2's buckets times this in the emulator (0: no throttling)",
+        help="EC2's buckets (GCE: Compute's quotas) times this in the emulator (EC2: 0, "
+        "no throttling)",
     )
     ap.add_argument(
         "--burners",
@@ -235,14 +305,20 @@ def main() -> None:
     args = ap.parse_args()
     os.environ.setdefault("SB_TEST_AWS_KEY", "AKIDEMULATOR000000000")
     os.environ.setdefault("SB_TEST_AWS_SECRET", "emulator-secret")
+    os.environ.setdefault("SB_BENCH_GCE_ACCOUNT", ACCOUNT)
+    if args.provider == "gce" and not args.bucket_scale > 0:
+        ap.error("--bucket-scale: GCE's quotas times a factor above 0")
     with burners(args.burners):
-        r = run(args.nodes, Scale(args.bucket_scale, args.boot, args.console), args.join)
+        r = run(args.nodes, Scale(args.bucket_scale, args.boot, args.console), args.join,
+                args.provider)  # fmt: skip
     r["cpu_burners"] = args.burners
     r["goals_met"] = goals(r)
     if args.json:
         print(json.dumps(r, indent=1))
         return
-    print(f"EC2 burst of {args.nodes} nodes, emulator in scale mode (buckets x{args.bucket_scale})")
+    what = "quotas" if args.provider == "gce" else "buckets"
+    print(f"{args.provider.upper()} burst of {args.nodes} nodes, emulator in scale mode "
+          f"({what} x{args.bucket_scale})")  # fmt: skip
     for k, v in r.items():
         print(f"  {k:<34} {v}")
 

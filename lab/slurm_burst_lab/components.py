@@ -245,7 +245,7 @@ def lab_env(cfg: Config) -> dict[str, str]:
     gce = cfg.providers.get(settings(cfg).gce_provider)
     gcreds = gce.credentials if gce is not None else None
     if gcreds is not None and gcreds.key_env and gcreds.secret_env:
-        env |= {gcreds.key_env: GCE_ACCOUNT, gcreds.secret_env: str(gce_key_file(cfg))}
+        env |= {gcreds.key_env: gce_account(), gcreds.secret_env: str(gce_key_file(cfg))}
     store = cfg.stores.get(cfg.staging.store)
     s3 = store.credentials if store is not None else None
     if s3 is not None and s3.key_env and s3.secret_env:
@@ -326,8 +326,10 @@ def stop_emulator_vms(paths: Paths) -> None:
     halt_all(paths.state / "gce")
 
 
-# the service account the lab's GCE emulator serves tokens to (its key: gce_key_file)
-GCE_ACCOUNT = "slurm-burst@burst-lab.iam.gserviceaccount.com"
+def gce_account() -> str:
+    from slurm_burst_lab.gceemu import ACCOUNT
+
+    return ACCOUNT
 
 
 def gce_key_file(cfg: Config) -> Path:
@@ -335,28 +337,15 @@ def gce_key_file(cfg: Config) -> Path:
 
 
 def write_gce_key(cfg: Config) -> Path:
-    """The service account's key file (made here, 0600, as a site's would be): an RSA key
-    libcloud signs its token request with; the emulator checks the request's shape."""
-    import json
-
-    from cryptography.hazmat.primitives import serialization
-    from cryptography.hazmat.primitives.asymmetric import rsa
+    """The lab's service account key file (0600, as a site's would be), once."""
+    from slurm_burst_lab.gceemu import write_key_file
 
     path = gce_key_file(cfg)
     if path.exists():
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
-    key = rsa.generate_private_key(public_exponent=65537, key_size=2048).private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-        serialization.NoEncryption(),
-    )  # fmt: skip
-    prov = cfg.providers[settings(cfg).gce_provider]
-    doc = {"type": "service_account", "client_email": GCE_ACCOUNT, "private_key": key.decode(),
-           "project_id": str(prov.options.get("project", ""))}  # fmt: skip
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    with os.fdopen(fd, "w") as f:
-        json.dump(doc, f)
-    return path
+    project = str(cfg.providers[settings(cfg).gce_provider].options.get("project", ""))
+    return write_key_file(path, project)
 
 
 def start_gce(cfg: Config, paths: Paths) -> Proc:

@@ -54,6 +54,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs
 
@@ -130,6 +131,7 @@ class Quotas:
     status_429: float = 0.0  # the share of excess answers that are 429, not 403
     used: dict[tuple[str, int], int] = field(default_factory=dict)
     throttled: Counter[str] = field(default_factory=Counter)
+    most: dict[str, int] = field(default_factory=dict)  # the most in one window, by group
 
     def take(self, group: str, at: float) -> bool:
         limit = self.limits.get(group)
@@ -141,15 +143,14 @@ class Quotas:
             self.throttled[group] += 1
             return False
         self.used[key] = self.used.get(key, 0) + 1
+        self.most[group] = max(self.most.get(group, 0), self.used[key])
         for old in [k for k in self.used if k[1] < window - 1]:
             del self.used[old]
         return True
 
     def most_in_a_window(self) -> dict[str, int]:
-        out: dict[str, int] = {}
-        for (group, _), n in self.used.items():
-            out[group] = max(out.get(group, 0), n)
-        return out
+        """Since the last clear, the most calls of each group one window held."""
+        return dict(self.most)
 
 
 @dataclass
@@ -187,6 +188,8 @@ class GceEmulator:
         # after it runs, as Google's guest environment does (None: only what publish says)
         self.keys_after = keys_after
         self.calls: Counter[str] = Counter()
+        # scale mode: every call as (wall-clock seconds, method, throttled)
+        self.timeline: list[tuple[float, str, bool]] = []
         self.requests: list[tuple[str, str, Any]] = []  # (method, path, body): the checks
         self.answers: list[tuple[str, Any]] = []  # (what, answer): the checks
         self.keep_exchanges = False  # keep requests and answers (the discovery checks)
@@ -249,9 +252,11 @@ class GceEmulator:
             self.room.clear()
             self.requests.clear()
             self.answers.clear()
+            self.timeline.clear()
             if self.quotas is not None:
                 self.quotas.used.clear()
                 self.quotas.throttled.clear()
+                self.quotas.most.clear()
 
     # -- WSGI -------------------------------------------------------------------------
     def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
@@ -304,16 +309,21 @@ class GceEmulator:
                 "expires_in": 3599}  # fmt: skip
 
     def _control(self, what: str, q: Mapping[str, str]) -> dict[str, Any]:
-        """The lab's tests' switches: ``calls`` (counts by method, throttled answers by
-        quota group, the most calls of a group in one window); ``quotas?factor=F``
-        (Compute's default quotas times F from now on; 0: none)."""
+        """The lab's tests' and the benchmark's switches: ``calls`` (counts by method,
+        throttled answers by quota group, the most calls of a group in one window);
+        ``quotas?factor=F`` (Compute's default quotas times F from now on; 0: none);
+        ``timeline`` (scale mode: every call); ``clear``."""
         with self._lock:
-            if what == "quotas":
+            if what == "timeline":
+                return {"timeline": list(self.timeline)}
+            if what == "clear":
+                self.clear()
+            elif what == "quotas":
                 factor = float(q.get("factor", "0"))
                 if not (math.isfinite(factor) and 0 <= factor < 1e6):
                     raise ApiError(400, "invalid", f"quotas factor {q.get('factor')!r}")
                 self.quotas = scaled_quotas(factor) if factor else None
-            elif what != "calls":
+            elif what not in ("calls", "clear"):
                 raise ApiError(404, "notFound", f"no emulator control {what!r}")
             quotas = self.quotas
             return {"calls": dict(self.calls),
@@ -411,8 +421,12 @@ class GceEmulator:
     def _count(self, method: str, answer: Callable[[], Any], mutation: bool = False) -> Any:
         with self._lock:
             self.calls[method] += 1
-            if self.quotas is not None and not self.quotas.take(QUOTA_GROUP.get(method, "default"),
-                                                                time.time()):  # fmt: skip
+            now = time.time()
+            limited = self.quotas is not None and not self.quotas.take(
+                QUOTA_GROUP.get(method, "default"), now)  # fmt: skip
+            if self.quotas is not None:
+                self.timeline.append((now, method, limited))
+            if self.quotas is not None and limited:
                 shown = 429 if self.quotas.status_429 and (
                     self.quotas.throttled[QUOTA_GROUP.get(method, "default")]
                     % max(1, round(1 / self.quotas.status_429)) == 0
@@ -778,6 +792,13 @@ class GceEmulator:
             self._operation_done("insert", f"{_zone_url(self.project, z)}/instances/{n}",
                                  inst["id"], zone=z, group=group)  # fmt: skip
             made[z] = made.get(z, 0) + 1
+        short = zones[0] if zones else ""
+        code = self.refusal.get((mtype, short), CAPACITY_CODES[0])
+        why = [{"code": code, "message": f"The zone 'projects/{self.project}/zones/{short}' "
+                "does not have enough resources available to fulfill the request."}]  # fmt: skip
+        for n in [n for n in wanted if n not in {p for _, p in placed}]:  # each its error
+            self._operation_done("insert", f"{_zone_url(self.project, short)}/instances/{n}", "",
+                                 zone=short, group=group, errors=why)  # fmt: skip
         op = self._operation_done("bulkInsert", target, "", q=q, group=group,
                                   errors=errors or None, **scope)  # fmt: skip
         op["instancesBulkInsertOperationMetadata"] = {"perLocationStatus": {
@@ -1106,6 +1127,87 @@ def boot_vms(emu: GceEmulator, vms: LabVms, vm_range: str) -> None:
     emu.vm_range = ipaddress.IPv4Network(vm_range)
     vms.ensure_network()
     emu.vms = vms
+
+
+# the service account the emulator serves tokens to (the lab's, the tests')
+ACCOUNT = f"slurm-burst@{PROJECT}.iam.gserviceaccount.com"
+
+
+def write_key_file(path: Path, project: str = PROJECT, account: str = ACCOUNT) -> Path:
+    """A service account key file at ``path`` (made here, 0600, never over a file or a
+    link already there): an RSA key libcloud signs its token request with; the emulator
+    checks that request's shape, not its signature."""
+    import os
+
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import rsa
+
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048).private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    )  # fmt: skip
+    doc = {"type": "service_account", "project_id": project, "client_email": account,
+           "private_key": key.decode()}  # fmt: skip
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump(doc, f)
+    return path
+
+
+class RemoteGceEmulator:
+    """The emulator serving in another process (``python -m slurm_burst_lab.gceemu``), as
+    Compute is another service (the benchmark: its work is not the daemon's CPU), in
+    scale mode: Compute's default quotas times ``quotas``, instances STAGING for
+    ``boot`` s, their host keys published ``keys_after`` s after that."""
+
+    def __init__(self, quotas: float, boot: float, keys_after: float) -> None:
+        import socket
+        import subprocess
+        import sys
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = int(s.getsockname()[1])
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", "slurm_burst_lab.gceemu", str(self.port), "--quotas",
+             str(quotas), "--boot-delay", str(boot), "--keys-after", str(keys_after)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                self.calls()
+                return
+            except OSError:
+                if time.monotonic() > deadline or self._proc.poll() is not None:
+                    self.stop()
+                    raise RuntimeError("the GCE emulator did not start") from None
+                time.sleep(0.2)
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def _get(self, what: str) -> dict[str, Any]:
+        import urllib.request
+
+        url = f"http://127.0.0.1:{self.port}/_emulator/{what}"
+        with urllib.request.urlopen(url, timeout=60) as r:
+            return dict(json.loads(r.read()))
+
+    def calls(self) -> dict[str, Any]:
+        """Counts by method, throttled answers and the most calls in a window by group."""
+        return self._get("calls")
+
+    def timeline(self) -> list[tuple[float, str, bool]]:
+        return [(float(t), str(m), bool(x)) for t, m, x in self._get("timeline")["timeline"]]
+
+    def clear(self) -> None:
+        self._get("clear")
+
+    def stop(self) -> None:
+        self._proc.terminate()
+        self._proc.wait(timeout=30)
 
 
 def main(argv: list[str] | None = None) -> None:

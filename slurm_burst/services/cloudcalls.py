@@ -127,6 +127,8 @@ class ManagedCloud:
         self.rand = rand
         apis: Mapping[str, str] = getattr(cloud, "api_names", None) or {}
         self._apis = dict(apis)
+        if hasattr(cloud, "turn"):  # a call that makes more inside (GCE's bulk launch's
+            cloud.turn = self._wait_turn  # wait and listing) takes their turns here too
 
     def api(self, call: str) -> str:
         """The provider's API behind one of our calls (EC2: ``get`` is DescribeInstances)."""

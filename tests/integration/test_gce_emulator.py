@@ -7,6 +7,7 @@ request and answer is checked against Compute's own discovery document
 from __future__ import annotations
 
 import json
+import logging
 import os
 import time
 from collections.abc import Iterator
@@ -14,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from slurm_burst_lab.gceemu import PROJECT, GceEmulator, Quotas, matches
+from slurm_burst_lab.gceemu import PROJECT, GceEmulator, Quotas, matches, write_key_file
 
 from slurm_burst.adapters.cloud.providers.gce import split_endpoint
 from slurm_burst.config import ProviderConfig
@@ -117,18 +118,7 @@ def emu() -> Iterator[GceEmulator]:
 def driver(emu: GceEmulator, tmp_path: Path) -> Any:
     """libcloud's GCE driver as slurm-burst builds it: a service account key (made here,
     0600) and the emulator as the profile's ``endpoint``: the token is exchanged there."""
-    from cryptography.hazmat.primitives import serialization
-    from cryptography.hazmat.primitives.asymmetric import rsa
-
-    key = rsa.generate_private_key(public_exponent=65537, key_size=2048).private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-        serialization.NoEncryption(),
-    )  # fmt: skip
-    sa = tmp_path / "sa.json"
-    sa.write_text(json.dumps({"type": "service_account", "project_id": PROJECT,
-                              "client_email": f"burst@{PROJECT}.iam.gserviceaccount.com",
-                              "private_key": key.decode()}))  # fmt: skip
-    sa.chmod(0o600)
+    sa = write_key_file(tmp_path / "sa.json")
     os.environ["GOOGLE_APPLICATION_CREDENTIALS"] = str(sa)
     try:
         prov = ProviderConfig(name="gcp", driver="gce", zone=ZONE, options={
@@ -343,7 +333,7 @@ def test_a_batch_is_one_bulk_insert_named_after_its_nodes_and_a_repeat_makes_non
 
 
 def test_a_bulk_insert_short_of_capacity_is_a_capacity_error_or_what_is_worth_having(
-    emu: GceEmulator, driver: Any
+    emu: GceEmulator, driver: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
     from slurm_burst.adapters.cloud.compute import LibcloudCloud
     from slurm_burst.adapters.cloud.profiles import Placement
@@ -354,9 +344,20 @@ def test_a_bulk_insert_short_of_capacity_is_a_capacity_error_or_what_is_worth_ha
     with pytest.raises(CapacityError) as err:
         cloud.launch_many(_batch(("j-1", "j-2", "j-3"), "tok-job-1", size="n2-standard-4"))
     assert err.value.code == "ZONE_RESOURCE_POOL_EXHAUSTED" and not emu.instances
-    made = cloud.launch_many(_batch(("k-1", "k-2", "k-3"), "tok-job-2", least=2,
-                                    size="n2-standard-4"))  # fmt: skip
+    turns: list[str] = []  # what the budget is asked for inside the launch call
+    cloud.turn = turns.append
+    emu.calls.clear()
+    with caplog.at_level(logging.WARNING):
+        made = cloud.launch_many(_batch(("k-1", "k-2", "k-3"), "tok-job-2", least=2,
+                                        size="n2-standard-4"))  # fmt: skip
     assert sorted(i.name for i in made) == ["k-1", "k-2"]
+    # k-3's own insert operation, in the bulk operation's group, says why
+    assert emu.calls["operations.list"] == 1
+    assert "instance=k-3 code=ZONE_RESOURCE_POOL_EXHAUSTED" in caplog.text
+    # the wait, the listing of what it made and that of the group's operations each took
+    # their turn from their quota group (the bulk insert's own is the caller's)
+    assert turns == ["zoneOperations.wait", "instances.aggregatedList", "zoneOperations.list"]
+    assert emu.calls["operations.wait"] == 1 and emu.calls["aggregatedList"] == 1
     check_exchanges(emu)
 
 

@@ -75,6 +75,9 @@ class LibcloudCloud:
         self._remembered: dict[str, Any] = {}  # what a provider looked up once (an image)
         self._keypair = ""
         self._lock = threading.Lock()
+        # the budget's turn for an API call made inside another (a bulk launch's wait
+        # and listing): set by the ManagedCloud around this one; none without it
+        self.turn: Callable[[str], None] = lambda api: None
 
     # -- launch ---------------------------------------------------------------
     def create_kwargs(self, spec: LaunchSpec) -> dict[str, Any]:

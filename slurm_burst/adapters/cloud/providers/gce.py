@@ -1,10 +1,12 @@
-"""Google Compute Engine through libcloud's ``gce`` driver: one ``insert`` per node,
-labels for tags, preemptible VMs for spot, host keys from the guest attributes or serial
-port 1, a service account key for credentials (docs/providers.md)."""
+"""Google Compute Engine through libcloud's ``gce`` driver: one ``bulkInsert`` per batch
+(a single node: libcloud's ``insert``), one fleet listing, labels for tags, preemptible
+VMs for spot, host keys from the guest attributes or serial port 1, a service account
+key for credentials (docs/providers.md)."""
 
 from __future__ import annotations
 
 import json
+import logging
 import re
 import uuid
 from collections.abc import Callable, Mapping
@@ -28,6 +30,8 @@ if TYPE_CHECKING:
     from slurm_burst.adapters.cloud.profiles import Placement
     from slurm_burst.config.model import NodeGroup, ProviderConfig
     from slurm_burst.core.cloud import CloudError, Instance, LaunchSpec
+
+log = logging.getLogger(__name__)
 
 CREDENTIALS_VAR = "GOOGLE_APPLICATION_CREDENTIALS"
 # Compute's instance states as libcloud's GCE driver maps them
@@ -218,13 +222,56 @@ class Gce(Provider):
                           params={"requestId": request_id}).object  # fmt: skip
         failure = self._outcome(cloud, zone, str(op["name"]))
         # what it made, by the token's label: one listing, and their places learnt with it
-        made = self._aggregated(cloud, f'labels.{label(TOKEN_TAG)} = "{labels[label(TOKEN_TAG)]}"')
+        made = self._aggregated(cloud, f'labels.{label(TOKEN_TAG)} = "{labels[label(TOKEN_TAG)]}"',
+                                lambda: cloud.turn("instances.aggregatedList"))  # fmt: skip
         least = spec.min_count or len(names)
+        if len(made) < len(names):  # why the others were not made: their own operations
+            failure = self._instance_errors(cloud, zone, op, made) or failure
         if len(made) < least:
             if failure is not None:
                 raise failure
             raise CapacityError(f"{cloud.name}: {len(made)} of {least} made", "PartialCapacity")
         return made
+
+    def _instance_errors(
+        self, cloud: LibcloudCloud, zone: str, op: Mapping[str, Any], made: list[Instance]
+    ) -> CloudError | None:
+        """The errors of a bulk insert's instances that were not made: each its own insert
+        operation, sharing the bulk operation's ``operationGroupId`` (one listing, from the
+        ``list_requests`` quota); each logged, the first one's typed (a capacity code moves
+        the batch on, as the bulk operation's own would). An instance that exists already
+        (``RESOURCE_ALREADY_EXISTS``: a repeat) is no error."""
+        from libcloud.common.types import LibcloudError
+
+        from slurm_burst.core.cloud import CODES, CloudError
+
+        group = str(op.get("operationGroupId") or "")
+        if not group:
+            return None
+        cloud.turn("zoneOperations.list")
+        try:
+            ops = cloud.driver.connection.request(
+                f"/zones/{zone}/operations", method="GET",
+                params={"filter": f'operationGroupId = "{group}"', "maxResults": 500},
+            ).object  # fmt: skip
+        except (LibcloudError, OSError) as exc:  # the batch's outcome stands without them
+            log.warning("gce.instance_errors provider=%s group=%s error=%s", cloud.name, group,
+                        str(exc)[:200])  # fmt: skip
+            return None
+        have = {i.name for i in made}
+        first: CloudError | None = None
+        for item in ops.get("items") or []:
+            name = str(item.get("targetLink", "")).rsplit("/", 1)[-1]
+            errors = ((item.get("error") or {}).get("errors")) or []
+            codes = [str(e.get("code", "")) for e in errors if e.get("code")]
+            if name in have or not codes or codes == ["RESOURCE_ALREADY_EXISTS"]:
+                continue
+            text = str(errors[0].get("message", ""))[:300]
+            log.warning("gce.instance_not_made provider=%s instance=%s code=%s error=%s",
+                        cloud.name, name, codes[0], text)  # fmt: skip
+            if first is None:
+                first = CODES.get(codes[0], CloudError)(f"{cloud.name}: {name}: {text}", codes[0])
+        return first
 
     def instance_properties(
         self, cloud: LibcloudCloud, spec: LaunchSpec, labels: Mapping[str, str]
@@ -385,6 +432,7 @@ class Gce(Provider):
 
         conn = cloud.driver.connection
         for _ in range(WAITS):
+            cloud.turn("zoneOperations.wait")
             try:
                 op = conn.request(f"/zones/{zone}/operations/{name}/wait", method="POST",
                                   data={}).object  # fmt: skip
