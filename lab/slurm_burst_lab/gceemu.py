@@ -396,6 +396,8 @@ class GceEmulator:
                 return self._count("aggregatedList", lambda: self._aggregated("instances", q))
             case ["aggregated", "disks"]:
                 return self._count("aggregatedList", lambda: self._aggregated("disks", q))
+            case ["aggregated", "operations"]:
+                return self._count("operations.list", lambda: self._aggregated("operations", q))
             case ["zones", zone, "disks", name]:
                 return self._count("get", lambda: self._disk(zone, name))
             case ["zones", zone, "instances", name] if method == "DELETE":
@@ -858,22 +860,29 @@ class GceEmulator:
     def _aggregated(self, what: str, q: Mapping[str, str]) -> dict[str, Any]:
         """``aggregatedList``: every zone's, in pages of ``maxResults`` (500 at most)."""
         if what == "instances":
-            rows = [(z, self._shown(i)) for (z, _), i in sorted(self.instances.items())]
+            rows = [(f"zones/{z}", self._shown(i)) for (z, _), i in sorted(self.instances.items())]
+        elif what == "operations":  # zonal and regional ones (global: none made here)
+            rows = [(f"zones/{_last(op['zone'])}" if op.get("zone") else
+                     f"regions/{_last(op.get('region', ''))}", op)
+                    for op in self.operations.values()]  # fmt: skip
         else:
-            rows = [(z, d) for (z, _), d in sorted(self.disks.items())]
+            rows = [(f"zones/{z}", d) for (z, _), d in sorted(self.disks.items())]
         rows = [(z, r) for z, r in rows if matches(q.get("filter", ""), r)]
         page, token = self._page(rows, q)
         items: dict[str, Any] = {}
-        for z in sorted(ZONES):
-            mine = [r for zz, r in page if zz == z]
-            items[f"zones/{z}"] = (
+        for scope in [f"zones/{z}" for z in sorted(ZONES)] + (
+            [f"regions/{r}" for r in sorted(REGIONS)] if what == "operations" else []
+        ):
+            mine = [r for zz, r in page if zz == scope]
+            items[scope] = (
                 {what: mine} if mine else
                 {"warning": {"code": "NO_RESULTS_ON_PAGE", "message": "There are no results "
-                             "for scope 'zones/" + z + "' on this page.",
-                             "data": [{"key": "scope", "value": f"zones/{z}"}]}}
+                             "for scope '" + scope + "' on this page.",
+                             "data": [{"key": "scope", "value": scope}]}}
             )  # fmt: skip
-        kind = "compute#instanceAggregatedList" if what == "instances" else \
-            "compute#diskAggregatedList"  # fmt: skip
+        kind = {"instances": "compute#instanceAggregatedList",
+                "operations": "compute#operationAggregatedList"}.get(
+                    what, "compute#diskAggregatedList")  # fmt: skip
         out: dict[str, Any] = {
             "kind": kind, "id": f"projects/{self.project}/aggregated/{what}", "items": items,
             "selfLink": f"{SELF}/projects/{self.project}/aggregated/{what}",

@@ -118,7 +118,9 @@ class ProviderConfig:
         default_factory=_empty,
     )
     zone: str = doc(
-        "Availability zone (EC2, OpenStack), zone (GCE) or location (Azure) to launch in.",
+        "Availability zone (EC2, OpenStack), zone (GCE) or location (Azure) to launch in. "
+        "GCE without one: launches go to the region (regionInstances.bulkInsert; Compute "
+        "picks the zone, one zone for a whole job).",
         default="",
     )
     network: str = doc(

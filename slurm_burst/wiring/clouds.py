@@ -59,6 +59,7 @@ def placement(cfg: Config, provider: ProviderConfig) -> Placement:
         security_groups=tuple(provider.security_groups),
         key_name=provider.key_name,
         zone=provider.zone,
+        region=provider.region,
         resource_group=provider.resource_group,
         root_device=provider.root_device,
         ssh_user=cfg.daemon.ssh_user,

@@ -116,12 +116,19 @@ def emu() -> Iterator[GceEmulator]:
 
 @pytest.fixture()
 def driver(emu: GceEmulator, tmp_path: Path) -> Any:
-    """libcloud's GCE driver as slurm-burst builds it: a service account key (made here,
-    0600) and the emulator as the profile's ``endpoint``: the token is exchanged there."""
-    sa = write_key_file(tmp_path / "sa.json")
+    return _driver(emu, tmp_path, zone=ZONE)
+
+
+def _driver(emu: GceEmulator, tmp_path: Path, **where: str) -> Any:
+    """libcloud's GCE driver as slurm-burst builds it for a profile in ``where`` (its zone
+    or region): a service account key (made here, 0600) and the emulator as the
+    profile's ``endpoint``: the token is exchanged there."""
+    sa = tmp_path / "sa.json"
+    if not sa.exists():
+        write_key_file(sa)
     os.environ["GOOGLE_APPLICATION_CREDENTIALS"] = str(sa)
     try:
-        prov = ProviderConfig(name="gcp", driver="gce", zone=ZONE, options={
+        prov = ProviderConfig(name="gcp", driver="gce", **where, options={
             "endpoint": f"http://127.0.0.1:{emu.port}",
             "credential_file": str(tmp_path / "token-cache.json"),
         })  # fmt: skip
@@ -356,8 +363,41 @@ def test_a_bulk_insert_short_of_capacity_is_a_capacity_error_or_what_is_worth_ha
     assert "instance=k-3 code=ZONE_RESOURCE_POOL_EXHAUSTED" in caplog.text
     # the wait, the listing of what it made and that of the group's operations each took
     # their turn from their quota group (the bulk insert's own is the caller's)
-    assert turns == ["zoneOperations.wait", "instances.aggregatedList", "zoneOperations.list"]
+    assert turns == ["zoneOperations.wait", "instances.aggregatedList",
+                     "globalOperations.aggregatedList"]  # fmt: skip
     assert emu.calls["operations.wait"] == 1 and emu.calls["aggregatedList"] == 1
+    check_exchanges(emu)
+
+
+def test_a_profile_with_a_region_and_no_zone_launches_into_the_region(
+    emu: GceEmulator, tmp_path: Path
+) -> None:
+    """regionInstances.bulkInsert: Compute picks the zones; a whole job's nodes go to one
+    zone that has room for them all, a batch of independent nodes where there is room,
+    and a single node is a bulk insert of one (libcloud's insert needs a zone)."""
+    from dataclasses import replace
+
+    from slurm_burst.adapters.cloud.compute import LibcloudCloud
+    from slurm_burst.adapters.cloud.profiles import Placement
+
+    driver = _driver(emu, tmp_path, region="us-central1")
+    assert driver.zone is None
+    cloud = LibcloudCloud("gcp", driver, Placement(region="us-central1", ssh_user="slurm"))
+    emu.limit("n2-standard-2", "us-central1-a", 1)
+    emu.limit("n2-standard-2", "us-central1-b", 2)
+    job = cloud.launch_many(_batch(("r-1", "r-2", "r-3"), "tok-region-job"))
+    zones = {z for (z, n) in emu.instances if n.startswith("r-")}
+    assert len(job) == 3 and zones == {"us-central1-c"}, zones  # the one zone with room
+    emu.limit("n2-standard-2", "us-central1-c", 0)
+    spread = cloud.launch_many(_batch(("s-1", "s-2", "s-3"), "tok-region-any", least=1))
+    assert sorted(i.name for i in spread) == ["s-1", "s-2", "s-3"]
+    assert {z for (z, n) in emu.instances if n.startswith("s-")} == {
+        "us-central1-a",
+        "us-central1-b",
+    }
+    emu.limit("n2-standard-2", "us-central1-c", 1)
+    one = cloud.launch(replace(_batch(("t-1",), "tok-region-one"), names=()))
+    assert one.name == "t-1" and emu.calls["bulkInsert"] == 3 and emu.calls["insert"] == 0
     check_exchanges(emu)
 
 

@@ -99,3 +99,16 @@ def test_the_scan_finds_a_branch_on_a_name(tmp_path: Path) -> None:
     )
     found = _mentions(tmp_path / "x.py", tmp_path)
     assert sorted(found) == ["x.py:2: 'gce'", "x.py:4: 'azure_arm'", "x.py:4: .EC2"]
+
+
+def test_a_gce_profile_needs_a_zone_or_a_region_and_a_region_is_not_taken_for_a_zone() -> None:
+    from slurm_burst.adapters.cloud.providers.gce import PROVIDER, is_zone
+    from slurm_burst.config import ProviderConfig
+
+    def problems(**where: str) -> list[str]:
+        prov = ProviderConfig(name="gcp", driver="gce", **where)
+        return [f for f, _ in PROVIDER.profile_problems(prov)]
+
+    assert problems() == ["zone"]
+    assert problems(region="us-central1") == problems(zone="us-central1-a") == []
+    assert is_zone("europe-west4-b") and not is_zone("europe-west4") and not is_zone("")

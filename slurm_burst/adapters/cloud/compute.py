@@ -91,6 +91,15 @@ class LibcloudCloud:
 
     def launch(self, spec: LaunchSpec) -> Instance:
         started = time.monotonic()
+        try:
+            alone = self.provider.launch_one(self, spec)
+        except _ERRORS as exc:
+            raise self._error(exc) from exc
+        if alone is not None:
+            log.info("cloud.create_node provider=%s node=%s size=%s instance=%s seconds=%.2f",
+                     self.name, spec.node, spec.size, alone.id,
+                     time.monotonic() - started)  # fmt: skip
+            return alone
         node = self._create(spec)
         node = node[0] if isinstance(node, list) else node
         log.info(

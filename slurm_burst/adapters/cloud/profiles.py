@@ -39,6 +39,7 @@ class Placement:
     security_groups: tuple[str, ...] = ()
     key_name: str = ""
     zone: str = ""
+    region: str = ""  # the profile's region (GCE: a batch with no zone goes to the region)
     resource_group: str = ""
     root_device: str = "/dev/sda1"
     ssh_user: str = "root"

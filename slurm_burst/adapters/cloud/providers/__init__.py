@@ -168,6 +168,11 @@ class Provider:
         return kw
 
     # -- calls on a cloud (libcloud's errors are typed by the caller) ------------------
+    def launch_one(self, cloud: LibcloudCloud, spec: LaunchSpec) -> Instance | None:
+        """A single node's launch where the driver's ``create_node`` cannot make it (GCE:
+        a profile with a region and no zone); None: ``create_node``."""
+        return None
+
     def launch_many(self, cloud: LibcloudCloud, spec: LaunchSpec) -> list[Instance] | None:
         """A batch's launch where the provider's API does better than its driver's
         ``create_node`` (GCE: one bulkInsert, instances named after their nodes); None:

@@ -10,6 +10,7 @@ import logging
 import re
 import uuid
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from pathlib import Path
 from types import MappingProxyType, SimpleNamespace
 from typing import TYPE_CHECKING, Any
@@ -64,12 +65,18 @@ API_TABLE = ApiTable(
         "instances.get": "read_requests", "instances.getGuestAttributes": "read_requests",
         "instances.getSerialPortOutput": "read_requests",
         "instances.list": "list_requests", "instances.aggregatedList": "list_requests",
-        "zoneOperations.list": "list_requests",
+        "zoneOperations.list": "list_requests", "globalOperations.aggregatedList": "list_requests",
         "zoneOperations.get": "operation_read_requests",
         "zoneOperations.wait": "operation_read_requests",
         "regionOperations.get": "operation_read_requests",
+        "regionOperations.wait": "operation_read_requests",
     },
 )  # fmt: skip
+
+
+def is_zone(name: str) -> bool:
+    """Whether ``name`` is a zone's (us-central1-a), not a region's (us-central1)."""
+    return bool(re.fullmatch(r"[a-z]+-[a-z]+\d+-[a-z]", name))
 
 
 def label(text: str) -> str:
@@ -111,22 +118,27 @@ class Gce(Provider):
         return []
 
     def profile_problems(self, prov: ProviderConfig) -> list[Finding]:
+        out: list[Finding] = []
+        if not prov.zone and not prov.region:
+            out.append(("zone", "a GCE profile needs its zone, or a region to launch into"))
         endpoint = prov.options.get("endpoint")
         if endpoint is None:
-            return []
+            return out
         try:
             split_endpoint(str(endpoint))
         except ValueError as exc:
-            return [("options.endpoint", str(exc))]
-        return []
+            out.append(("options.endpoint", str(exc)))
+        return out
 
     def construct(
         self, cls: Any, prov: ProviderConfig, kwargs: dict[str, Any], key: str, secret: str
     ) -> Any:
-        """GCENodeDriver(user_id, key, datacenter=zone, project=...); with an ``endpoint``
+        """GCENodeDriver(user_id, key, datacenter=zone, project=...) (a profile with a
+        region and no zone: no default zone; its launches go to the region); with an ``endpoint``
         option, every API call and the token exchange go there instead of Google's own
         hosts (a Private Service Connect endpoint; the lab's emulator)."""
-        kwargs.setdefault("datacenter", prov.zone or prov.region or None)
+        kwargs.setdefault("datacenter", prov.zone or (prov.region if is_zone(prov.region)
+                                                      else None))  # fmt: skip
         endpoint = kwargs.pop("endpoint", None)
         if endpoint:
             cls = endpoint_driver(cls, str(endpoint))
@@ -196,12 +208,16 @@ class Gce(Provider):
 
     # -- bulk launches ---------------------------------------------------------------
     def launch_many(self, cloud: LibcloudCloud, spec: LaunchSpec) -> list[Instance]:
-        """One ``instances.bulkInsert`` for the batch: each instance named after its node
+        """One bulk insert for the batch: ``instances.bulkInsert`` in the profile's zone, or
+        ``regionInstances.bulkInsert`` in its region where it names none (Compute picks
+        the zone that has the capacity; a whole job's nodes in one zone:
+        ``targetShape = ANY_SINGLE_ZONE``). Each instance is named after its node
         (``perInstanceProperties``), ``minCount`` the fewest worth having, the launch
         token as its ``requestId`` (a repeat after a crash is the same request: nothing
         is made twice) and as a label. Waits for the operation, then lists what it made
         by that label; fewer than ``minCount``: the operation's error, typed (a capacity
-        error moves the batch to the next size, as on EC2)."""
+        error moves the batch to the next size, as on EC2). The wait and the listings
+        take their turns from their own quota groups (``cloud.turn``)."""
         from slurm_burst.adapters.cloud.profiles import tags as launch_tags
         from slurm_burst.core.cloud import CapacityError, CloudError
 
@@ -209,32 +225,41 @@ class Gce(Provider):
         if len(names) != spec.count:
             raise CloudError(f"{cloud.name}: {spec.count} instances asked for, "
                              f"{len(names)} names given", "InvalidParameterValue")  # fmt: skip
-        zone = self._zone(cloud)
+        scope, where = self._scope(cloud)
         labels = {label(k): label(v) for k, v in launch_tags(spec, batch=True).items()}
-        body = {
-            "count": str(len(names)), "minCount": str(spec.min_count or len(names)),
+        least = spec.min_count or len(names)
+        body: dict[str, Any] = {
+            "count": str(len(names)), "minCount": str(least),
             "perInstanceProperties": {n: {} for n in names},
             "instanceProperties": self.instance_properties(cloud, spec, labels),
         }  # fmt: skip
+        if scope == "regions" and least == len(names) > 1:  # a whole job: one zone
+            body["locationPolicy"] = {"targetShape": "ANY_SINGLE_ZONE"}
         conn = cloud.driver.connection
         request_id = str(uuid.uuid5(uuid.NAMESPACE_URL, f"slurm-burst:{spec.token}"))
-        op = conn.request(f"/zones/{zone}/instances/bulkInsert", method="POST", data=body,
+        op = conn.request(f"/{scope}/{where}/instances/bulkInsert", method="POST", data=body,
                           params={"requestId": request_id}).object  # fmt: skip
-        failure = self._outcome(cloud, zone, str(op["name"]))
+        failure = self._outcome(cloud, scope, where, str(op["name"]))
         # what it made, by the token's label: one listing, and their places learnt with it
         made = self._aggregated(cloud, f'labels.{label(TOKEN_TAG)} = "{labels[label(TOKEN_TAG)]}"',
                                 lambda: cloud.turn("instances.aggregatedList"))  # fmt: skip
-        least = spec.min_count or len(names)
         if len(made) < len(names):  # why the others were not made: their own operations
-            failure = self._instance_errors(cloud, zone, op, made) or failure
+            failure = self._instance_errors(cloud, op, made) or failure
         if len(made) < least:
             if failure is not None:
                 raise failure
             raise CapacityError(f"{cloud.name}: {len(made)} of {least} made", "PartialCapacity")
         return made
 
+    def launch_one(self, cloud: LibcloudCloud, spec: LaunchSpec) -> Instance | None:
+        """A single node of a profile with a region and no zone: a bulk insert of one in
+        the region (libcloud's ``insert`` needs a zone); else None (``create_node``)."""
+        if self._scope(cloud)[0] != "regions":
+            return None
+        return self.launch_many(cloud, replace(spec, count=1, min_count=1, names=(spec.node,)))[0]
+
     def _instance_errors(
-        self, cloud: LibcloudCloud, zone: str, op: Mapping[str, Any], made: list[Instance]
+        self, cloud: LibcloudCloud, op: Mapping[str, Any], made: list[Instance]
     ) -> CloudError | None:
         """The errors of a bulk insert's instances that were not made: each its own insert
         operation, sharing the bulk operation's ``operationGroupId`` (one listing, from the
@@ -248,10 +273,10 @@ class Gce(Provider):
         group = str(op.get("operationGroupId") or "")
         if not group:
             return None
-        cloud.turn("zoneOperations.list")
+        cloud.turn("globalOperations.aggregatedList")
         try:
-            ops = cloud.driver.connection.request(
-                f"/zones/{zone}/operations", method="GET",
+            listed = cloud.driver.connection.request(
+                "/aggregated/operations", method="GET",
                 params={"filter": f'operationGroupId = "{group}"', "maxResults": 500},
             ).object  # fmt: skip
         except (LibcloudError, OSError) as exc:  # the batch's outcome stands without them
@@ -260,7 +285,9 @@ class Gce(Provider):
             return None
         have = {i.name for i in made}
         first: CloudError | None = None
-        for item in ops.get("items") or []:
+        ops = [o for scoped in (listed.get("items") or {}).values()
+               for o in scoped.get("operations") or []]  # fmt: skip
+        for item in ops:
             name = str(item.get("targetLink", "")).rsplit("/", 1)[-1]
             errors = ((item.get("error") or {}).get("errors")) or []
             codes = [str(e.get("code", "")) for e in errors if e.get("code")]
@@ -287,7 +314,8 @@ class Gce(Provider):
             "accessConfigs": [{"type": "ONE_TO_ONE_NAT", "name": "External NAT"}],
         }
         if p.subnet:
-            region = self._zone(cloud).rsplit("-", 1)[0]
+            scope, where = self._scope(cloud)
+            region = where if scope == "regions" else where.rsplit("-", 1)[0]
             nic["subnetwork"] = f"regions/{region}/subnetworks/{p.subnet}"
         props: dict[str, Any] = {
             "machineType": spec.size,
@@ -404,13 +432,19 @@ class Gce(Provider):
         cloud.remembered("gce-places", dict).pop(instance_id, None)
         return True
 
-    def _zone(self, cloud: LibcloudCloud) -> str:
-        zone = cloud.placement.zone or getattr(getattr(cloud.driver, "zone", None), "name", "")
-        if not zone:
-            from slurm_burst.core.cloud import CloudError
+    def _scope(self, cloud: LibcloudCloud) -> tuple[str, str]:
+        """Where a launch goes: ("zones", the profile's zone), else ("regions", its region)."""
+        p = cloud.placement
+        zone = p.zone or getattr(getattr(cloud.driver, "zone", None), "name", "") or (
+            p.region if is_zone(p.region) else "")  # fmt: skip
+        if zone:
+            return "zones", str(zone)
+        if p.region:
+            return "regions", p.region
+        from slurm_burst.core.cloud import CloudError
 
-            raise CloudError(f"{cloud.name}: a GCE profile needs its zone", "InvalidParameterValue")
-        return str(zone)
+        raise CloudError(f"{cloud.name}: a GCE profile needs its zone or region",
+                         "InvalidParameterValue")  # fmt: skip
 
     def _image(self, cloud: LibcloudCloud, image: str) -> str:
         """The image's self link, looked up once (as the single launch's libcloud does:
@@ -423,7 +457,8 @@ class Gce(Provider):
 
         return str(cloud.remembered(f"gce-image:{image}", look_up))
 
-    def _outcome(self, cloud: LibcloudCloud, zone: str, name: str) -> CloudError | None:
+    def _outcome(self, cloud: LibcloudCloud, scope: str, where: str, name: str
+                 ) -> CloudError | None:  # fmt: skip
         """Wait for operation ``name`` (Compute's ``wait``, two minutes a call at most);
         its error, typed, or None."""
         from libcloud.common.google import GoogleBaseError
@@ -431,10 +466,11 @@ class Gce(Provider):
         from slurm_burst.core.cloud import CloudError
 
         conn = cloud.driver.connection
+        api = "zoneOperations.wait" if scope == "zones" else "regionOperations.wait"
         for _ in range(WAITS):
-            cloud.turn("zoneOperations.wait")
+            cloud.turn(api)
             try:
-                op = conn.request(f"/zones/{zone}/operations/{name}/wait", method="POST",
+                op = conn.request(f"/{scope}/{where}/operations/{name}/wait", method="POST",
                                   data={}).object  # fmt: skip
             except GoogleBaseError as exc:  # libcloud raises on an operation's error
                 return cloud.error_of(exc)
