@@ -119,16 +119,16 @@ def driver(emu: GceEmulator, tmp_path: Path) -> Any:
     return _driver(emu, tmp_path, zone=ZONE)
 
 
-def _driver(emu: GceEmulator, tmp_path: Path, **where: str) -> Any:
-    """libcloud's GCE driver as slurm-burst builds it for a profile in ``where`` (its zone
-    or region): a service account key (made here, 0600) and the emulator as the
+def _driver(emu: GceEmulator, tmp_path: Path, zone: str = "", region: str = "") -> Any:
+    """libcloud's GCE driver as slurm-burst builds it for a profile in a ``zone`` or a
+    ``region``: a service account key (made here, 0600) and the emulator as the
     profile's ``endpoint``: the token is exchanged there."""
     sa = tmp_path / "sa.json"
     if not sa.exists():
         write_key_file(sa)
     os.environ["GOOGLE_APPLICATION_CREDENTIALS"] = str(sa)
     try:
-        prov = ProviderConfig(name="gcp", driver="gce", **where, options={
+        prov = ProviderConfig(name="gcp", driver="gce", zone=zone, region=region, options={
             "endpoint": f"http://127.0.0.1:{emu.port}",
             "credential_file": str(tmp_path / "token-cache.json"),
         })  # fmt: skip

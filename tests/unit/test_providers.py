@@ -105,8 +105,8 @@ def test_a_gce_profile_needs_a_zone_or_a_region_and_a_region_is_not_taken_for_a_
     from slurm_burst.adapters.cloud.providers.gce import PROVIDER, is_zone
     from slurm_burst.config import ProviderConfig
 
-    def problems(**where: str) -> list[str]:
-        prov = ProviderConfig(name="gcp", driver="gce", **where)
+    def problems(zone: str = "", region: str = "") -> list[str]:
+        prov = ProviderConfig(name="gcp", driver="gce", zone=zone, region=region)
         return [f for f, _ in PROVIDER.profile_problems(prov)]
 
     assert problems() == ["zone"]
