@@ -50,6 +50,7 @@ from slurm_burst_lab.ec2emu import RemoteEmulator, Scale, bucket_of  # noqa: E40
 from slurm_burst_lab.gceemu import (  # noqa: E402
     ACCOUNT,
     DEFAULT_QUOTAS,
+    QUOTA_GROUP,
     RemoteGceEmulator,
     write_key_file,
 )
@@ -155,6 +156,7 @@ def _run(emu: RemoteEmulator | RemoteGceEmulator, tmp: Path, nodes: int, scale: 
         prov.instances.record(rec, rec.instance_id, "joined", clock.now())
         store.transition(rec.name, NodeState.JOINED, clock.now(), registered_at=0.0)
         joined[rec.name] = time.perf_counter()
+        slurm.slurmd_registered([rec.name])  # as its slurmd would (no register timeout)
 
     prov._bootstrap = fake_join  # type: ignore[method-assign]
     launch_many = aws.launch_many
@@ -195,9 +197,15 @@ def _run(emu: RemoteEmulator | RemoteGceEmulator, tmp: Path, nodes: int, scale: 
     cpu = time.process_time() - cpu0
     daemon.stop.set()
     runner.join(timeout=60)
+    windows: dict[str, dict[int, int]] = {}
     if isinstance(emu, RemoteGceEmulator):  # wall-clock times: Compute's windows are minutes
-        line = [(t - wall0, a, thr) for t, a, thr in emu.timeline() if a != "token"]
+        calls = [(t, a, thr) for t, a, thr in emu.timeline() if a != "token"]
+        line = [(t - wall0, a, thr) for t, a, thr in calls]
         throttled = sum(1 for _, _, thr in line if thr)
+        first = int(wall0 // 60)
+        for t, a, thr in calls:  # each group's calls Compute let through, minute by minute
+            row = windows.setdefault(QUOTA_GROUP.get(a, "default"), {})
+            row[int(t // 60) - first] = row.get(int(t // 60) - first, 0) + (not thr)
     else:
         seen = emu.timeline()
         line = [(t - t0, a, thr) for t, a, thr in seen["timeline"]]
@@ -230,6 +238,8 @@ def _run(emu: RemoteEmulator | RemoteGceEmulator, tmp: Path, nodes: int, scale: 
         most = emu.calls()["most_in_a_window"]
         out["quota_scale"] = scale.throttle
         out["most_in_a_quota_window"] = most
+        out["calls_per_quota_window"] = {g: [row.get(i, 0) for i in range(max(row) + 1)]
+                                         for g, row in windows.items()}  # fmt: skip
         out["max_quota_window_ratio"] = round(max(
             (n / max(1, round(DEFAULT_QUOTAS[g] * scale.throttle)) for g, n in most.items()),
             default=0.0), 3)  # fmt: skip

@@ -69,7 +69,7 @@ from urllib.parse import parse_qsl, urlencode
 from slurm_burst_lab.ec2imds import Imds
 from slurm_burst_lab.ec2market import Market
 from slurm_burst_lab.labvms import LabVms
-from slurm_burst_lab.loopback import serve, shut
+from slurm_burst_lab.loopback import Remote, serve, shut
 
 log = logging.getLogger(__name__)
 
@@ -793,68 +793,34 @@ def _fast_image_lookup() -> None:
     AmiBackend.describe_images = describe_images  # type: ignore[method-assign]
 
 
-class RemoteEmulator:
+class RemoteEmulator(Remote):
     """An emulator serving in another process (``python -m slurm_burst_lab.ec2emu``), as
     EC2 is another service: its calls counted and faults injected over HTTP."""
 
     def __init__(self, scale: Scale | None = None) -> None:
-        import socket
-        import subprocess
-        import sys
-
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = int(s.getsockname()[1])
         opts = [] if scale is None else [
             "--throttle", str(scale.throttle), "--boot-after", str(scale.boot),
             "--console-after", str(scale.console),
         ]  # fmt: skip
-        self._proc = subprocess.Popen(
-            [sys.executable, "-m", "slurm_burst_lab.ec2emu", str(self.port), *opts],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        import time
-
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                self.calls()
-                return
-            except OSError:
-                if time.monotonic() > deadline or self._proc.poll() is not None:
-                    self.stop()
-                    raise RuntimeError("the EC2 emulator did not start") from None
-                time.sleep(0.2)
-
-    def _get(self, path: str) -> dict[str, Any]:
-        import urllib.request
-
-        url = f"http://127.0.0.1:{self.port}/_emulator/{path}"
-        with urllib.request.urlopen(url, timeout=30) as r:
-            return dict(json.loads(r.read()))
+        super().__init__("slurm_burst_lab.ec2emu", opts, "EC2 emulator")
 
     def calls(self) -> dict[str, int]:
-        return self._get("calls")
+        return self.get("calls")
 
     def driver(self, region: str = "us-east-1") -> Any:
         return driver_for(self.port, region)
 
     def throttle(self, factor: float) -> None:
         """EC2's throttling on (its buckets times ``factor``) or off (0), from now on."""
-        self._get(f"throttle?factor={factor}")
+        self.get(f"throttle?factor={factor}")
 
     def timeline(self) -> dict[str, Any]:
         """Scale mode: every call as (monotonic seconds, action, throttled), and how many
         were throttled."""
-        return self._get("timeline")
+        return self.get("timeline")
 
     def clear(self) -> None:
-        self._get("clear")
-
-    def stop(self) -> None:
-        self._proc.terminate()
-        self._proc.wait(timeout=30)
+        self.get("clear")
 
 
 def _decoded(b64: str) -> str:

@@ -60,7 +60,7 @@ from urllib.parse import parse_qs
 
 from slurm_burst.core.hostkeys import parse_console_host_keys
 from slurm_burst_lab.labvms import LabVms
-from slurm_burst_lab.loopback import serve, shut
+from slurm_burst_lab.loopback import Remote, serve, shut
 
 log = logging.getLogger(__name__)
 
@@ -1163,60 +1163,26 @@ def write_key_file(path: Path, project: str = PROJECT, account: str = ACCOUNT) -
     return path
 
 
-class RemoteGceEmulator:
+class RemoteGceEmulator(Remote):
     """The emulator serving in another process (``python -m slurm_burst_lab.gceemu``), as
     Compute is another service (the benchmark: its work is not the daemon's CPU), in
     scale mode: Compute's default quotas times ``quotas``, instances STAGING for
     ``boot`` s, their host keys published ``keys_after`` s after that."""
 
     def __init__(self, quotas: float, boot: float, keys_after: float) -> None:
-        import socket
-        import subprocess
-        import sys
-
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = int(s.getsockname()[1])
-        self._proc = subprocess.Popen(
-            [sys.executable, "-m", "slurm_burst_lab.gceemu", str(self.port), "--quotas",
-             str(quotas), "--boot-delay", str(boot), "--keys-after", str(keys_after)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )  # fmt: skip
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                self.calls()
-                return
-            except OSError:
-                if time.monotonic() > deadline or self._proc.poll() is not None:
-                    self.stop()
-                    raise RuntimeError("the GCE emulator did not start") from None
-                time.sleep(0.2)
-
-    @property
-    def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def _get(self, what: str) -> dict[str, Any]:
-        import urllib.request
-
-        url = f"http://127.0.0.1:{self.port}/_emulator/{what}"
-        with urllib.request.urlopen(url, timeout=60) as r:
-            return dict(json.loads(r.read()))
+        args = ["--quotas", str(quotas), "--boot-delay", str(boot), "--keys-after",
+                str(keys_after)]  # fmt: skip
+        super().__init__("slurm_burst_lab.gceemu", args, "GCE emulator")
 
     def calls(self) -> dict[str, Any]:
         """Counts by method, throttled answers and the most calls in a window by group."""
-        return self._get("calls")
+        return self.get("calls")
 
     def timeline(self) -> list[tuple[float, str, bool]]:
-        return [(float(t), str(m), bool(x)) for t, m, x in self._get("timeline")["timeline"]]
+        return [(float(t), str(m), bool(x)) for t, m, x in self.get("timeline")["timeline"]]
 
     def clear(self) -> None:
-        self._get("clear")
-
-    def stop(self) -> None:
-        self._proc.terminate()
-        self._proc.wait(timeout=30)
+        self.get("clear")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import logging
+import subprocess
 import threading
 from typing import Any
 
@@ -23,3 +25,43 @@ def shut(server: Any) -> None:
     if server is not None:
         server.shutdown()
         server.server_close()
+
+
+class Remote:
+    """An emulator in another process (``python -m MODULE PORT ARGS...``) on a free
+    loopback port, as the cloud is another service (a benchmark's daemon does not share
+    its CPU); its control endpoint ``/_emulator/...`` read with :meth:`get`."""
+
+    def __init__(self, module: str, args: list[str], what: str) -> None:
+        import socket
+        import sys
+        import time
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = int(s.getsockname()[1])
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", module, str(self.port), *args],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                self.get("calls")
+                return
+            except OSError:
+                if time.monotonic() > deadline or self._proc.poll() is not None:
+                    self.stop()
+                    raise RuntimeError(f"the {what} did not start") from None
+                time.sleep(0.2)
+
+    def get(self, path: str) -> dict[str, Any]:
+        import urllib.request
+
+        url = f"http://127.0.0.1:{self.port}/_emulator/{path}"
+        with urllib.request.urlopen(url, timeout=60) as r:
+            return dict(json.loads(r.read()))
+
+    def stop(self) -> None:
+        self._proc.terminate()
+        self._proc.wait(timeout=30)

@@ -281,9 +281,40 @@ class ApiBudgets:
             w = self._windows[group] = QuotaWindow(limit, q.interval)
         return w
 
+    def reserve_window(self, api: str, wall: float) -> tuple[float, int | None]:
+        """A call's place in its quota group's window: the seconds to wait for that
+        window (wall clock), and the window's index (None: ``api`` is counted in none).
+        The call must go in that window: one made later is counted in another, whose
+        calls are promised to others (:meth:`window_index` tells)."""
+        w = self._window(api)
+        if w is None:
+            return 0.0, None
+        wait = w.reserve(wall)
+        return wait, math.floor((wall + wait) / w.interval)
+
+    def window_index(self, api: str, wall: float) -> int | None:
+        w = self._window(api)
+        return None if w is None else math.floor(wall / w.interval)
+
+    def reserve_rest(self, api: str, now: float, made: int = 0) -> float:
+        """Once a call has its window (:meth:`reserve_window`): its tokens from the
+        buckets that pace calls within it (the total's; a site's own limit on ``api``),
+        and ``made`` resource tokens; seconds to wait first. Taken apart so that the
+        callers a window lets go at its start are spread by the total, not sent at once."""
+        wait = 0.0
+        if self._window(api) is None or api in self.overrides:
+            wait = self._bucket(api).reserve(now)
+        wait = max(wait, self._total.reserve(now))
+        res = self._resource(api) if made else None
+        if res is not None:
+            wait = max(wait, res.reserve(now, made))
+        return wait
+
     def reserve(self, api: str, now: float, made: int = 0, wall: float | None = None) -> float:
         """Take a call's token (and ``made`` resource tokens); seconds to wait first.
-        ``wall``: the wall clock's time, for quota windows (``now`` if not given)."""
+        ``wall``: the wall clock's time, for quota windows (``now`` if not given). Both
+        at once: the callers that wait for a window then go together
+        (:class:`~slurm_burst.services.cloudcalls.SharedBudget` takes them apart)."""
         window = self._window(api)
         wait = 0.0
         if window is not None:

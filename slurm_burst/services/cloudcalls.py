@@ -60,31 +60,67 @@ class SharedBudget:
         self.monotonic = monotonic
         self.wall = wall
         self._lock = threading.Lock()
-        self._turns: dict[tuple[str, str], float] = {}  # (api, key) -> when its turn comes
+        # (api, key) -> (when to ask again, the quota window promised, whether paced too)
+        self._turns: dict[tuple[str, str], tuple[float, int | None, bool]] = {}
 
     def reserve(self, api: str, made: int = 0) -> float:
         with self._lock:
             return self.budgets.reserve(api, self.monotonic(), made, self.wall())
 
+    def wait_turn(self, api: str, sleep: Callable[[float], None], made: int = 0) -> None:
+        """Sleep until a call of ``api`` may go: its quota window first (a caller that
+        woke after the window it was promised ended asks again: that window's calls are
+        counted, the next one's are promised to others), then the buckets that pace
+        calls within a window (the callers a window lets go at its start are spread)."""
+        while True:
+            with self._lock:
+                pause, window = self.budgets.reserve_window(api, self.wall())
+            if pause > 0:
+                sleep(pause)
+            with self._lock:
+                if window is not None and self.budgets.window_index(api, self.wall()) != window:
+                    continue  # woke too late for its window
+                pause = self.budgets.reserve_rest(api, self.monotonic(), made)
+            if pause > 0:
+                sleep(pause)
+            with self._lock:
+                if window is None or self.budgets.window_index(api, self.wall()) == window:
+                    return
+
     def turn(self, api: str, key: str) -> float:
         """A caller that does not wait (``key``: what it reads): 0.0 if it may call now;
-        else the seconds until its turn, which is kept for it (a queue: a thousand
-        callers told to come back are not all told the same instant)."""
+        else the seconds until it should ask again, its turn kept for it (a queue: a
+        thousand callers told to come back are not all told the same instant). As in
+        :meth:`wait_turn`: a place in the quota window first, then the paced tokens
+        within it; a caller back after its window ended asks for a place anew."""
         with self._lock:
-            now = self.monotonic()
-            due = self._turns.pop((api, key), None)
-            if due is not None:
+            now, wall = self.monotonic(), self.wall()
+            held = self._turns.pop((api, key), None)
+            if held is not None:
+                due, window, paced = held
                 if due - now > 1e-6:
-                    self._turns[(api, key)] = due
+                    self._turns[(api, key)] = held
                     return due - now
-                return 0.0
-            wait = self.budgets.reserve(api, now, wall=self.wall())
-            if wait > 0:
-                self._turns[(api, key)] = now + wait
-                if len(self._turns) > 4 * TURNS_KEPT:  # forget turns nobody came back for
-                    old = sorted(self._turns.items(), key=lambda kv: kv[1])
-                    self._turns = dict(old[-TURNS_KEPT:])
-            return wait
+                late = window is not None and self.budgets.window_index(api, wall) != window
+                if paced and not late:
+                    return 0.0
+                if late:
+                    held = None
+            if held is None:
+                pause, window = self.budgets.reserve_window(api, wall)
+                if pause > 0:
+                    return self._keep(api, key, now + pause, window, paced=False)
+            pause = self.budgets.reserve_rest(api, now)
+            if pause > 0:
+                return self._keep(api, key, now + pause, window, paced=True)
+            return 0.0
+
+    def _keep(self, api: str, key: str, due: float, window: int | None, paced: bool) -> float:
+        self._turns[(api, key)] = (due, window, paced)
+        if len(self._turns) > 4 * TURNS_KEPT:  # forget turns nobody came back for
+            old = sorted(self._turns.items(), key=lambda kv: kv[1][0])
+            self._turns = dict(old[-TURNS_KEPT:])
+        return due - self.monotonic()
 
     def counted_as(self, api: str) -> str:
         """What the provider counts ``api``'s calls in: its quota group (GCE), or itself."""
@@ -175,9 +211,7 @@ class ManagedCloud:
 
     def _wait_turn(self, api: str, made: int = 0) -> None:
         """Take the call's token (and ``made`` resource tokens), sleeping until it is due."""
-        pause = self.budget.reserve(api, made)
-        if pause > 0:
-            self.sleep(pause)
+        self.budget.wait_turn(api, self.sleep, made)
 
     def _throttled_answer(self, api: str) -> None:
         """The provider throttled ``api``: its shared rate is cut, and it is counted."""

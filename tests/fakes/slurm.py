@@ -136,6 +136,13 @@ class FakeScheduler:
                     hostnames[i] if hostnames is not None else None,
                 )
 
+    def slurmd_registered(self, names: Sequence[str]) -> None:
+        """What slurmctld does when the nodes' slurmd register: powered up, idle."""
+        with self._lock:
+            for name in names:
+                n = self._nodes[name]
+                self._nodes[name] = n._replace(state="idle", flags=n.flags - {"POWERING_UP"})
+
     # -- what tests look at --------------------------------------------------------
     def node(self, name: str) -> SlurmNode:
         return self._nodes[name]
