@@ -31,7 +31,7 @@ import logging
 import secrets
 import shlex
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -382,11 +382,16 @@ class Launcher:
         )
 
     # -- batches --------------------------------------------------------------------
-    def launch_batch(self, plan: LaunchPlan) -> list[tuple[str, CloudError]]:
+    def launch_batch(
+        self, plan: LaunchPlan, launched: Callable[[list[str]], None] = lambda names: None
+    ) -> list[tuple[str, CloudError]]:
         """Launch ``plan``'s nodes with as few calls as its providers allow: chunks of
         the provider's ``batch_max``, each in one call, a group's chunks in flight
         together. A capacity error moves a chunk to the next candidate; nodes that
         reach a provider without batching stay requested for their own workers.
+        ``launched`` is told each chunk's nodes that have their instances as soon as its
+        call returns (they boot meanwhile: 5,000 EC2 nodes launch over many minutes of
+        EC2's instance bucket, and the first must not wait for the last).
 
         Returns the nodes whose launch failed otherwise, with the error (the caller
         fails them).
@@ -402,7 +407,8 @@ class Launcher:
                 break  # this provider launches one by one: the workers do it
             chunks = launch_chunks(todo, n, by_job=bool(plan.group.placement))
             with ThreadPoolExecutor(min(BATCH_THREADS, len(chunks))) as pool:
-                results = list(pool.map(partial(self._batch, plan.group, cand), chunks))
+                results = list(pool.map(partial(self._chunk, plan.group, cand, launched),
+                                        chunks))  # fmt: skip
             again: list[str] = []  # for the next candidate
             for chunk, result in zip(chunks, results, strict=True):
                 if isinstance(result, CapacityError):
@@ -414,6 +420,16 @@ class Launcher:
             todo = [r for r in map(self.store.node, again) if r is not None]  # launching now
         self.name_later()
         return failed
+
+    def _chunk(
+        self, group: NodeGroup, cand: Candidate, launched: Callable[[list[str]], None],
+        recs: list[NodeRecord],
+    ) -> CloudError | set[str]:  # fmt: skip
+        """:meth:`_batch`, then ``launched`` told the nodes it served."""
+        left = self._batch(group, cand, recs)
+        if not isinstance(left, CloudError):
+            launched([r.name for r in recs if r.name not in left])
+        return left
 
     def _batch(
         self, group: NodeGroup, cand: Candidate, recs: list[NodeRecord]

@@ -185,8 +185,19 @@ class Workers:
                 self.submit(n)
 
     def _launch_work(self, plan: LaunchPlan) -> None:
+        handed: set[str] = set()
+
+        def launched(names: list[str]) -> None:
+            """A chunk's nodes have their instances: each to a worker of its own now,
+            while the other chunks still launch."""
+            with self._lock:
+                for n in names:
+                    if n not in handed:
+                        handed.add(n)
+                        self._hand_on_locked(n)
+
         try:
-            for name, exc in self.launcher.launch_batch(plan):
+            for name, exc in self.launcher.launch_batch(plan, launched):
                 self.prov.fail(name, exc.code, str(exc))
             self._submit_released()
         except Exception as exc:  # boundary: a worker thread; its nodes are driven again
@@ -194,9 +205,14 @@ class Workers:
         finally:
             with self._lock:  # each node to a worker of its own in one hold of the lock
                 for n in plan.nodes:
-                    self._active.pop(n, None)
-                    self._again.discard(n)
-                    self._submit_locked(n)
+                    if n not in handed:
+                        self._hand_on_locked(n)
+
+    def _hand_on_locked(self, name: str) -> None:
+        """A node the batch launch held, to a worker of its own (the lock held)."""
+        self._active.pop(name, None)
+        self._again.discard(name)
+        self._submit_locked(name)
 
     def _work(self, name: str, join: bool = False) -> None:
         handed = False  # to the join pool, or a timer: the node stays ours

@@ -43,6 +43,31 @@ def test_a_resume_on_a_batching_provider_is_launched_in_batches(wb: World) -> No
     assert wb.rec(CPU[0]).job_list() == [{"job_id": 7, "nodes": "burst-cpu-[1-8]"}]
 
 
+def test_a_chunks_nodes_boot_while_the_next_chunk_still_launches(wb: World) -> None:
+    """8 nodes in two launch calls of 4, the second held back (as EC2's instance bucket
+    holds the later calls of a 5,000-node burst for minutes): the first call's nodes
+    join meanwhile; they waited for the last call before."""
+    held = threading.Event()
+    launch_many = wb.cloud.launch_many
+
+    def slow_second(spec: Any) -> Any:
+        if CPU[4] in spec.names:
+            assert held.wait(30), "the held launch was never let go"
+        return launch_many(spec)
+
+    wb.cloud.launch_many = slow_second  # type: ignore[method-assign]
+    wb.store.add_request("resume", CPU, [], wb.clock.now())
+    wb.daemon.handle_requests()
+    try:
+        wait(lambda: all(wb.rec(n).state == NodeState.JOINED for n in CPU[:4]), 5,
+             "the first call's nodes joined while the second is held")  # fmt: skip
+        assert all(wb.rec(n).state == NodeState.LAUNCHING for n in CPU[4:])
+    finally:
+        held.set()
+    wb.settle()
+    assert all(wb.rec(n).state == NodeState.JOINED for n in CPU)
+
+
 def test_a_resume_on_a_provider_without_batches_goes_straight_to_the_workers(w: World) -> None:
     w.store.add_request("resume", CPU, [], w.clock.now())
     w.settle()
