@@ -315,17 +315,8 @@ class ApiBudgets:
         ``wall``: the wall clock's time, for quota windows (``now`` if not given). Both
         at once: the callers that wait for a window then go together
         (:class:`~slurm_burst.services.cloudcalls.SharedBudget` takes them apart)."""
-        window = self._window(api)
-        wait = 0.0
-        if window is not None:
-            wait = window.reserve(now if wall is None else wall)
-        if window is None or api in self.overrides:  # a site's own limit on it, too
-            wait = max(wait, self._bucket(api).reserve(now))
-        wait = max(wait, self._total.reserve(now))
-        res = self._resource(api) if made else None
-        if res is not None:
-            wait = max(wait, res.reserve(now, made))
-        return wait
+        wait, _ = self.reserve_window(api, now if wall is None else wall)
+        return max(wait, self.reserve_rest(api, now, made))
 
     def ready_in(self, api: str, now: float, wall: float | None = None) -> float:
         """Seconds until a call of ``api`` may go, taking nothing."""

@@ -96,16 +96,16 @@ class SharedBudget:
         with self._lock:
             now, wall = self.monotonic(), self.wall()
             held = self._turns.pop((api, key), None)
+            window: int | None = None
             if held is not None:
                 due, window, paced = held
                 if due - now > 1e-6:
                     self._turns[(api, key)] = held
                     return due - now
-                late = window is not None and self.budgets.window_index(api, wall) != window
-                if paced and not late:
+                if window is not None and self.budgets.window_index(api, wall) != window:
+                    held = None  # back after its window ended: its place there is gone
+                elif paced:
                     return 0.0
-                if late:
-                    held = None
             if held is None:
                 pause, window = self.budgets.reserve_window(api, wall)
                 if pause > 0:
@@ -116,6 +116,7 @@ class SharedBudget:
             return 0.0
 
     def _keep(self, api: str, key: str, due: float, window: int | None, paced: bool) -> float:
+        """Keep a caller's turn (the lock held); the seconds until it should ask again."""
         self._turns[(api, key)] = (due, window, paced)
         if len(self._turns) > 4 * TURNS_KEPT:  # forget turns nobody came back for
             old = sorted(self._turns.items(), key=lambda kv: kv[1][0])

@@ -95,22 +95,18 @@ class LibcloudCloud:
             alone = self.provider.launch_one(self, spec)
         except _ERRORS as exc:
             raise self._error(exc) from exc
-        if alone is not None:
-            log.info("cloud.create_node provider=%s node=%s size=%s instance=%s seconds=%.2f",
-                     self.name, spec.node, spec.size, alone.id,
-                     time.monotonic() - started)  # fmt: skip
-            return alone
-        node = self._create(spec)
-        node = node[0] if isinstance(node, list) else node
+        if alone is None:
+            node = self._create(spec)
+            alone = self.to_instance(node[0] if isinstance(node, list) else node)
         log.info(
             "cloud.create_node provider=%s node=%s size=%s instance=%s seconds=%.2f",
             self.name,
             spec.node,
             spec.size,
-            node.id,
+            alone.id,
             time.monotonic() - started,
         )
-        return self.to_instance(node)
+        return alone
 
     def launch_many(self, spec: LaunchSpec) -> list[Instance]:
         """Between ``spec.min_count`` (0: all) and ``spec.count`` instances in one call,
