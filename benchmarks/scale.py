@@ -119,16 +119,14 @@ def config(tmp: Path, port: int, nodes: int, provider: str = "ec2") -> Config:
 
 def run(nodes: int, scale: Scale, join_s: float, provider: str = "ec2") -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as d:
+        emu: RemoteEmulator | RemoteGceEmulator
         if provider == "gce":
-            gce = RemoteGceEmulator(scale.throttle, scale.boot, scale.console)
-            try:
-                os.environ["SB_BENCH_GCE_KEY_FILE"] = str(write_key_file(Path(d) / "sa.json"))
-                return _run(gce, Path(d), nodes, scale, join_s, "gce")
-            finally:
-                gce.stop()
-        emu = RemoteEmulator(scale)
+            os.environ["SB_BENCH_GCE_KEY_FILE"] = str(write_key_file(Path(d) / "sa.json"))
+            emu = RemoteGceEmulator(scale.throttle, scale.boot, scale.console)
+        else:
+            emu = RemoteEmulator(scale)
         try:
-            return _run(emu, Path(d), nodes, scale, join_s)
+            return _run(emu, Path(d), nodes, scale, join_s, provider)
         finally:
             emu.stop()
 

@@ -804,9 +804,6 @@ class RemoteEmulator(Remote):
         ]  # fmt: skip
         super().__init__("slurm_burst_lab.ec2emu", opts, "EC2 emulator")
 
-    def calls(self) -> dict[str, int]:
-        return self.get("calls")
-
     def driver(self, region: str = "us-east-1") -> Any:
         return driver_for(self.port, region)
 
@@ -818,9 +815,6 @@ class RemoteEmulator(Remote):
         """Scale mode: every call as (monotonic seconds, action, throttled), and how many
         were throttled."""
         return self.get("timeline")
-
-    def clear(self) -> None:
-        self.get("clear")
 
 
 def _decoded(b64: str) -> str:

@@ -323,7 +323,7 @@ class GceEmulator:
                 if not (math.isfinite(factor) and 0 <= factor < 1e6):
                     raise ApiError(400, "invalid", f"quotas factor {q.get('factor')!r}")
                 self.quotas = scaled_quotas(factor) if factor else None
-            elif what not in ("calls", "clear"):
+            elif what != "calls":
                 raise ApiError(404, "notFound", f"no emulator control {what!r}")
             quotas = self.quotas
             return {"calls": dict(self.calls),
@@ -1174,15 +1174,8 @@ class RemoteGceEmulator(Remote):
                 str(keys_after)]  # fmt: skip
         super().__init__("slurm_burst_lab.gceemu", args, "GCE emulator")
 
-    def calls(self) -> dict[str, Any]:
-        """Counts by method, throttled answers and the most calls in a window by group."""
-        return self.get("calls")
-
     def timeline(self) -> list[tuple[float, str, bool]]:
         return [(float(t), str(m), bool(x)) for t, m, x in self.get("timeline")["timeline"]]
-
-    def clear(self) -> None:
-        self.get("clear")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -62,6 +62,13 @@ class Remote:
         with urllib.request.urlopen(url, timeout=60) as r:
             return dict(json.loads(r.read()))
 
+    def calls(self) -> dict[str, Any]:
+        """The emulator's count of calls by method (and, GCE, its quota figures)."""
+        return self.get("calls")
+
+    def clear(self) -> None:
+        self.get("clear")
+
     def stop(self) -> None:
         self._proc.terminate()
         self._proc.wait(timeout=30)

@@ -214,22 +214,20 @@ class Lab:
             self.progress("cloud: S3 object store for stage-in (rclone serve s3 on that bridge)")
             record["processes"]["s3"] = vars(c.start_s3(self.cfg, self.paths))
             self._write_record(record)
-        if self.lab.ec2_provider:
-            self.progress("cloud: EC2 emulator (its instances boot as VMs on that bridge)")
-            record["processes"]["ec2"] = vars(c.start_ec2(self.cfg, self.paths))
+        for key, what, provider, start in (
+            ("ec2", "EC2", self.lab.ec2_provider, c.start_ec2),
+            ("gce", "GCE", self.lab.gce_provider, c.start_gce),
+        ):
+            if not provider:
+                continue
+            self.progress(f"cloud: {what} emulator (its instances boot as VMs on that bridge)")
+            record["processes"][key] = vars(start(self.cfg, self.paths))
             self._write_record(record)
-            # on another release its EC2 instances boot that release's image, as the
+            # on another release its instances boot that release's image, as the
             # namespace cloud's VMs do: their slurmd is the controller's release
-            for ami in {g.image for g in self.cfg.node_groups.values()
-                        if self.lab.ec2_provider in g.providers}:  # fmt: skip
-                register_image(self.paths.state / "ec2", ami, image, (self.lab.shared_dir,))
-        if self.lab.gce_provider:
-            self.progress("cloud: GCE emulator (its instances boot as VMs on that bridge)")
-            record["processes"]["gce"] = vars(c.start_gce(self.cfg, self.paths))
-            self._write_record(record)
             for name in {g.image for g in self.cfg.node_groups.values()
-                         if self.lab.gce_provider in g.providers}:  # fmt: skip
-                register_image(self.paths.state / "gce", name, image, (self.lab.shared_dir,))
+                         if provider in g.providers}:  # fmt: skip
+                register_image(self.paths.state / key, name, image, (self.lab.shared_dir,))
         if self.lab.daemon:
             self.progress("slurm-burst daemon (WireGuard hub, provisioning)")
             record["processes"]["daemon"] = vars(c.start_daemon(self.cfg, self.paths))
