@@ -41,6 +41,11 @@ def _setns(fd: int) -> None:
 
 
 class Imds:
+    """Each instance's metadata server, in its network namespace; ``handler`` answers
+    (EC2's here; GCE's metadata server: :mod:`slurm_burst_lab.gcemeta`)."""
+
+    handler: type[http.server.BaseHTTPRequestHandler]
+
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._servers: dict[str, http.server.ThreadingHTTPServer] = {}
@@ -68,7 +73,7 @@ class Imds:
                                check=True, capture_output=True, timeout=10)  # fmt: skip
                 subprocess.run(["ip", "link", "set", "lo", "up"], check=True,
                                capture_output=True, timeout=10)  # fmt: skip
-                server = _Server((ADDRESS, 80), _Handler)
+                server = _Server((ADDRESS, 80), self.handler)
             finally:
                 _setns(home)
         except (OSError, subprocess.SubprocessError) as exc:
@@ -77,6 +82,16 @@ class Imds:
         finally:
             os.close(theirs)
             os.close(home)
+        self._run(instance_id, server)
+
+    def serve_here(self, instance_id: str, port: int = 0) -> int:
+        """Serve ``instance_id``'s metadata on 127.0.0.1 (a test without a VM); the port."""
+        server = _Server(("127.0.0.1", port), self.handler)
+        threading.Thread(target=self._run, args=(instance_id, server),
+                         name=f"imds-{instance_id}", daemon=True).start()  # fmt: skip
+        return int(server.server_port)
+
+    def _run(self, instance_id: str, server: http.server.ThreadingHTTPServer) -> None:
         server.imds, server.instance_id = self, instance_id  # type: ignore[attr-defined]
         server.tokens = set()  # type: ignore[attr-defined]
         with self._lock:
@@ -96,9 +111,13 @@ class Imds:
         with self._lock:
             server = self._servers.pop(instance_id, None)
             self.notices.pop(instance_id, None)
+        self._stopped(instance_id)
         if server is not None:
             server.shutdown()
             server.server_close()
+
+    def _stopped(self, instance_id: str) -> None:
+        """What a subclass lets go of with an instance's server."""
 
     def notice(self, instance_id: str) -> dict[str, str] | None:
         with self._lock:
@@ -107,6 +126,7 @@ class Imds:
 
 class _Server(http.server.ThreadingHTTPServer):
     daemon_threads = True
+    block_on_close = False
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):
@@ -151,3 +171,6 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
             self.wfile.write(body)
+
+
+Imds.handler = _Handler

@@ -24,6 +24,18 @@ boot nothing. This one is written for the lab. It serves:
   output, from what a test or a booted VM publishes (:meth:`GceEmulator.publish`);
 - capacity a test can refuse per machine type and zone (``ZONE_RESOURCE_POOL_EXHAUSTED``,
   ``QUOTA_EXCEEDED``: :meth:`GceEmulator.limit`), faults injected per method;
+- Spot VMs (``provisioningModel = SPOT``, or ``preemptible``) whose capacity a test can
+  refuse (the insert's operation fails ``ZONE_RESOURCE_POOL_EXHAUSTED``) or withhold (the
+  instances are made and stay STAGING, their VMs never boot): :meth:`GceEmulator.set_spot`;
+  and preemption (:meth:`GceEmulator.preempt`): the instance's metadata server answers
+  ``preempted`` TRUE at once, and the instance is deleted (``instanceTerminationAction``
+  DELETE; STOP: TERMINATED) the given seconds later (Compute: about 30), its VM halted;
+- compact placement policies (``resourcePolicies`` insert, get, list, delete, with
+  ``groupPlacementPolicy.collocation``): an instance that names one must be in its
+  region and set ``onHostMaintenance = TERMINATE``; a policy holds at most 150 instances
+  (Google's documented limit) or the room a test gives it (:meth:`GceEmulator.policy_room`,
+  past it ``ZONE_RESOURCE_POOL_EXHAUSTED``), and a delete while an instance names it is
+  refused ``resourceInUseByAnotherResource``;
 - rate quotas as Compute counts them, in scale mode (:class:`Quotas`): calls per quota
   group in each 60-s interval of the wall clock, answering 403 ``rateLimitExceeded``
   past it (or 429, as Compute sometimes does);
@@ -32,8 +44,10 @@ boot nothing. This one is written for the lab. It serves:
   address range there), running its ``startup-script``, root's authorized keys those
   of its ``ssh-keys`` metadata, its host name its own name; its serial port 1 is the
   VM's console, and its ``hostkeys/`` guest attributes the host keys printed there (what
-  Google's guest environment publishes). Deleting it halts the VM;
-- a control endpoint for the lab's tests (``/_emulator/calls``, ``/_emulator/quotas``).
+  Google's guest environment publishes); its metadata server answers inside its network
+  namespace (:mod:`slurm_burst_lab.gcemeta`). Deleting it halts the VM;
+- a control endpoint for the lab's tests (``/_emulator/calls``, ``quotas``, ``spot``,
+  ``market``, ``preempt``, ``timeline``, ``clear``).
 
 Where it is simpler than Compute, docs/providers.md says so. Every request is counted
 by method (:attr:`GceEmulator.calls`).
@@ -59,6 +73,7 @@ from typing import Any
 from urllib.parse import parse_qs
 
 from slurm_burst.core.hostkeys import parse_console_host_keys
+from slurm_burst_lab.gcemeta import GceMetadata
 from slurm_burst_lab.labvms import LabVms
 from slurm_burst_lab.loopback import Remote, serve, shut
 
@@ -86,6 +101,8 @@ IMAGES = {  # project -> image name -> family
     "debian-cloud": {"debian-12-bookworm-v20261001": "debian-12"},
 }
 CAPACITY_CODES = ("ZONE_RESOURCE_POOL_EXHAUSTED", "QUOTA_EXCEEDED")
+SPOT_MODES = ("", "refuse", "withhold")
+POLICY_MOST = 150  # instances in one compact placement policy (Google's documented limit)
 
 # the quota group of each method (docs/scale.md): what scale mode counts
 QUOTA_GROUP = {
@@ -94,6 +111,8 @@ QUOTA_GROUP = {
     "getSerialPortOutput": "read_requests", "list": "list_requests",
     "aggregatedList": "list_requests", "operations.list": "list_requests",
     "operations.get": "operation_read_requests", "operations.wait": "operation_read_requests",
+    "resourcePolicies.insert": "default", "resourcePolicies.delete": "default",
+    "resourcePolicies.get": "read_requests", "resourcePolicies.list": "list_requests",
 }  # fmt: skip
 
 
@@ -208,6 +227,13 @@ class GceEmulator:
         self.port = 0
         self.vms: LabVms | None = None  # instances boot as VMs (the lab)
         self.vm_range: ipaddress.IPv4Network | None = None  # their addresses (with vms)
+        self.meta = GceMetadata()  # each booted instance's metadata server, in its netns
+        self.spot = ""  # Spot capacity: '' normal, refuse, withhold
+        self.withheld: set[str] = set()  # Spot instances whose capacity never comes (ids)
+        self.policies: dict[tuple[str, str], dict[str, Any]] = {}  # (region, name)
+        self.members: dict[tuple[str, str], set[str]] = {}  # a policy's instances (ids)
+        self.rooms: dict[str, int] = {}  # policy name -> the most instances it takes
+        self.preempted: list[str] = []  # instance ids, in order
 
     # -- control ----------------------------------------------------------------------
     def start(self) -> int:
@@ -236,6 +262,68 @@ class GceEmulator:
             self.room[(machine_type, zone)] = room
             self.refusal[(machine_type, zone)] = code
 
+    def set_spot(self, mode: str) -> None:
+        """Spot capacity from now on: normal (''), ``refuse`` or ``withhold``."""
+        if mode not in SPOT_MODES:
+            raise ValueError(f"spot mode {mode!r}: one of {', '.join(map(repr, SPOT_MODES))}")
+        with self._lock:
+            self.spot = mode
+
+    def policy_room(self, name: str, instances: int) -> None:
+        """Placement policy ``name`` (made or not yet) takes at most ``instances``."""
+        with self._lock:
+            self.rooms[name] = instances
+
+    def market(self) -> dict[str, Any]:
+        """For a test: the placement policies and their instances, the Spot mode, the
+        instances withheld, those preempted."""
+        with self._lock:
+            return {"policies": {name: {"region": region, "members": sorted(
+                        self.members.get((region, name), set()))}
+                                 for (region, name) in self.policies},
+                    "spot": self.spot, "withheld": sorted(self.withheld),
+                    "preempted": list(self.preempted)}  # fmt: skip
+
+    def preempt(self, instance: str, seconds: float) -> dict[str, Any]:
+        """Preempt ``instance`` (its id or name): its metadata server says so at once,
+        and it is deleted (or stopped, as its termination action says) ``seconds``
+        later, its VM halted."""
+        if not (math.isfinite(seconds) and 0 < seconds <= 3600):
+            raise ValueError(f"preempt in {seconds!r} s: 0 < seconds <= 3600")
+        with self._lock:
+            found = next(((z, n) for (z, n), i in self.instances.items()
+                          if instance in (i["id"], n)), None)  # fmt: skip
+            if found is None:
+                raise ValueError(f"preempt {instance!r}: no such instance")
+            inst = self.instances[found]
+            self.preempted.append(inst["id"])
+        if self.meta.value(inst["id"], "preempted") is not None:
+            self.meta.preempt(inst["id"])
+        timer = threading.Timer(seconds, self._reclaim, args=found)
+        timer.daemon = True
+        timer.start()
+        return {"instance": inst["id"], "name": found[1], "in": seconds}
+
+    def _reclaim(self, zone: str, name: str) -> None:
+        with self._lock:
+            inst = self.instances.get((zone, name))
+            if inst is None:
+                return
+            action = (inst.get("scheduling") or {}).get("instanceTerminationAction", "STOP")
+            if action == "DELETE":
+                self._delete(zone, name, {})
+            else:
+                inst["status"] = "TERMINATED"
+                self._halt(inst)
+            self._operation_done("compute.instances.preempted", inst["selfLink"], inst["id"],
+                                 zone=zone)  # fmt: skip
+        log.info("gceemu.preempted instance=%s action=%s", inst["id"], action)
+
+    def _halt(self, inst: dict[str, Any]) -> None:
+        self.meta.stop(inst["id"])
+        if self.vms is not None:
+            self.vms.halt(inst["id"])
+
     def publish(self, name: str, host_keys: Iterable[tuple[str, str]] = (),
                 serial: str | None = None) -> None:  # fmt: skip
         """What instance ``name``'s guest environment publishes: its host keys in the
@@ -250,6 +338,8 @@ class GceEmulator:
             self.calls.clear()
             self._faults.clear()
             self.room.clear()
+            self.rooms.clear()
+            self.spot = ""
             self.requests.clear()
             self.answers.clear()
             self.timeline.clear()
@@ -312,10 +402,26 @@ class GceEmulator:
         """The lab's tests' and the benchmark's switches: ``calls`` (counts by method,
         throttled answers by quota group, the most calls of a group in one window);
         ``quotas?factor=F`` (Compute's default quotas times F from now on; 0: none);
-        ``timeline`` (scale mode: every call); ``clear``."""
+        ``timeline`` (scale mode: every call); ``spot?mode=refuse|withhold|`` (Spot
+        capacity); ``market`` (placement policies, Spot mode, withheld and preempted
+        instances); ``preempt?instance=ID|NAME&in=S`` (a preemption, the instance gone S
+        seconds later); ``clear``."""
+        if what == "preempt":
+            try:
+                return self.preempt(q.get("instance", ""), float(q.get("in", "30")))
+            except ValueError as exc:
+                raise ApiError(400, "invalid", str(exc)) from None
+        if what == "market":
+            return self.market()
         with self._lock:
             if what == "timeline":
                 return {"timeline": list(self.timeline)}
+            if what == "spot":
+                try:
+                    self.set_spot(q.get("mode", ""))
+                except ValueError as exc:
+                    raise ApiError(400, "invalid", str(exc)) from None
+                return self.market()
             if what == "clear":
                 self.clear()
             elif what == "quotas":
@@ -411,6 +517,22 @@ class GceEmulator:
                 return self._count("getGuestAttributes", lambda: self._guest(zone, name, q))
             case ["zones", zone, "instances", name, "serialPort"]:
                 return self._count("getSerialPortOutput", lambda: self._serial(zone, name, q))
+            case ["regions", region, "resourcePolicies"] if method == "POST":
+                return self._count(
+                    "resourcePolicies.insert",
+                    lambda: self._policy_insert(region, body, q),
+                    mutation=True,
+                )
+            case ["regions", region, "resourcePolicies"]:
+                return self._count("resourcePolicies.list", lambda: self._policy_list(region, q))
+            case ["regions", region, "resourcePolicies", name] if method == "DELETE":
+                return self._count(
+                    "resourcePolicies.delete",
+                    lambda: self._policy_delete(region, name, q),
+                    mutation=True,
+                )
+            case ["regions", region, "resourcePolicies", name]:
+                return self._count("resourcePolicies.get", lambda: self._policy(region, name))
             case [("zones" | "regions"), where, "operations"]:
                 return self._count("operations.list", lambda: self._operations(where, q))
             case [("zones" | "regions" | "global"), *_, "operations", name, "wait"]:
@@ -570,8 +692,10 @@ class GceEmulator:
 
     def _shown(self, inst: dict[str, Any]) -> dict[str, Any]:
         """The instance as read now: STAGING until its boot delay has passed."""
-        out = dict(inst)
-        made = out.pop("_made")
+        out = {k: v for k, v in inst.items() if not k.startswith("_")}
+        made = inst["_made"]
+        if inst.get("_withheld"):  # Spot capacity that does not come: STAGING for good
+            return out
         if out["status"] == "STAGING" and time.time() >= made + self.boot_delay:
             inst["status"] = out["status"] = "RUNNING"
             inst["lastStartTimestamp"] = out["lastStartTimestamp"] = _now_rfc3339()
@@ -642,8 +766,15 @@ class GceEmulator:
         }  # fmt: skip
         if props.get("guestAccelerators"):
             inst["guestAccelerators"] = list(props["guestAccelerators"])
+        if props.get("resourcePolicies"):
+            inst["resourcePolicies"] = list(props["resourcePolicies"])
+        for policy in self._policies_of(zone, props):
+            self.members.setdefault(policy, set()).add(inst["id"])
         self.instances[(zone, name)] = inst
-        if self.vms is not None:
+        if _is_spot(props) and self.spot == "withhold":  # made, and never runs
+            inst["_withheld"], inst["status"] = True, "STAGING"
+            self.withheld.add(inst["id"])
+        elif self.vms is not None:
             self._boot(inst)
         return inst
 
@@ -674,9 +805,45 @@ class GceEmulator:
         self.vms.boot(inst["id"], inst["networkInterfaces"][0]["networkIP"],
                       meta.get("startup-script") or None, tuple(k for k in keys if k), image,
                       hostname=inst["name"])  # fmt: skip
+        self.meta.add(inst["id"], inst["name"], _last(inst["zone"]))
+        self.meta.serve(inst["id"], self.vms.netns_of(inst["id"]))
 
-    def _room_for(self, mtype: str, zone: str) -> float:
-        return self.room.get((mtype, zone), math.inf)
+    def _room_for(self, mtype: str, zone: str, props: Mapping[str, Any] | None = None) -> float:
+        """How many more instances of ``mtype`` fit in ``zone`` with these properties:
+        the zone's room, none while Spot capacity is refused, a placement policy's."""
+        room = self.room.get((mtype, zone), math.inf)
+        if props is not None and _is_spot(props) and self.spot == "refuse":
+            return 0
+        for region, name in self._policies_of(zone, props or {}):
+            held = len(self.members.get((region, name), set()))
+            room = min(room, self.rooms.get(name, POLICY_MOST) - held)
+        return max(0, room)
+
+    def _policies_of(self, zone: str, props: Mapping[str, Any]) -> list[tuple[str, str]]:
+        """The placement policies an instance's properties name, checked as Compute
+        checks them: made, in the zone's region, the instance not live-migrated."""
+        out = []
+        for link in props.get("resourcePolicies") or []:
+            parts = str(link).rstrip("/").split("/")
+            region, name = (parts[-3] if len(parts) >= 3 else ZONES[zone]), parts[-1]
+            if (region, name) not in self.policies:
+                raise ApiError(404, "notFound", f"The resource 'projects/{self.project}/regions/"
+                                                f"{region}/resourcePolicies/{name}' was not "
+                                                "found")  # fmt: skip
+            if region != ZONES[zone]:
+                raise ApiError(
+                    400,
+                    "invalid",
+                    f"Resource policy '{name}' is in region "
+                    f"{region}, not the instance's ({ZONES[zone]})",
+                )
+            sched = props.get("scheduling") or {}
+            if sched.get("onHostMaintenance") != "TERMINATE":
+                raise ApiError(400, "invalid", "Compact placement policies are not supported "
+                                               "with live migration: set scheduling."
+                                               "onHostMaintenance to TERMINATE")  # fmt: skip
+            out.append((region, name))
+        return out
 
     def _take_room(self, mtype: str, zone: str, n: int) -> None:
         if (mtype, zone) in self.room:
@@ -695,7 +862,7 @@ class GceEmulator:
             raise ApiError(409, "alreadyExists", f"The resource '{where}' already exists")
         mtype = _last(body.get("machineType", ""))
         target = f"{_zone_url(self.project, zone)}/instances/{name}"
-        if self._room_for(mtype, zone) < 1:
+        if self._room_for(mtype, zone, body) < 1:
             code = self.refusal.get((mtype, zone), CAPACITY_CODES[0])
             return self._as_started(self._operation_done(
                 "insert", target, "", zone=zone, q=q,
@@ -760,15 +927,15 @@ class GceEmulator:
             "targetShape") == "ANY_SINGLE_ZONE"  # fmt: skip
         placed: list[tuple[str, str]] = []
         if single:
-            best = max(zones, key=lambda z: min(self._room_for(mtype, z), len(wanted)),
+            best = max(zones, key=lambda z: min(self._room_for(mtype, z, props), len(wanted)),
                        default=None)  # fmt: skip
             if best is not None:
-                fit = int(min(self._room_for(mtype, best), len(wanted)))
+                fit = int(min(self._room_for(mtype, best, props), len(wanted)))
                 placed = [(best, n) for n in wanted[:fit]]
         else:
             left = list(wanted)
             for z in zones:
-                fit = int(min(self._room_for(mtype, z), len(left)))
+                fit = int(min(self._room_for(mtype, z, props), len(left)))
                 placed += [(z, n) for n in left[:fit]]
                 left = left[fit:]
         where = zone or region or ""
@@ -823,8 +990,10 @@ class GceEmulator:
             self.room[(mtype, zone)] += 1
         self.guest.pop(name, None)
         self.serial.pop(name, None)
-        if self.vms is not None:
-            self.vms.halt(inst["id"])
+        for members in self.members.values():
+            members.discard(inst["id"])
+        self.withheld.discard(inst["id"])
+        self._halt(inst)
         return self._operation_done("delete", inst["selfLink"], inst["id"], zone=zone, q=q)
 
     def _set_labels(self, zone: str, name: str, body: Any, q: Mapping[str, str]) -> dict[str, Any]:
@@ -932,6 +1101,78 @@ class GceEmulator:
                 "next": str(len(text)), "selfLink": f"{_zone_url(self.project, zone)}/instances/"
                 f"{name}/serialPort"}  # fmt: skip
 
+    # -- resource policies (compact placement) --------------------------------------------
+    def _policy(self, region: str, name: str) -> dict[str, Any]:
+        self._region(region)
+        doc = self.policies.get((region, name))
+        if doc is None:
+            raise ApiError(
+                404,
+                "notFound",
+                f"The resource 'projects/{self.project}/regions/"
+                f"{region}/resourcePolicies/{name}' was not found",
+            )
+        return doc
+
+    def _policy_insert(self, region: str, body: Any, q: Mapping[str, str]) -> dict[str, Any]:
+        self._region(region)
+        if not isinstance(body, dict) or not body.get("name"):
+            raise ApiError(400, "required", "Required field 'resource.name' not specified")
+        again = self._repeated(q)
+        if again is not None:
+            return again
+        name = str(body["name"])
+        if not self.NAME.fullmatch(name):
+            raise ApiError(400, "invalid", f"Invalid value for field 'resource.name': '{name}'")
+        placement = body.get("groupPlacementPolicy") or {}
+        if placement.get("collocation") not in ("COLLOCATED", "UNSPECIFIED_COLLOCATION", None):
+            raise ApiError(
+                400,
+                "invalid",
+                "Invalid value for field 'resource.groupPlacement"
+                f"Policy.collocation': '{placement.get('collocation')}'",
+            )
+        if (region, name) in self.policies:
+            raise ApiError(409, "alreadyExists", f"The resource 'projects/{self.project}/regions/"
+                                                 f"{region}/resourcePolicies/{name}' already "
+                                                 "exists")  # fmt: skip
+        link = f"{_region_url(self.project, region)}/resourcePolicies/{name}"
+        self.policies[(region, name)] = {
+            "kind": "compute#resourcePolicy", "id": str(next(self._ids)), "name": name,
+            "creationTimestamp": _now_rfc3339(), "description": body.get("description", ""),
+            "region": _region_url(self.project, region), "selfLink": link, "status": "READY",
+            "groupPlacementPolicy": dict(placement),
+        }  # fmt: skip
+        return self._as_started(self._operation_done("insert", link, self.policies[
+            (region, name)]["id"], region=region, q=q))  # fmt: skip
+
+    def _policy_delete(self, region: str, name: str, q: Mapping[str, str]) -> dict[str, Any]:
+        doc = self._policy(region, name)
+        again = self._repeated(q)
+        if again is not None:
+            return again
+        users = self.members.get((region, name), set())
+        if users:
+            raise ApiError(400, "resourceInUseByAnotherResource", f"The resource_policy resource "
+                           f"'{doc['selfLink']}' is already being used by "
+                           f"'instance {sorted(users)[0]}'")  # fmt: skip
+        del self.policies[(region, name)]
+        self.members.pop((region, name), None)
+        return self._as_started(self._operation_done("delete", doc["selfLink"], doc["id"],
+                                                     region=region, q=q))  # fmt: skip
+
+    def _policy_list(self, region: str, q: Mapping[str, str]) -> dict[str, Any]:
+        self._region(region)
+        rows = [d for (r, _), d in sorted(self.policies.items()) if r == region]
+        page, token = self._page([d for d in rows if matches(q.get("filter", ""), d)], q)
+        out: dict[str, Any] = {"kind": "compute#resourcePolicyList",
+                               "id": f"projects/{self.project}/regions/{region}/resourcePolicies",
+                               "items": page, "selfLink": f"{_region_url(self.project, region)}"
+                                                          "/resourcePolicies"}  # fmt: skip
+        if token:
+            out["nextPageToken"] = token
+        return out
+
     # -- operations -----------------------------------------------------------------------
     def _repeated(self, q: Mapping[str, str]) -> dict[str, Any] | None:
         """The operation a mutation with this ``requestId`` made already, if any."""
@@ -1010,6 +1251,12 @@ class GceEmulator:
         if token:
             out["nextPageToken"] = token
         return out
+
+
+def _is_spot(props: Mapping[str, Any]) -> bool:
+    """Whether an instance's properties ask for Spot (or the legacy preemptible) VMs."""
+    sched = props.get("scheduling") or {}
+    return sched.get("provisioningModel") == "SPOT" or bool(sched.get("preemptible"))
 
 
 # -- filters: Compute's list filter, the part the daemon sends ------------------------------

@@ -400,6 +400,8 @@ def _group_on_providers(cfg: Config, g: NodeGroup, base: str, out: list[Problem]
             )
         for key, why in described.group_problems(g):
             out.append(Problem(f"{base}.{key}", f"provider {pname!r}: {why}"))
+        for key, why in described.group_warnings(g):
+            out.append(Problem(f"{base}.{key}", f"provider {pname!r}: {why}", severity="warning"))
 
 
 def _group(cfg: Config, g: NodeGroup, base: str, out: list[Problem], declared: set[str]) -> None:

@@ -9,7 +9,7 @@ from slurm_burst.adapters.cloud.registry import offering, provider
 from slurm_burst.config.model import Config, NodeGroup
 from slurm_burst.config.schema import Problem
 
-PLACEMENTS = ("", "cluster")
+PLACEMENTS = ("", "cluster", "compact")  # each provider offers its own (Provider.placements)
 CLOUD_TO_CLOUD = ("hub", "wireguard")
 # what Slurm knows a node by: a fallback launching a group's nodes must offer the same
 SHAPE = ("cpus", "memory_mb", "gpus", "gpu_type")
@@ -78,7 +78,8 @@ def _spot_fallback(cfg: Config, g: NodeGroup, base: str, out: list[Problem]) -> 
 
 def _placement(cfg: Config, g: NodeGroup, base: str, out: list[Problem]) -> None:
     if g.placement not in PLACEMENTS:
-        out.append(Problem(f"{base}.placement", "must be 'cluster' or '' (none)"))
+        out.append(Problem(f"{base}.placement",
+                           "must be 'cluster' (EC2), 'compact' (GCE) or '' (none)"))  # fmt: skip
         return
     if not g.placement:
         return
@@ -91,10 +92,12 @@ def _placement(cfg: Config, g: NodeGroup, base: str, out: list[Problem]) -> None
         prov = cfg.providers.get(pname)
         if prov is None:
             continue
-        if not provider(prov.driver).placement:
+        offered = provider(prov.driver).placements
+        if g.placement not in offered:
+            kinds = f"only {', '.join(map(repr, offered))}" if offered else "none"
             out.append(Problem(
                 f"{base}.placement",
-                f"provider {pname!r} ({prov.driver}): slurm-burst makes placement groups on "
-                f"{', '.join(offering(lambda d: d.placement))} only "
-                "(and a plugin's driver that offers them); use a group without placement there",
+                f"provider {pname!r} ({prov.driver}) offers {kinds}: slurm-burst makes "
+                f"placement per job on {', '.join(offering(lambda d: bool(d.placements)))} "
+                "(and a plugin's driver that offers it); use a group without placement there",
             ))  # fmt: skip

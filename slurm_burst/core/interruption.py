@@ -1,5 +1,11 @@
-"""A provider's interruption notice (EC2's spot ``instance-action``): what it says, which
-signal a job asked for before its end, and when to requeue it. Pure: no I/O.
+"""A provider's interruption notice (EC2's spot ``instance-action``; GCE's ``preempted``
+and ``maintenance-event``): what it says, which signal a job asked for before its end,
+and when to requeue it. Pure: no I/O.
+
+EC2 says when the reclaim comes (two minutes after the notice). Google's metadata server
+says only that it comes: a preempted VM has about 30 seconds (``GCE_LEAD``), and a host
+maintenance that terminates it is taken to leave no more (the shortest lead Google
+documents for a reclaim), counted from when the daemon hears of it.
 
 A job says what it wants before it is stopped with ``--signal=[{R|B}:]SIG[@TIME]``:
 SIG (a name or a number) sent TIME seconds before its end, to its steps, or with ``B:``
@@ -19,7 +25,11 @@ import re
 from dataclasses import dataclass
 from datetime import datetime
 
-ACTIONS = frozenset({"terminate", "stop", "hibernate"})
+ACTIONS = frozenset({"terminate", "stop", "hibernate"})  # EC2's, with the reclaim's time
+# GCE's, as the node agent names what the metadata server said -> the reclaim's code
+GCE_ACTIONS = {"preempted": "Preempted", "maintenance": "HostMaintenance"}
+SPOT_CODE = "SpotInterruption"  # EC2's reclaims
+GCE_LEAD = 30.0  # seconds between a GCE preemption notice and the stop
 MARGIN = 10.0  # seconds before the reclaim at which a signalled job is requeued
 _SIGNAL = re.compile(r"(?:([RB]):)?((?:SIG)?[A-Z][A-Z0-9+]*|[0-9]{1,2})(?:@([0-9]{1,5}))?")
 _DIRECTIVE = re.compile(r"#SBATCH\s+--signal(?:=|\s+)(\S+)")
@@ -27,8 +37,15 @@ _DIRECTIVE = re.compile(r"#SBATCH\s+--signal(?:=|\s+)(\S+)")
 
 @dataclass(frozen=True)
 class Notice:
-    action: str  # terminate | stop | hibernate
+    action: str  # terminate | stop | hibernate (EC2); preempted | maintenance (GCE)
     at: float  # unix time of the reclaim
+    code: str = SPOT_CODE  # the reclaim's code (the node's failure, the ledger's)
+
+    @property
+    def capacity(self) -> bool:
+        """Whether the reclaim says the size's spot capacity is short (a maintenance
+        does not)."""
+        return self.code != GCE_ACTIONS["maintenance"]
 
 
 @dataclass(frozen=True)
@@ -40,14 +57,18 @@ class Declared:
 
 
 def parse_notice(body: object, now: float) -> Notice:
-    """A notice as a node's agent passes it on (EC2's JSON ``{"action", "time"}``); a
-    time in the past or more than a day ahead is clamped; ValueError for anything
-    else."""
+    """A notice as a node's agent passes it on: EC2's JSON ``{"action", "time"}`` (a
+    time in the past or more than a day ahead is clamped), or GCE's ``{"action":
+    "preempted" | "maintenance"}`` (the reclaim ``GCE_LEAD`` seconds from ``now``: a
+    time the node gives is not taken); ValueError for anything else."""
     if not isinstance(body, dict):
         raise ValueError("a notice is a JSON object")
     action, when = body.get("action"), body.get("time")
+    if isinstance(action, str) and action in GCE_ACTIONS:
+        return Notice(action, now + GCE_LEAD, GCE_ACTIONS[action])
     if action not in ACTIONS:
-        raise ValueError(f"action {str(action)[:40]!r}: one of {', '.join(sorted(ACTIONS))}")
+        known = ", ".join(sorted(ACTIONS | set(GCE_ACTIONS)))
+        raise ValueError(f"action {str(action)[:40]!r}: one of {known}")
     if not isinstance(when, str) or len(when) > 40:
         raise ValueError("time: an ISO 8601 time such as 2026-11-27T15:04:05Z")
     try:

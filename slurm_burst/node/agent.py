@@ -1,4 +1,5 @@
-"""slurm-burst's node agent: direct WireGuard tunnels to the node's cloud peers.
+"""slurm-burst's node agent: direct WireGuard tunnels to the node's cloud peers, and the
+provider's notice of a reclaim, passed on to the daemon.
 
 Started by the bootstrap (``agent-start``) on a node whose group has
 ``cloud_to_cloud = "wireguard"``; standard library only, as root. The direct tunnels
@@ -16,6 +17,14 @@ listens, and brings the direct interface in line:
   goes through the hub as before: nothing is ever sent into a tunnel that is not up;
 - a peer no longer offered is removed, with its route.
 
+Notices (``--imds``: EC2; ``--gce-metadata``: GCE) are read where the provider
+serves them to the instance and told to the daemon's node API once (``POST
+/v1/notice``). EC2's spot ``instance-action`` is looked at every ``--notice-interval``
+seconds (EC2 asks for every 5). Google's metadata server is not polled: one thread per
+key (``instance/preempted``, ``instance/maintenance-event``) reads it once, then asks
+again with ``wait_for_change=true`` and the ETag it last saw, and the server answers when
+the value changes (or after ``timeout_sec``, when it asks again).
+
 It never exits on a failed request or command: it says so on stderr and tries again
 next round. The private key stays in its file; ``wg`` reads it.
 """
@@ -26,6 +35,7 @@ import argparse
 import json
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.parse
@@ -221,6 +231,78 @@ class Notices:
         return None
 
 
+class GceNotices:
+    """GCE's notices (Google's metadata server, ``Metadata-Flavor: Google``): a preemption
+    (``instance/preempted`` TRUE) or a host maintenance that will terminate the instance
+    (``instance/maintenance-event`` TERMINATE_ON_HOST_MAINTENANCE), each waited on in a
+    thread of its own and told to the daemon once, as ``{"action": "preempted"}`` or
+    ``{"action": "maintenance"}`` (the daemon counts the lead from when it hears)."""
+
+    KEYS = {"preempted": ("TRUE", "preempted"),
+            "maintenance-event": ("TERMINATE_ON_HOST_MAINTENANCE", "maintenance")}  # fmt: skip
+    WAIT = 300  # timeout_sec of one wait (the server answers at a change, or then)
+    RETRY = 2.0  # seconds after a failed read
+
+    def __init__(self, base: str, api: str) -> None:
+        self.base = base.rstrip("/")
+        self.api = api
+        self.told = threading.Event()
+        self._lock = threading.Lock()
+
+    def start(self) -> None:
+        for key in self.KEYS:
+            threading.Thread(target=self.watch, args=(key,), name=f"gce-{key}",
+                             daemon=True).start()  # fmt: skip
+
+    def read(self, key: str, etag: str = "") -> tuple[str, str]:
+        """(value, ETag) of ``instance/<key>``; with ``etag``, once it differs from it."""
+        url = f"{self.base}/computeMetadata/v1/instance/{key}"
+        timeout = 10.0
+        if etag:
+            url += "?" + urllib.parse.urlencode(
+                {"wait_for_change": "true", "last_etag": etag, "timeout_sec": self.WAIT}
+            )
+            timeout = self.WAIT + 30.0
+        if not url.startswith("http://"):
+            raise ValueError(f"{url[:60]!r}: only http:// is asked here")
+        req = urllib.request.Request(url, headers={"Metadata-Flavor": "Google"})  # noqa: S310
+        with urllib.request.urlopen(req, timeout=timeout) as r:  # noqa: S310 - checked above
+            if r.headers.get("Metadata-Flavor") != "Google":
+                raise ValueError(f"{url}: the answer is not the metadata server's")
+            return r.read(256).decode("ascii", "replace").strip(), r.headers.get("ETag") or ""
+
+    def look(self, key: str, etag: str = "") -> tuple[bool, str]:
+        """One read (waiting on ``etag`` if given); (told, the ETag to wait on next)."""
+        value, etag = self.read(key, etag)
+        wanted, action = self.KEYS[key]
+        if value != wanted:
+            return False, etag
+        return self.tell(action), etag
+
+    def tell(self, action: str) -> bool:
+        """Tell the daemon (once, whichever key said it first); True once told."""
+        with self._lock:
+            if self.told.is_set():
+                return True
+            body = json.dumps({"action": action}).encode()
+            fetch(f"{self.api}/v1/notice", "POST", {"Content-Type": "application/json"}, body)
+            self.told.set()
+        say(f"{action} notice told to the daemon")
+        return True
+
+    def watch(self, key: str) -> None:
+        etag = ""
+        while not self.told.is_set():
+            try:
+                done, etag = self.look(key, etag)
+                if done:
+                    return
+            except (OSError, ValueError) as exc:  # URLError and HTTPError are OSErrors
+                say(f"notice {key}: {type(exc).__name__}: {exc}")
+                etag = ""  # read afresh: a change may have been missed meanwhile
+                time.sleep(self.RETRY)
+
+
 def say(line: str) -> None:
     print(f"slurm-burst-agent: {line}", file=sys.stderr, flush=True)
 
@@ -235,9 +317,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--interval", type=float, default=5.0, help="seconds between peer reads")
     ap.add_argument("--imds", default="", help="the instance metadata service ('': no notices)")
     ap.add_argument("--notice-interval", type=float, default=2.0)
+    ap.add_argument("--gce-metadata", default="",
+                    help="GCE's metadata server: its notices, waited on ('': none)")  # fmt: skip
     ap.add_argument("--once", action="store_true", help="one round, then exit")
     args = ap.parse_args(argv)
     notices = Notices(args.imds, args.api) if args.imds else None
+    gce = GceNotices(args.gce_metadata, args.api) if args.gce_metadata else None
+    if gce is not None and not args.once:
+        gce.start()
     endpoint = ""
     tick = min(args.interval if args.direct else 3600.0,
                args.notice_interval if notices else 3600.0)  # fmt: skip
@@ -262,6 +349,9 @@ def main(argv: list[str] | None = None) -> int:
                     subprocess.SubprocessError) as exc:  # fmt: skip
                 say(f"peers: {type(exc).__name__}: {exc}")
         if args.once:
+            if gce is not None:
+                for key in gce.KEYS:
+                    gce.look(key)
             return 0
         time.sleep(tick)
 

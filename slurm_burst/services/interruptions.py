@@ -1,18 +1,20 @@
-"""A cloud node to be reclaimed (a spot interruption notice, passed on by the node's
-agent through the node API): its jobs checkpoint and are requeued, and its capacity is
-replaced by the fallback.
+"""A cloud node to be reclaimed (an interruption notice, passed on by the node's agent
+through the node API: EC2's spot ``instance-action``, GCE's preemption or terminating
+host maintenance): its jobs checkpoint and are requeued, and its capacity is replaced
+by the fallback.
 
 On a notice, at once:
 
 1. the event ``spot.interruption`` (once per instance: a repeated notice is known);
-2. the node's spot size cools down (``SpotInterruption``): the node's next launch, and
-   any other node's, goes to the next candidate, the spot group's on-demand fallback;
+2. the node's spot size cools down (the notice's code: ``SpotInterruption``,
+   ``Preempted``; not for a host maintenance): the node's next launch, and any other
+   node's, goes to the next candidate, the spot group's on-demand fallback;
 3. each job running on the node gets the signal it asked for with ``--signal`` (read
    from its batch script; ``B:`` to the batch shell only), to checkpoint on.
 
 Then, shortly before the reclaim (``core.interruption.MARGIN`` seconds) for a job that
 got a signal, at once for one that did not: its jobs are requeued (``scontrol
-requeue``), and the node is failed with ``SpotInterruption`` and torn down (the ledger's
+requeue``), and the node is failed with the notice's code and torn down (the ledger's
 ``terminated`` event says so), then returned to Slurm's service: a requeued job that
 lands on it again gets a new instance, on the fallback.
 """
@@ -34,7 +36,6 @@ from slurm_burst.services.periodic import contain
 
 log = logging.getLogger(__name__)
 
-CODE = "SpotInterruption"
 LEAVE_WAIT = 8.0  # seconds a requeued job gets to leave the node before it is failed
 
 
@@ -61,10 +62,13 @@ class Interruptions:
             return {"known": True}
         left = notice.at - now
         p.store.event(now, "spot.interruption", rec.name,
-                      f"{notice.action} in {left:.0f} s ({rec.instance_id})")  # fmt: skip
-        log.warning("node.interruption node=%s instance=%s action=%s in=%.0f",
-                    rec.name, rec.instance_id, notice.action, left)  # fmt: skip
-        p.cool(rec, CapacityError(f"{rec.provider}/{rec.size}: interruption notice", CODE))
+                      f"{notice.code}: {notice.action} in {left:.0f} s "
+                      f"({rec.instance_id})")  # fmt: skip
+        log.warning("node.interruption node=%s instance=%s action=%s code=%s in=%.0f",
+                    rec.name, rec.instance_id, notice.action, notice.code, left)  # fmt: skip
+        if notice.capacity:
+            p.cool(rec, CapacityError(f"{rec.provider}/{rec.size}: interruption notice",
+                                      notice.code))  # fmt: skip
         jobs = self._running_on(rec.name)
         signalled: list[int] = []
         for job_id in jobs:
@@ -78,7 +82,8 @@ class Interruptions:
             except (BurstError, ValueError) as exc:  # the job ended meanwhile; a bad spec
                 log.warning("node.interruption_signal_failed job=%d error=%s", job_id, exc)
         when = requeue_at(notice, bool(signalled), now)
-        timer = threading.Timer(max(0.0, when - now), self._reclaim, (rec.name, jobs))
+        timer = threading.Timer(max(0.0, when - now), self._reclaim,
+                                (rec.name, jobs, notice.code))  # fmt: skip
         timer.daemon = True
         self.timers = [t for t in self.timers if t.is_alive()]  # the ones that fired: gone
         self.timers.append(timer)
@@ -92,7 +97,7 @@ class Interruptions:
             log.warning("node.interruption_jobs_unread node=%s error=%s", node, exc)
             return []
 
-    def _reclaim(self, node: str, jobs: list[int]) -> None:
+    def _reclaim(self, node: str, jobs: list[int], code: str) -> None:
         """Requeue the node's jobs, then fail the node (torn down, back in service)."""
         p = self.p
         try:
@@ -104,7 +109,7 @@ class Interruptions:
             log.warning("node.interruption_requeue_failed node=%s error=%s", node, exc)
         self._left(node, jobs)
         try:
-            if p.fail(node, CODE, "the provider reclaims the instance (interruption notice)"):
+            if p.fail(node, code, "the provider reclaims the instance (interruption notice)"):
                 p.submit(node)
         except Exception as exc:  # boundary: a timer thread; the reconcile loop sees it gone
             contain("node.interruption", exc, None)

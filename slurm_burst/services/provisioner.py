@@ -76,7 +76,6 @@ log = logging.getLogger(__name__)
 REMOTE_SCRIPT = "/run/slurm-burst-bootstrap.sh"
 GPU_CHECK = "/etc/slurm-burst/gpucheck.py"  # the node's GPU check (bootstrap.sh, telemetry)
 AGENT = "/run/slurm-burst-agent.py"  # the node agent: direct tunnels, notices (bootstrap.sh)
-IMDS = "http://169.254.169.254"  # EC2's instance metadata service, where notices are read
 GPU_EXPECT = "/etc/slurm-burst/gpu-check.json"  # what the node group promises
 POLL = 0.5  # seconds between looks at a booting instance (a provider without a listing)
 ATTEST_RETRY = 2.0  # a console without host keys is read again after about this ...
@@ -185,7 +184,8 @@ class ProvisionerSettings:
     mesh_api_port: int = 51821  # the daemon's node API on the hub's mesh address
     mesh_node_port: int = 51820  # where a node's direct tunnels listen
     mesh_sync_interval: float = 5.0  # seconds between a node agent's reads of its peers
-    notice_providers: frozenset[str] = frozenset()  # profiles with interruption notices
+    # profiles whose instances hear of a reclaim -> the agent's arguments that read it
+    notice_providers: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -622,7 +622,7 @@ class Provisioner:
                 self._step(sh, "wg-up", iface, f"{addr}/{net.prefixlen}", conf_path, *routes)
                 self._wait_handshake(rec.name, pub, deadline)
             direct = group.cloud_to_cloud == "wireguard"
-            notices = group.spot and rec.provider in self.settings.notice_providers
+            notices = self.settings.notice_providers.get(rec.provider, ()) if group.spot else ()
             if direct or notices:
                 with self._timed(rec.name, "agent"):
                     self._start_agent(sh, addr, direct, notices)
@@ -659,10 +659,13 @@ class Provisioner:
             self.metrics.joined(rec.group, took)
         log.info("node.joined node=%s mesh_addr=%s total_seconds=%.1f", rec.name, addr, took)
 
-    def _start_agent(self, sh: RemoteShell, addr: str, direct: bool, notices: bool) -> None:
+    def _start_agent(
+        self, sh: RemoteShell, addr: str, direct: bool, notices: tuple[str, ...]
+    ) -> None:
         """The node agent (node/agent.py), over the tunnel just made: direct tunnels to
         the node's cloud peers, read from the daemon's node API; the provider's
-        interruption notice, passed on to it."""
+        interruption notice (``notices``: the agent's arguments that read it), passed on
+        to it."""
         s = self.settings
         args = ["--iface", s.mesh_interface,
                 "--api", f"http://{hub_address(s.mesh_subnet)}:{s.mesh_api_port}"]  # fmt: skip
@@ -670,8 +673,7 @@ class Provisioner:
             args += ["--direct", f"{s.mesh_interface[:12]}-d", "--address", addr,
                      "--port", str(s.mesh_node_port),
                      "--interval", f"{s.mesh_sync_interval:g}"]  # fmt: skip
-        if notices:  # EC2 asks for a look every 5 s; the service is local: every second
-            args += ["--imds", IMDS, "--notice-interval", "1"]
+        args += notices
         sh.put(self.agent, AGENT, 0o644)
         self._step(sh, "agent-start", "python3", *args)
 

@@ -125,8 +125,10 @@ def fleet_views(cfg: Config, clouds: Mapping[str, Cloud], clock: Clock) -> dict[
     }
 
 
-def notice_providers(cfg: Config) -> frozenset[str]:
-    """The provider profiles whose instances hear of their reclaim beforehand (EC2's
-    spot ``instance-action``, read from the instance metadata service)."""
-
-    return frozenset(n for n, p in cfg.providers.items() if provider(p.driver).interruption_notices)
+def notice_providers(cfg: Config) -> dict[str, tuple[str, ...]]:
+    """The provider profiles whose instances hear of their reclaim beforehand, with the
+    node agent's arguments that read it (EC2: the spot ``instance-action`` of the
+    instance metadata service; GCE: the metadata server's ``preempted`` and
+    ``maintenance-event``)."""
+    out = {n: provider(p.driver).interruption_notices for n, p in cfg.providers.items()}
+    return {n: kind for n, kind in out.items() if kind}

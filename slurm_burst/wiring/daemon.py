@@ -98,7 +98,7 @@ def agents_wanted(cfg: Config) -> bool:
     a provider with interruption notices."""
     notices = notice_providers(cfg)
     return any(
-        g.cloud_to_cloud == "wireguard" or (g.spot and notices & set(g.providers))
+        g.cloud_to_cloud == "wireguard" or (g.spot and set(notices) & set(g.providers))
         for g in cfg.node_groups.values()
     )
 

@@ -39,7 +39,7 @@ def test_each_cloud_offers_a_host_key_source_its_first_the_default() -> None:
 def test_an_unknown_driver_is_the_generic_one() -> None:
     other = provider("vsphere")
     assert type(other) is providers.Provider and other.name == "vsphere"
-    assert other.launch_batch == 1 and not (other.spot or other.placement or other.lists_fleet)
+    assert other.launch_batch == 1 and not (other.spot or other.placements or other.lists_fleet)
     assert other.api_table() is None and other.needs_credentials
 
 
@@ -47,8 +47,12 @@ def test_what_each_provider_offers() -> None:
     ec2, gce, azure, openstack = (provider(n) for n in ("ec2", "gce", "azure_arm", "openstack"))
     assert ec2.launch_batch == 500 and ec2.lists_fleet and ec2.tag_filter
     assert ec2.spot and gce.spot and not (azure.spot or openstack.spot)
-    assert ec2.placement and not (gce.placement or azure.placement or openstack.placement)
-    assert ec2.interruption_notices and not gce.interruption_notices
+    assert (ec2.placements, gce.placements) == (("cluster",), ("compact",))
+    assert not (azure.placements or openstack.placements)
+    assert (
+        ec2.interruption_notices[0] == "--imds" and gce.interruption_notices[0] == "--gce-metadata"
+    )
+    assert not (azure.interruption_notices or openstack.interruption_notices)
     assert ec2.imports_key_pair and openstack.imports_key_pair and not gce.imports_key_pair
     table = ec2.api_table()
     assert table is not None and table.limit(ec2.api_names["launch"]).burst == 5

@@ -201,33 +201,39 @@ class LibcloudCloud:
             raise CloudError(f"{self.name}: size {size_id!r} is not offered", "InvalidSize")
         return size
 
-    # -- placement groups -------------------------------------------------------
+    # -- placement per job ------------------------------------------------------
     def create_placement(self, name: str) -> None:
-        """A cluster placement group ``name`` (EC2's CreatePlacementGroup through
-        libcloud; a plugin driver offering placement has the same method). One that
-        exists already is no error: the call is repeated after a crash or per size."""
+        """The per-job placement ``name``, as the provider makes it (EC2: a cluster
+        placement group; GCE: a compact placement policy). One that exists already is
+        no error: the call is repeated after a crash or per size."""
         try:
-            self._placement_call("ex_create_placement_group", name)
+            self.provider.create_placement(self, name)
         except ExistsError:
             return
+        except _ERRORS as exc:
+            raise self._error(exc) from exc
         log.info("cloud.placement_created provider=%s name=%s", self.name, name)
 
     def delete_placement(self, name: str) -> None:
-        """Delete placement group ``name``; one that is gone is no error, one with
-        instances still in it (shutting down included) raises :class:`InUseError`."""
+        """Delete placement ``name``; one that is gone is no error, one with instances
+        still in it (shutting down included) raises :class:`InUseError`."""
         try:
-            self._placement_call("ex_delete_placement_group", name)
+            self.provider.delete_placement(self, name)
         except NotFoundError:
             return
+        except _ERRORS as exc:
+            raise self._error(exc) from exc
         log.info("cloud.placement_deleted provider=%s name=%s", self.name, name)
 
-    def _placement_call(self, method: str, name: str) -> None:
+    def driver_call(self, method: str, *args: Any) -> Any:
+        """The driver's ``method`` (an ``ex_`` extension), its errors typed; NotSupported
+        where the driver has none."""
         call = getattr(self.driver, method, None)
         if call is None:
-            raise CloudError(f"{self.name}: driver {self.kind} makes no placement groups",
+            raise CloudError(f"{self.name}: driver {self.kind} has no {method}",
                              "NotSupported")  # fmt: skip
         try:
-            call(name)
+            return call(*args)
         except _ERRORS as exc:
             raise self._error(exc) from exc
 

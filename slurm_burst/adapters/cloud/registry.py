@@ -59,7 +59,7 @@ class PluginProvider(Provider):
         self.needs_credentials = plugin.credentials
         self.tag_filter = plugin.tag_filter
         self.spot = plugin.spot
-        self.placement = plugin.placement
+        self.placements = ("cluster",) if plugin.placement else ()  # EC2's calls, by name
 
     def construct(self, cls: Any, prov: Any, kwargs: dict[str, Any], key: str, secret: str) -> Any:
         if self.plugin.construct:

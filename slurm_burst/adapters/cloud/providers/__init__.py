@@ -11,12 +11,15 @@ A description says, for its provider:
 - **launching**: the ``create_node`` arguments of one launch (:meth:`Provider.launch_args`),
   how many instances one call may make (``launch_batch``: EC2's RunInstances with
   MinCount/MaxCount makes a whole job in one call), whether the daemon's key is imported
-  as a key pair first, whether spot and placement groups are offered;
+  as a key pair first, whether spot is offered and which per-job placement (EC2's
+  cluster placement groups, GCE's compact placement policies) and how it is made;
 - **reading**: whether a listing filters by tag on the server, whether booting nodes read
   one shared fleet listing (:meth:`Provider.list_fleet`), the provider's API behind each of
   our calls and its rate table (``api_names``, ``api_table``);
 - **host keys**: the sources its API offers (the first the default) and their read rate;
-- **interruption notices**: whether its instances hear of a reclaim beforehand;
+- **interruption notices**: whether its instances hear of a reclaim beforehand: the
+  node agent's arguments that read it where the provider serves it
+  (``interruption_notices``);
 - **credentials**: its standard environment and the credential file's extra keys;
 - **the config**: what ``config check`` asks of a profile and of a group on it.
 
@@ -46,6 +49,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 NONE: Mapping[str, Any] = MappingProxyType({})
+# where EC2's instance metadata service and GCE's metadata server answer an instance
+# (metadata.google.internal, by the address: the agent needs no DNS for it)
+METADATA = "http://169.254.169.254"
 # a config problem a provider finds: the key under the profile or group, and what is wrong
 Finding = tuple[str, str]
 
@@ -59,7 +65,7 @@ class Provider:
     launch_batch: int = 1  # instances one launch call may make
     imports_key_pair: bool = False  # the daemon's key is imported once, then named
     spot: bool = False  # LaunchSpec.spot is honoured
-    placement: bool = False  # per-job placement groups (create/delete_placement)
+    placements: tuple[str, ...] = ()  # per-job placement kinds (create/delete_placement)
     destroy_kwargs: Mapping[str, Any] = NONE  # destroy_node's extra arguments
     # -- reading
     tag_filter: bool = False  # list_nodes(ex_filters={"tag:K": V}) filters on the server
@@ -68,8 +74,9 @@ class Provider:
     # -- host keys: source name -> "module:factory(driver)"; the first is the default
     host_key_sources: Mapping[str, str] = NONE
     host_key_reads_per_second: float = 5.0
-    # -- interruption notices: the node agent hears of a reclaim beforehand
-    interruption_notices: bool = False
+    # -- interruption notices: the node agent's (node/agent.py) arguments that make it
+    # read of a reclaim beforehand where the provider serves it; (): none
+    interruption_notices: tuple[str, ...] = ()
     # -- credentials: constructor argument -> the standard environment's variable
     needs_credentials: bool = True
     standard_env: Mapping[str, str] = NONE
@@ -109,6 +116,11 @@ class Provider:
 
     def group_problems(self, group: NodeGroup) -> list[Finding]:
         """What a node group asks that this provider cannot give (keys under the group)."""
+        return []
+
+    def group_warnings(self, group: NodeGroup) -> list[Finding]:
+        """What the provider documents against a node group's settings, short of
+        refusing them (keys under the group)."""
         return []
 
     # -- the driver --------------------------------------------------------------------
@@ -178,6 +190,16 @@ class Provider:
         ``create_node`` (GCE: one bulkInsert, instances named after their nodes); None:
         ``create_node``."""
         return None
+
+    def create_placement(self, cloud: LibcloudCloud, name: str) -> None:
+        """Make the per-job placement ``name`` (the driver's ``ex_create_placement_group``:
+        EC2's, a plugin driver's). Raises ExistsError for one made already."""
+        cloud.driver_call("ex_create_placement_group", name)
+
+    def delete_placement(self, cloud: LibcloudCloud, name: str) -> None:
+        """Delete placement ``name``: NotFoundError if it is gone, InUseError while an
+        instance is still in it."""
+        cloud.driver_call("ex_delete_placement_group", name)
 
     def tag(self, cloud: LibcloudCloud, instance_id: str, tags: Mapping[str, str]) -> None:
         setter = getattr(cloud.driver, "ex_create_tags", None)

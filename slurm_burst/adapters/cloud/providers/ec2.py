@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
-from slurm_burst.adapters.cloud.providers import Provider
+from slurm_burst.adapters.cloud.providers import METADATA, Provider
 from slurm_burst.core.cloud import CLUSTER_TAG
 from slurm_burst.core.hostkeys import parse_console_host_keys
 from slurm_burst.core.ratelimit import ApiTable, Limit
@@ -56,7 +56,7 @@ class Ec2(Provider):
     launch_batch = 500
     imports_key_pair = True
     spot = True
-    placement = True
+    placements = ("cluster",)  # a cluster placement group per job
     tag_filter = True
     lists_fleet = True
     api_names = MappingProxyType({
@@ -67,7 +67,9 @@ class Ec2(Provider):
     })  # fmt: skip
     host_key_sources = MappingProxyType({"console": f"{__name__}:Ec2Console"})
     host_key_reads_per_second = 10.0
-    interruption_notices = True  # spot instance-action, from the instance metadata service
+    # spot instance-action, from the instance metadata service: EC2 asks for a look
+    # every 5 s; the service is local to the instance: every second
+    interruption_notices = ("--imds", METADATA, "--notice-interval", "1")
     standard_env = MappingProxyType({"key": "AWS_ACCESS_KEY_ID", "secret": "AWS_SECRET_ACCESS_KEY"})
     optional_env = MappingProxyType({"token": "AWS_SESSION_TOKEN"})
     file_extras = ("token",)

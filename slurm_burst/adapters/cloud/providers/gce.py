@@ -1,7 +1,9 @@
-"""Google Compute Engine through libcloud's ``gce`` driver: one ``bulkInsert`` per batch
-(a single node: libcloud's ``insert``), one fleet listing, labels for tags, preemptible
-VMs for spot, host keys from the guest attributes or serial port 1, a service account
-key for credentials (docs/providers.md)."""
+"""Google Compute Engine through libcloud's ``gce`` driver: every launch a ``bulkInsert``
+(a batch, or a single node as a bulk insert of one), one fleet listing, labels for tags,
+Spot VMs (``provisioningModel = SPOT``, deleted when preempted; the legacy preemptible
+model where a profile asks for it), a compact placement policy per placed job, the
+metadata server's preemption notices, host keys from the guest attributes or serial port
+1, a service account key for credentials (docs/providers.md)."""
 
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ from pathlib import Path
 from types import MappingProxyType, SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
-from slurm_burst.adapters.cloud.providers import Finding, Provider
+from slurm_burst.adapters.cloud.providers import METADATA, Finding, Provider
 from slurm_burst.core.cloud import CLUSTER_TAG, NODE_TAG, TOKEN_TAG
 from slurm_burst.core.hostkeys import (
     SERIAL_PORT_SCRIPT,
@@ -25,7 +27,7 @@ from slurm_burst.core.hostkeys import (
 from slurm_burst.core.ratelimit import ApiTable, Limit, Quota
 
 if TYPE_CHECKING:
-    from libcloud.compute.base import Node, NodeSize
+    from libcloud.compute.base import Node
 
     from slurm_burst.adapters.cloud.compute import LibcloudCloud
     from slurm_burst.adapters.cloud.profiles import Placement
@@ -40,6 +42,18 @@ STATES = MappingProxyType({"PROVISIONING": "pending", "STAGING": "pending", "RUN
                            "STOPPING": "pending", "SUSPENDED": "suspended",
                            "TERMINATED": "stopped"})  # fmt: skip
 WAITS = 10  # operations.wait calls (each up to two minutes) before a launch gives up
+# launch_options a GCE profile takes (every launch is a bulk insert: nothing else of
+# libcloud's create_node applies): preemptible = true asks for the legacy preemptible
+# model instead of Spot (a 24-hour limit, no termination action: docs/providers.md)
+LAUNCH_OPTIONS = ("preemptible",)
+
+# Compact placement policies ("Placement policies overview", Compute Engine docs, read
+# 2026-11): the machine series that take one, and the most instances in one policy
+# without a maxDistance; compact placement needs onHostMaintenance = TERMINATE (no live
+# migration). Google adds series over time: config check warns, it does not refuse.
+COMPACT_SERIES = frozenset({"a2", "c2", "c2d", "g2", "n2", "n2d"})
+COMPACT_MOST = 150
+IN_USE = ("resourceInUseByAnotherResource", "RESOURCE_IN_USE_BY_ANOTHER_RESOURCE")
 
 # Compute Engine's rate quotas, per project ("Compute Engine rate quotas"; docs/scale.md):
 # calls per quota group in each 60-s interval synchronized to the minute, refilled whole
@@ -84,9 +98,27 @@ def label(text: str) -> str:
     return re.sub(r"[^a-z0-9_-]", "-", text.lower())[:63]
 
 
+def series(machine_type: str) -> str:
+    """A machine type's series: n2-standard-2 -> n2, a2-highgpu-1g -> a2."""
+    return machine_type.split("-", 1)[0].lower()
+
+
+def policy_name(name: str) -> str:
+    """A resource policy's name for placement ``name`` (Compute's names: a lower-case
+    letter, then letters, digits and '-', at most 63, not ending in '-'); the same every
+    time, so that a delete names what the create made."""
+    text = re.sub(r"[^a-z0-9-]", "-", name.lower())
+    if not text[:1].isalpha():
+        text = f"sb-{text}"
+    return text[:63].rstrip("-") or "sb"
+
+
 class Gce(Provider):
     name = "gce"
-    spot = True  # scheduling.preemptible
+    spot = True  # scheduling.provisioningModel = SPOT (or preemptible, where asked)
+    placements = ("compact",)  # a compact placement policy per job (resourcePolicies)
+    # instance/preempted and maintenance-event, waited on (wait_for_change), not polled
+    interruption_notices = ("--gce-metadata", METADATA)
     host_key_sources = MappingProxyType({
         "guest-attributes": f"{__name__}:GuestAttributes",
         "serial-port": f"{__name__}:SerialPort",
@@ -100,6 +132,8 @@ class Gce(Provider):
         "list": "instances.aggregatedList", "get": "instances.get",
         "tag": "instances.setLabels", "terminate": "instances.delete",
         "host_keys": "instances.getGuestAttributes",
+        "create_placement": "resourcePolicies.insert",
+        "delete_placement": "resourcePolicies.delete",
     })  # fmt: skip
 
     def api_table(self) -> ApiTable:
@@ -113,14 +147,43 @@ class Gce(Provider):
                 str(prov.options.get("host", "")))  # fmt: skip
 
     def group_problems(self, group: NodeGroup) -> list[Finding]:
+        out: list[Finding] = []
         if group.gpus and not (group.accelerator or group.gpu_type):
-            return [("accelerator", "GCE needs the accelerator type for the GPUs")]
-        return []
+            out.append(("accelerator", "GCE needs the accelerator type for the GPUs"))
+        return out
+
+    def group_warnings(self, group: NodeGroup) -> list[Finding]:
+        """What Google documents against a group's compact placement: a machine series
+        that takes none, jobs larger than one policy holds."""
+        out: list[Finding] = []
+        if group.placement != "compact":
+            return out
+        other = sorted({s for s in group.sizes if series(s) not in COMPACT_SERIES})
+        if other:
+            out.append(("placement", f"size(s) {', '.join(other)}: Google documents compact "
+                        f"placement for the {', '.join(sorted(COMPACT_SERIES))} series only; "
+                        "a launch there may be refused (docs/providers.md)"))  # fmt: skip
+        most = group.max_nodes or group.count
+        if most > COMPACT_MOST:
+            out.append(
+                (
+                    "placement",
+                    f"a compact placement policy holds at most {COMPACT_MOST} "
+                    f"instances (Google's documented limit): a job of more than "
+                    f"{COMPACT_MOST} of this group's {most} nodes cannot launch placed",
+                )
+            )
+        return out
 
     def profile_problems(self, prov: ProviderConfig) -> list[Finding]:
         out: list[Finding] = []
         if not prov.zone and not prov.region:
             out.append(("zone", "a GCE profile needs its zone, or a region to launch into"))
+        for key in sorted(set(prov.launch_options) - set(LAUNCH_OPTIONS)):
+            out.append((f"launch_options.{key}", "GCE launches are bulk inserts: launch_options "
+                        f"takes only {', '.join(LAUNCH_OPTIONS)}"))  # fmt: skip
+        if not isinstance(prov.launch_options.get("preemptible", False), bool):
+            out.append(("launch_options.preemptible", "must be true or false"))
         endpoint = prov.options.get("endpoint")
         if endpoint is None:
             return out
@@ -163,36 +226,6 @@ class Gce(Provider):
         if info.get("project_id"):
             out["project"] = info["project_id"]
         return out
-
-    def launch_args(
-        self, driver: Any, spec: LaunchSpec, p: Placement, size: NodeSize, tags: Mapping[str, str]
-    ) -> dict[str, Any]:
-        kw: dict[str, Any] = {
-            "name": spec.node,
-            "size": size,
-            "image": spec.image,
-            "ex_network": p.network or "default",
-            "use_existing_disk": False,  # a fresh boot disk each launch, never a leftover
-            "ex_labels": {label(k): label(v) for k, v in tags.items()},
-            "ex_metadata": self.metadata(spec, p),
-        }
-        if p.zone:
-            kw["location"] = p.zone
-        if p.subnet:
-            kw["ex_subnetwork"] = p.subnet
-        if p.security_groups:
-            kw["ex_tags"] = list(p.security_groups)  # firewall rules select by network tag
-        if spec.gpus:
-            kw["ex_accelerator_type"] = spec.accelerator
-            kw["ex_accelerator_count"] = spec.gpus
-        if spec.gpus or spec.spot:
-            kw["ex_on_host_maintenance"] = "TERMINATE"  # GPUs and preemptible VMs cannot migrate
-            kw["ex_automatic_restart"] = False
-        if spec.spot:
-            kw["ex_preemptible"] = True
-        if spec.disk_gb:
-            kw["ex_disk_size"] = spec.disk_gb
-        return kw
 
     def metadata(self, spec: LaunchSpec, p: Placement) -> dict[str, str]:
         """The instance's metadata: its startup script, the daemon's SSH key, and where
@@ -251,11 +284,10 @@ class Gce(Provider):
             raise CapacityError(f"{cloud.name}: {len(made)} of {least} made", "PartialCapacity")
         return made
 
-    def launch_one(self, cloud: LibcloudCloud, spec: LaunchSpec) -> Instance | None:
-        """A single node of a profile with a region and no zone: a bulk insert of one in
-        the region (libcloud's ``insert`` needs a zone); else None (``create_node``)."""
-        if self._scope(cloud)[0] != "regions":
-            return None
+    def launch_one(self, cloud: LibcloudCloud, spec: LaunchSpec) -> Instance:
+        """A single node: a bulk insert of one (in the zone, or the region where the
+        profile names no zone), so that it asks what a batch asks (Spot, a placement
+        policy: libcloud's ``insert`` knows neither)."""
         return self.launch_many(cloud, replace(spec, count=1, min_count=1, names=(spec.node,)))[0]
 
     def _instance_errors(
@@ -314,9 +346,7 @@ class Gce(Provider):
             "accessConfigs": [{"type": "ONE_TO_ONE_NAT", "name": "External NAT"}],
         }
         if p.subnet:
-            scope, where = self._scope(cloud)
-            region = where if scope == "regions" else where.rsplit("-", 1)[0]
-            nic["subnetwork"] = f"regions/{region}/subnetworks/{p.subnet}"
+            nic["subnetwork"] = f"regions/{self._region(cloud)}/subnetworks/{p.subnet}"
         props: dict[str, Any] = {
             "machineType": spec.size,
             "disks": [{"boot": True, "autoDelete": True, "type": "PERSISTENT",
@@ -332,13 +362,62 @@ class Gce(Provider):
         if spec.gpus:
             props["guestAccelerators"] = [{"acceleratorType": spec.accelerator,
                                            "acceleratorCount": spec.gpus}]  # fmt: skip
-        if spec.gpus or spec.spot:  # GPUs and spot VMs cannot migrate
+        if spec.gpus or spec.spot or spec.placement_group:  # none of them migrates
             scheduling.update(onHostMaintenance="TERMINATE", automaticRestart=False)
-        if spec.spot:
+        if spec.spot and p.extra.get("preemptible"):  # the legacy model, where asked
+            scheduling["preemptible"] = True
+        elif spec.spot:  # reclaimed: deleted, as a released node's instance would be
             scheduling.update(provisioningModel="SPOT", instanceTerminationAction="DELETE")
         if scheduling:
             props["scheduling"] = scheduling
+        if spec.placement_group:
+            props["resourcePolicies"] = [
+                f"regions/{self._region(cloud)}/resourcePolicies/{policy_name(spec.placement_group)}"
+            ]
         return props
+
+    # -- compact placement policies -----------------------------------------------------
+    def create_placement(self, cloud: LibcloudCloud, name: str) -> None:
+        """A compact placement policy (``resourcePolicies.insert``, collocation
+        COLLOCATED) in the profile's region, named after ``name``, its ``requestId`` the
+        name's (a repeat is the same request); waited for unless answered done, so that
+        the launch that names it finds it. ExistsError if it was made already."""
+        from libcloud.common.google import ResourceExistsError
+
+        from slurm_burst.core.cloud import ExistsError
+
+        region = self._region(cloud)
+        body = {"name": policy_name(name), "description": "slurm-burst: one job's nodes",
+                "groupPlacementPolicy": {"collocation": "COLLOCATED"}}  # fmt: skip
+        rid = str(uuid.uuid5(uuid.NAMESPACE_URL, f"slurm-burst:placement:{name}"))
+        try:
+            op = cloud.driver.connection.request(
+                f"/regions/{region}/resourcePolicies", method="POST", data=body,
+                params={"requestId": rid},
+            ).object  # fmt: skip
+        except ResourceExistsError as exc:
+            raise ExistsError(f"{cloud.name}: placement policy {body['name']} exists") from exc
+        if op.get("status") != "DONE":
+            failure = self._outcome(cloud, "regions", region, str(op["name"]))
+            if failure is not None:
+                raise failure
+
+    def delete_placement(self, cloud: LibcloudCloud, name: str) -> None:
+        """``resourcePolicies.delete`` (not waited for); NotFoundError if it is gone,
+        InUseError while an instance still names it (Compute refuses the delete)."""
+        from libcloud.common.google import GoogleBaseError, ResourceNotFoundError
+
+        from slurm_burst.core.cloud import InUseError, NotFoundError
+
+        where = f"/regions/{self._region(cloud)}/resourcePolicies/{policy_name(name)}"
+        try:
+            cloud.driver.connection.request(where, method="DELETE")
+        except ResourceNotFoundError as exc:
+            raise NotFoundError(f"{cloud.name}: {where}: gone") from exc
+        except GoogleBaseError as exc:
+            if str(getattr(exc, "code", "")) in IN_USE:
+                raise InUseError(f"{cloud.name}: {where}: in use", str(exc.code)) from exc
+            raise
 
     @staticmethod
     def instance_of(provider: str, doc: Mapping[str, Any]) -> Instance:
@@ -431,6 +510,11 @@ class Gce(Provider):
             return False
         cloud.remembered("gce-places", dict).pop(instance_id, None)
         return True
+
+    def _region(self, cloud: LibcloudCloud) -> str:
+        """The region launches go to (a resource policy's, a subnetwork's)."""
+        scope, where = self._scope(cloud)
+        return where if scope == "regions" else where.rsplit("-", 1)[0]
 
     def _scope(self, cloud: LibcloudCloud) -> tuple[str, str]:
         """Where a launch goes: ("zones", the profile's zone), else ("regions", its region)."""
