@@ -20,6 +20,7 @@ import http.server
 import logging
 import threading
 import time
+from collections import Counter
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
@@ -43,6 +44,8 @@ class GceMetadata(Imds):
         super().__init__()
         self.values: dict[str, dict[str, str]] = {}
         self.changed = threading.Condition()
+        self.held: Counter[str] = Counter()  # waits held now, by instance
+        self.asked: Counter[str] = Counter()  # waits asked for so far, by instance
 
     def add(self, instance_id: str, name: str, zone: str) -> None:
         """What instance ``instance_id`` will be told about itself (before serving it)."""
@@ -80,12 +83,22 @@ class GceMetadata(Imds):
         instance is gone."""
         deadline = time.monotonic() + timeout
         with self.changed:
-            while True:
-                now = self.values.get(instance_id, {}).get(key)
-                left = deadline - time.monotonic()
-                if now is None or etag(now) != seen or left <= 0:
-                    return now
-                self.changed.wait(left)
+            self.asked[instance_id] += 1
+            self.held[instance_id] += 1
+            try:
+                while True:
+                    now = self.values.get(instance_id, {}).get(key)
+                    left = deadline - time.monotonic()
+                    if now is None or etag(now) != seen or left <= 0:
+                        return now
+                    self.changed.wait(left)
+            finally:
+                self.held[instance_id] -= 1
+
+    def waiting(self, instance_id: str) -> int:
+        """How many waits on ``instance_id``'s values are held now."""
+        with self.changed:
+            return self.held[instance_id]
 
     def _stopped(self, instance_id: str) -> None:
         with self.changed:

@@ -1,4 +1,5 @@
-"""This tier's shared fixtures: the providers' recorded HTTP answers, the EC2 emulator."""
+"""This tier's shared fixtures: the providers' recorded HTTP answers, the EC2 and GCE
+emulators."""
 
 from collections.abc import Iterator
 from typing import Any
@@ -6,6 +7,7 @@ from typing import Any
 import pytest
 
 from tests.integration.ec2config import cfg_factory  # noqa: F401  (a fixture)
+from tests.integration.gcetools import driver, emu  # noqa: F401  (fixtures: the GCE emulator)
 from tests.providers import azure, gce, http, openstack  # noqa: F401  (fixtures)
 from tests.s3server import S3Server, s3_server
 
@@ -18,10 +20,10 @@ def emulator() -> Iterator[Any]:
     )
     from slurm_burst_lab.ec2emu import Ec2Emulator
 
-    emu = Ec2Emulator()
-    emu.start()
-    yield emu
-    emu.stop()
+    ec2 = Ec2Emulator()
+    ec2.start()
+    yield ec2
+    ec2.stop()
 
 
 @pytest.fixture(scope="module")

@@ -8,133 +8,25 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from slurm_burst_lab.gceemu import PROJECT, GceEmulator, Quotas, matches, write_key_file
+from slurm_burst_lab.gceemu import PROJECT, GceEmulator, Quotas, matches
 
 from slurm_burst.adapters.cloud.providers.gce import split_endpoint
-from slurm_burst.config import ProviderConfig
-from slurm_burst.core.cloud import LaunchSpec
-from slurm_burst.wiring.clouds import cloud_driver
+from tests.integration.gcetools import (
+    IMAGE,
+    SCHEMAS,
+    ZONE,
+    batch_spec,
+    check_exchanges,
+    make_driver,
+    schema_of_kind,
+)
 
 pytestmark = pytest.mark.integration
-
-ZONE = "us-central1-a"
-IMAGE = "debian-12-bookworm-v20261001"
-
-
-def _discovery() -> dict[str, Any]:
-    import googleapiclient  # type: ignore[import-untyped]
-
-    path = Path(googleapiclient.__file__).parent / "discovery_cache" / "documents"
-    return dict(json.loads((path / "compute.v1.json").read_text()))
-
-
-DISCOVERY = _discovery()
-SCHEMAS: dict[str, Any] = DISCOVERY["schemas"]
-
-
-def conforms(value: Any, schema: dict[str, Any], where: str, out: list[str]) -> None:
-    """What in ``value`` the discovery document's ``schema`` does not allow, into ``out``:
-    unknown fields, and values of another type (int64 and uint64 travel as strings; a
-    JSON null is a field left unset, as Google's APIs read it)."""
-    if value is None:
-        return
-    if "$ref" in schema:
-        schema = SCHEMAS[schema["$ref"]]
-    kind = schema.get("type")
-    if kind == "object":
-        if not isinstance(value, dict):
-            out.append(f"{where}: {type(value).__name__}, not an object")
-            return
-        props = schema.get("properties", {})
-        extra = schema.get("additionalProperties")
-        for k, v in value.items():
-            if k in props:
-                conforms(v, props[k], f"{where}.{k}", out)
-            elif extra is not None:
-                conforms(v, extra, f"{where}[{k}]", out)
-            else:
-                out.append(f"{where}.{k}: not a field of {schema.get('id', 'the object')}")
-    elif kind == "array":
-        if not isinstance(value, list):
-            out.append(f"{where}: {type(value).__name__}, not an array")
-            return
-        for i, v in enumerate(value):
-            conforms(v, schema["items"], f"{where}[{i}]", out)
-    elif kind == "string":
-        if not isinstance(value, str):
-            out.append(f"{where}: {value!r} is not a string ({schema.get('format', '')})")
-        elif "enum" in schema and value not in schema["enum"]:
-            out.append(f"{where}: {value!r} is none of {schema['enum'][:8]}")
-    elif kind == "integer":
-        if not isinstance(value, int) or isinstance(value, bool):
-            out.append(f"{where}: {value!r} is not an integer")
-    elif kind == "boolean":
-        if not isinstance(value, bool):
-            out.append(f"{where}: {value!r} is not a boolean")
-    elif kind == "number" and not isinstance(value, (int, float)):
-        out.append(f"{where}: {value!r} is not a number")
-
-
-def schema_of_kind(kind: str) -> str:
-    """Compute's ``kind`` names its schema: compute#instanceList -> InstanceList."""
-    name = kind.split("#", 1)[1]
-    return name[0].upper() + name[1:]
-
-
-REQUESTS = {"instances": "Instance", "bulkInsert": "BulkInsertInstanceResource",
-            "setLabels": "InstancesSetLabelsRequest"}  # fmt: skip
-
-
-def check_exchanges(emu: GceEmulator) -> int:
-    """Every request body and answer the emulator kept, against the discovery document."""
-    problems: list[str] = []
-    for method, path, body in emu.requests:
-        if body is not None:
-            schema = REQUESTS[path.rstrip("/").rsplit("/", 1)[-1]]
-            conforms(body, {"$ref": schema}, f"{method} {path}", problems)
-    for what, answer in emu.answers:
-        conforms(answer, {"$ref": schema_of_kind(answer["kind"])}, f"answer to {what}", problems)
-    assert problems == [], "\n".join(problems[:20])
-    return len(emu.requests) + len(emu.answers)
-
-
-@pytest.fixture()
-def emu() -> Iterator[GceEmulator]:
-    e = GceEmulator()
-    e.keep_exchanges = True
-    e.start()
-    yield e
-    e.stop()
-
-
-@pytest.fixture()
-def driver(emu: GceEmulator, tmp_path: Path) -> Any:
-    return _driver(emu, tmp_path, zone=ZONE)
-
-
-def _driver(emu: GceEmulator, tmp_path: Path, zone: str = "", region: str = "") -> Any:
-    """libcloud's GCE driver as slurm-burst builds it for a profile in a ``zone`` or a
-    ``region``: a service account key (made here, 0600) and the emulator as the
-    profile's ``endpoint``: the token is exchanged there."""
-    sa = tmp_path / "sa.json"
-    if not sa.exists():
-        write_key_file(sa)
-    os.environ["GOOGLE_APPLICATION_CREDENTIALS"] = str(sa)
-    try:
-        prov = ProviderConfig(name="gcp", driver="gce", zone=zone, region=region, options={
-            "endpoint": f"http://127.0.0.1:{emu.port}",
-            "credential_file": str(tmp_path / "token-cache.json"),
-        })  # fmt: skip
-        return cloud_driver(prov)
-    finally:
-        del os.environ["GOOGLE_APPLICATION_CREDENTIALS"]
 
 
 def test_libclouds_driver_launches_lists_and_deletes_after_a_token_exchange(
@@ -304,14 +196,6 @@ def test_an_endpoint_is_https_or_loopback_http(url: str, ok: bool) -> None:
             split_endpoint(url)
 
 
-def _batch(names: tuple[str, ...], token: str, least: int = 0, size: str = "n2-standard-2"
-           ) -> LaunchSpec:  # fmt: skip
-    return LaunchSpec(node=names[0], cluster="lab", group="gce", size=size, image=IMAGE,
-                      token=token, ssh_public_key="ssh-ed25519 AAAAC3Nz burst",
-                      user_data="#!/bin/sh\n", count=len(names), min_count=least,
-                      names=names, spot=True)  # fmt: skip
-
-
 def test_a_batch_is_one_bulk_insert_named_after_its_nodes_and_a_repeat_makes_none(
     emu: GceEmulator, driver: Any
 ) -> None:
@@ -322,7 +206,7 @@ def test_a_batch_is_one_bulk_insert_named_after_its_nodes_and_a_repeat_makes_non
                                                    ssh_user="slurm"))  # fmt: skip
     names = ("burst-gce-1", "burst-gce-2", "burst-gce-3")
     emu.calls.clear()
-    made = cloud.launch_many(_batch(names, "burstlab-0a1b2c3d-b3-0-0123456789abcdef"))
+    made = cloud.launch_many(batch_spec(names, "burstlab-0a1b2c3d-b3-0-0123456789abcdef"))
     assert sorted(i.name for i in made) == list(names)
     assert emu.calls["bulkInsert"] == 1 and emu.calls["insert"] == 0
     assert {i.tags["slurm-burst-token"] for i in made} == {
@@ -334,7 +218,7 @@ def test_a_batch_is_one_bulk_insert_named_after_its_nodes_and_a_repeat_makes_non
     items = {i["key"]: i["value"] for i in inst["metadata"]["items"]}
     assert items["enable-guest-attributes"] == "TRUE" and items["ssh-keys"].startswith("slurm:")
     # the daemon died before it recorded them: the repeat is the same request
-    again = cloud.launch_many(_batch(names, "burstlab-0a1b2c3d-b3-0-0123456789abcdef"))
+    again = cloud.launch_many(batch_spec(names, "burstlab-0a1b2c3d-b3-0-0123456789abcdef"))
     assert sorted(i.id for i in again) == sorted(i.id for i in made) and len(emu.instances) == 3
     check_exchanges(emu)
 
@@ -349,13 +233,13 @@ def test_a_bulk_insert_short_of_capacity_is_a_capacity_error_or_what_is_worth_ha
     cloud = LibcloudCloud("gcp", driver, Placement(zone=ZONE, ssh_user="slurm"))
     emu.limit("n2-standard-4", ZONE, 2)
     with pytest.raises(CapacityError) as err:
-        cloud.launch_many(_batch(("j-1", "j-2", "j-3"), "tok-job-1", size="n2-standard-4"))
+        cloud.launch_many(batch_spec(("j-1", "j-2", "j-3"), "tok-job-1", size="n2-standard-4"))
     assert err.value.code == "ZONE_RESOURCE_POOL_EXHAUSTED" and not emu.instances
     turns: list[str] = []  # what the budget is asked for inside the launch call
     cloud.turn = turns.append
     emu.calls.clear()
     with caplog.at_level(logging.WARNING):
-        made = cloud.launch_many(_batch(("k-1", "k-2", "k-3"), "tok-job-2", least=2,
+        made = cloud.launch_many(batch_spec(("k-1", "k-2", "k-3"), "tok-job-2", least=2,
                                         size="n2-standard-4"))  # fmt: skip
     assert sorted(i.name for i in made) == ["k-1", "k-2"]
     # k-3's own insert operation, in the bulk operation's group, says why
@@ -380,23 +264,23 @@ def test_a_profile_with_a_region_and_no_zone_launches_into_the_region(
     from slurm_burst.adapters.cloud.compute import LibcloudCloud
     from slurm_burst.adapters.cloud.profiles import Placement
 
-    driver = _driver(emu, tmp_path, region="us-central1")
+    driver = make_driver(emu, tmp_path, region="us-central1")
     assert driver.zone is None
     cloud = LibcloudCloud("gcp", driver, Placement(region="us-central1", ssh_user="slurm"))
     emu.limit("n2-standard-2", "us-central1-a", 1)
     emu.limit("n2-standard-2", "us-central1-b", 2)
-    job = cloud.launch_many(_batch(("r-1", "r-2", "r-3"), "tok-region-job"))
+    job = cloud.launch_many(batch_spec(("r-1", "r-2", "r-3"), "tok-region-job"))
     zones = {z for (z, n) in emu.instances if n.startswith("r-")}
     assert len(job) == 3 and zones == {"us-central1-c"}, zones  # the one zone with room
     emu.limit("n2-standard-2", "us-central1-c", 0)
-    spread = cloud.launch_many(_batch(("s-1", "s-2", "s-3"), "tok-region-any", least=1))
+    spread = cloud.launch_many(batch_spec(("s-1", "s-2", "s-3"), "tok-region-any", least=1))
     assert sorted(i.name for i in spread) == ["s-1", "s-2", "s-3"]
     assert {z for (z, n) in emu.instances if n.startswith("s-")} == {
         "us-central1-a",
         "us-central1-b",
     }
     emu.limit("n2-standard-2", "us-central1-c", 1)
-    one = cloud.launch(replace(_batch(("t-1",), "tok-region-one"), names=()))
+    one = cloud.launch(replace(batch_spec(("t-1",), "tok-region-one"), names=()))
     assert one.name == "t-1" and emu.calls["bulkInsert"] == 3 and emu.calls["insert"] == 0
     check_exchanges(emu)
 
@@ -411,7 +295,7 @@ def test_the_fleet_is_one_listing_and_reads_and_teardowns_need_no_other(
     from slurm_burst.adapters.cloud.profiles import Placement
 
     cloud = LibcloudCloud("gcp", driver, Placement(zone=ZONE, ssh_user="slurm"))
-    made = cloud.launch_many(_batch(("g-1", "g-2", "g-3"), "tok-fleet"))
+    made = cloud.launch_many(batch_spec(("g-1", "g-2", "g-3"), "tok-fleet"))
     driver.create_node("not-ours", "e2-small", IMAGE)  # another tool's, same project
     emu.calls.clear()
     pages: list[int] = []

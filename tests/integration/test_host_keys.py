@@ -67,10 +67,11 @@ def test_gce_serial_port_profile_prints_the_block_and_reads_it(
     http: Http, gce: Any, keys: list[tuple[str, str]]
 ) -> None:
     http.values.update(key_values(keys))
+    from slurm_burst.adapters.cloud.providers.gce import PROVIDER
+
     cloud = gce(http, host_keys="serial-port")
-    cloud.launch(spec("node-name", "n1-standard-1", DEBIAN))
-    body = http.body("POST", r"zones/us-central1-a/instances$")
-    items = {i["key"]: i["value"] for i in body["metadata"]["items"]}
+    # what a launch's instances carry (every GCE launch: a bulk insert, test_gce_market)
+    items = PROVIDER.metadata(spec("node-name", "n1-standard-1", DEBIAN), cloud.placement)
     assert items == {"startup-script": USER_DATA + SERIAL_PORT_SCRIPT, "ssh-keys": f"slurm:{PUB}"}
     inst = cloud.list_instances("c1")[0]
     assert cloud.host_keys(inst.id) == keys

@@ -1,10 +1,11 @@
-"""GCE, Azure ARM and OpenStack at the HTTP boundary: no emulator runs here, so libcloud's
-own drivers send their real HTTP requests into a recorder (``responses``) that answers
-with recorded provider responses (tests/data/providers/*, in libcloud's fixture style),
-and the tests assert the exact requests our mapping produces: machine type,
-accelerators, preemptible/spot, labels/tags, metadata startup-script or custom data,
-networks; then list, terminate, and the providers' capacity, quota and throttling
-error shapes as our typed errors.
+"""Azure ARM and OpenStack (and GCE's listing) at the HTTP boundary: no emulator runs
+for them, so libcloud's own drivers send their real HTTP requests into a recorder
+(``responses``) that answers with recorded provider responses (tests/data/providers/*,
+in libcloud's fixture style), and the tests assert the exact requests our mapping
+produces: size, image, tags, startup script or custom data, networks; then list,
+terminate, and the providers' capacity, quota and throttling error shapes as our typed
+errors. GCE's launches are tested against the lab's Compute Engine emulator
+(tests/integration/test_gce_market.py, test_gce_emulator.py).
 """
 
 from __future__ import annotations
@@ -24,8 +25,6 @@ from slurm_burst.core.cloud import (
 )
 from tests.providers import (
     AZURE_IMAGE,
-    DEBIAN,
-    GCE_API,
     NOVA,
     PUB,
     USER_DATA,
@@ -141,68 +140,12 @@ def test_the_lab_and_generic_drivers_get_the_daemons_key_user_data_and_tags() ->
         assert kw["ex_metadata"]["slurm-burst-node"] == "n-1", kind
 
 
-def test_gce_launch_sends_machine_type_gpus_preemptible_labels_and_startup_script(
-    http: Http, gce: Any
-) -> None:
-    cloud = gce(http)
-    inst = cloud.launch(spec("node-name", "n1-standard-1", DEBIAN, gpus=1,
-                             accelerator="nvidia-tesla-t4", spot=True, disk_gb=50))  # fmt: skip
-    assert inst.name == "node-name"
-    body = http.body("POST", r"zones/us-central1-a/instances$")
-    assert body["machineType"].endswith("/zones/us-central1-a/machineTypes/n1-standard-1")
-    assert body["guestAccelerators"] == [{"acceleratorType": GCE_API + "projects/proj"
-                                          "ect_name/zones/us-central1-a/acceleratorTypes/"
-                                          "nvidia-tesla-t4", "acceleratorCount": 1}]  # fmt: skip
-    assert body["scheduling"] == {
-        "preemptible": True,
-        "onHostMaintenance": "TERMINATE",
-        "automaticRestart": False,
-    }
-    assert body["labels"] == {
-        "slurm-burst-cluster": "c1",
-        "slurm-burst-group": "gpu",
-        "slurm-burst-node": "node-name",
-        "slurm-burst-token": "c1-node-name-1-0",
-        "cost-center": "hpc-42",  # GCE labels: lower case, no spaces
-    }
-    items = {i["key"]: i["value"] for i in body["metadata"]["items"]}
-    # the host keys will be read from the guest environment's guest attributes
-    assert items == {"startup-script": USER_DATA, "ssh-keys": f"slurm:{PUB}",
-                     "enable-guest-attributes": "TRUE"}  # fmt: skip
-    assert body["tags"] == {"items": ["slurm-node"]}
-    disk = body["disks"][0]["initializeParams"]
-    assert (disk["sourceImage"], disk["diskSizeGb"]) == (DEBIAN, 50)
-
-
 def test_gce_list_by_label_and_terminate(http: Http, gce: Any) -> None:
     cloud = gce(http)
     listed = cloud.list_instances("c1")
     assert [(i.name, i.tags["slurm-burst-node"]) for i in listed] == [("node-name", "node-name")]
     cloud.terminate(listed[0].id)
     assert any(m == "DELETE" and u.endswith("instances/node-name") for m, u, _ in http.sent)
-
-
-@pytest.mark.parametrize(
-    ("override", "kind", "code"),
-    [
-        ((("POST", "zones/us-central1-a/instances"), (200, "capacity_insert.json")),
-         CapacityError, "ZONE_RESOURCE_POOL_EXHAUSTED"),
-        ((("POST", "zones/us-central1-a/instances"), (403, "error_quota.json")),
-         QuotaError, "quotaExceeded"),
-        ((("POST", "zones/us-central1-a/instances"), (403, "error_rate_limit.json")),
-         ThrottledError, "rateLimitExceeded"),
-    ],
-    ids=["zone-exhausted", "gpu-quota", "rate-limit"],
-)  # fmt: skip
-def test_gce_error_shapes(http: Http, gce: Any, override: Any, kind: type, code: str) -> None:
-    (method_path, answer) = override
-    overrides = {method_path: answer,
-                 ("GET", "zones/us-central1-a/operations/operation-capacity"):
-                 (200, "capacity_operation.json")}  # fmt: skip
-    cloud = gce(http, overrides)
-    with pytest.raises(kind) as err:
-        cloud.launch(spec("node-name", "n1-standard-1", DEBIAN))
-    assert isinstance(err.value, CloudError) and err.value.code == code
 
 
 def test_azure_launch_sends_size_image_tags_custom_data_key_disk_and_subnet(
