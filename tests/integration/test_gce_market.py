@@ -23,6 +23,7 @@ from slurm_burst.adapters.cloud.compute import LibcloudCloud
 from slurm_burst.adapters.cloud.profiles import Placement
 from slurm_burst.core.cloud import (
     CapacityError,
+    CloudError,
     InUseError,
     QuotaError,
     ThrottledError,
@@ -84,7 +85,7 @@ def test_the_legacy_preemptible_model_only_where_the_profile_asks_for_it(
     ids=["zone-exhausted", "gpu-quota", "rate-limit"],
 )  # fmt: skip
 def test_a_launchs_errors_keep_computes_codes(
-    emu: GceEmulator, driver: Any, fault: tuple[int, str] | None, kind: type, code: str
+    emu: GceEmulator, driver: Any, fault: tuple[int, str] | None, kind: type[CloudError], code: str
 ) -> None:
     if fault is None:
         emu.limit("n2-standard-2", ZONE, 0)
