@@ -229,10 +229,11 @@ class GceEmulator:
         self.vm_range: ipaddress.IPv4Network | None = None  # their addresses (with vms)
         self.meta = GceMetadata()  # each booted instance's metadata server, in its netns
         self.spot = ""  # Spot capacity: '' normal, refuse, withhold
-        self.withheld: set[str] = set()  # Spot instances whose capacity never comes (ids)
+        self.withheld: set[str] = set()  # Spot instances whose capacity never came (ids)
         self.policies: dict[tuple[str, str], dict[str, Any]] = {}  # (region, name)
         self.members: dict[tuple[str, str], set[str]] = {}  # a policy's instances (ids)
         self.rooms: dict[str, int] = {}  # policy name -> the most instances it takes
+        self.policy_delay = 0.0  # seconds a new placement policy takes to be made
         self.preempted: list[str] = []  # instance ids, in order
 
     # -- control ----------------------------------------------------------------------
@@ -276,13 +277,14 @@ class GceEmulator:
 
     def market(self) -> dict[str, Any]:
         """For a test: the placement policies and their instances, the Spot mode, the
-        instances withheld, those preempted."""
+        instances withheld (ever) and preempted, the instances that exist now."""
         with self._lock:
             return {"policies": {name: {"region": region, "members": sorted(
                         self.members.get((region, name), set()))}
                                  for (region, name) in self.policies},
                     "spot": self.spot, "withheld": sorted(self.withheld),
-                    "preempted": list(self.preempted)}  # fmt: skip
+                    "preempted": list(self.preempted),
+                    "live": sorted(i["id"] for i in self.instances.values())}  # fmt: skip
 
     def preempt(self, instance: str, seconds: float) -> dict[str, Any]:
         """Preempt ``instance`` (its id or name): its metadata server says so at once,
@@ -536,6 +538,7 @@ class GceEmulator:
             case [("zones" | "regions"), where, "operations"]:
                 return self._count("operations.list", lambda: self._operations(where, q))
             case [("zones" | "regions" | "global"), *_, "operations", name, "wait"]:
+                self._wait_for(name)
                 return self._count("operations.wait", lambda: self._operation(name))
             case [("zones" | "regions" | "global"), *_, "operations", name]:
                 return self._count("operations.get", lambda: self._operation(name))
@@ -826,6 +829,10 @@ class GceEmulator:
         for link in props.get("resourcePolicies") or []:
             parts = str(link).rstrip("/").split("/")
             region, name = (parts[-3] if len(parts) >= 3 else ZONES[zone]), parts[-1]
+            if time.time() < self.policies.get((region, name), {}).get("_ready_at", 0.0):
+                raise ApiError(400, "resourceNotReady", f"The resource 'projects/{self.project}"
+                                                        f"/regions/{region}/resourcePolicies/"
+                                                        f"{name}' is not ready")  # fmt: skip
             if (region, name) not in self.policies:
                 raise ApiError(404, "notFound", f"The resource 'projects/{self.project}/regions/"
                                                 f"{region}/resourcePolicies/{name}' was not "
@@ -992,7 +999,6 @@ class GceEmulator:
         self.serial.pop(name, None)
         for members in self.members.values():
             members.discard(inst["id"])
-        self.withheld.discard(inst["id"])
         self._halt(inst)
         return self._operation_done("delete", inst["selfLink"], inst["id"], zone=zone, q=q)
 
@@ -1032,7 +1038,7 @@ class GceEmulator:
             rows = [(f"zones/{z}", self._shown(i)) for (z, _), i in sorted(self.instances.items())]
         elif what == "operations":  # zonal and regional ones (global: none made here)
             rows = [(f"zones/{_last(op['zone'])}" if op.get("zone") else
-                     f"regions/{_last(op.get('region', ''))}", op)
+                     f"regions/{_last(op.get('region', ''))}", self._op_now(op))
                     for op in self.operations.values()]  # fmt: skip
         else:
             rows = [(f"zones/{z}", d) for (z, _), d in sorted(self.disks.items())]
@@ -1103,6 +1109,9 @@ class GceEmulator:
 
     # -- resource policies (compact placement) --------------------------------------------
     def _policy(self, region: str, name: str) -> dict[str, Any]:
+        return {k: v for k, v in self._policy_doc(region, name).items() if k[0] != "_"}
+
+    def _policy_doc(self, region: str, name: str) -> dict[str, Any]:
         self._region(region)
         doc = self.policies.get((region, name))
         if doc is None:
@@ -1137,17 +1146,21 @@ class GceEmulator:
                                                  f"{region}/resourcePolicies/{name}' already "
                                                  "exists")  # fmt: skip
         link = f"{_region_url(self.project, region)}/resourcePolicies/{name}"
-        self.policies[(region, name)] = {
+        ready = time.time() + self.policy_delay
+        self.policies[(region, name)] = {"_ready_at": ready,
             "kind": "compute#resourcePolicy", "id": str(next(self._ids)), "name": name,
             "creationTimestamp": _now_rfc3339(), "description": body.get("description", ""),
             "region": _region_url(self.project, region), "selfLink": link, "status": "READY",
             "groupPlacementPolicy": dict(placement),
         }  # fmt: skip
-        return self._as_started(self._operation_done("insert", link, self.policies[
-            (region, name)]["id"], region=region, q=q))  # fmt: skip
+        op = self._operation_done("insert", link, self.policies[(region, name)]["id"],
+                                  region=region, q=q)  # fmt: skip
+        if self.policy_delay > 0:
+            op["_done_at"] = ready
+        return self._as_started(op)  # fmt: skip
 
     def _policy_delete(self, region: str, name: str, q: Mapping[str, str]) -> dict[str, Any]:
-        doc = self._policy(region, name)
+        doc = self._policy_doc(region, name)
         again = self._repeated(q)
         if again is not None:
             return again
@@ -1163,7 +1176,7 @@ class GceEmulator:
 
     def _policy_list(self, region: str, q: Mapping[str, str]) -> dict[str, Any]:
         self._region(region)
-        rows = [d for (r, _), d in sorted(self.policies.items()) if r == region]
+        rows = [self._policy(r, n) for (r, n) in sorted(self.policies) if r == region]
         page, token = self._page([d for d in rows if matches(q.get("filter", ""), d)], q)
         out: dict[str, Any] = {"kind": "compute#resourcePolicyList",
                                "id": f"projects/{self.project}/regions/{region}/resourcePolicies",
@@ -1228,7 +1241,7 @@ class GceEmulator:
         as Compute answers it; the outcome is read with ``operations.get`` or ``wait``."""
         shown = {k: v for k, v in op.items()
                  if k not in ("error", "httpErrorStatusCode", "httpErrorMessage", "endTime",
-                              "instancesBulkInsertOperationMetadata")}  # fmt: skip
+                              "instancesBulkInsertOperationMetadata") and k[0] != "_"}  # fmt: skip
         shown.update(status="RUNNING", progress=0)
         return shown
 
@@ -1236,10 +1249,25 @@ class GceEmulator:
         op = self.operations.get(name)
         if op is None:
             raise ApiError(404, "notFound", f"The resource 'operations/{name}' was not found")
-        return op
+        return self._op_now(op)
+
+    def _op_now(self, op: dict[str, Any]) -> dict[str, Any]:
+        """An operation as read now: RUNNING until its work is done (a policy still being
+        made: ``policy_delay``), then DONE."""
+        if time.time() < op.get("_done_at", 0.0):
+            return self._as_started(op)
+        return {k: v for k, v in op.items() if not k.startswith("_")}
+
+    def _wait_for(self, name: str) -> None:
+        """What ``operations.wait`` does before it answers: wait (two minutes at most)
+        until the operation is done; outside the emulator's lock."""
+        op = self.operations.get(name)
+        left = (op or {}).get("_done_at", 0.0) - time.time()
+        if left > 0:
+            time.sleep(min(left, 120.0))
 
     def _operations(self, where: str, q: Mapping[str, str]) -> dict[str, Any]:
-        rows = [op for op in self.operations.values()
+        rows = [self._op_now(op) for op in self.operations.values()
                 if _last(op.get("zone") or op.get("region") or "") == where]  # fmt: skip
         rows = [op for op in rows if matches(q.get("filter", ""), op)]
         page, token = self._page(rows, q)

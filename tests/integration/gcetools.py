@@ -138,3 +138,72 @@ def batch_spec(names: tuple[str, ...], token: str, least: int = 0, size: str = "
                       token=token, ssh_public_key="ssh-ed25519 AAAAC3Nz burst",
                       user_data="#!/bin/sh\n", count=len(names), min_count=least,
                       names=names, spot=True)  # fmt: skip
+
+
+# The daemon on the GCE emulator: the EC2 tests' config with a GCE profile in place of
+# the EC2 one, an on-demand group ("cpu") and a Spot group that falls back to it, one
+# compact placement policy per job.
+GCE_GROUPS = """
+[providers.gcp]
+driver = "gce"
+region = "us-central1"
+zone = "us-central1-a"
+credentials = {{ key_env = "SB_TEST_GCE_ACCOUNT", secret_env = "SB_TEST_GCE_KEY_FILE" }}
+
+[providers.gcp.options]
+project = "burst-lab"
+endpoint = "http://127.0.0.1:{port}"
+credential_file = "{tmp}/token"
+
+[node_groups.cpu]
+pattern = "gce-{{n}}"
+count = 8
+partition = "burst-gce"
+providers = ["gcp"]
+sizes = ["n2-standard-2"]
+image = "slurm-burst-node-v1"
+cpus = 2
+memory_mb = 3500
+price_per_hour = {{ "n2-standard-2" = 0.0971 }}
+
+[node_groups.spot]
+pattern = "spot-{{n}}"
+count = 8
+partition = "burst-spot"
+providers = ["gcp"]
+sizes = ["n2-standard-2"]
+image = "slurm-burst-node-v1"
+cpus = 2
+memory_mb = 3500
+spot = true
+spot_fallback = "cpu"
+spot_fallback_after = {wait}
+placement = "compact"
+price_per_hour = {{ "n2-standard-2" = 0.0971 }}
+
+"""
+
+
+def gce_config(tmp: Path, port: int, wait: float = 30.0, cluster: str = "") -> Any:
+    """The daemon's config on the GCE emulator at ``port`` (its service account key made
+    under ``tmp``; the credentials' variables set in this process)."""
+    import time
+
+    from slurm_burst.config import load_config
+    from tests.integration.ec2config import CONFIG
+
+    key = tmp / "sa.json"
+    if not key.exists():
+        write_key_file(key)
+    os.environ["SB_TEST_GCE_ACCOUNT"] = "slurm-burst@burst-lab.iam.gserviceaccount.com"
+    os.environ["SB_TEST_GCE_KEY_FILE"] = str(key)
+    (tmp / "slurm").mkdir(exist_ok=True)
+    text = CONFIG.format(cluster=cluster or f"g{time.time_ns() % 10**9}", tmp=tmp, port=port,
+                         spot="false")  # fmt: skip
+    head, rest = text.split("[providers.aws]", 1)
+    text = head + GCE_GROUPS.format(port=port, tmp=tmp, wait=wait) + rest[rest.index("[ledger]") :]
+    text = text.replace("[slurm]\n", "[slurm]\nresume_timeout = 900\n")
+    path = tmp / "slurm-burst.toml"
+    path.write_text(text)
+    path.chmod(0o640)
+    return load_config(path)

@@ -14,6 +14,7 @@ import json
 import threading
 from collections.abc import Iterator
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -148,6 +149,29 @@ def test_a_jobs_placement_policy_is_made_named_refused_deletion_in_use_and_delet
     check_exchanges(emu)
 
 
+def test_a_policy_is_waited_for_only_by_a_launch_that_finds_it_not_ready(
+    emu: GceEmulator, driver: Any
+) -> None:
+    """The policy's insert is not waited for: the job's bulk insert follows at once and
+    finds it made (a placement: two calls, insert and delete). One that Compute has not
+    finished (``resourceNotReady``) makes the launch wait for the insert, then ask again."""
+    cloud = _cloud(driver)
+    spec = replace(batch_spec(("q-1", "q-2"), "tok-ready"), placement_group="lab-pg-ready")
+    cloud.create_placement("lab-pg-ready")
+    emu.calls.clear()
+    assert len(cloud.launch_many(spec)) == 2
+    assert (emu.calls["bulkInsert"], emu.calls["operations.wait"]) == (1, 1)  # the bulk's
+    emu.policy_delay = 1.0
+    cloud.create_placement("lab-pg-slow")
+    emu.calls.clear()
+    made = cloud.launch_many(replace(spec, names=("r-1", "r-2"), node="r-1", token="tok-slow",
+                                     placement_group="lab-pg-slow"))  # fmt: skip
+    assert len(made) == 2 and emu.market()["policies"]["lab-pg-slow"]["members"]
+    # refused not ready, the policy's insert waited for, then the bulk insert again
+    assert (emu.calls["bulkInsert"], emu.calls["operations.wait"]) == (2, 2), emu.calls
+    check_exchanges(emu)
+
+
 class _NodeApi(http.server.ThreadingHTTPServer):
     """The daemon's node API as the agent sees it: what it is told, kept."""
 
@@ -231,3 +255,72 @@ def test_the_metadata_server_answers_only_with_its_header_and_a_maintenance_wake
     wait(lambda: notices.told.is_set(), 10, "the notice told")
     assert node_api.told == [{"path": "/v1/notice", "action": "maintenance"}]
     emu.meta.stop("77")
+
+
+# -- the daemon's launcher and reconciler on the emulator ---------------------------------
+JOB = [{"job_id": 7, "nodes": "spot-[1-4]"}]
+NODES = [f"spot-{i}" for i in range(1, 5)]
+
+
+def test_spot_refused_falls_back_at_once_in_one_policy_deleted_once_the_nodes_are_gone(
+    emu: GceEmulator, tmp_path: Path
+) -> None:
+    """The daemon's own launcher: Spot refused for a 4-node job, its nodes launch at once
+    on the fallback's on-demand capacity in one bulk insert, in the one compact policy
+    made for the job (made once, whatever was tried); released, the reconcile pass
+    deletes the policy: its insert and its delete are the calls a placement adds."""
+    from slurm_burst.core.nodestate import Want
+    from tests.integration.gcetools import gce_config
+    from tests.integration.test_ec2 import daemon, launch_batch, requested
+
+    dm = daemon(gce_config(tmp_path, emu.port), tmp_path)
+    prov = dm.prov
+    requested(prov, *NODES, jobs=JOB)
+    emu.set_spot("refuse")
+    emu.calls.clear()
+    launch_batch(prov, NODES)
+    recs = [prov.store.node(n) for n in NODES]
+    assert all(r is not None and r.market == "" and r.instance_id for r in recs), recs
+    (placed,) = {r.placement for r in recs if r is not None}
+    (policy,) = emu.market()["policies"].values()
+    assert policy["members"] == sorted(r.instance_id for r in recs if r is not None)
+    assert emu.calls["bulkInsert"] == 2 and emu.calls["resourcePolicies.insert"] == 1
+    for n in NODES:
+        prov.store.update(n, want=Want.DOWN)
+        prov.drive(n)
+    dm.reconciler.pass_once()
+    assert not emu.market()["policies"] and placed not in prov.store.placements()
+    assert emu.calls["resourcePolicies.delete"] == 1
+    assert {m: emu.calls[m] for m in emu.calls if m.startswith("resourcePolicies.")} == {
+        "resourcePolicies.insert": 1, "resourcePolicies.delete": 1}  # fmt: skip
+
+
+def test_a_policy_still_in_use_is_deleted_by_a_later_pass(emu: GceEmulator, tmp_path: Path
+                                                           ) -> None:  # fmt: skip
+    """An instance of the job that Compute has not deleted yet keeps its policy: the pass
+    leaves it (recorded), a later one deletes it."""
+    from slurm_burst.core.nodestate import Want
+    from tests.integration.gcetools import gce_config
+    from tests.integration.test_ec2 import daemon, launch_batch, requested
+
+    dm = daemon(gce_config(tmp_path, emu.port), tmp_path)
+    prov = dm.prov
+    requested(prov, *NODES, jobs=JOB)
+    launch_batch(prov, NODES)
+    recs = [prov.store.node(n) for n in NODES]
+    assert all(r is not None and r.market == "spot" for r in recs), recs
+    (placed,) = {r.placement for r in recs if r is not None}
+    straggler = recs[0]
+    assert straggler is not None
+    for n in NODES:
+        prov.store.update(n, want=Want.DOWN)
+        prov.drive(n)
+    assert not emu.market()["live"]  # the nodes' teardowns deleted their instances
+    (pname,) = emu.market()["policies"]
+    # an instance that still names the policy (one whose delete Compute has not done yet)
+    emu.members[("us-central1", pname)].add(straggler.instance_id)
+    dm.reconciler.pass_once()
+    assert placed in prov.store.placements() and pname in emu.market()["policies"]
+    emu.members[("us-central1", pname)].clear()
+    dm.reconciler.pass_once()
+    assert placed not in prov.store.placements() and not emu.market()["policies"]

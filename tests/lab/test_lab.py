@@ -33,7 +33,8 @@ def test_sinfo_shows_onprem_idle_and_burst_idle_powered_down(lab: Lab) -> None:
         f"burst-gpu-{i}" for i in range(1, 9)} | {"burst-ec2-1", "burst-ec2-2"} | {
         f"burst-ec2x-{i}" for i in range(1, 33)} | {
         f"burst-spot-{i}" for i in range(1, 5)} | {"burst-dir-1", "burst-dir-2"} | {
-        "burst-gce-1", "burst-gce-2"} | {f"burst-gcex-{i}" for i in range(1, 17)}  # fmt: skip
+        "burst-gce-1", "burst-gce-2"} | {f"burst-gcex-{i}" for i in range(1, 17)} | {
+        f"burst-gspot-{i}" for i in range(1, 5)}  # fmt: skip
 
 
 def test_the_labs_slurmctld_reads_back_what_the_config_meant(lab: Lab, lab_config: Config) -> None:

@@ -159,3 +159,149 @@ def test_16_gce_vms_join_and_run_their_job_while_the_emulator_throttles(
            if e["event"] in ("node.replaced", "node.released", "size.unavailable")]  # fmt: skip
     assert not bad, bad
     _release(env, lab, store, WIDE, {r.instance_id for r in recs if r})
+
+
+SPOTS = [f"burst-gspot-{i}" for i in range(1, 5)]
+
+
+def _thaw_spot(store: Store) -> None:
+    """End the Spot size's cooldown a test before left (every test starts asking Spot)."""
+    store.mark_unavailable("gcp", "n2-standard-2/spot", 0.0, "")
+
+
+def _srun_with_spot(
+    cfg: Config, env: dict[str, str], mode: str, count: int
+) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
+    """``srun -N count hostname -I`` on burst-gspot while the emulator's Spot capacity is
+    ``mode`` (refuse, withhold), normal again after; the emulator's market then."""
+    emulator(cfg, f"spot?mode={mode}")
+    try:
+        srun = subprocess.run(
+            ["srun", "-p", "burst-gspot", f"-N{count}", "-t", "5", "hostname", "-I"],
+            env=env, capture_output=True, text=True, timeout=300, check=False,
+        )  # fmt: skip
+        market = emulator(cfg, "market")
+    finally:
+        emulator(cfg, "spot?mode=")
+    return srun, market
+
+
+def test_spot_refused_runs_a_4_node_job_on_demand_in_one_compact_placement_policy(
+    lab: Lab, lab_config: Config, env: dict[str, str], store: Store
+) -> None:
+    """The emulator refuses Spot capacity: the job's four nodes launch at once on the
+    fallback group's on-demand n2-standard-2, in one bulk insert, into one compact
+    placement policy made for the job; the nodes' Slurm comment and the events say why;
+    the policy is deleted once the nodes are released (two calls a job: its insert and
+    its delete)."""
+    from slurm_burst.adapters.cloud.providers.gce import policy_name
+
+    _thaw_spot(store)
+    start = max((e["id"] for e in store.events(limit=10**6)), default=0)
+    before = emulator(lab_config, "calls")["calls"]
+    srun, market = _srun_with_spot(lab_config, env, "refuse", 4)
+    assert srun.returncode == 0, srun.stderr[-3000:]
+    assert len(_addresses(srun.stdout)) == 4, srun.stdout
+    recs = [store.node(n) for n in SPOTS]
+    assert all(r is not None and (r.market, r.size) == ("", "n2-standard-2") for r in recs), recs
+    (placed,) = {r.placement for r in recs if r is not None}
+    policy = market["policies"][policy_name(placed)]
+    assert policy["members"] == sorted(r.instance_id for r in recs if r is not None)
+    calls = emulator(lab_config, "calls")["calls"]
+    made = {m: calls.get(m, 0) - before.get(m, 0) for m in calls}
+    # Spot refused, then on-demand into the one policy: two bulk inserts, one policy
+    assert made.get("bulkInsert") == 2 and made.get("resourcePolicies.insert") == 1, made
+    fell = {e["node"] for e in store.events(since_id=start, limit=10**6)
+            if e["event"] == "spot.fallback"}  # fmt: skip
+    assert fell == set(SPOTS)
+    assert "no spot capacity" in sh(env, "scontrol", "show", "node", SPOTS[0])
+    _release(env, lab, store, SPOTS, {r.instance_id for r in recs if r is not None})
+    wait(lambda: policy_name(placed) not in emulator(lab_config, "market")["policies"], 120,
+         "the job's placement policy deleted")  # fmt: skip
+    after = emulator(lab_config, "calls")["calls"]
+    policy_calls = {m: after.get(m, 0) - before.get(m, 0) for m in after
+                    if m.startswith("resourcePolicies.")}  # fmt: skip
+    assert policy_calls == {"resourcePolicies.insert": 1, "resourcePolicies.delete": 1}, after
+    CLOUD_JOIN["gce spot refused -> on-demand, compact"] = {
+        "placement_calls": str(sum(policy_calls.values())),
+        "operation_waits": str(after.get("operations.wait", 0) - before.get("operations.wait", 0)),
+    }  # fmt: skip
+
+
+def test_spot_withheld_falls_back_after_the_wait_and_the_job_runs(
+    lab: Lab, lab_config: Config, env: dict[str, str], store: Store
+) -> None:
+    """The emulator makes the Spot instances and never runs them (STAGING for good):
+    after the group's spot_fallback_after (15 s) they are deleted and the job's nodes
+    launch on-demand together; the job runs, no node fails."""
+    _thaw_spot(store)
+    nodes = SPOTS[:2]
+    start = max((e["id"] for e in store.events(limit=10**6)), default=0)
+    began = time.monotonic()
+    srun, market = _srun_with_spot(lab_config, env, "withhold", 2)
+    took = time.monotonic() - began
+    assert srun.returncode == 0, srun.stderr[-3000:]
+    assert took >= 15, took  # it waited for the Spot capacity first
+    withheld = market["withheld"]
+    recs = [store.node(n) for n in nodes]
+    assert all(r is not None and r.market == "" and r.instance_id not in withheld for r in recs)
+    assert len(withheld) >= 2 and not set(withheld) & set(gce_vms(lab))
+    events = store.events(since_id=start, limit=10**6)
+    assert any(e["event"] == "size.unavailable" and "SpotCapacityWait" in e["detail"]
+               for e in events)  # fmt: skip
+    assert not [e for e in events if e["event"] in ("node.failed", "node.released")], events
+    assert not set(withheld) & set(market["live"]), market  # deleted before the fallback
+    CLOUD_JOIN["gce spot withheld -> on-demand, job ran"] = {"srun_s": f"{took:.1f}"}
+    _release(env, lab, store, nodes, {r.instance_id for r in recs if r is not None})
+
+
+def test_a_preemption_signals_the_job_which_is_requeued_and_completes_on_a_replacement(
+    lab: Lab, lab_config: Config, env: dict[str, str], store: Store
+) -> None:
+    """The emulator preempts the job's Spot VM: its metadata server says so inside the
+    VM, the node's agent (waiting on it) tells the daemon, the job's batch shell gets
+    the USR1 it asked for within seconds, the job is requeued before the VM is deleted
+    (30 s after the notice) and runs again on a replacement (on-demand: the Spot size
+    cooled down), and the ledger records the reclaim as ``Preempted``."""
+    from tests.lab.test_x_burst import job, sbatch, wait_job
+    from tests.lab.test_x_ec2 import CHECKPOINTING
+
+    _thaw_spot(store)
+    shared = lab.lab.shared_dir
+    script = Path(shared, "gce-checkpointing.sh")
+    script.write_text(CHECKPOINTING.format(shared=shared))
+    start = max((e["id"] for e in store.events(limit=10**6)), default=0)
+    job_id = sbatch(env, shared, "-p", "burst-gspot", "-N1", "--open-mode=append", str(script))
+    wait(lambda: job(env, job_id).get("JobState") == "RUNNING", 180, "the job running")
+    node = job(env, job_id)["NodeList"]
+    rec = store.node(node)
+    assert rec is not None and rec.market == "spot", rec
+    output = Path(shared, f"{job_id}.out")
+    wait(lambda: output.exists() and "first run" in output.read_text(errors="replace"), 30,
+         "the job's first output")  # fmt: skip
+    noticed = time.time()
+    emulator(lab_config, f"preempt?instance={rec.instance_id}&in=30")
+    mark = Path(shared, f"usr1.{job_id}")
+    wait(lambda: mark.exists() and mark.read_text().strip(), 20, "the job's USR1")
+    took = float(mark.read_text()) - noticed
+    assert took <= 10, f"USR1 {took:.1f} s after the preemption"
+    info = wait_job(env, job_id, timeout=240)
+    out = output.read_text(errors="replace")
+    assert info["JobState"] == "COMPLETED" and out.count("first run") == 1, (info, out)
+    assert re.search(r"^rerun [12] on ", out, re.M), out
+    events = store.events(since_id=start, limit=10**6)
+    kinds = {e["event"] for e in events}
+    assert {"spot.interruption", "job.signalled", "job.requeued"} <= kinds, kinds
+    assert any("Preempted" in e["detail"] for e in events if e["event"] == "spot.interruption")
+    again = store.node(info["NodeList"])
+    assert again is not None and again.instance_id != rec.instance_id and again.market == ""
+    from slurm_burst.wiring import ledger
+
+    def reclaimed() -> list[dict[str, Any]]:
+        rows = ledger.ledger(lab_config).instances()
+        return [r for r in rows if r["instance_id"] == rec.instance_id and r["terminated"]]
+
+    (row,) = wait(reclaimed, 30, "the reclaim in the ledger")
+    assert row["failure_code"] == "Preempted", row
+    CLOUD_JOIN["gce preemption -> USR1"] = {"seconds": f"{took:.2f}"}
+    _release(env, lab, store, [info["NodeList"]], {again.instance_id})

@@ -54,6 +54,7 @@ LAUNCH_OPTIONS = ("preemptible",)
 COMPACT_SERIES = frozenset({"a2", "c2", "c2d", "g2", "n2", "n2d"})
 COMPACT_MOST = 150
 IN_USE = ("resourceInUseByAnotherResource", "RESOURCE_IN_USE_BY_ANOTHER_RESOURCE")
+NOT_READY = ("resourceNotReady", "RESOURCE_NOT_READY")  # a policy still being made
 
 # Compute Engine's rate quotas, per project ("Compute Engine rate quotas"; docs/scale.md):
 # calls per quota group in each 60-s interval synchronized to the minute, refilled whole
@@ -268,10 +269,9 @@ class Gce(Provider):
         }  # fmt: skip
         if scope == "regions" and least == len(names) > 1:  # a whole job: one zone
             body["locationPolicy"] = {"targetShape": "ANY_SINGLE_ZONE"}
-        conn = cloud.driver.connection
         request_id = str(uuid.uuid5(uuid.NAMESPACE_URL, f"slurm-burst:{spec.token}"))
-        op = conn.request(f"/{scope}/{where}/instances/bulkInsert", method="POST", data=body,
-                          params={"requestId": request_id}).object  # fmt: skip
+        op = self._bulk_insert(cloud, spec, f"/{scope}/{where}/instances/bulkInsert", body,
+                               request_id)  # fmt: skip
         failure = self._outcome(cloud, scope, where, str(op["name"]))
         # what it made, by the token's label: one listing, and their places learnt with it
         made = self._aggregated(cloud, f'labels.{label(TOKEN_TAG)} = "{labels[label(TOKEN_TAG)]}"',
@@ -283,6 +283,35 @@ class Gce(Provider):
                 raise failure
             raise CapacityError(f"{cloud.name}: {len(made)} of {least} made", "PartialCapacity")
         return made
+
+    def _bulk_insert(
+        self, cloud: LibcloudCloud, spec: LaunchSpec, path: str, body: Mapping[str, Any], rid: str
+    ) -> dict[str, Any]:
+        """The bulk insert's call (the operation it started). One that names a placement
+        policy Compute has not finished making (``resourceNotReady``: its insert was not
+        waited for) waits for that insert, then is made again, once."""
+        from libcloud.common.google import GoogleBaseError
+
+        conn = cloud.driver.connection
+        making = cloud.remembered("gce-policy-ops", dict)  # policy -> (region, its insert)
+        policy = policy_name(spec.placement_group) if spec.placement_group else ""
+        try:
+            op = dict(conn.request(path, method="POST", data=body,
+                                   params={"requestId": rid}).object)  # fmt: skip
+        except GoogleBaseError as exc:
+            if str(getattr(exc, "code", "")) not in NOT_READY or policy not in making:
+                raise
+            region, name = making.pop(policy)
+            log.info("gce.policy_not_ready provider=%s policy=%s: waiting for its insert",
+                     cloud.name, policy)  # fmt: skip
+            failure = self._outcome(cloud, "regions", region, name)
+            if failure is not None:
+                raise failure from exc
+            cloud.turn("instances.bulkInsert")
+            op = dict(conn.request(path, method="POST", data=body,
+                                   params={"requestId": rid}).object)  # fmt: skip
+        making.pop(policy, None)
+        return op
 
     def launch_one(self, cloud: LibcloudCloud, spec: LaunchSpec) -> Instance:
         """A single node: a bulk insert of one (in the zone, or the region where the
@@ -380,8 +409,11 @@ class Gce(Provider):
     def create_placement(self, cloud: LibcloudCloud, name: str) -> None:
         """A compact placement policy (``resourcePolicies.insert``, collocation
         COLLOCATED) in the profile's region, named after ``name``, its ``requestId`` the
-        name's (a repeat is the same request); waited for unless answered done, so that
-        the launch that names it finds it. ExistsError if it was made already."""
+        name's (a repeat is the same request). Not waited for: Compute makes a policy in
+        moments, and the launch that names it follows at once; the rare launch that comes
+        first (``resourceNotReady``) waits for the insert then (:meth:`_bulk_insert`), so
+        a placement costs a job two calls, its insert and its delete. ExistsError if it
+        was made already."""
         from libcloud.common.google import ResourceExistsError
 
         from slurm_burst.core.cloud import ExistsError
@@ -397,10 +429,8 @@ class Gce(Provider):
             ).object  # fmt: skip
         except ResourceExistsError as exc:
             raise ExistsError(f"{cloud.name}: placement policy {body['name']} exists") from exc
-        if op.get("status") != "DONE":
-            failure = self._outcome(cloud, "regions", region, str(op["name"]))
-            if failure is not None:
-                raise failure
+        if op.get("status") != "DONE":  # waited for only by a launch that finds it not ready
+            cloud.remembered("gce-policy-ops", dict)[body["name"]] = (region, str(op["name"]))
 
     def delete_placement(self, cloud: LibcloudCloud, name: str) -> None:
         """``resourcePolicies.delete`` (not waited for); NotFoundError if it is gone,
