@@ -1,21 +1,25 @@
-"""Spot fallback and placement per job against the EC2 emulator (issue 32's figures).
+"""Spot fallback and placement per job against the EC2 emulator (issue 32's figures) and
+the GCE emulator (issue 50's: ``--provider gce``).
 
-- **Provider calls a placement adds per job**: a 4-node job of a group with
-  ``placement = "cluster"`` launched (RunInstances into a new cluster placement group),
-  released, and the reconcile pass run: CreatePlacementGroup + DeletePlacementGroup
-  (+ any describe) per job (goal <= 2).
+- **Provider calls a placement adds per job**: a 4-node job of a group with placement
+  (EC2 ``cluster``: RunInstances into a new cluster placement group; GCE ``compact``: a
+  bulk insert naming a new compact placement policy) launched, released, and the
+  reconcile pass run: CreatePlacementGroup + DeletePlacementGroup (+ any describe), or
+  resourcePolicies insert + delete (+ any wait for the insert), per job (goal <= 2).
 - **Spot refusal -> on-demand launch**: the emulator refuses spot capacity; the time
-  from the spot RunInstances reaching EC2 to the fallback's on-demand RunInstances
-  reaching it (the emulator's call timeline), and the whole launch call, quiet and with
-  two CPU burners beside it.
+  from the spot launch call (RunInstances; bulkInsert) reaching the emulator to the
+  fallback's on-demand call reaching it (the emulator's call timeline), and the whole
+  launch, quiet and with two CPU burners beside it.
 
 The daemon's real launcher, provisioner and reconciler on the SQLite state, libcloud's
-EC2 driver over HTTP to the emulator in this process (scale mode without throttling:
-EC2's answer form); the hub and Slurm are fakes, as in tests/integration/test_ec2.py.
+EC2 or GCE driver over HTTP to the emulator in this process (EC2: scale mode without
+throttling, EC2's answer form; GCE: no quota, every call on its timeline); the hub and
+Slurm are fakes, as in tests/integration/test_ec2.py and test_gce_market.py.
 """
 
 from __future__ import annotations
 
+import argparse
 import logging
 import os
 import statistics
@@ -31,10 +35,12 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from launch import burners  # noqa: E402
 from sizes import size  # noqa: E402
 from slurm_burst_lab.ec2emu import Ec2Emulator, Scale  # noqa: E402
+from slurm_burst_lab.gceemu import GceEmulator, Quotas  # noqa: E402
 
 from slurm_burst.config import Config, load_config  # noqa: E402
 from slurm_burst.core.nodestate import Want  # noqa: E402
 from tests.integration.ec2config import CONFIG  # noqa: E402
+from tests.integration.gcetools import gce_config  # noqa: E402
 from tests.integration.test_ec2 import daemon, launch_batch, requested  # noqa: E402
 from tests.integration.test_ec2_capacity import SPOT  # noqa: E402
 
@@ -42,6 +48,8 @@ RUNS = size(10, 2)
 NODES = [f"spot-{i}" for i in range(1, 5)]
 JOB = [{"job_id": 7, "nodes": "spot-[1-4]"}]
 PLACEMENT_CALLS = ("CreatePlacementGroup", "DeletePlacementGroup", "DescribePlacementGroups")
+GCE_PLACEMENT_CALLS = ("resourcePolicies.insert", "resourcePolicies.delete",
+                       "resourcePolicies.get")  # fmt: skip
 
 
 def config(tmp: Path, port: int, run: int) -> Config:
@@ -80,22 +88,62 @@ def one_job(emu: Ec2Emulator, run: int, refuse: bool) -> tuple[int, float, float
         return calls, fallback, took
 
 
+def one_gce_job(emu: GceEmulator, run: int, refuse: bool) -> tuple[int, float, float]:
+    """GCE's (placement calls and waits, spot -> on-demand seconds or 0, launch seconds)."""
+    with tempfile.TemporaryDirectory() as d:
+        tmp = Path(d)
+        dm = daemon(gce_config(tmp, emu.port, cluster=f"cap{run}-{time.time_ns() % 10**9}"), tmp)
+        prov = dm.prov
+        requested(prov, *NODES, jobs=JOB)
+        emu.set_spot("refuse" if refuse else "")
+        emu.calls.clear()
+        emu.timeline.clear()
+        started = time.perf_counter()
+        launch_batch(prov, NODES)
+        took = time.perf_counter() - started
+        bulk = [t for t, method, _ in emu.timeline if method == "bulkInsert"]
+        fallback = bulk[1] - bulk[0] if refuse and len(bulk) == 2 else 0.0
+        waits = emu.calls.get("operations.wait", 0) - len(bulk)  # beyond the bulk inserts'
+        for n in NODES:
+            prov.store.update(n, want=Want.DOWN)
+            prov.drive(n)
+        dm.reconciler.pass_once()
+        calls = sum(emu.calls.get(a, 0) for a in GCE_PLACEMENT_CALLS) + waits
+        emu.set_spot("")
+        return calls, fallback, took
+
+
 def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
+    ap.add_argument("--provider", choices=("ec2", "gce"), default="ec2")
+    args = ap.parse_args()
     logging.disable(logging.WARNING)  # the fallbacks' warnings are what is measured
     os.environ.setdefault("SB_TEST_AWS_KEY", "AKIDEMULATOR000000000")
     os.environ.setdefault("SB_TEST_AWS_SECRET", "emulator-secret")
-    emu = Ec2Emulator(scale=Scale(throttle=0.0, boot=0.0, console=0.0))
+    gce = GceEmulator(quotas=Quotas(limits={})) if args.provider == "gce" else None
+    ec2 = None if gce else Ec2Emulator(scale=Scale(throttle=0.0, boot=0.0, console=0.0))
+    call = "bulkInsert" if gce else "RunInstances"
+
+    def job(run: int, refuse: bool) -> tuple[int, float, float]:
+        if gce is not None:
+            return one_gce_job(gce, run, refuse)
+        assert ec2 is not None
+        return one_job(ec2, run, refuse)
+
+    emu = gce or ec2
+    assert emu is not None
     emu.start()
     try:
-        placed = [one_job(emu, i, refuse=False)[0] for i in range(RUNS)]
-        print(f"placement: provider calls added per 4-node job  max {max(placed)}  "
-              f"(goal <= 2){'  OK' if max(placed) <= 2 else '  OVER GOAL'}")  # fmt: skip
+        placed = [job(i, refuse=False)[0] for i in range(RUNS)]
+        verdict = "  OK" if max(placed) <= 2 else "  OVER GOAL"
+        print(f"{args.provider} placement: provider calls added per 4-node job  max "
+              f"{max(placed)}  (goal <= 2){verdict}")  # fmt: skip
         for label, load in (("quiet", 0), ("2 CPU burners", 2)):
             with burners(load):
-                got = [one_job(emu, 100 * (load + 1) + i, refuse=True) for i in range(RUNS)]
+                got = [job(100 * (load + 1) + i, refuse=True) for i in range(RUNS)]
             fall = [g[1] * 1000 for g in got]
             launch = [g[2] * 1000 for g in got]
-            print(f"spot refused -> on-demand RunInstances ({label}): median "
+            print(f"{args.provider} spot refused -> on-demand {call} ({label}): median "
                   f"{statistics.median(fall):6.1f} ms  max {max(fall):6.1f} ms; whole launch "
                   f"median {statistics.median(launch):6.1f} ms")  # fmt: skip
     finally:

@@ -282,12 +282,13 @@ class NodeGroup:
         default="hub",
     )
     placement: str = doc(
-        "'cluster': the instances of each multi-node job launch together into a "
-        "placement group made for that launch (EC2: a cluster placement group, one "
-        "network spine), deleted once none of its instances remain, i.e. when the last "
-        "of the job's nodes is released (suspend_time after its last job); a job that "
-        "does not fit falls back whole to the next size or provider, never split. "
-        "'': the provider places each instance.",
+        "Placement per job, as the provider offers it: 'cluster' (EC2: a cluster "
+        "placement group, one network spine) or 'compact' (GCE: a compact placement "
+        "policy, one zone): the instances of each multi-node job launch together into a "
+        "placement made for that launch, deleted once none of its instances remain, "
+        "i.e. when the last of the job's nodes is released (suspend_time after its "
+        "last job); a job that does not fit falls back whole to the next size or "
+        "provider, never split. '': the provider places each instance.",
         default="",
     )
     accelerator: str = doc(

@@ -401,8 +401,8 @@ def test_a_fallback_of_another_shape_and_placement_off_ec2_are_refused(tmp_path:
                         'cpus = 2\nmemory_mb = 1000\nspot = true',
                         'providers = ["lab"]\nsizes = ["ns.cpu2"]\nimage = "host"\n'
                         'cpus = 2\nmemory_mb = 1000\nspot = true')  # fmt: skip
-    text = text.replace('price_per_hour = { "t3.micro" = 0.0104 }\n\n[mesh]',
-                        'price_per_hour = { "ns.cpu2" = 0.085 }\n\n[mesh]')  # fmt: skip
+    text = text.replace('price_per_hour = { "t3.micro" = 0.0104 }\n\n# GCE Spot',
+                        'price_per_hour = { "ns.cpu2" = 0.085 }\n\n# GCE Spot')  # fmt: skip
     _, problems = check_config(write(tmp_path, text))
     said = {p.path: p.message for p in problems if p.severity == "error"}
     assert "provider 'lab' (nscloud)" in said["node_groups.ec2spot.placement"], said

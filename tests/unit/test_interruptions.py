@@ -76,6 +76,44 @@ def test_a_notice_is_checked(body: object, error: str) -> None:
         return
     notice = parse_notice(body, NOW)
     assert notice.action == "terminate" and NOW <= notice.at <= NOW + 86_400
+    assert notice.code == "SpotInterruption" and notice.capacity
+
+
+@pytest.mark.parametrize(
+    ("body", "code", "capacity"),
+    [({"action": "preempted"}, "Preempted", True),
+     ({"action": "maintenance"}, "HostMaintenance", False),
+     # a time the node gives is not taken: its clock is less trusted than ours
+     ({"action": "preempted", "time": "2099-01-01T00:00:00Z"}, "Preempted", True)],
+    ids=["preempted", "maintenance", "a-nodes-own-time"],
+)  # fmt: skip
+def test_a_gce_notice_comes_30_s_after_the_daemon_hears_with_its_code(
+    body: object, code: str, capacity: bool
+) -> None:
+    notice = parse_notice(body, NOW)
+    assert (notice.at, notice.code, notice.capacity) == (NOW + 30, code, capacity)
+
+
+def test_a_maintenance_notice_replaces_the_node_without_cooling_the_spot_size() -> None:
+    store = MemoryStore()
+    rec = spot_node(store)
+    slurm = FakeScheduler(jobs=[SlurmJob(9, "quick", "RUNNING", "burst-spot", nodes=rec.name)])
+    cooled: list[str] = []
+    failed: list[tuple[str, str]] = []
+
+    def fail(node: str, code: str, message: str) -> bool:
+        failed.append((node, code))
+        return True
+
+    clock = FakeClock(time.time())
+    service = Interruptions(InterruptionPorts(
+        store=store, jobs=slurm, clock=clock, cool=lambda r, exc: cooled.append(exc.code),
+        fail=fail, submit=lambda node: None,
+    ))  # fmt: skip
+    service.notice(rec, parse_notice({"action": "maintenance"}, clock.now()))
+    wait(lambda: failed, 10, "the node failed")
+    assert cooled == [] and failed == [(rec.name, "HostMaintenance")] and slurm.requeued == [9]
+    service.close()
 
 
 def test_a_signalled_job_is_requeued_before_the_reclaim_and_another_at_once() -> None:

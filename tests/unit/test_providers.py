@@ -8,6 +8,7 @@ import ast
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 from slurm_burst.adapters.cloud import providers
 from slurm_burst.adapters.cloud.registry import built_in, host_key_sources, provider
@@ -116,3 +117,28 @@ def test_a_gce_profile_needs_a_zone_or_a_region_and_a_region_is_not_taken_for_a_
     assert problems() == ["zone"]
     assert problems(region="us-central1") == problems(zone="us-central1-a") == []
     assert is_zone("europe-west4-b") and not is_zone("europe-west4") and not is_zone("")
+
+
+def test_gce_placement_names_and_what_config_check_says_of_compact_placement() -> None:
+    from slurm_burst.adapters.cloud.providers.gce import COMPACT_MOST, policy_name, series
+    from slurm_burst.config.model import NodeGroup, ProviderConfig
+
+    assert policy_name("Lab_1-0a1b-pg-ff") == "lab-1-0a1b-pg-ff"
+    assert policy_name("9lives") == "sb-9lives" and len(policy_name("a" * 80)) == 63
+    assert policy_name("x" * 62 + "-y") == "x" * 62  # never ends in '-'
+    assert [series(t) for t in ("n2-standard-2", "c2d-highcpu-8", "A2-highgpu-1g")] == [
+        "n2", "c2d", "a2"]  # fmt: skip
+    gce = provider("gce")
+    shape: dict[str, Any] = {"name": "g", "pattern": "g-{n}", "partition": "p",
+                             "providers": ["gcp"], "image": "i", "cpus": 2, "memory_mb": 1000,
+                             "placement": "compact"}  # fmt: skip
+    placed = NodeGroup(**shape, count=COMPACT_MOST + 1, sizes=("n2-standard-2", "e2-standard-4"))
+    (key, series_said), (_, size_said) = gce.group_warnings(placed)
+    assert key == "placement" and series_said.startswith("size(s) e2-standard-4:")
+    assert "at most 150 instances" in size_said and "151 nodes" in size_said
+    small = NodeGroup(**shape, count=8, sizes=("n2-standard-2",))
+    assert gce.group_warnings(small) == [] and provider("ec2").group_warnings(placed) == []
+    options = {"preemptible": "yes", "ex_service_accounts": []}
+    prov = ProviderConfig(name="gcp", driver="gce", zone="us-central1-a", launch_options=options)
+    found = dict(gce.profile_problems(prov))
+    assert set(found) == {"launch_options.preemptible", "launch_options.ex_service_accounts"}
