@@ -254,14 +254,16 @@ class GceNotices:
             threading.Thread(target=self.watch, args=(key,), name=f"gce-{key}",
                              daemon=True).start()  # fmt: skip
 
-    def read(self, key: str, etag: str = "") -> tuple[str, str]:
-        """(value, ETag) of ``instance/<key>``; with ``etag``, once it differs from it."""
+    def read(self, key: str, wait: bool = False, etag: str = "") -> tuple[str, str]:
+        """(value, ETag) of ``instance/<key>``; ``wait``: once it changes (from ``etag``
+        where one is known, else from the value when asked), or after WAIT seconds."""
         url = f"{self.base}/computeMetadata/v1/instance/{key}"
         timeout = 10.0
-        if etag:
-            url += "?" + urllib.parse.urlencode(
-                {"wait_for_change": "true", "last_etag": etag, "timeout_sec": self.WAIT}
-            )
+        if wait:
+            query = {"wait_for_change": "true", "timeout_sec": str(self.WAIT)}
+            if etag:
+                query["last_etag"] = etag
+            url += "?" + urllib.parse.urlencode(query)
             timeout = self.WAIT + 30.0
         if not url.startswith("http://"):
             raise ValueError(f"{url[:60]!r}: only http:// is asked here")
@@ -271,9 +273,9 @@ class GceNotices:
                 raise ValueError(f"{url}: the answer is not the metadata server's")
             return r.read(256).decode("ascii", "replace").strip(), r.headers.get("ETag") or ""
 
-    def look(self, key: str, etag: str = "") -> tuple[bool, str]:
-        """One read (waiting on ``etag`` if given); (told, the ETag to wait on next)."""
-        value, etag = self.read(key, etag)
+    def look(self, key: str, wait: bool = False, etag: str = "") -> tuple[bool, str]:
+        """One read (waiting for a change if ``wait``); (told, the ETag to wait on next)."""
+        value, etag = self.read(key, wait, etag)
         wanted, action = self.KEYS[key]
         if value != wanted:
             return False, etag
@@ -291,15 +293,17 @@ class GceNotices:
         return True
 
     def watch(self, key: str) -> None:
-        etag = ""
+        """Read ``key`` now, then wait on it for as long as nothing is told."""
+        waiting, etag = False, ""
         while not self.told.is_set():
             try:
-                done, etag = self.look(key, etag)
+                done, etag = self.look(key, waiting, etag)
                 if done:
                     return
+                waiting = True
             except (OSError, ValueError) as exc:  # URLError and HTTPError are OSErrors
                 say(f"notice {key}: {type(exc).__name__}: {exc}")
-                etag = ""  # read afresh: a change may have been missed meanwhile
+                waiting, etag = False, ""  # read afresh: a change may have come meanwhile
                 time.sleep(self.RETRY)
 
 

@@ -218,8 +218,13 @@ def test_the_agent_waits_on_the_metadata_server_and_tells_a_preemption_once(
     port = emu.meta.serve_here(inst.id)
     notices = GceNotices(f"http://127.0.0.1:{port}", f"http://127.0.0.1:{node_api.server_port}")
     assert notices.look("preempted") == (False, notices.read("preempted")[1])  # FALSE
+    # no ETag known: a wait is for a change from the value when asked (never a busy poll)
+    held = threading.Thread(target=notices.read, args=("preempted", True), daemon=True)
+    held.start()
+    wait(lambda: emu.meta.waiting(inst.id) == 1, 10, "the read held")
+    assert held.is_alive()
     notices.start()
-    wait(lambda: emu.meta.waiting(inst.id) == 2, 10, "both keys waited on")
+    wait(lambda: emu.meta.waiting(inst.id) == 3, 10, "both keys waited on")
     emu.preempt(inst.id, 1.0)
     wait(lambda: notices.told.is_set(), 10, "the notice told")
     assert node_api.told == [{"path": "/v1/notice", "action": "preempted"}]
