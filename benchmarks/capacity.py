@@ -62,54 +62,39 @@ def config(tmp: Path, port: int, run: int) -> Config:
     return load_config(path)
 
 
-def one_job(emu: Ec2Emulator, run: int, refuse: bool) -> tuple[int, float, float]:
-    """(placement calls, spot -> on-demand seconds or 0, launch seconds) of one job."""
+def one_job(emu: Ec2Emulator | GceEmulator, run: int, refuse: bool) -> tuple[int, float, float]:
+    """(placement calls, spot -> on-demand seconds or 0, launch seconds) of one job: EC2's
+    placement calls, or GCE's (and any wait for a policy's insert)."""
+    gce = isinstance(emu, GceEmulator)
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         (tmp / "slurm").mkdir()
-        cfg = config(tmp, emu.port, run)
+        if isinstance(emu, GceEmulator):
+            cfg = gce_config(tmp, emu.port, cluster=f"cap{run}-{time.time_ns() % 10**9}")
+            set_spot = emu.set_spot
+        else:
+            cfg = config(tmp, emu.port, run)
+            set_spot = emu.market.set_spot
         dm = daemon(cfg, tmp)
         prov = dm.prov
         requested(prov, *NODES, jobs=JOB)
-        emu.market.set_spot("refuse" if refuse else "")
+        set_spot("refuse" if refuse else "")
         emu.calls.clear()
         emu.timeline.clear()
         started = time.perf_counter()
         launch_batch(prov, NODES)
         took = time.perf_counter() - started
-        runs = [t for t, action, _ in emu.timeline if action == "RunInstances"]
+        launch = "bulkInsert" if gce else "RunInstances"
+        runs = [t for t, action, _ in emu.timeline if action == launch]
         fallback = runs[1] - runs[0] if refuse and len(runs) == 2 else 0.0
+        waits = emu.calls.get("operations.wait", 0) - len(runs) if gce else 0  # a policy's
         for n in NODES:
             prov.store.update(n, want=Want.DOWN)
             prov.drive(n)
         dm.reconciler.pass_once()
-        calls = sum(emu.calls.get(a, 0) for a in PLACEMENT_CALLS)
-        emu.market.set_spot("")
-        return calls, fallback, took
-
-
-def one_gce_job(emu: GceEmulator, run: int, refuse: bool) -> tuple[int, float, float]:
-    """GCE's (placement calls and waits, spot -> on-demand seconds or 0, launch seconds)."""
-    with tempfile.TemporaryDirectory() as d:
-        tmp = Path(d)
-        dm = daemon(gce_config(tmp, emu.port, cluster=f"cap{run}-{time.time_ns() % 10**9}"), tmp)
-        prov = dm.prov
-        requested(prov, *NODES, jobs=JOB)
-        emu.set_spot("refuse" if refuse else "")
-        emu.calls.clear()
-        emu.timeline.clear()
-        started = time.perf_counter()
-        launch_batch(prov, NODES)
-        took = time.perf_counter() - started
-        bulk = [t for t, method, _ in emu.timeline if method == "bulkInsert"]
-        fallback = bulk[1] - bulk[0] if refuse and len(bulk) == 2 else 0.0
-        waits = emu.calls.get("operations.wait", 0) - len(bulk)  # beyond the bulk inserts'
-        for n in NODES:
-            prov.store.update(n, want=Want.DOWN)
-            prov.drive(n)
-        dm.reconciler.pass_once()
-        calls = sum(emu.calls.get(a, 0) for a in GCE_PLACEMENT_CALLS) + waits
-        emu.set_spot("")
+        names = GCE_PLACEMENT_CALLS if gce else PLACEMENT_CALLS
+        calls = sum(emu.calls.get(a, 0) for a in names) + waits
+        set_spot("")
         return calls, fallback, took
 
 
@@ -124,14 +109,13 @@ def main() -> None:
     ec2 = None if gce else Ec2Emulator(scale=Scale(throttle=0.0, boot=0.0, console=0.0))
     call = "bulkInsert" if gce else "RunInstances"
 
-    def job(run: int, refuse: bool) -> tuple[int, float, float]:
-        if gce is not None:
-            return one_gce_job(gce, run, refuse)
-        assert ec2 is not None
-        return one_job(ec2, run, refuse)
-
     emu = gce or ec2
     assert emu is not None
+
+    def job(run: int, refuse: bool) -> tuple[int, float, float]:
+        assert emu is not None
+        return one_job(emu, run, refuse)
+
     emu.start()
     try:
         placed = [job(i, refuse=False)[0] for i in range(RUNS)]

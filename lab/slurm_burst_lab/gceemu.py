@@ -856,11 +856,16 @@ class GceEmulator:
         if (mtype, zone) in self.room:
             self.room[(mtype, zone)] -= n
 
-    def _insert(self, zone: str, body: Any, q: Mapping[str, str]) -> dict[str, Any]:
-        self._zone(zone)
+    def _created(self, body: Any, q: Mapping[str, str]) -> dict[str, Any] | None:
+        """A create's first checks: its resource named; the operation a request with
+        this ``requestId`` made already (None: a new request)."""
         if not isinstance(body, dict) or not body.get("name"):
             raise ApiError(400, "required", "Required field 'resource.name' not specified")
-        again = self._repeated(q)
+        return self._repeated(q)
+
+    def _insert(self, zone: str, body: Any, q: Mapping[str, str]) -> dict[str, Any]:
+        self._zone(zone)
+        again = self._created(body, q)
         if again is not None:
             return again
         name = str(body["name"])
@@ -1125,9 +1130,7 @@ class GceEmulator:
 
     def _policy_insert(self, region: str, body: Any, q: Mapping[str, str]) -> dict[str, Any]:
         self._region(region)
-        if not isinstance(body, dict) or not body.get("name"):
-            raise ApiError(400, "required", "Required field 'resource.name' not specified")
-        again = self._repeated(q)
+        again = self._created(body, q)
         if again is not None:
             return again
         name = str(body["name"])

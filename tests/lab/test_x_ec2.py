@@ -19,6 +19,7 @@ from slurm_burst_lab.service import Lab
 
 from slurm_burst.adapters.state.store import Store
 from slurm_burst.config import Config
+from slurm_burst.core.records import NodeRecord
 from tests.conftest import wait
 from tests.lab.conftest import CLOUD_JOIN, sh
 
@@ -231,19 +232,6 @@ def test_spot_withheld_falls_back_after_the_wait_and_the_job_runs(
     _release(env, lab, store, nodes)
 
 
-# A job that checkpoints on its --signal: the batch shell notes when USR1 came (in the
-# shared directory) and goes on; a rerun (after the requeue) finishes at once.
-CHECKPOINTING = """#!/bin/sh
-#SBATCH --signal=B:USR1@60
-trap 'date +%s.%N > "{shared}/usr1.$SLURM_JOB_ID"' USR1
-if [ "${{SLURM_RESTART_COUNT:-0}}" -gt 0 ]; then
-    echo "rerun $SLURM_RESTART_COUNT on $(hostname)"; exit 0
-fi
-echo "first run on $(hostname)"
-while :; do sleep 0.2; done
-"""
-
-
 def test_an_interruption_notice_signals_the_job_which_is_requeued_and_completes_elsewhere(
     lab: Lab, lab_config: Config, env: dict[str, str], store: Store
 ) -> None:
@@ -252,45 +240,14 @@ def test_an_interruption_notice_signals_the_job_which_is_requeued_and_completes_
     shell gets the USR1 it asked for within seconds, the job is requeued before the
     reclaim and runs again on a replacement (on-demand: the spot size cooled down), and
     the ledger records the reclaim."""
-    from pathlib import Path
-
-    from tests.lab.test_x_burst import job, sbatch, wait_job
+    from tests.lab.reclaim import reclaimed_job_runs_again
 
     _thaw_spot(store)
-    shared = lab.lab.shared_dir
-    script = Path(shared, "checkpointing.sh")
-    script.write_text(CHECKPOINTING.format(shared=shared))
-    start = max((e["id"] for e in store.events(limit=10**6)), default=0)
-    job_id = sbatch(env, shared, "-p", "burst-spot", "-N1", "--open-mode=append", str(script))
-    wait(lambda: job(env, job_id).get("JobState") == "RUNNING", 180, "the job running")
-    node = job(env, job_id)["NodeList"]
-    rec = store.node(node)
-    assert rec is not None and rec.market == "spot", rec
-    output = Path(shared, f"{job_id}.out")
-    wait(lambda: output.exists() and "first run" in output.read_text(errors="replace"), 30,
-         "the job's first output")  # fmt: skip
-    noticed = time.time()
-    emulator(lab_config, f"interrupt?instance={rec.instance_id}&in=30")
-    mark = Path(shared, f"usr1.{job_id}")
-    wait(lambda: mark.exists() and mark.read_text().strip(), 20, "the job's USR1")
-    took = float(mark.read_text()) - noticed
-    assert took <= 10, f"USR1 {took:.1f} s after the notice"
-    info = wait_job(env, job_id, timeout=240)
-    out = Path(shared, f"{job_id}.out").read_text(errors="replace")
-    assert info["JobState"] == "COMPLETED" and out.count("first run") == 1, (info, out)
-    assert re.search(r"^rerun [12] on ", out, re.M), out  # requeued (once; twice is a race)
-    events = store.events(since_id=start, limit=10**6)
-    kinds = {e["event"] for e in events}
-    assert {"spot.interruption", "job.signalled", "job.requeued"} <= kinds, kinds
-    again = store.node(info["NodeList"])
-    assert again is not None and again.instance_id != rec.instance_id and again.market == ""
-    from slurm_burst.wiring import ledger
 
-    def reclaimed() -> list[dict[str, Any]]:
-        rows = ledger.ledger(lab_config).instances()
-        return [r for r in rows if r["instance_id"] == rec.instance_id and r["terminated"]]
+    def notice(rec: NodeRecord) -> object:
+        return emulator(lab_config, f"interrupt?instance={rec.instance_id}&in=30")
 
-    (row,) = wait(reclaimed, 30, "the reclaim in the ledger")
-    assert row["failure_code"] == "SpotInterruption", row
+    took, again, _ = reclaimed_job_runs_again(lab, lab_config, env, store, "burst-spot", notice,
+                                              "SpotInterruption")  # fmt: skip
     CLOUD_JOIN["interruption notice -> USR1"] = {"seconds": f"{took:.2f}"}
-    _release(env, lab, store, [info["NodeList"]])
+    _release(env, lab, store, [again.name])

@@ -25,6 +25,7 @@ from slurm_burst_lab.service import Lab
 
 from slurm_burst.adapters.state.store import Store
 from slurm_burst.config import Config
+from slurm_burst.core.records import NodeRecord
 from tests.conftest import wait
 from tests.lab.conftest import CLOUD_JOIN, sh
 
@@ -263,45 +264,15 @@ def test_a_preemption_signals_the_job_which_is_requeued_and_completes_on_a_repla
     the USR1 it asked for within seconds, the job is requeued before the VM is deleted
     (30 s after the notice) and runs again on a replacement (on-demand: the Spot size
     cooled down), and the ledger records the reclaim as ``Preempted``."""
-    from tests.lab.test_x_burst import job, sbatch, wait_job
-    from tests.lab.test_x_ec2 import CHECKPOINTING
+    from tests.lab.reclaim import reclaimed_job_runs_again
 
     _thaw_spot(store)
-    shared = lab.lab.shared_dir
-    script = Path(shared, "gce-checkpointing.sh")
-    script.write_text(CHECKPOINTING.format(shared=shared))
-    start = max((e["id"] for e in store.events(limit=10**6)), default=0)
-    job_id = sbatch(env, shared, "-p", "burst-gspot", "-N1", "--open-mode=append", str(script))
-    wait(lambda: job(env, job_id).get("JobState") == "RUNNING", 180, "the job running")
-    node = job(env, job_id)["NodeList"]
-    rec = store.node(node)
-    assert rec is not None and rec.market == "spot", rec
-    output = Path(shared, f"{job_id}.out")
-    wait(lambda: output.exists() and "first run" in output.read_text(errors="replace"), 30,
-         "the job's first output")  # fmt: skip
-    noticed = time.time()
-    emulator(lab_config, f"preempt?instance={rec.instance_id}&in=30")
-    mark = Path(shared, f"usr1.{job_id}")
-    wait(lambda: mark.exists() and mark.read_text().strip(), 20, "the job's USR1")
-    took = float(mark.read_text()) - noticed
-    assert took <= 10, f"USR1 {took:.1f} s after the preemption"
-    info = wait_job(env, job_id, timeout=240)
-    out = output.read_text(errors="replace")
-    assert info["JobState"] == "COMPLETED" and out.count("first run") == 1, (info, out)
-    assert re.search(r"^rerun [12] on ", out, re.M), out
-    events = store.events(since_id=start, limit=10**6)
-    kinds = {e["event"] for e in events}
-    assert {"spot.interruption", "job.signalled", "job.requeued"} <= kinds, kinds
+
+    def preempt(rec: NodeRecord) -> object:
+        return emulator(lab_config, f"preempt?instance={rec.instance_id}&in=30")
+
+    took, again, events = reclaimed_job_runs_again(lab, lab_config, env, store, "burst-gspot",
+                                                   preempt, "Preempted")  # fmt: skip
     assert any("Preempted" in e["detail"] for e in events if e["event"] == "spot.interruption")
-    again = store.node(info["NodeList"])
-    assert again is not None and again.instance_id != rec.instance_id and again.market == ""
-    from slurm_burst.wiring import ledger
-
-    def reclaimed() -> list[dict[str, Any]]:
-        rows = ledger.ledger(lab_config).instances()
-        return [r for r in rows if r["instance_id"] == rec.instance_id and r["terminated"]]
-
-    (row,) = wait(reclaimed, 30, "the reclaim in the ledger")
-    assert row["failure_code"] == "Preempted", row
     CLOUD_JOIN["gce preemption -> USR1"] = {"seconds": f"{took:.2f}"}
-    _release(env, lab, store, [info["NodeList"]], {again.instance_id})
+    _release(env, lab, store, [again.name], {again.instance_id})
