@@ -5,7 +5,10 @@ bridge. The daemon launches a job's nodes with one ``bulkInsert``, reads their h
 from the guest attributes Google's guest environment would publish, joins them over
 WireGuard, and the job runs; then they are released and the ledger prices them at the
 group's GCE rate. And 16 nodes launch and join while the emulator's rate quotas are
-scaled down until it answers ``rateLimitExceeded``.
+scaled down until it answers ``rateLimitExceeded``. And Spot (group ``gcespot``): refused,
+a 4-node job runs on-demand in one compact placement policy, deleted after; withheld,
+the fallback comes after the wait; preempted, the job gets its signal, is requeued and
+completes on a replacement.
 """
 
 from __future__ import annotations
