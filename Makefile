@@ -57,13 +57,15 @@ lab-down: venv
 # a share of the rest, so that each newer release is
 # covered and CI stays in its time: 24.11 a requeue through the prolog, the faults that
 # touch Slurm's states and an array's stage-in (burst_buffer/lua's hooks' arguments
-# differ by release), a spot launch whose capacity never comes, two cloud nodes talking
-# off the hub (the ledger's read of its sacct: test_slurm_versions, in 22.05's run);
+# differ by release), a spot launch whose capacity never comes (EC2's and GCE's), two
+# cloud nodes talking off the hub (the ledger's read of its sacct: test_slurm_versions,
+# in 22.05's run);
 # 26.05 the ledger and a budget Slurm enforces, the burst policy's read and update of the
 # queue, stage-in's bad copy sent again and sensitive data
 # refused, stage-out's outputs home before release, a spot refusal run on-demand in a
-# placement group, an interruption notice's signal and requeue, and a node group's cap
-# (its drain of powered-down nodes and a hand-made power_up refused).
+# placement group and an interruption notice's signal and requeue (EC2's and GCE's: its
+# VMs boot 26.05's image), and a node group's cap (its drain of powered-down nodes and a
+# hand-made power_up refused).
 # The whole suite runs on the host's release (22.05) first, but for those two shares:
 # each runs once, on its own release (CI's time; the code under them is the same).
 LAB_RELEASES := 24.11 26.05
@@ -77,6 +79,7 @@ VERSION_TESTS_24.11 := \
 	tests/lab/test_y_faults.py::test_slurmctld_restarted_mid_resume \
 	tests/lab/test_x_stage.py::test_each_task_of_an_array_gets_its_data \
 	tests/lab/test_x_ec2.py::test_spot_withheld_falls_back_after_the_wait_and_the_job_runs \
+	tests/lab/test_x_gce.py::test_spot_withheld_falls_back_after_the_wait_and_the_job_runs \
 	tests/lab/test_x_mesh_direct.py
 # The suspend path (SuspendTime, the SuspendProgram's release) on 26.05 only: 24.11 and
 # 26.05 call it alike (the 23.02 interface); 22.05's own runs on the host.
@@ -89,11 +92,11 @@ VERSION_TESTS_26.05 := \
 	tests/lab/test_x_stage.py::test_outputs_come_home_verified_and_their_node_outlives_suspend_time_until_they_do \
 	tests/lab/test_x_ec2.py::test_spot_refused_runs_a_4_node_job_on_demand_in_one_placement_group \
 	tests/lab/test_x_ec2.py::test_an_interruption_notice_signals_the_job_which_is_requeued_and_completes_elsewhere \
+	tests/lab/test_x_gce.py::test_spot_refused_runs_a_4_node_job_on_demand_in_one_compact_placement_policy \
+	tests/lab/test_x_gce.py::test_a_preemption_signals_the_job_which_is_requeued_and_completes_on_a_replacement \
 	tests/lab/test_x_cap.py
-# On the host's release and again on the newest: the README's make demo (scripts/demo.sh),
-# and a job on GCE VMs end to end (the GCE emulator's instances boot that release's image).
-NEWEST_TOO := tests/lab/test_zy_demo.py \
-	tests/lab/test_x_gce.py::test_a_job_runs_on_gce_vms_bulk_launched_attested_by_guest_attributes_and_joined
+# On the host's release and again on the newest: the README's make demo (scripts/demo.sh).
+NEWEST_TOO := tests/lab/test_zy_demo.py
 NEWEST := 26.05
 version_tests = $(VERSION_TESTS_COMMON) $(VERSION_TESTS_$(1)) \
 	$(if $(filter $(NEWEST),$(1)),$(NEWEST_TOO)) \

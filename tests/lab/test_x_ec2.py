@@ -15,6 +15,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+import pytest
 from slurm_burst_lab.service import Lab
 
 from slurm_burst.adapters.state.store import Store
@@ -85,6 +86,7 @@ WIDE = [f"burst-ec2x-{i}" for i in range(1, 33)]
 SCALE = 0.05  # EC2's buckets at a twentieth: console reads 5 at once and 1 a second
 
 
+@pytest.mark.full  # 1 min: make test-full only (docs/testing.md, the time budget)
 def test_a_burst_of_32_ec2_vms_joins_every_node_and_runs_its_job_while_ec2_throttles(
     lab: Lab, lab_config: Config, env: dict[str, str], store: Store
 ) -> None:

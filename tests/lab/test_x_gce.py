@@ -123,6 +123,7 @@ def _early_in_a_minute() -> None:
         time.sleep(0.2)
 
 
+@pytest.mark.full  # 1 min: make test-full only (docs/testing.md, the time budget)
 def test_16_gce_vms_join_and_run_their_job_while_the_emulator_throttles(
     lab: Lab, lab_config: Config, env: dict[str, str], store: Store
 ) -> None:
