@@ -66,7 +66,7 @@ def parse_notice(body: object, now: float) -> Notice:
     action, when = body.get("action"), body.get("time")
     if isinstance(action, str) and action in GCE_ACTIONS:
         return Notice(action, now + GCE_LEAD, GCE_ACTIONS[action])
-    if action not in ACTIONS:
+    if not isinstance(action, str) or action not in ACTIONS:  # a list is no action
         known = ", ".join(sorted(ACTIONS | set(GCE_ACTIONS)))
         raise ValueError(f"action {str(action)[:40]!r}: one of {known}")
     if not isinstance(when, str) or len(when) > 40:

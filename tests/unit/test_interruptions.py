@@ -66,8 +66,11 @@ def test_the_signal_a_job_asked_for_is_read_from_its_script(
         ({"action": "stop", "time": "soon"}, "ISO 8601"),
         ({"action": "stop", "time": 5}, "ISO 8601"),
         (["terminate"], "JSON object"),
+        ({"action": ["preempted"], "time": "2026-11-27T15:00:00Z"}, "action"),
+        ({"action": {"a": 1}}, "action"),
     ],
-    ids=["ec2", "bad-action", "bad-time", "number-time", "a-list"],
+    ids=["ec2", "bad-action", "bad-time", "number-time", "a-list", "action-a-list",
+         "action-an-object"],
 )  # fmt: skip
 def test_a_notice_is_checked(body: object, error: str) -> None:
     if error:
