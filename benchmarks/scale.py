@@ -48,11 +48,9 @@ sys.path.insert(0, str(ROOT))
 from launch import burners, daemon_parts, resume  # noqa: E402
 from slurm_burst_lab.ec2emu import RemoteEmulator, Scale, bucket_of  # noqa: E402
 from slurm_burst_lab.gceemu import (  # noqa: E402
-    ACCOUNT,
     DEFAULT_QUOTAS,
     QUOTA_GROUP,
     RemoteGceEmulator,
-    write_key_file,
 )
 
 from slurm_burst.config import Config, load_config  # noqa: E402
@@ -62,6 +60,7 @@ from slurm_burst.core.records import NodeRecord  # noqa: E402
 from slurm_burst.wiring.daemon import assemble  # noqa: E402
 from tests.fakes.slurm import FakeScheduler  # noqa: E402
 from tests.integration.ec2config import CONFIG  # noqa: E402
+from tests.integration.gcetools import gce_text  # noqa: E402
 
 GOALS = {
     "calls_per_joined_node": 3.0,
@@ -76,38 +75,14 @@ GOALS = {
 GCE_GOALS = {k: v for k, v in GOALS.items() if k not in ("peak_calls_per_s",
              "max_sustained_action_rate_ratio")} | {"max_quota_window_ratio": 1.0}  # fmt: skip
 
-# the GCE profile and node group, in place of the EC2 ones of the EC2 tests' config
-GCE = """
-[providers.gcp]
-driver = "gce"
-region = "us-central1"
-zone = "us-central1-a"
-credentials = {{ key_env = "SB_BENCH_GCE_ACCOUNT", secret_env = "SB_BENCH_GCE_KEY_FILE" }}
-options = {{ project = "burst-lab", endpoint = "{endpoint}", credential_file = "{tmp}/token" }}
-
-[node_groups.cpu]
-pattern = "gce-{{n}}"
-count = {nodes}
-partition = "burst-gce"
-providers = ["gcp"]
-sizes = ["n2-standard-2"]
-image = "slurm-burst-node-v1"
-cpus = 2
-memory_mb = 3500
-price_per_hour = {{ "n2-standard-2" = 0.0971 }}
-
-"""
-
 
 def config(tmp: Path, port: int, nodes: int, provider: str = "ec2") -> Config:
     cluster = f"scale-{time.time_ns() % 10**9}"
-    text = CONFIG.format(cluster=cluster, tmp=tmp, port=port, spot="false")
-    text = text.replace("count = 64", f"count = {nodes}")
-    if provider == "gce":
-        head, rest = text.split("[providers.aws]", 1)
-        tail = rest[rest.index("[ledger]") :]
-        text = head + GCE.format(endpoint=f"http://127.0.0.1:{port}", tmp=tmp,
-                                 nodes=nodes) + tail  # fmt: skip
+    if provider == "gce":  # the GCE tests' profile (its key file made under tmp)
+        text = gce_text(tmp, port, cluster, count=nodes)
+    else:
+        text = CONFIG.format(cluster=cluster, tmp=tmp, port=port, spot="false")
+        text = text.replace("count = 64", f"count = {nodes}")
     text = text.replace("workers = 8\n", "")  # the defaults: 64 workers, 200 join slots
     text = text.replace("api_backoff = 0.01\napi_backoff_max = 0.05\n", "")
     text = text.replace("poll_period = 1\n", "poll_period = 10\n")
@@ -121,7 +96,6 @@ def run(nodes: int, scale: Scale, join_s: float, provider: str = "ec2") -> dict[
     with tempfile.TemporaryDirectory() as d:
         emu: RemoteEmulator | RemoteGceEmulator
         if provider == "gce":
-            os.environ["SB_BENCH_GCE_KEY_FILE"] = str(write_key_file(Path(d) / "sa.json"))
             emu = RemoteGceEmulator(scale.throttle, scale.boot, scale.console)
         else:
             emu = RemoteEmulator(scale)
@@ -313,7 +287,6 @@ def main() -> None:
     args = ap.parse_args()
     os.environ.setdefault("SB_TEST_AWS_KEY", "AKIDEMULATOR000000000")
     os.environ.setdefault("SB_TEST_AWS_SECRET", "emulator-secret")
-    os.environ.setdefault("SB_BENCH_GCE_ACCOUNT", ACCOUNT)
     if args.provider == "gce" and not args.bucket_scale > 0:
         ap.error("--bucket-scale: GCE's quotas times a factor above 0")
     with burners(args.burners):

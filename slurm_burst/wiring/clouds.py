@@ -130,5 +130,5 @@ def notice_providers(cfg: Config) -> dict[str, tuple[str, ...]]:
     node agent's arguments that read it (EC2: the spot ``instance-action`` of the
     instance metadata service; GCE: the metadata server's ``preempted`` and
     ``maintenance-event``)."""
-    out = {n: provider(p.driver).interruption_notices for n, p in cfg.providers.items()}
-    return {n: kind for n, kind in out.items() if kind}
+    return {n: args for n, p in cfg.providers.items()
+            if (args := provider(p.driver).interruption_notices)}  # fmt: skip

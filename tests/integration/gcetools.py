@@ -140,10 +140,9 @@ def batch_spec(names: tuple[str, ...], token: str, least: int = 0, size: str = "
                       names=names, spot=True)  # fmt: skip
 
 
-# The daemon on the GCE emulator: the EC2 tests' config with a GCE profile in place of
-# the EC2 one, an on-demand group ("cpu") and a Spot group that falls back to it, one
-# compact placement policy per job.
-GCE_GROUPS = """
+# The daemon on the GCE emulator: the EC2 tests' config with a GCE profile and an
+# on-demand group ("cpu") in place of the EC2 ones (the scale benchmark's too) ...
+GCE_PROFILE = """
 [providers.gcp]
 driver = "gce"
 region = "us-central1"
@@ -157,7 +156,7 @@ credential_file = "{tmp}/token"
 
 [node_groups.cpu]
 pattern = "gce-{{n}}"
-count = 8
+count = {count}
 partition = "burst-gce"
 providers = ["gcp"]
 sizes = ["n2-standard-2"]
@@ -166,6 +165,9 @@ cpus = 2
 memory_mb = 3500
 price_per_hour = {{ "n2-standard-2" = 0.0971 }}
 
+"""
+# ... and a Spot group that falls back to it, one compact placement policy per job
+SPOT_GROUP = """
 [node_groups.spot]
 pattern = "spot-{{n}}"
 count = 8
@@ -184,12 +186,11 @@ price_per_hour = {{ "n2-standard-2" = 0.0971 }}
 """
 
 
-def gce_config(tmp: Path, port: int, wait: float = 30.0, cluster: str = "") -> Any:
-    """The daemon's config on the GCE emulator at ``port`` (its service account key made
-    under ``tmp``; the credentials' variables set in this process)."""
-    import time
-
-    from slurm_burst.config import load_config
+def gce_text(tmp: Path, port: int, cluster: str, count: int = 8, extra: str = "") -> str:
+    """The EC2 tests' config text with :data:`GCE_PROFILE` (``count`` nodes in its group)
+    and ``extra`` in place of the EC2 profile and group, for the GCE emulator at
+    ``port``; its service account key made under ``tmp``, the credentials' variables
+    set in this process."""
     from tests.integration.ec2config import CONFIG
 
     key = tmp / "sa.json"
@@ -197,11 +198,21 @@ def gce_config(tmp: Path, port: int, wait: float = 30.0, cluster: str = "") -> A
         write_key_file(key)
     os.environ["SB_TEST_GCE_ACCOUNT"] = "slurm-burst@burst-lab.iam.gserviceaccount.com"
     os.environ["SB_TEST_GCE_KEY_FILE"] = str(key)
-    (tmp / "slurm").mkdir(exist_ok=True)
-    text = CONFIG.format(cluster=cluster or f"g{time.time_ns() % 10**9}", tmp=tmp, port=port,
-                         spot="false")  # fmt: skip
+    text = CONFIG.format(cluster=cluster, tmp=tmp, port=port, spot="false")
     head, rest = text.split("[providers.aws]", 1)
-    text = head + GCE_GROUPS.format(port=port, tmp=tmp, wait=wait) + rest[rest.index("[ledger]") :]
+    profile = GCE_PROFILE.format(port=port, tmp=tmp, count=count)
+    return head + profile + extra + rest[rest.index("[ledger]") :]
+
+
+def gce_config(tmp: Path, port: int, wait: float = 30.0, cluster: str = "") -> Any:
+    """The daemon's config on the GCE emulator at ``port``, with the Spot group."""
+    import time
+
+    from slurm_burst.config import load_config
+
+    (tmp / "slurm").mkdir(exist_ok=True)
+    text = gce_text(tmp, port, cluster or f"g{time.time_ns() % 10**9}",
+                    extra=SPOT_GROUP.format(wait=wait))  # fmt: skip
     text = text.replace("[slurm]\n", "[slurm]\nresume_timeout = 900\n")
     path = tmp / "slurm-burst.toml"
     path.write_text(text)

@@ -292,12 +292,15 @@ class Gce(Provider):
         waited for) waits for that insert, then is made again, once."""
         from libcloud.common.google import GoogleBaseError
 
-        conn = cloud.driver.connection
+        def post() -> dict[str, Any]:
+            answer = cloud.driver.connection.request(path, method="POST", data=body,
+                                                     params={"requestId": rid})  # fmt: skip
+            return dict(answer.object)
+
         making = cloud.remembered("gce-policy-ops", dict)  # policy -> (region, its insert)
         policy = policy_name(spec.placement_group) if spec.placement_group else ""
         try:
-            op = dict(conn.request(path, method="POST", data=body,
-                                   params={"requestId": rid}).object)  # fmt: skip
+            op = post()
         except GoogleBaseError as exc:
             if str(getattr(exc, "code", "")) not in NOT_READY or policy not in making:
                 raise
@@ -308,8 +311,7 @@ class Gce(Provider):
             if failure is not None:
                 raise failure from exc
             cloud.turn("instances.bulkInsert")
-            op = dict(conn.request(path, method="POST", data=body,
-                                   params={"requestId": rid}).object)  # fmt: skip
+            op = post()
         making.pop(policy, None)
         return op
 
