@@ -78,6 +78,8 @@ class CapacityError(CloudError):
 class ThrottledError(CloudError):
     code = "RequestLimitExceeded"
     retryable = True
+    after = 0.0  # seconds the provider said to wait (Retry-After); 0: not said
+    counted = False  # counted and paced already where it was answered (a metered request)
 
 
 class Busy(ThrottledError):
@@ -124,10 +126,12 @@ CODES: dict[str, type[CloudError]] = {
     "SpotMaxPriceTooLow": CapacityError,
     "ZONE_RESOURCE_POOL_EXHAUSTED": CapacityError,
     "SkuNotAvailable": CapacityError,
+    "OverconstrainedAllocationRequest": CapacityError,  # Azure
     "RequestLimitExceeded": ThrottledError,
     "Throttling": ThrottledError,
     "ServiceUnavailable": ThrottledError,
     "rateLimitExceeded": ThrottledError,
+    "SubscriptionRequestsThrottled": ThrottledError,  # Azure ARM, 429
     "AuthFailure": AuthError,
     "UnauthorizedOperation": AuthError,
     "InvalidClientTokenId": AuthError,

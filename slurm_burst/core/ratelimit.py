@@ -92,6 +92,15 @@ class TokenBucket:
         self._refill(now)
         return self.tokens
 
+    def observe(self, now: float, remaining: float) -> None:
+        """The provider said ``remaining`` calls are left in its bucket (Azure's
+        ``x-ms-ratelimit-remaining-*``): others spend the account's bucket too, so ours
+        never holds more than that; it is not raised (calls promised are promised)."""
+        if self.rate == 0 or not math.isfinite(remaining):
+            return
+        self._refill(now)
+        self.tokens = min(self.tokens, max(0.0, remaining))
+
     def cut(self, now: float) -> None:
         """The provider said we went too fast: nothing saved up, the rate cut."""
         if self.rate == 0:
@@ -327,6 +336,10 @@ class ApiBudgets:
         if window is None or api in self.overrides:
             own = max(own, self._bucket(api).ready_in(now))
         return max(own, self._total.ready_in(now))
+
+    def observe(self, api: str, now: float, remaining: float) -> None:
+        """What the provider said is left of ``api``'s bucket (:meth:`TokenBucket.observe`)."""
+        self._bucket(api).observe(now, remaining)
 
     def throttled(self, api: str, now: float, wall: float | None = None) -> None:
         window = self._window(api)

@@ -53,7 +53,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
 
-from slurm_burst.core.cloud import NODE_TAG, Instance
+from slurm_burst.core.cloud import NODE_TAG, TOKEN_TAG, Instance
 from slurm_burst.core.mesh import Peer
 from slurm_burst.core.nodestate import LIVE, RESUMING, NodeState, Want
 from slurm_burst.core.records import GroupHealth
@@ -80,6 +80,8 @@ class Tracked(Protocol):
     def size(self) -> str: ...
     @property
     def instance_id(self) -> str: ...
+    @property
+    def token(self) -> str: ...
     @property
     def wg_pubkey(self) -> str: ...
     @property
@@ -195,9 +197,15 @@ def _orphans(snap: Snapshot, policy: Policy, suspect: _Suspect) -> Iterable[Acti
     if snap.instances is None:
         return
     holders = {r.instance_id: r for r in snap.records.values() if r.instance_id and r.state in LIVE}
+    # a launch still waiting for its answer: what it made carries its token (Azure's
+    # scale-out names its VMs itself; they are listed before the launch returns)
+    launching = {r.token for r in snap.records.values()
+                 if r.state == NodeState.LAUNCHING and r.token}  # fmt: skip
     for provider, instances in snap.instances.items():
         for inst in instances:
             if inst.state in DEAD_INSTANCE or _owner(snap, inst, holders) is not None:
+                continue
+            if inst.tags.get(TOKEN_TAG, "") in launching:
                 continue
             if suspect(f"instance:{provider}:{inst.id}") >= policy.orphan_grace:
                 node = inst.tags.get(NODE_TAG, "") or inst.name

@@ -131,6 +131,11 @@ class SharedBudget:
         with self._lock:
             self.budgets.throttled(api, self.monotonic(), self.wall())
 
+    def observe(self, api: str, remaining: float) -> None:
+        """The provider said what is left of ``api``'s bucket in an answer."""
+        with self._lock:
+            self.budgets.observe(api, self.monotonic(), remaining)
+
     def levels(self) -> dict[str, float]:
         with self._lock:
             return self.budgets.levels(self.monotonic(), self.wall())
@@ -166,6 +171,9 @@ class ManagedCloud:
         self._apis = dict(apis)
         if hasattr(cloud, "turn"):  # a call that makes more inside (GCE's bulk launch's
             cloud.turn = self._wait_turn  # wait and listing) takes their turns here too
+        self._local = threading.local()  # the key of a call that may not wait, if one
+        if hasattr(cloud, "meter"):  # a provider's connection that paces each request
+            cloud.meter = BudgetMeter(self)  # (Azure) takes its turns here
 
     def api(self, call: str) -> str:
         """The provider's API behind one of our calls (EC2: ``get`` is DescribeInstances)."""
@@ -184,16 +192,21 @@ class ManagedCloud:
                     raise Busy(f"{self.name}: {api}: our budget's turn comes later", after)
             started = time.monotonic()
             error: str | None = None
+            self._local.key = None if wait else (str(args[0]) if args else "")
             try:
                 result = fn(*args)
+            except Busy:
+                raise  # our own budget said later (a metered request): no call was made
             except CloudError as exc:
                 error = exc.code
                 if not exc.retryable:
                     raise
-                self._throttled_answer(api)
+                if not getattr(exc, "counted", False):
+                    self._throttled_answer(api)
                 if not wait or attempt + 1 >= self.attempts:
                     raise
                 delay = backoff(attempt, self.base, self.cap, self.rand())
+                delay = max(delay, min(self.cap, getattr(exc, "after", 0.0)))  # Retry-After
                 log.warning(
                     "cloud.throttled provider=%s call=%s code=%s attempt=%d retry_in=%.2f",
                     self.name,
@@ -205,6 +218,7 @@ class ManagedCloud:
                 self.sleep(delay)
                 continue
             finally:
+                self._local.key = None
                 if self.metrics is not None:
                     self.metrics.cloud_call(self.name, call, time.monotonic() - started, error)
             return result
@@ -281,3 +295,48 @@ class ManagedCloud:
         :class:`Busy` (the caller comes back later: it holds no thread meanwhile). A
         throttled answer is raised at once, for the same reason."""
         return self._call("host_keys", self.inner.host_keys, instance_id, size, wait=False)
+
+
+class BudgetMeter:
+    """The pacing of a provider connection's every request (Azure's: ARM counts each as a
+    read, a write or a delete, per subscription and principal), from the managed cloud's
+    shared budget: a request waits its turn, or raises :class:`Busy` in a call that may
+    not wait (a booting node's host-key read); what an answer says is left is taken in;
+    a throttled answer cuts that kind's rate, is counted, and is repeated after its
+    ``Retry-After`` (up to the call's attempts) unless the call may not wait."""
+
+    def __init__(self, managed: ManagedCloud) -> None:
+        self.managed = managed
+        self._repeats = threading.local()
+
+    def _key(self) -> str | None:
+        return getattr(self.managed._local, "key", None)
+
+    def before(self, kind: str) -> None:
+        key = self._key()
+        if key is None:
+            self.managed.budget.wait_turn(kind, self.managed.sleep)
+            return
+        after = self.managed.budget.turn(kind, key)
+        if after > 0:
+            raise Busy(f"{self.managed.name}: {kind}: our budget's turn comes later", after)
+
+    def after(self, kind: str, remaining: float) -> None:
+        self._repeats.n = 0
+        self.managed.budget.observe(kind, remaining)
+
+    def throttled(self, kind: str, retry_after: float) -> bool:
+        m = self.managed
+        m.budget.throttled(kind)
+        if m.metrics is not None:
+            m.metrics.api_throttled(m.name, kind)
+        n = getattr(self._repeats, "n", 0) + 1
+        self._repeats.n = n
+        if self._key() is not None or n >= m.attempts:
+            self._repeats.n = 0
+            return False
+        delay = max(backoff(n - 1, m.base, m.cap, m.rand()), min(m.cap, retry_after))
+        log.warning("cloud.throttled provider=%s call=%s attempt=%d retry_in=%.2f",
+                    m.name, kind, n, delay)  # fmt: skip
+        m.sleep(delay)
+        return True

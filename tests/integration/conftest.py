@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 
+from tests.integration.azuretools import azure_emu  # noqa: F401  (a fixture: the Azure emulator)
 from tests.integration.ec2config import cfg_factory  # noqa: F401  (a fixture)
 from tests.integration.gcetools import driver, emu  # noqa: F401  (fixtures: the GCE emulator)
 from tests.providers import azure, gce, http, openstack  # noqa: F401  (fixtures)

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from slurm_burst_lab.gceemu import PROJECT, GceEmulator, Quotas, matches
 
-from slurm_burst.adapters.cloud.providers.gce import split_endpoint
+from slurm_burst.adapters.cloud.providers import split_endpoint
 from tests.integration.gcetools import (
     IMAGE,
     SCHEMAS,

@@ -1,11 +1,11 @@
-"""Azure ARM and OpenStack (and GCE's listing) at the HTTP boundary: no emulator runs
+"""OpenStack (and the listings of GCE and Azure ARM) at the HTTP boundary: no emulator runs
 for them, so libcloud's own drivers send their real HTTP requests into a recorder
 (``responses``) that answers with recorded provider responses (tests/data/providers/*,
 in libcloud's fixture style), and the tests assert the exact requests our mapping
 produces: size, image, tags, startup script or custom data, networks; then list,
 terminate, and the providers' capacity, quota and throttling error shapes as our typed
-errors. GCE's launches are tested against the lab's Compute Engine emulator
-(tests/integration/test_gce_market.py, test_gce_emulator.py).
+errors. GCE's and Azure's launches are tested against the lab's emulators
+(tests/integration/test_gce_market.py, test_gce_emulator.py, test_azure_emulator.py).
 """
 
 from __future__ import annotations
@@ -17,14 +17,8 @@ from typing import Any
 import pytest
 
 from slurm_burst.adapters.cloud.compute import LibcloudCloud
-from slurm_burst.core.cloud import (
-    CapacityError,
-    CloudError,
-    QuotaError,
-    ThrottledError,
-)
+from slurm_burst.core.cloud import CapacityError, CloudError, QuotaError, ThrottledError
 from tests.providers import (
-    AZURE_IMAGE,
     NOVA,
     PUB,
     USER_DATA,
@@ -148,79 +142,8 @@ def test_gce_list_by_label_and_terminate(http: Http, gce: Any) -> None:
     assert any(m == "DELETE" and u.endswith("instances/node-name") for m, u, _ in http.sent)
 
 
-def test_azure_launch_sends_size_image_tags_custom_data_key_disk_and_subnet(
-    http: Http, azure: Any
-) -> None:
-    cloud = azure(http)
-    cloud.launch(spec("test-node-1", "Standard_A1", AZURE_IMAGE, disk_gb=64))
-    token_request = http.body("POST", r"/oauth2/token$")
-    assert "client_id=app-1" in token_request  # the secret is in the form, and only there
-    nic = http.body("PUT", r"/networkInterfaces/test-node-1-nic$")
-    assert nic["properties"]["ipConfigurations"][0]["properties"]["subnet"]["id"] == (
-        "/subscriptions/99999999/resourceGroups/000000/providers/Microsoft.Network/"
-        "virtualnetworks/hpc-vnet/subnets/burst"
-    )
-    vm = http.body("PUT", r"/virtualMachines/test-node-1$")
-    props = vm["properties"]
-    assert vm["location"] == "eastus"
-    assert props["hardwareProfile"] == {"vmSize": "Standard_A1"}
-    assert props["storageProfile"]["imageReference"] == {
-        "publisher": "Canonical",
-        "offer": "0001-com-ubuntu-server-jammy",
-        "sku": "22_04-lts-gen2",
-        "version": "latest",
-    }
-    assert props["storageProfile"]["osDisk"]["diskSizeGB"] == 64
-    # boot diagnostics on (managed storage): where the daemon reads the host keys
-    assert props["diagnosticsProfile"] == {"bootDiagnostics": {"enabled": True}}
-    assert "managedDisk" in props["storageProfile"]["osDisk"]
-    os_profile = props["osProfile"]
-    assert base64.b64decode(os_profile["customData"]).decode() == USER_DATA
-    assert os_profile["adminUsername"] == "slurm"
-    assert os_profile["linuxConfiguration"]["ssh"]["publicKeys"] == [
-        {"path": "/home/slurm/.ssh/authorized_keys", "keyData": PUB}
-    ]
-    assert vm["tags"] == {
-        "slurm-burst-cluster": "c1",
-        "slurm-burst-group": "gpu",
-        "slurm-burst-node": "test-node-1",
-        "slurm-burst-token": "c1-test-node-1-1-0",
-        "cost-center": "HPC 42",
-    }
-    assert "not-logged" not in json.dumps([b for m, _, b in http.sent if m != "POST"])
-
-
 def test_azure_list_by_tag(http: Http, azure: Any) -> None:
     listed = azure(http).list_instances("c1")
     assert [(i.name, i.tags["slurm-burst-node"]) for i in listed] == [
         ("test-node-1", "test-node-1")
     ]
-
-
-@pytest.mark.parametrize(
-    ("status", "fixture", "kind", "code"),
-    [
-        (409, "error_allocation_failed.json", CapacityError, "AllocationFailed"),
-        (409, "error_quota.json", QuotaError, "OperationNotAllowed"),
-        # libcloud turns any 429 into its RateLimitReachedError, without the body's code
-        (429, "error_throttled.json", ThrottledError, "HTTP429"),
-    ],
-    ids=["allocation-failed", "core-quota", "throttled"],
-)
-def test_azure_error_shapes(
-    http: Http, azure: Any, status: int, fixture: str, kind: type, code: str
-) -> None:
-    cloud = azure(http, {("PUT", "/virtualMachines/test-node-1"): (status, fixture)})
-    with pytest.raises(kind) as err:
-        cloud.launch(spec("test-node-1", "Standard_A1", AZURE_IMAGE))
-    assert isinstance(err.value, CloudError) and err.value.code == code
-
-
-def test_azure_terminate_deletes_the_vm_its_nic_and_its_disk(http: Http, azure: Any) -> None:
-    cloud = azure(http)
-    vm = cloud.list_instances("c1")[0]
-    cloud.terminate(vm.id)
-    deleted = [u.split("?")[0].rsplit("/", 2)[-2:] for m, u, _ in http.sent if m == "DELETE"]
-    assert ["virtualMachines", "test-node-1"] in deleted
-    assert any(kind == "networkInterfaces" for kind, _ in deleted), deleted
-    assert any(kind == "disks" for kind, _ in deleted), deleted

@@ -89,7 +89,10 @@ def _mentions(path: Path, root: Path = PRODUCT.parent) -> list[str]:
 def test_no_module_but_its_own_tests_for_a_providers_name() -> None:
     """What a provider is lives in its module: a branch on its name elsewhere (an
     ``if driver == "ec2"``, a table keyed by it) is the spread this layout ended."""
-    own = {PRODUCT / "adapters" / "cloud" / "providers" / f"{n}.py" for n in BUILT_IN}
+    here = PRODUCT / "adapters" / "cloud" / "providers"
+    own = {here / f"{n}.py" for n in BUILT_IN} | {
+        p for n in BUILT_IN for p in (here / n).rglob("*.py")  # a provider as a package
+    }
     elsewhere = [m for p in sorted(PRODUCT.rglob("*.py")) if p not in own for m in _mentions(p)]
     assert elsewhere == []
 

@@ -78,6 +78,10 @@ class LibcloudCloud:
         # the budget's turn for an API call made inside another (a bulk launch's wait
         # and listing): set by the ManagedCloud around this one; none without it
         self.turn: Callable[[str], None] = lambda api: None
+        # how a provider's own connection takes each request's turn (Azure): the
+        # ManagedCloud's meter; without one, requests go at once and throttles raise
+        self.meter: Meter = Meter()
+        self.provider.watch(self)
 
     # -- launch ---------------------------------------------------------------
     def create_kwargs(self, spec: LaunchSpec) -> dict[str, Any]:
@@ -153,6 +157,12 @@ class LibcloudCloud:
 
     def find(self, token: str, cluster: str) -> list[Instance]:
         """Live instances a launch with ``token`` made (a retry adopts them)."""
+        try:
+            own = self.provider.find(self, token, cluster)
+        except _ERRORS as exc:
+            raise self._error(exc) from exc
+        if own is not None:
+            return own
         found = [
             i
             for i in self._list(cluster, {TOKEN_TAG: token})
@@ -357,7 +367,29 @@ class LibcloudCloud:
         )
         if isinstance(exc, BaseHTTPError) and exc.code in (429, 503) and not err.retryable:
             err = ThrottledError(str(err), f"HTTP{exc.code}")
+        after = getattr(exc, "retry_after", 0)  # the provider's Retry-After (libcloud's 429)
+        if isinstance(err, ThrottledError) and isinstance(after, int | float) and after > 0:
+            err.after = float(after)
+        if isinstance(err, ThrottledError) and getattr(exc, "metered", False):
+            err.counted = True  # the meter counted it and cut the budget already
         return err
+
+
+class Meter:
+    """How each request of a provider's own connection is paced (Azure's, by the kind
+    ARM counts it as: reads, writes, deletes). This one does nothing; the daemon's
+    :class:`~slurm_burst.services.cloudcalls.ManagedCloud` puts its own in its place."""
+
+    def before(self, kind: str) -> None:
+        """Before a request of ``kind``: wait for its turn (or raise Busy)."""
+
+    def after(self, kind: str, remaining: float) -> None:
+        """An answer said ``remaining`` requests of ``kind`` are left."""
+
+    def throttled(self, kind: str, retry_after: float) -> bool:
+        """A request of ``kind`` was throttled: True once it may be repeated (after
+        ``retry_after`` s), False to raise the throttle to the caller."""
+        return False
 
 
 def state_of(node: Node) -> str:

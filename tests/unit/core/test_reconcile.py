@@ -28,6 +28,7 @@ class Rec:
     provider: str = "lab"
     size: str = "ns.cpu2"
     instance_id: str = ""
+    token: str = ""
     wg_pubkey: str = ""
     requested_at: float = NOW - 30
     state_since: float = NOW - 10
@@ -71,6 +72,44 @@ CASES = [
         ),
         [("terminate", "Orphan", "n9")],
         id="orphan-past-grace-terminated",
+    ),
+    pytest.param(
+        snap(
+            [Rec("n1", NodeState.LAUNCHING, token="tok-1")],
+            instances={
+                "lab": [
+                    Instance(
+                        "vmss_1a2b3c4d",
+                        "vmss_1a2b3c4d",
+                        "pending",
+                        "lab",
+                        tags={"slurm-burst-token": "tok-1"},
+                    )
+                ]
+            },
+            suspects={"instance:lab:vmss_1a2b3c4d": NOW - 500},
+        ),
+        [],
+        id="a-launch-in-flight-owns-what-carries-its-token",
+    ),
+    pytest.param(
+        snap(
+            [Rec("n1", NodeState.LAUNCHING, token="tok-2")],
+            instances={
+                "lab": [
+                    Instance(
+                        "vmss_1a2b3c4d",
+                        "vmss_1a2b3c4d",
+                        "pending",
+                        "lab",
+                        tags={"slurm-burst-token": "tok-1"},
+                    )
+                ]
+            },
+            suspects={"instance:lab:vmss_1a2b3c4d": NOW - 500},
+        ),
+        [("terminate", "Orphan", "vmss_1a2b3c4d")],
+        id="another-launchs-token-owns-nothing",
     ),
     pytest.param(
         snap(

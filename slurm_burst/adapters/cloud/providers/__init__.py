@@ -179,7 +179,18 @@ class Provider:
             kw["ex_token"] = spec.token
         return kw
 
+    def watch(self, cloud: LibcloudCloud) -> None:
+        """Attach the provider's own connection to ``cloud`` (once, after
+        :meth:`prepare`): where its API says what is left of its limits in every answer
+        (Azure), each request takes its turn through ``cloud.meter``."""
+
     # -- calls on a cloud (libcloud's errors are typed by the caller) ------------------
+    def find(self, cloud: LibcloudCloud, token: str, cluster: str) -> list[Instance] | None:
+        """The live instances a launch with ``token`` made, where the provider finds them
+        its own way (None: by the token's tag in a listing). Azure: [] (a repeat of the
+        launch is idempotent, and finds what the first made)."""
+        return None
+
     def launch_one(self, cloud: LibcloudCloud, spec: LaunchSpec) -> Instance | None:
         """A single node's launch where the driver's ``create_node`` cannot make it (GCE:
         a profile with a region and no zone); None: ``create_node``."""
@@ -230,3 +241,24 @@ class Provider:
             return False
         cloud.driver.destroy_node(node, **self.destroy_kwargs)
         return True
+
+
+def split_endpoint(url: str) -> tuple[bool, str, int]:
+    """``https://HOST[:PORT]`` (or ``http://`` on loopback alone): (secure, host, port).
+    ValueError, saying what is wrong, for anything else."""
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as exc:
+        raise ValueError(f"{url!r} is not a URL: {exc}") from None
+    host = parts.hostname or ""
+    if parts.scheme not in ("https", "http") or not host or parts.path not in ("", "/"):
+        raise ValueError(f"{url!r}: give https://HOST[:PORT], no path")
+    if parts.query or parts.fragment or parts.username or parts.password:
+        raise ValueError(f"{url!r}: give https://HOST[:PORT], nothing more")
+    secure = parts.scheme == "https"
+    if not secure and host not in ("127.0.0.1", "localhost", "::1"):
+        raise ValueError(f"{url!r}: plain http only on this host (127.0.0.1): use https")
+    return secure, host, port or (443 if secure else 80)

@@ -17,7 +17,7 @@ from pathlib import Path
 from types import MappingProxyType, SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
-from slurm_burst.adapters.cloud.providers import METADATA, Finding, Provider
+from slurm_burst.adapters.cloud.providers import METADATA, Finding, Provider, split_endpoint
 from slurm_burst.core.cloud import CLUSTER_TAG, NODE_TAG, TOKEN_TAG
 from slurm_burst.core.hostkeys import (
     SERIAL_PORT_SCRIPT,
@@ -647,27 +647,6 @@ class SerialPort:
 
 
 PROVIDER = Gce()
-
-
-def split_endpoint(url: str) -> tuple[bool, str, int]:
-    """``https://HOST[:PORT]`` (or ``http://`` on loopback alone): (secure, host, port).
-    ValueError, saying what is wrong, for anything else."""
-    from urllib.parse import urlsplit
-
-    try:
-        parts = urlsplit(url)
-        port = parts.port
-    except ValueError as exc:
-        raise ValueError(f"{url!r} is not a URL: {exc}") from None
-    host = parts.hostname or ""
-    if parts.scheme not in ("https", "http") or not host or parts.path not in ("", "/"):
-        raise ValueError(f"{url!r}: give https://HOST[:PORT], no path")
-    if parts.query or parts.fragment or parts.username or parts.password:
-        raise ValueError(f"{url!r}: give https://HOST[:PORT], nothing more")
-    secure = parts.scheme == "https"
-    if not secure and host not in ("127.0.0.1", "localhost", "::1"):
-        raise ValueError(f"{url!r}: plain http only on this host (127.0.0.1): use https")
-    return secure, host, port or (443 if secure else 80)
 
 
 def endpoint_driver(cls: Any, url: str) -> Any:

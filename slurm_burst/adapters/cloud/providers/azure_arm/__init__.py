@@ -1,0 +1,572 @@
+"""Microsoft Azure through libcloud's ``azure_arm`` driver's connection: every launch a
+scale-out of a Flexible scale set (:mod:`.sets`), one fleet view per set, ARM's
+request limits read from every answer, host keys from the boot diagnostics serial log,
+a service principal for credentials (docs/providers.md). No Spot yet (libcloud 3.9's
+driver has none; ours comes with the scale sets' ``priority``)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
+
+from slurm_burst.adapters.cloud.providers import Finding, Provider, split_endpoint
+from slurm_burst.adapters.cloud.providers.azure_arm import sets
+from slurm_burst.core.cloud import CLUSTER_TAG, GROUP_TAG, TOKEN_TAG
+from slurm_burst.core.hostkeys import parse_console_host_keys
+from slurm_burst.core.ratelimit import ApiTable, Limit
+
+if TYPE_CHECKING:
+    from libcloud.compute.base import Node
+
+    from slurm_burst.adapters.cloud.compute import LibcloudCloud
+    from slurm_burst.config.model import NodeGroup, ProviderConfig
+    from slurm_burst.core.cloud import Instance, LaunchSpec
+
+log = logging.getLogger(__name__)
+
+VM_API = sets.COMPUTE_API
+SAS_MINUTES = 60  # how long a serial log address stays valid; renewed before that
+EMPTY_AFTER = 600.0  # seconds an empty scale set is kept after its last launch
+KIND = MappingProxyType({"GET": "reads", "HEAD": "reads", "DELETE": "deletes"})  # else writes
+REMAINING = "x-ms-ratelimit-remaining-subscription-{}"
+
+# ARM's buckets per subscription and principal ("Understand how Azure Resource Manager
+# throttles requests", read 2026-11): reads 250 refilled at 25 a second, writes (PUT,
+# PATCH, POST) and deletes 200 at 10. Every request of the provider's connection takes
+# a token of its kind (BudgetMeter); our own calls (launch, list...) are not limited
+# apart. Every answer says what is left (x-ms-ratelimit-remaining-subscription-*), and
+# our bucket never holds more than that: other tools spend the subscription's too.
+API_TABLE = ApiTable(
+    apis={"reads": Limit(250, 25), "writes": Limit(200, 10), "deletes": Limit(200, 10)},
+    default=Limit(0, 0),  # our calls: paced by the requests they make
+    resources={},
+)
+
+
+class AzureArm(Provider):
+    name = "azure_arm"
+    launch_batch = sets.SET_MOST  # one scale-out (a set holds 1,000 VMs)
+    lists_fleet = True  # one listing per scale set, shared
+    host_key_sources = MappingProxyType({"boot-diagnostics": f"{__name__}:BootDiagnostics"})
+    # each read of the log's address is an ARM POST (a write), the log itself a blob read
+    host_key_reads_per_second = 2.0
+    standard_env = MappingProxyType(
+        {
+            "key": "AZURE_CLIENT_ID",
+            "secret": "AZURE_CLIENT_SECRET",
+            "tenant_id": "AZURE_TENANT_ID",
+            "subscription_id": "AZURE_SUBSCRIPTION_ID",
+        }
+    )
+    file_extras = ("tenant_id", "subscription_id")
+
+    def api_table(self) -> ApiTable:
+        return API_TABLE
+
+    def budget_scope(self, prov: ProviderConfig) -> tuple[str, ...]:
+        """ARM limits a subscription's requests per principal: every profile with the same
+        credentials (a principal and its subscription) and endpoint shares one budget,
+        whatever its region or resource group."""
+        creds = prov.credentials
+        return (
+            prov.driver,
+            (creds.file or creds.key_env) if creds else "",
+            str(prov.options.get("endpoint", "")),
+        )
+
+    def profile_problems(self, prov: ProviderConfig) -> list[Finding]:
+        out: list[Finding] = [
+            (key, "azure_arm needs it")
+            for key in ("resource_group", "network", "region")
+            if not getattr(prov, key)
+        ]
+        if prov.zone and prov.zone not in ("1", "2", "3") and prov.zone != prov.region:
+            out.append(("zone", "an Azure availability zone: 1, 2 or 3 (or none: regional)"))
+        for key in sorted(prov.launch_options):
+            out.append(
+                (
+                    f"launch_options.{key}",
+                    "Azure launches are scale-outs of a scale set: launch_options takes nothing",
+                )
+            )
+        endpoint = prov.options.get("endpoint")
+        if endpoint is not None:
+            try:
+                split_endpoint(str(endpoint))
+            except ValueError as exc:
+                out.append(("options.endpoint", str(exc)))
+        return out
+
+    def group_problems(self, group: NodeGroup) -> list[Finding]:
+        if not group.image.startswith("/subscriptions/") and (
+            group.image.count(":") != 3 or not all(group.image.split(":"))
+        ):
+            return [
+                (
+                    "image",
+                    "azure_arm needs a URN PUBLISHER:OFFER:SKU:VERSION or an image's resource id",
+                )
+            ]
+        return []
+
+    def construct(
+        self, cls: Any, prov: ProviderConfig, kwargs: dict[str, Any], key: str, secret: str
+    ) -> Any:
+        """AzureNodeDriver(tenant_id, subscription_id, key, secret, region=...), its
+        connection one that paces and reads every request (:func:`arm_connection`); with
+        an ``endpoint`` option, ARM and the token exchange go there (the lab's emulator,
+        an Azure Stack Hub's)."""
+        tenant, subscription = kwargs.pop("tenant_id", ""), kwargs.pop("subscription_id", "")
+        endpoint = kwargs.pop("endpoint", None)
+        if prov.region:
+            kwargs.setdefault("region", prov.region)
+        cls = type(
+            f"{cls.__name__}Metered",
+            (cls,),
+            {"connectionCls": arm_connection(cls.connectionCls, str(endpoint or ""))},
+        )
+        return cls(tenant, subscription, key, secret, **kwargs)
+
+    def watch(self, cloud: LibcloudCloud) -> None:
+        conn = getattr(cloud.driver, "connection", None)
+        if conn is not None and hasattr(type(conn), "meter_of"):
+            conn.meter_of = lambda: cloud.meter
+
+    # -- launches -----------------------------------------------------------------------
+    def launch_one(self, cloud: LibcloudCloud, spec: LaunchSpec) -> Instance:
+        """A single node: a scale-out of one."""
+        from dataclasses import replace
+
+        return self.launch_many(cloud, replace(spec, count=1, names=(spec.node,)))[0]
+
+    def launch_many(self, cloud: LibcloudCloud, spec: LaunchSpec) -> list[Instance]:
+        """One scale-out of the group's set for the size (:mod:`.sets`)."""
+        from slurm_burst.adapters.cloud.profiles import tags as launch_tags
+        from slurm_burst.core.cloud import CapacityError, CloudError
+
+        names = list(spec.names) or [spec.node]
+        n = len(names)
+        if n != spec.count or n > sets.SET_MOST:
+            raise CloudError(
+                f"{cloud.name}: {spec.count} VMs asked for, {n} names given "
+                f"(at most {sets.SET_MOST} a launch)",
+                "InvalidParameterValue",
+            )
+        arm, bk = sets.Arm(cloud), sets.book(cloud)
+        base = sets.set_base(spec.cluster, spec.group, spec.size)
+        least = spec.min_count or n
+        tags = {CLUSTER_TAG: spec.cluster, GROUP_TAG: spec.group}
+        for number in range(1, 1000):
+            name = f"{base}-{number}"
+            with bk.lock(name):
+                got = self._scale_out(cloud, arm, bk, name, spec, tags, launch_tags(spec, True))
+            if got is None:
+                continue  # that set is full: the next one
+            made, failure = got
+            if len(made) < least:
+                for vm in made:  # never a scale-in by count: each VM by name
+                    self._delete(arm, str(vm["name"]))
+                if failure is not None:
+                    raise failure
+                raise CapacityError(f"{cloud.name}: {len(made)} of {least} made", "PartialCapacity")
+            for vm in made[n:]:  # more than asked (a repeat that found more): not ours
+                self._delete(arm, str(vm["name"]))
+            self._addresses(cloud, arm, bk)
+            return [
+                sets.instance_of(
+                    cloud.name, vm, bk.addresses, {**tags, TOKEN_TAG: spec.token}
+                )._replace(launch_index=i)
+                for i, vm in enumerate(made[:n])
+            ]
+        raise CloudError(f"{cloud.name}: no scale set of {base} has room", "InvalidParameterValue")
+
+    def _scale_out(
+        self,
+        cloud: LibcloudCloud,
+        arm: sets.Arm,
+        bk: sets.SetBook,
+        name: str,
+        spec: LaunchSpec,
+        tags: Mapping[str, str],
+        launch_tags: Mapping[str, str],
+    ) -> tuple[list[dict[str, Any]], Any] | None:
+        """Scale set ``name`` out by the launch's VMs (the set's lock held): the VMs it
+        made, oldest first, and the operation's error (typed) if it failed; None if the
+        set has no room for them."""
+        from libcloud.common.exceptions import BaseHTTPError
+
+        from slurm_burst.core.cloud import CloudError
+
+        n = len(spec.names) or 1
+        current = None
+        try:
+            current = arm.request(arm.compute("virtualMachineScaleSets", name)).object
+        except BaseHTTPError as exc:
+            if exc.code != 404:
+                raise
+        mark = str(((current or {}).get("tags") or {}).get(sets.SCALEOUT_TAG, ""))
+        repeat = mark.split(" ")[0] == spec.token
+        held = bk.inflight.get(name)
+        before_names: frozenset[str] | None = held[1] if held and held[0] == spec.token else None
+        if current is not None and not repeat:
+            before = self._set_vms(arm, current["id"])
+            if len(before) + n > sets.SET_MOST:
+                return None
+            before_names = frozenset(str(v["name"]) for v in before)
+        elif current is None:
+            before_names = frozenset()
+        started = float(mark.split(" ")[1]) if repeat and len(mark.split(" ")) > 1 else time.time()
+        target = len(before_names or ()) + n
+        body = sets.profile_body(
+            cloud,
+            spec,
+            target,
+            {
+                **tags,
+                **{k: v for k, v in launch_tags.items() if k != TOKEN_TAG},
+                sets.SCALEOUT_TAG: f"{spec.token} {started:.3f}",
+            },
+        )
+        op: dict[str, Any] = {"status": "Succeeded"}
+        bk.inflight[name] = (spec.token, before_names or frozenset())
+        try:
+            if not repeat:  # a repeat sends nothing: the first made what it made
+                resp = arm.request(arm.compute("virtualMachineScaleSets", name), "PUT", body)
+                op = arm.wait(resp)
+            else:
+                op = self._settle(arm, name)
+            set_id = f"{arm.compute('virtualMachineScaleSets', name)}"
+            after = self._set_vms(arm, set_id)
+        finally:
+            bk.inflight.pop(name, None)
+        if before_names is not None:
+            made = [v for v in after if str(v["name"]) not in before_names]
+        else:  # a repeat after a restart: the VMs made since the launch began
+            made = [v for v in after if sets.created(v) >= started - 1.0]
+        made.sort(key=lambda v: (sets.created(v), str(v["name"])))
+        failure = None
+        if op.get("status") != "Succeeded":
+            err = op.get("error") or {}
+            failure = cloud.error_of(
+                Exception(
+                    f"{err.get('code', 'OperationFailed')}: {err.get('message', op.get('status'))}"
+                )
+            )
+            if not isinstance(failure, CloudError):
+                failure = CloudError(str(failure), "OperationFailed")
+        log.info(
+            "azure.scale_out set=%s token=%s asked=%d made=%d status=%s",
+            name,
+            spec.token,
+            n,
+            len(made),
+            op.get("status"),
+        )
+        return made, failure
+
+    def _settle(self, arm: sets.Arm, name: str) -> dict[str, Any]:
+        """A repeated launch: wait until the set's last operation is over (its
+        provisioning state no longer Creating or Updating)."""
+        deadline = time.monotonic() + sets.OP_WAIT
+        pause = 0.2
+        while True:
+            doc = arm.request(arm.compute("virtualMachineScaleSets", name)).object or {}
+            state = str((doc.get("properties") or {}).get("provisioningState", ""))
+            if state not in ("Creating", "Updating") or time.monotonic() > deadline:
+                return {"status": "Succeeded" if state == "Succeeded" else state}
+            time.sleep(pause)
+            pause = min(pause * 1.5, 5.0)
+
+    def _set_vms(
+        self, arm: sets.Arm, set_id: str, before_page: Callable[[], None] = lambda: None
+    ) -> list[dict[str, Any]]:
+        """The set's VMs with their instance views: one filtered listing, in pages."""
+        return arm.pages(
+            arm.compute("virtualMachines"),
+            {
+                "api-version": VM_API,
+                "$filter": f"'virtualMachineScaleSet/id' eq '{set_id}'",
+                "$expand": "instanceView",
+            },
+            before_page,
+        )
+
+    def _addresses(
+        self,
+        cloud: LibcloudCloud,
+        arm: sets.Arm,
+        bk: sets.SetBook,
+        before_page: Callable[[], None] = lambda: None,
+    ) -> None:
+        """The resource group's network interfaces, listed once: each VM's private IP."""
+        nics = arm.pages(
+            f"{arm.rg}/providers/Microsoft.Network/networkInterfaces",
+            {"api-version": sets.NETWORK_API},
+            before_page,
+        )
+        found: dict[str, str] = {}
+        for nic in nics:
+            props = nic.get("properties") or {}
+            vm = str((props.get("virtualMachine") or {}).get("id", "")).lower()
+            ips = [
+                str((c.get("properties") or {}).get("privateIPAddress", ""))
+                for c in props.get("ipConfigurations") or []
+            ]
+            if vm and ips and ips[0] and (props.get("primary", True) or vm not in found):
+                found[vm] = ips[0]
+        bk.addresses = found
+
+    def find(self, cloud: LibcloudCloud, token: str, cluster: str) -> list[Instance]:
+        """Nothing: a repeat of the launch (same token) sends no second scale-out and
+        returns what the first made (:meth:`launch_many`)."""
+        return []
+
+    # -- the fleet ----------------------------------------------------------------------
+    def list_fleet(
+        self, cloud: LibcloudCloud, cluster: str, before_page: Callable[[], None]
+    ) -> list[Instance]:
+        """The cluster's scale sets (one listing of the resource group's sets), each
+        set's VMs (one filtered listing with instance views), the resource group's
+        network interfaces (one listing); an empty set whose last launch is
+        :data:`EMPTY_AFTER` s old is deleted here (the reconcile pass reads this)."""
+        arm, bk = sets.Arm(cloud), sets.book(cloud)
+        before_page()
+        found = arm.request(arm.compute("virtualMachineScaleSets")).object or {}
+        ours = [
+            s for s in found.get("value") or [] if (s.get("tags") or {}).get(CLUSTER_TAG) == cluster
+        ]
+        vms: list[tuple[dict[str, Any], dict[str, str]]] = []
+        for s in ours:
+            name = str(s["name"])
+            tags = {CLUSTER_TAG: cluster, GROUP_TAG: str(s["tags"].get(GROUP_TAG, ""))}
+            members = self._set_vms(arm, str(s["id"]), before_page)
+            held = bk.inflight.get(name)
+            for vm in members:
+                own = dict(tags)
+                if held is not None and str(vm["name"]) not in held[1]:
+                    own[TOKEN_TAG] = held[0]  # a launch in flight made it: its node's
+                vms.append((vm, own))
+            if not members:
+                self._drop_if_idle(arm, bk, s)
+        self._addresses(cloud, arm, bk, before_page)
+        out = [sets.instance_of(cloud.name, vm, bk.addresses, tags) for vm, tags in vms]
+        return [i for i in out if i.state != "terminated"]
+
+    def _drop_if_idle(self, arm: sets.Arm, bk: sets.SetBook, s: Mapping[str, Any]) -> None:
+        name = str(s["name"])
+        mark = str((s.get("tags") or {}).get(sets.SCALEOUT_TAG, ""))
+        try:
+            last = float(mark.split(" ")[1])
+        except (IndexError, ValueError):
+            last = 0.0
+        if time.time() - last < EMPTY_AFTER:
+            return
+        lock = bk.lock(name)
+        if not lock.acquire(blocking=False):
+            return  # a launch is using it
+        try:
+            if self._set_vms(arm, str(s["id"])):
+                return
+            arm.request(arm.compute("virtualMachineScaleSets", name), "DELETE")
+            log.info("azure.scale_set_deleted set=%s", name)
+        finally:
+            lock.release()
+
+    def host_key_node(self, cloud: LibcloudCloud, instance_id: str, size: str) -> Node | None:
+        """The VM by its resource id (what the boot diagnostics reader asks for)."""
+        from libcloud.compute.base import Node
+        from libcloud.compute.types import NodeState
+
+        arm = sets.Arm(cloud)
+        path = instance_id
+        if not instance_id.startswith("/subscriptions/"):  # a VM's name: its id in its set
+            path = arm.compute("virtualMachines", instance_id)
+        return Node(
+            path,
+            instance_id.rsplit("/", 1)[-1],
+            NodeState.UNKNOWN,
+            [],
+            [],
+            cloud.driver,
+        )
+
+    def terminate(self, cloud: LibcloudCloud, instance_id: str) -> bool:
+        """``DELETE`` the VM by name (its NIC and OS disk go with it: ``deleteOption``);
+        the operation is not waited for. False if it was gone."""
+        return self._delete(sets.Arm(cloud), instance_id)
+
+    def _delete(self, arm: sets.Arm, name: str) -> bool:
+        from libcloud.common.exceptions import BaseHTTPError
+
+        try:
+            arm.request(arm.compute("virtualMachines", name), "DELETE")
+        except BaseHTTPError as exc:
+            if exc.code == 404:
+                return False
+            raise
+        return True
+
+    def tag(self, cloud: LibcloudCloud, instance_id: str, tags: Mapping[str, str]) -> None:
+        """``PATCH`` the VM's tags (a scale-out's VMs have none of their own)."""
+        arm = sets.Arm(cloud)
+        arm.request(arm.compute("virtualMachines", instance_id), "PATCH", {"tags": dict(tags)})
+
+
+def arm_connection(base: Any, url: str) -> Any:
+    """The driver's connection class, changed in two ways:
+
+    - every request takes its turn from the budget of its kind first (``meter_of()``,
+      the cloud's meter: reads, writes, deletes), gives the meter what the answer says is
+      left, and on a 429 lets the meter cut the rate and repeat it after ``Retry-After``;
+    - with ``url`` (``https://HOST[:PORT]``, or plain http on loopback), ARM requests and
+      the token exchange go there (libcloud takes only a host for either, and logs in on
+      port 443).
+    """
+    target = split_endpoint(url) if url else None
+
+    class Connection(base):  # type: ignore[misc]
+        meter_of: Callable[[], Any] | None = None
+
+        def __init__(self, *args: Any, **kw: Any) -> None:
+            super().__init__(*args, **kw)
+            if target is not None:
+                self.secure, self.host, self.port = target
+                self.login_host = self.host
+
+        def get_token_from_credentials(self) -> None:
+            if target is None:
+                super().get_token_from_credentials()
+                return
+            from urllib.parse import urlencode
+
+            from libcloud.common.azure_arm import AzureAuthJsonResponse
+
+            conn = self.conn_class(self.host, self.port, secure=self.secure, timeout=self.timeout)
+            conn.connect()
+            form = urlencode(
+                {
+                    "grant_type": "client_credentials",
+                    "client_id": self.user_id,
+                    "client_secret": self.key,
+                    "resource": self.login_resource,
+                }
+            )
+            conn.request(
+                "POST",
+                f"/{self.tenant_id}/oauth2/token",
+                form,
+                {"Content-type": "application/x-www-form-urlencoded"},
+            )
+            js = AzureAuthJsonResponse(conn.getresponse(), conn)  # type: ignore[no-untyped-call]
+            got: dict[str, Any] = js.object or {}
+            self.access_token = got["access_token"]
+            self.expires_on = got["expires_on"]
+
+        def request(
+            self,
+            action: str,
+            params: Any = None,
+            data: Any = None,
+            headers: Any = None,
+            method: str = "GET",
+            raw: bool = False,
+        ) -> Any:
+            from libcloud.common.exceptions import BaseHTTPError
+
+            kind = KIND.get(method, "writes")
+            meter = self.meter_of() if self.meter_of is not None else None
+            while True:
+                if meter is not None:
+                    meter.before(kind)
+                try:
+                    resp = super().request(
+                        action, params=params, data=data, headers=headers, method=method, raw=raw
+                    )
+                except BaseHTTPError as exc:
+                    if exc.code == 429 and meter is not None:
+                        exc.metered = True  # type: ignore[attr-defined]
+                        if meter.throttled(kind, float(getattr(exc, "retry_after", 0) or 0)):
+                            continue
+                    raise
+                left = (getattr(resp, "headers", None) or {}).get(REMAINING.format(kind))
+                if meter is not None and left is not None:
+                    try:
+                        meter.after(kind, float(left))
+                    except ValueError:
+                        log.warning("azure.bad_header %s=%r", REMAINING.format(kind), left[:40])
+                return resp
+
+    return Connection
+
+
+class BootDiagnostics:
+    """The boot diagnostics serial log: ``retrieveBootDiagnosticsData`` gives a read-only
+    (SAS) address of the log blob, kept per instance until it expires; the log is then
+    read with a plain HTTPS GET. Boot diagnostics are enabled in the VM's own create
+    request (:meth:`AzureArm.prepare`)."""
+
+    name = "boot-diagnostics"
+
+    def __init__(self, driver: Any) -> None:
+        self.driver = driver
+        self._uris: dict[str, tuple[str, float]] = {}  # instance id -> (log address, expiry)
+        self._lock = threading.Lock()
+
+    def _log_uri(self, node: Node) -> str:
+        from libcloud.common.exceptions import BaseHTTPError
+        from libcloud.common.types import LibcloudError
+
+        from slurm_burst.adapters.cloud.attest import http_status
+
+        with self._lock:
+            uri, until = self._uris.get(str(node.id), ("", 0.0))
+        if uri and time.time() < until:
+            return uri
+        try:
+            resp = self.driver.connection.request(
+                f"{node.id}/retrieveBootDiagnosticsData",
+                params={"api-version": VM_API, "sasUriExpirationTimeInMinutes": SAS_MINUTES},
+                method="POST",
+            ).object
+        except (LibcloudError, BaseHTTPError) as exc:
+            if http_status(exc) in (404, 409):  # the VM is still being made
+                return ""
+            raise
+        uri = str((resp or {}).get("serialConsoleLogBlobUri") or "")
+        parts = urlsplit(uri)
+        loopback = parts.scheme == "http" and parts.hostname in ("127.0.0.1", "::1", "localhost")
+        if uri and parts.scheme != "https" and not loopback:
+            # (never the whole address: its query string is a read token)
+            raise LibcloudError(
+                f"BootDiagnostics: the serial log address is not https ({urlsplit(uri).netloc})"
+            )
+        if uri:
+            now = time.time()
+            with self._lock:  # expired addresses go: the map holds only booting instances
+                self._uris = {k: v for k, v in self._uris.items() if v[1] > now}
+                self._uris[str(node.id)] = (uri, now + (SAS_MINUTES - 5) * 60)
+        return uri
+
+    def read(self, node: Node) -> list[tuple[str, str]]:
+        uri = self._log_uri(node)
+        if not uri:
+            return []
+        import requests  # libcloud's own HTTP library
+        from libcloud.common.exceptions import BaseHTTPError
+
+        resp = requests.get(uri, timeout=30)
+        if resp.status_code in (403, 404):  # not written yet, or the address expired
+            with self._lock:
+                self._uris.pop(str(node.id), None)
+            return []
+        if resp.status_code != 200:
+            raise BaseHTTPError(resp.status_code, f"BootDiagnostics: serial log: {resp.reason}", {})  # type: ignore[no-untyped-call]
+        return parse_console_host_keys(resp.content.decode("utf-8", "replace"))
+
+
+PROVIDER = AzureArm()
