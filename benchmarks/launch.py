@@ -171,7 +171,8 @@ def daemon_parts(
     clouds = managed_clouds(cfg)
     cloud = clouds[provider].inner
     assert isinstance(cloud, LibcloudCloud)
-    cloud._size(size)  # the size table, read once at start (as a first launch does)
+    if size:  # the size table, read once at start (as a first launch does; Azure: none)
+        cloud._size(size)
     clock = system_clock()
     parts = DaemonParts(
         store=Store(state_db_path(cfg)),

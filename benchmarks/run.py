@@ -166,14 +166,15 @@ def main(quick: bool) -> int:
     script("reconcile", *(["--nodes", "500", "--jobs", "2000"] if quick else []))
     # resume of 1,000 nodes against the EC2 emulator: batched launch vs one call per node
     script("launch", *(["--nodes", "20", "--loaded-runs", "1"] if quick else []))
-    # a 1,000-node burst within EC2's API buckets, then GCE's rate quotas, hook to all
-    # joined (about 3 min each); and 5,000 on each (BENCH_SCALE_5000=1: 10 min more)
-    for provider in ("ec2", "gce"):
+    # a 1,000-node burst within EC2's API buckets, then GCE's rate quotas, then ARM's
+    # buckets, hook to all joined (about 3 min each); and 5,000 on each
+    # (BENCH_SCALE_5000=1: 15 min more)
+    for provider in ("ec2", "gce", "azure"):
         script("scale", "--provider", provider, "--json",
                *(["--nodes", "20", "--boot", "5", "--console", "2", "--join", "2"] if quick
                  else ["--nodes", "1000"]))  # fmt: skip
     if not quick and os.environ.get("BENCH_SCALE_5000"):
-        for provider in ("ec2", "gce"):
+        for provider in ("ec2", "gce", "azure"):
             script("scale", "--provider", provider, "--json", "--nodes", "5000")
     # side by side with aws-plugin-for-slurm (a checkout named by AWS_PLUGIN_FOR_SLURM;
     # said and skipped without one)

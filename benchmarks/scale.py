@@ -5,12 +5,17 @@ which answer RequestLimitExceeded; instances pending for ``--boot`` s; host keys
 console ``--console`` s after that. GCE (``--provider gce``): the Compute Engine
 emulator with Compute's default rate quotas (per group, per wall-clock minute, 403
 rateLimitExceeded past them); instances STAGING for ``--boot`` s; host keys in their
-guest attributes ``--console`` s after that.
+guest attributes ``--console`` s after that. Azure (``--provider azure``): the Azure
+emulator with ARM's buckets per subscription and principal (reads, writes, deletes; 429
+with Retry-After past them); one scale-out of a Flexible scale set whose operation takes
+``AZURE_OP_S``; VMs starting for ``--boot`` s; their serial logs (boot diagnostics in the
+site's storage account) holding the host keys ``--console`` s after that.
 
 What is real: the resume hook (a new process, as Slurm runs it), the daemon's request
 handling, launcher, provisioner, workers and timers, fleet listing, API budgets,
 reconcile loop, state database and ledger, libcloud's EC2 driver over HTTP with SigV4
-(GCE: libcloud's GCE driver after a token exchange, one bulkInsert per 1,000).
+(GCE: libcloud's GCE driver after a token exchange, one bulkInsert per 1,000; Azure:
+libcloud's ARM connection after a token exchange, one scale-out per 1,000).
 What is not: the SSH bootstrap is a fake of fixed duration (``--join`` s: nothing boots
 in the emulator), and Slurm is the tests' fake scheduler. Times are real (no virtual
 clock): a run takes about boot + console + a minute.
@@ -20,12 +25,14 @@ call from the hook to the last join, over the nodes joined), ``peak_calls_per_s`
 most in any second), ``max_sustained_action_rate_ratio`` (the highest of any action's
 calls in a 60-s window over 60 s, over that action's documented refill),
 ``throttled_answers``, ``nodes_failed`` (GCE: ``most_in_a_quota_window`` per group and
-``max_quota_window_ratio``, the most over the quota), ``launch_to_all_attested_s`` and
+``max_quota_window_ratio``, the most over the quota; Azure: ``throttled_by_kind`` and
+``least_left_by_kind``, the least each ARM bucket held), ``launch_to_all_attested_s`` and
 ``launch_to_all_joined_s`` (from the first launch answer), ``daemon_cpu_s_per_node``,
-``daemon_peak_rss_mb``; and the goals (issues 31 and 49).
+``daemon_peak_rss_mb``; and the goals (issues 31, 49 and 51).
 
     python benchmarks/scale.py --provider ec2 --nodes 1000 --json
     python benchmarks/scale.py --provider gce --nodes 1000 --json
+    python benchmarks/scale.py --provider azure --nodes 1000 --json
 """
 
 from __future__ import annotations
@@ -46,6 +53,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from launch import burners, daemon_parts, resume  # noqa: E402
+from slurm_burst_lab.azureemu import RemoteAzureEmulator  # noqa: E402
 from slurm_burst_lab.ec2emu import RemoteEmulator, Scale, bucket_of  # noqa: E402
 from slurm_burst_lab.gceemu import (  # noqa: E402
     DEFAULT_QUOTAS,
@@ -59,6 +67,7 @@ from slurm_burst.core.nodestate import NodeState  # noqa: E402
 from slurm_burst.core.records import NodeRecord  # noqa: E402
 from slurm_burst.wiring.daemon import assemble  # noqa: E402
 from tests.fakes.slurm import FakeScheduler  # noqa: E402
+from tests.integration.azuretools import azure_text  # noqa: E402
 from tests.integration.ec2config import CONFIG  # noqa: E402
 from tests.integration.gcetools import gce_text  # noqa: E402
 
@@ -74,12 +83,19 @@ GOALS = {
 # GCE's: no quota group past its window instead of EC2's bucket rates
 GCE_GOALS = {k: v for k, v in GOALS.items() if k not in ("peak_calls_per_s",
              "max_sustained_action_rate_ratio")} | {"max_quota_window_ratio": 1.0}  # fmt: skip
+# Azure's: no ARM bucket overdrawn (ARM answers 429 instead: none at all)
+AZURE_GOALS = {k: v for k, v in GCE_GOALS.items() if k != "max_quota_window_ratio"} | {
+    "throttled_answers": 0
+}
+AZURE_OP_S = 5.0  # how long the emulator's scale-out operation takes
 
 
 def config(tmp: Path, port: int, nodes: int, provider: str = "ec2") -> Config:
     cluster = f"scale-{time.time_ns() % 10**9}"
     if provider == "gce":  # the GCE tests' profile (its key file made under tmp)
         text = gce_text(tmp, port, cluster, count=nodes)
+    elif provider == "azure":  # the Azure tests' profile (its variables set here)
+        text = azure_text(tmp, port, cluster, count=nodes)
     else:
         text = CONFIG.format(cluster=cluster, tmp=tmp, port=port, spot="false")
         text = text.replace("count = 64", f"count = {nodes}")
@@ -94,9 +110,11 @@ def config(tmp: Path, port: int, nodes: int, provider: str = "ec2") -> Config:
 
 def run(nodes: int, scale: Scale, join_s: float, provider: str = "ec2") -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as d:
-        emu: RemoteEmulator | RemoteGceEmulator
+        emu: RemoteEmulator | RemoteGceEmulator | RemoteAzureEmulator
         if provider == "gce":
             emu = RemoteGceEmulator(scale.throttle, scale.boot, scale.console)
+        elif provider == "azure":
+            emu = RemoteAzureEmulator(scale.throttle, scale.boot, scale.console, AZURE_OP_S)
         else:
             emu = RemoteEmulator(scale)
         try:
@@ -105,14 +123,17 @@ def run(nodes: int, scale: Scale, join_s: float, provider: str = "ec2") -> dict[
             emu.stop()
 
 
-def _run(emu: RemoteEmulator | RemoteGceEmulator, tmp: Path, nodes: int, scale: Scale,
-         join_s: float, provider: str = "ec2") -> dict[str, Any]:  # fmt: skip
+Emulator = RemoteEmulator | RemoteGceEmulator | RemoteAzureEmulator
+
+
+def _run(emu: Emulator, tmp: Path, nodes: int, scale: Scale, join_s: float,
+         provider: str = "ec2") -> dict[str, Any]:  # fmt: skip
     (tmp / "slurm").mkdir()
     cfg = config(tmp, emu.port, nodes, provider)
     names = cfg.node_groups["cpu"].node_names()
     slurm = FakeScheduler.cloud_nodes(names)
-    gce = provider == "gce"
-    parts, aws = daemon_parts(cfg, tmp, slurm, *(("gcp", "n2-standard-2") if gce else ()))
+    profile = {"gce": ("gcp", "n2-standard-2"), "azure": ("az", "")}.get(provider, ())
+    parts, aws = daemon_parts(cfg, tmp, slurm, *profile)
     store = parts.store
     clock = parts.clock
     daemon = assemble(cfg, parts)
@@ -170,7 +191,10 @@ def _run(emu: RemoteEmulator | RemoteGceEmulator, tmp: Path, nodes: int, scale: 
     daemon.stop.set()
     runner.join(timeout=60)
     windows: dict[str, dict[int, int]] = {}
-    if isinstance(emu, RemoteGceEmulator):  # wall-clock times: Compute's windows are minutes
+    if isinstance(emu, RemoteAzureEmulator):  # wall-clock times; each ARM call by its kind
+        line = [(t - wall0, a, thr) for t, a, thr in emu.timeline()]
+        throttled = sum(1 for _, _, thr in line if thr)
+    elif isinstance(emu, RemoteGceEmulator):  # wall-clock: Compute's windows are minutes
         calls = [(t, a, thr) for t, a, thr in emu.timeline() if a != "token"]
         line = [(t - wall0, a, thr) for t, a, thr in calls]
         throttled = sum(1 for _, _, thr in line if thr)
@@ -183,7 +207,7 @@ def _run(emu: RemoteEmulator | RemoteGceEmulator, tmp: Path, nodes: int, scale: 
         line = [(t - t0, a, thr) for t, a, thr in seen["timeline"]]
         throttled = int(seen["throttled"])
     answer = marks.get("launch_answer", started)
-    learned = prov._console_delays.get("gcp" if gce else "aws", [])
+    learned = prov._console_delays.get(profile[0] if profile else "aws", [])
     out = {
         "provider": provider,
         "nodes": nodes,
@@ -206,7 +230,12 @@ def _run(emu: RemoteEmulator | RemoteGceEmulator, tmp: Path, nodes: int, scale: 
         "daemon_cpu_s_per_node": round(cpu / nodes, 4),
         "daemon_peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
     }
-    if isinstance(emu, RemoteGceEmulator):
+    if isinstance(emu, RemoteAzureEmulator):
+        seen = emu.calls()
+        out["throttled_by_kind"] = seen["throttled"]
+        out["least_left_by_kind"] = {k: round(v, 1) for k, v in seen["lowest"].items()}
+        out["emulator_calls"] = seen["calls"]
+    elif isinstance(emu, RemoteGceEmulator):
         most = emu.calls()["most_in_a_window"]
         out["quota_scale"] = scale.throttle
         out["most_in_a_quota_window"] = most
@@ -253,7 +282,7 @@ def _sustained(line: list[tuple[float, str, bool]], scale: float) -> float:
 
 
 def goals(r: dict[str, Any]) -> dict[str, bool]:
-    table = GCE_GOALS if r["provider"] == "gce" else GOALS
+    table = {"gce": GCE_GOALS, "azure": AZURE_GOALS}.get(r["provider"], GOALS)
     out = {k: r[k] <= v for k, v in table.items() if v is not None}
     out["launch_to_all_attested_s"] = (
         r["launch_to_all_attested_s"] <= r["boot_s"] + r["console_after_boot_s"] + 75
@@ -265,7 +294,7 @@ def goals(r: dict[str, Any]) -> dict[str, bool]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--provider", default="ec2", choices=["ec2", "gce"])
+    ap.add_argument("--provider", default="ec2", choices=["ec2", "gce", "azure"])
     ap.add_argument("--nodes", type=int, default=1000)
     ap.add_argument("--boot", type=float, default=60.0)
     ap.add_argument("--console", type=float, default=30.0)
@@ -274,8 +303,8 @@ def main() -> None:
         "--bucket-scale",
         type=float,
         default=1.0,
-        help="EC2's buckets (GCE: Compute's quotas) times this in the emulator (EC2: 0, "
-        "no throttling)",
+        help="EC2's buckets (GCE: Compute's quotas; Azure: ARM's buckets) times this in "
+        "the emulator (EC2, Azure: 0, no throttling)",
     )
     ap.add_argument(
         "--burners",

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import json
 import logging
+import secrets
 import threading
 import time
 import uuid
@@ -58,6 +59,9 @@ TENANT = "72f988bf-0000-4000-8000-00000000b001"
 SUBSCRIPTION = "5b0c7d2e-0000-4000-8000-00000000b002"
 CLIENT = "a1b2c3d4-0000-4000-8000-00000000b003"  # the lab's app (service principal)
 SECRET = "lab-only-secret"  # noqa: S105 - the emulator's own, for the lab's principal
+# the lab's storage account for boot diagnostics: its read-only account SAS
+STORAGE_SIG = "lab-storage-read-only"
+STORAGE_SAS = f"sv=2022-11-02&ss=b&srt=o&sp=r&se=2099-01-01T00%3A00%3A00Z&sig={STORAGE_SIG}"
 StartResponse = Callable[..., Any]
 REASONS = {
     200: "OK",
@@ -108,10 +112,18 @@ class AzureEmulator:
         self.base = ""  # scheme://host:port answers link to (nextLink, operations)
 
     # -- control ----------------------------------------------------------------------
-    def start(self) -> int:
-        self._server = serve(self, "azure-emulator")
+    def start(self, tls: tuple[str, str] | None = None) -> int:
+        """Serve on a free loopback port (over TLS with ``tls``: a certificate and its
+        key); the port."""
+        context = None
+        if tls is not None:
+            import ssl
+
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            context.load_cert_chain(*tls)
+        self._server = serve(self, "azure-emulator", ssl_context=context)
         self.port = int(self._server.server_port)
-        self.base = f"http://127.0.0.1:{self.port}"
+        self.base = f"{'https' if tls else 'http'}://127.0.0.1:{self.port}"
         return self.port
 
     def stop(self) -> None:
@@ -152,6 +164,8 @@ class AzureEmulator:
                 return self._answer(start_response, 200, self._control(path[11:], query), [])
             if path.startswith("/_blob/") and method == "GET":
                 return self._blob(start_response, path[7:], query)
+            if path.startswith("/bootdiagnostics-") and method == "GET":
+                return self._storage(start_response, path[1:], query)
             principal = self._principal(environ)
             body = json.loads(raw) if raw else None
             if self.keep_exchanges:
@@ -265,6 +279,34 @@ class AzureEmulator:
         )
         return [data]
 
+    def _storage(
+        self, start_response: StartResponse, rest: str, q: Mapping[str, str]
+    ) -> list[bytes]:
+        """The site's storage account (its ``storageUri`` the emulator's own address): a
+        boot diagnostics blob read with the account's read-only SAS (:data:`STORAGE_SAS`)."""
+        if not secrets.compare_digest(q.get("sig", ""), STORAGE_SIG):
+            data = b'<?xml version="1.0"?><Error><Code>AuthenticationFailed</Code></Error>'
+            start_response("403 Server failed to authenticate the request.",
+                           [("Content-Type", "application/xml"),
+                            ("Content-Length", str(len(data)))])  # fmt: skip
+            return [data]
+        name = rest.rsplit("/", 1)[-1]
+        parts = name.split(".")
+        text = self.arm.console_of(parts[-3]) if name.endswith(".serialconsole.log") and len(
+            parts) >= 4 else None  # fmt: skip
+        with self._lock:
+            self.calls["storage.get"] += 1
+        if text is None:
+            data = b'<?xml version="1.0"?><Error><Code>BlobNotFound</Code></Error>'
+            start_response("404 The specified blob does not exist.",
+                           [("Content-Type", "application/xml"),
+                            ("Content-Length", str(len(data)))])  # fmt: skip
+            return [data]
+        data = text.encode()
+        start_response("200 OK", [("Content-Type", "text/plain"),
+                                  ("Content-Length", str(len(data)))])  # fmt: skip
+        return [data]
+
     def _control(self, what: str, q: Mapping[str, str]) -> dict[str, Any]:
         """``calls`` (counts by method, throttled answers by kind, the least left of each
         bucket); ``limits?factor=F`` (ARM's buckets times F from now on; 0: none);
@@ -346,6 +388,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--range", dest="vm_range", default="10.252.1.0/24")
     ap.add_argument("--vm-delay", type=float, default=2.0)
     ap.add_argument("--tls", nargs=2, metavar=("CERT", "KEY"), default=None)
+    ap.add_argument("--hide", action="append", default=[])
     args = ap.parse_args(argv)
     for name in ("limits", "boot_delay", "op_delay"):
         if not 0 <= getattr(args, name) < 86400:
@@ -361,7 +404,7 @@ def main(argv: list[str] | None = None) -> None:
     vms: LabVms | None = None
     if args.boot:
         net = ipaddress.IPv4Network(args.vm_range)
-        vms = LabVms(args.boot, args.bridge, str(net), args.vm_delay)
+        vms = LabVms(args.boot, args.bridge, str(net), args.vm_delay, tuple(args.hide))
         vms.ensure_network()
         emu.arm.boot_on(vms, net)
     context = None

@@ -47,6 +47,25 @@ SIZES = {
 FLEXIBLE_MOST = 1000  # VMs in a Flexible set
 UNIFORM_MOST = 1000  # VMs in a Uniform set; 100 with singlePlacementGroup = true
 SINGLE_GROUP_MOST = 100
+# admin user names Azure refuses (its documented list, the common ones)
+RESERVED_USERS = frozenset(
+    {
+        "root",
+        "admin",
+        "administrator",
+        "user",
+        "guest",
+        "test",
+        "sys",
+        "adm",
+        "backup",
+        "console",
+        "owner",
+        "server",
+        "sql",
+        "support",
+    }
+)
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
 FILTER = re.compile(r"""^\s*'?virtualMachineScaleSet/id'?\s+eq\s+'([^']+)'\s*$""", re.I)
 
@@ -126,10 +145,19 @@ class Arm:
             ]
 
     def serial_log(self, vm_id: str, sig: str) -> str | None:
+        """A VM's serial log by the address ``retrieveBootDiagnosticsData`` gave (None:
+        nothing written yet, or not that address's signature)."""
         with self._lock:
             want = self._sigs.get(vm_id)
+        if want is None or not secrets.compare_digest(want, sig):
+            return None
+        return self.console_of(vm_id)
+
+    def console_of(self, vm_id: str) -> str | None:
+        """What the VM's serial log holds so far (None: nothing, or no such VM)."""
+        with self._lock:
             vm = next((v for v in self.vms.values() if v["properties"]["vmId"] == vm_id), None)
-        if want is None or not secrets.compare_digest(want, sig) or vm is None:
+        if vm is None:
             return None
         text = self.serial.get(vm_id, "")
         if not text and self.vmhost is not None:
@@ -256,6 +284,13 @@ class Arm:
                 if method == "DELETE":
                     count("vm.delete")
                     return self._delete_vm(low[3], parts[7], base)
+                if method == "PATCH":
+                    count("vm.patch")
+                    vm = self._vm(low[3], parts[7])
+                    if not isinstance(body, dict) or set(body) - {"tags"}:
+                        raise _bad("the emulator's VM PATCH takes tags only")
+                    vm["tags"] = {str(k): str(v) for k, v in (body.get("tags") or {}).items()}
+                    return 200, self._vm_doc(vm, False), []
             case [
                 "resourcegroups",
                 _,
@@ -461,6 +496,9 @@ class Arm:
             raise _bad("osProfile.computerNamePrefix must be 1 to 15 characters")
         if os_profile.get("customData"):
             base64.b64decode(os_profile["customData"], validate=True)
+        user = str(os_profile.get("adminUsername", ""))
+        if not user or user.lower() in RESERVED_USERS:
+            raise _bad(f"The Admin Username specified is not allowed: '{user}'.")
         ssh = (os_profile.get("linuxConfiguration") or {}).get("ssh") or {}
         if not ssh.get("publicKeys") and not os_profile.get("adminPassword"):
             raise _bad("a Linux profile needs linuxConfiguration.ssh.publicKeys")
@@ -681,6 +719,16 @@ class Arm:
                 "osName": "debian",
                 "statuses": statuses,
             }
+            storage = ((props.get("diagnosticsProfile") or {}).get("bootDiagnostics") or {}).get(
+                "storageUri"
+            )
+            if storage:  # the site's own account: the log's blob, named as Azure names it
+                vm_id = props["vmId"]
+                blob = f"{storage.rstrip('/')}/bootdiagnostics-{vm['name'][:9].lower()}-{vm_id}"
+                props["instanceView"]["bootDiagnostics"] = {
+                    "serialConsoleLogBlobUri": f"{blob}/{vm['name']}.{vm_id}.serialconsole.log",
+                    "consoleScreenshotBlobUri": f"{blob}/{vm['name']}.{vm_id}.screenshot.bmp",
+                }
             out["properties"] = props
         return out
 

@@ -235,8 +235,9 @@ S3_CREDENTIALS = {"key": "AKIDSLURMBURSTLABS3", "secret": "lab-s3-secret-0123456
 
 def lab_env(cfg: Config) -> dict[str, str]:
     """What the lab's daemon needs in its environment: the EC2 emulator's, the GCE
-    emulator's (a service account and its key file) and the S3 server's credentials in
-    the variables the lab's config names."""
+    emulator's (a service account and its key file), the Azure emulator's (a service
+    principal, and the read-only SAS of its storage account) and the S3 server's
+    credentials in the variables the lab's config names."""
     env: dict[str, str] = {}
     prov = cfg.providers.get(settings(cfg).ec2_provider)
     creds = prov.credentials if prov is not None else None
@@ -246,6 +247,16 @@ def lab_env(cfg: Config) -> dict[str, str]:
     gcreds = gce.credentials if gce is not None else None
     if gcreds is not None and gcreds.key_env and gcreds.secret_env:
         env |= {gcreds.key_env: gce_account(), gcreds.secret_env: str(gce_key_file(cfg))}
+    az = cfg.providers.get(settings(cfg).azure_provider)
+    if az is not None:  # the service principal's standard variables, the storage SAS
+        from slurm_burst_lab import azureemu
+
+        env |= {"AZURE_CLIENT_ID": azureemu.CLIENT, "AZURE_CLIENT_SECRET": azureemu.SECRET,
+                "AZURE_TENANT_ID": azureemu.TENANT,
+                "AZURE_SUBSCRIPTION_ID": azureemu.SUBSCRIPTION}  # fmt: skip
+        sas_env = str(az.options.get("boot_diagnostics_sas_env", ""))
+        if sas_env:
+            env[sas_env] = azureemu.STORAGE_SAS
     store = cfg.stores.get(cfg.staging.store)
     s3 = store.credentials if store is not None else None
     if s3 is not None and s3.key_env and s3.secret_env:
@@ -324,6 +335,7 @@ def stop_emulator_vms(paths: Paths) -> None:
 
     halt_all(paths.state / "ec2")
     halt_all(paths.state / "gce")
+    halt_all(paths.state / "azure")
 
 
 def gce_account() -> str:
@@ -522,3 +534,40 @@ def last_line(path: Path, limit: int = 400) -> str:
         lines = [ln for ln in f.read().decode("utf-8", "replace").splitlines() if ln.strip()]
     line = lines[-1].strip() if lines else ""
     return line if len(line) <= limit else line[: limit - 1] + "…"
+
+
+def start_azure(cfg: Config, paths: Paths) -> Proc:
+    """The Azure emulator on the lab profile's endpoint, over TLS with a certificate of
+    the lab's own CA (:mod:`slurm_burst_lab.labca`, made under the lab's state: the
+    profile's ``ca_file`` trusts it, nothing outside the lab does); its VMs boot on the
+    namespace cloud's bridge in a subnet of their own (lab.azure_subnet), each starting
+    until its VM runs; ready once it answers over TLS."""
+    import ssl
+    import urllib.request
+
+    from slurm_burst_lab import labca
+    from slurm_burst_lab.config import azure_port
+
+    lab = settings(cfg)
+    port = azure_port(cfg.providers[lab.azure_provider].options.get("endpoint"))
+    ca, cert, key = labca.ensure(paths.state / "azure")
+    cloud = cfg.providers[lab.cloud_provider].options
+    bridge, delay = str(cloud.get("bridge", "sbl-inet")), str(cloud.get("boot_delay", 2.0))
+    argv = [sys.executable, "-m", "slurm_burst_lab.azureemu", str(port),
+            "--boot", str(paths.state / "azure"), "--bridge", bridge,
+            "--range", lab.azure_subnet, "--vm-delay", delay, "--boot-delay", delay,
+            "--op-delay", "1", "--tls", str(cert), str(key),
+            "--hide", str(paths.state)]  # fmt: skip
+    proc = spawn(argv, paths.log / "azure.out")
+    context = ssl.create_default_context(cafile=str(ca))
+
+    def ready() -> bool:
+        url = f"https://127.0.0.1:{port}/_emulator/calls"
+        try:
+            with urllib.request.urlopen(url, timeout=5, context=context):
+                return True
+        except OSError:
+            return False
+
+    wait_for(ready, 60, "Azure emulator", proc)
+    return proc

@@ -61,6 +61,17 @@ class LabConfig:
         "The GCE instances' subnet on the cloud bridge (its first address the bridge's).",
         default="10.251.1.0/24",
     )
+    azure_provider: str = doc(
+        "Provider profile (driver 'azure_arm', options.endpoint https://127.0.0.1:PORT and "
+        "options.ca_file the lab CA's certificate under state_dir/azure) the lab serves with "
+        "its Azure emulator over TLS, whose VMs boot on the cloud bridge in a subnet of their "
+        "own (azure_subnet); '' none.",
+        default="",
+    )
+    azure_subnet: str = doc(
+        "The Azure VMs' subnet on the cloud bridge (its first address the bridge's).",
+        default="10.251.2.0/24",
+    )
     prometheus: str = doc(
         "HOST:PORT of the lab's Prometheus (Debian's package), which scrapes the daemon "
         "every second and evaluates the shipped alert rules with 2-s 'for' windows; '' none.",
@@ -127,7 +138,43 @@ def validate(lab: LabConfig, cfg: Config) -> list[Problem]:
             out.append(Problem("lab.ec2_provider", "its options.port must be 1024..65535"))
     if lab.gce_provider:
         out += _gce_problems(lab, cfg)
+    if lab.azure_provider:
+        out += _azure_problems(lab, cfg)
     return out
+
+
+def azure_port(endpoint: object) -> int | None:
+    """The port of a ``https://127.0.0.1:PORT`` endpoint (the lab's emulator), else None."""
+    m = re.fullmatch(r"https://127\.0\.0\.1:(\d{4,5})/?", str(endpoint or ""))
+    port = int(m.group(1)) if m else 0
+    return port if 1024 <= port <= 65535 else None
+
+
+def _azure_problems(lab: LabConfig, cfg: Config) -> list[Problem]:
+    az = cfg.providers.get(lab.azure_provider)
+    ca = f"{lab.state_dir.rstrip('/')}/azure/ca.pem"
+    if az is None or az.driver != "azure_arm" or azure_port(az.options.get("endpoint")) is None:
+        return [Problem("lab.azure_provider", "must name a provider profile with driver "
+                        "'azure_arm' and options.endpoint 'https://127.0.0.1:PORT' (the lab's "
+                        "Azure emulator; PORT 1024..65535)")]  # fmt: skip
+    if az.options.get("ca_file") != ca:
+        return [Problem("lab.azure_provider", f"its options.ca_file must be {ca} (the lab's CA)")]
+    return _subnet_problems("lab.azure_subnet", lab.azure_subnet, lab, cfg, lab.gce_subnet)
+
+
+def _subnet_problems(key: str, subnet: str, lab: LabConfig, cfg: Config, *others: str
+                     ) -> list[Problem]:  # fmt: skip
+    try:
+        net = ipaddress.IPv4Network(subnet)
+        cloud = ipaddress.ip_network(str(cfg.providers[lab.cloud_provider].options.get(
+            "subnet", "10.251.0.0/24")))  # fmt: skip
+        taken = [ipaddress.ip_network(o) for o in others if o]
+    except (ValueError, KeyError) as exc:
+        return [Problem(key, f"is not an IPv4 network: {exc}")]
+    if net.overlaps(cloud) or any(net.overlaps(t) for t in taken) or net.num_addresses < 8:
+        return [Problem(key, f"must be a network of 8 addresses or more apart from the "
+                        f"namespace cloud's {cloud} and the other emulators'")]  # fmt: skip
+    return []
 
 
 def gce_port(endpoint: object) -> int | None:
@@ -143,13 +190,4 @@ def _gce_problems(lab: LabConfig, cfg: Config) -> list[Problem]:
         return [Problem("lab.gce_provider", "must name a provider profile with driver 'gce' "
                         "and options.endpoint 'http://127.0.0.1:PORT' (the lab's Compute "
                         "Engine emulator; PORT 1024..65535)")]  # fmt: skip
-    try:
-        net = ipaddress.IPv4Network(lab.gce_subnet)
-        cloud = ipaddress.ip_network(str(cfg.providers[lab.cloud_provider].options.get(
-            "subnet", "10.251.0.0/24")))  # fmt: skip
-    except (ValueError, KeyError) as exc:
-        return [Problem("lab.gce_subnet", f"is not an IPv4 network: {exc}")]
-    if net.overlaps(cloud) or net.num_addresses < 8:
-        return [Problem("lab.gce_subnet", f"must be a network of 8 addresses or more apart "
-                        f"from the namespace cloud's {cloud}")]  # fmt: skip
-    return []
+    return _subnet_problems("lab.gce_subnet", lab.gce_subnet, lab, cfg)

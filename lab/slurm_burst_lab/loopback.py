@@ -9,13 +9,14 @@ import threading
 from typing import Any
 
 
-def serve(app: Any, name: str, port: int = 0) -> Any:
+def serve(app: Any, name: str, port: int = 0, ssl_context: Any = None) -> Any:
     """Serve ``app`` on 127.0.0.1:``port`` (0: any free port) in a daemon thread named
-    ``name``; the server (its ``server_port`` is where it listens)."""
+    ``name`` (over TLS with ``ssl_context``); the server (its ``server_port`` is where it
+    listens)."""
     from werkzeug.serving import make_server
 
     logging.getLogger("werkzeug").setLevel(logging.ERROR)
-    server = make_server("127.0.0.1", port, app, threaded=True)
+    server = make_server("127.0.0.1", port, app, threaded=True, ssl_context=ssl_context)
     threading.Thread(target=server.serve_forever, name=name, daemon=True).start()
     return server
 

@@ -217,6 +217,7 @@ class Lab:
         for key, what, provider, start in (
             ("ec2", "EC2", self.lab.ec2_provider, c.start_ec2),
             ("gce", "GCE", self.lab.gce_provider, c.start_gce),
+            ("azure", "Azure", self.lab.azure_provider, c.start_azure),
         ):
             if not provider:
                 continue
@@ -309,7 +310,8 @@ class Lab:
         if daemon:  # first: it must not act on what is being removed
             c.stop(c.Proc(daemon["pid"], daemon["start"]), grace=10.0)
             removed.append("daemon")
-        for key, what in (("ec2", "EC2 emulator"), ("gce", "GCE emulator")):
+        for key, what in (("ec2", "EC2 emulator"), ("gce", "GCE emulator"),
+                          ("azure", "Azure emulator")):  # fmt: skip
             emu = (record.get("processes") or {}).get(key)
             if emu:  # it halts its VMs on SIGTERM
                 c.stop(c.Proc(emu["pid"], emu["start"]), grace=20.0)

@@ -9,6 +9,7 @@ import os
 import typing
 from collections.abc import Iterator
 from enum import Enum
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -122,21 +123,34 @@ def azure_emu() -> Iterator[AzureEmulator]:
     e.stop()
 
 
-def make_cloud(emu: AzureEmulator, zone: str = "", region: str = "eastus",
-               settings: CallSettings | None = None) -> ManagedCloud:  # fmt: skip
+def make_cloud(
+    emu: AzureEmulator,
+    zone: str = "",
+    region: str = "eastus",
+    settings: CallSettings | None = None,
+    storage: str = "",
+    ca_file: str = "",
+) -> ManagedCloud:
     """The daemon's Azure cloud on the emulator: a service principal's credentials in
     the standard variables, the emulator as the profile's ``endpoint``, the provider's
     budget (ARM's buckets) paced per request."""
     from slurm_burst.adapters.cloud.profiles import Placement
 
     env = {"AZURE_CLIENT_ID": CLIENT, "AZURE_CLIENT_SECRET": SECRET,
-           "AZURE_TENANT_ID": TENANT, "AZURE_SUBSCRIPTION_ID": SUBSCRIPTION}  # fmt: skip
+           "AZURE_TENANT_ID": TENANT, "AZURE_SUBSCRIPTION_ID": SUBSCRIPTION,
+           "SB_TEST_AZURE_SAS": storage}  # fmt: skip
+    options = {"endpoint": emu.base}
+    if ca_file:  # the emulator serves TLS with a certificate of this CA
+        options["ca_file"] = ca_file
+    if storage:  # the site's storage account for boot diagnostics (its SAS: ``storage``)
+        options |= {"boot_diagnostics_storage": f"{emu.base}/",
+                    "boot_diagnostics_sas_env": "SB_TEST_AZURE_SAS"}  # fmt: skip
     old = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     try:
         prov = ProviderConfig(name="az", driver="azure_arm", region=region, zone=zone,
                               resource_group=GROUP, network="hpc-vnet", subnet="burst",
-                              options={"endpoint": f"http://127.0.0.1:{emu.port}"})  # fmt: skip
+                              options=options)  # fmt: skip
         driver = cloud_driver(prov)
     finally:
         for k, v in old.items():
@@ -157,3 +171,51 @@ def batch_spec(names: tuple[str, ...], token: str, least: int = 0,
                       token=token, ssh_public_key="ssh-ed25519 AAAAC3Nz burst",
                       user_data="#!/bin/sh\necho booted\n", count=len(names),
                       min_count=least, names=names, disk_gb=64)  # fmt: skip
+
+
+# The daemon on the Azure emulator: the EC2 tests' config with an Azure profile (boot
+# diagnostics in the lab's storage account) and an on-demand group ("cpu") in place of
+# the EC2 ones (the scale benchmark's too)
+AZURE_PROFILE = """
+[providers.az]
+driver = "azure_arm"
+region = "eastus"
+resource_group = "burst-rg"
+network = "hpc-vnet"
+subnet = "burst"
+
+[providers.az.options]
+endpoint = "http://127.0.0.1:{port}"
+boot_diagnostics_storage = "http://127.0.0.1:{port}/"
+boot_diagnostics_sas_env = "SB_TEST_AZURE_SAS"
+
+[node_groups.cpu]
+pattern = "az-{{n}}"
+count = {count}
+partition = "burst-az"
+providers = ["az"]
+sizes = ["Standard_D2s_v5"]
+image = "Debian:debian-12:12-gen2:latest"
+cpus = 2
+memory_mb = 7000
+price_per_hour = {{ "Standard_D2s_v5" = 0.096 }}
+
+"""
+
+
+def azure_text(tmp: Path, port: int, cluster: str, count: int = 8, extra: str = "") -> str:
+    """The EC2 tests' config text with :data:`AZURE_PROFILE` (``count`` nodes in its
+    group) and ``extra`` in place of the EC2 profile and group, for the Azure emulator at
+    ``port``; the service principal's standard variables and the storage account's SAS
+    set in this process."""
+    from slurm_burst_lab.azureemu import STORAGE_SAS
+
+    from tests.integration.ec2config import CONFIG
+
+    os.environ.update({"AZURE_CLIENT_ID": CLIENT, "AZURE_CLIENT_SECRET": SECRET,
+                       "AZURE_TENANT_ID": TENANT, "AZURE_SUBSCRIPTION_ID": SUBSCRIPTION,
+                       "SB_TEST_AZURE_SAS": STORAGE_SAS})  # fmt: skip
+    text = CONFIG.format(cluster=cluster, tmp=tmp, port=port, spot="false")
+    head, rest = text.split("[providers.aws]", 1)
+    profile = AZURE_PROFILE.format(port=port, count=count)
+    return head + profile + extra + rest[rest.index("[ledger]") :]

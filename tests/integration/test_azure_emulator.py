@@ -52,7 +52,7 @@ def test_a_launch_is_one_put_of_the_groups_flexible_set_and_its_vms_come_back_pa
     profile = props["virtualMachineProfile"]
     assert base64.b64decode(profile["osProfile"]["customData"]).decode().startswith("#!/bin/sh")
     assert profile["osProfile"]["linuxConfiguration"]["ssh"]["publicKeys"] == [
-        {"path": "/home/slurm/.ssh/authorized_keys", "keyData": "ssh-ed25519 AAAAC3Nz burst"}
+        {"path": "/home/azureuser/.ssh/authorized_keys", "keyData": "ssh-ed25519 AAAAC3Nz burst"}
     ]
     nic = profile["networkProfile"]["networkInterfaceConfigurations"][0]["properties"]
     assert nic["deleteOption"] == "Delete"
@@ -121,7 +121,7 @@ def test_a_quota_refuses_the_scale_out_at_once_as_a_quota_error(
     assert azure_emu.arm.vms == {}
 
 
-def test_the_fleet_view_reads_each_set_in_pages_with_power_states_and_one_nic_listing(
+def test_the_fleet_view_reads_each_set_in_pages_with_power_states_and_nics_only_when_new(
     azure_emu: AzureEmulator,
 ) -> None:
     cloud = make_cloud(azure_emu)
@@ -133,8 +133,11 @@ def test_the_fleet_view_reads_each_set_in_pages_with_power_states_and_one_nic_li
     assert {i.size for i in fleet} == {"Standard_D2s_v5", "Standard_D4s_v5"}
     assert azure_emu.calls["vmss.list"] == 1
     assert azure_emu.calls["vm.list"] == 3  # two pages of the first set, one of the other
-    assert azure_emu.calls["nic.list"] == 3  # five NICs, two a page
+    assert azure_emu.calls.get("nic.list", 0) == 0  # the launches learnt every address
     assert azure_emu.calls.get("vm.get", 0) == 0
+    azure_emu.arm.vms[next(iter(azure_emu.arm.vms))]["id"] += "-renamed"  # one not known
+    assert len(cloud.list_fleet("lab")) == 5
+    assert azure_emu.calls["nic.list"] == 3  # then five NICs, two a page
     assert cloud.list_fleet("another") == []
 
 
@@ -167,6 +170,31 @@ def test_host_keys_come_from_the_boot_diagnostics_serial_log(azure_emu: AzureEmu
     assert azure_emu.calls["blob.get"] == 2
 
 
+def test_with_the_sites_storage_account_host_keys_cost_no_arm_call(
+    azure_emu: AzureEmulator,
+) -> None:
+    """Boot diagnostics in the site's storage account: the listing's instance views say
+    where each log is, and the read is one blob GET with the account's read-only SAS."""
+    from slurm_burst_lab.azureemu import STORAGE_SAS
+
+    from slurm_burst.core.cloud import CloudError
+
+    cloud = make_cloud(azure_emu, storage=STORAGE_SAS)
+    vm = cloud.launch_many(batch_spec(("az-1",), "tok-s"))[0]
+    put = next(b for m, _, b in azure_emu.requests if m == "PUT")
+    diag = put["properties"]["virtualMachineProfile"]["diagnosticsProfile"]["bootDiagnostics"]
+    assert diag == {"enabled": True, "storageUri": f"http://127.0.0.1:{azure_emu.port}/"}
+    vm_id = next(v["properties"]["vmId"] for v in azure_emu.arm.vms.values())
+    assert cloud.host_keys(vm.id) == [("ssh-ed25519", scale_key(vm_id))]
+    assert azure_emu.calls.get("vm.retrieveBootDiagnosticsData", 0) == 0
+    assert azure_emu.calls["storage.get"] == 1
+    wrong = make_cloud(azure_emu, storage="sv=2022-11-02&sig=not-the-accounts")
+    wrong.list_fleet("lab")
+    with pytest.raises(CloudError, match="refused the serial log read") as err:
+        wrong.host_keys(vm.id)
+    assert "sig=" not in str(err.value)
+
+
 def test_a_release_deletes_exactly_that_vm_with_its_nic_and_disk(
     azure_emu: AzureEmulator,
 ) -> None:
@@ -177,6 +205,8 @@ def test_a_release_deletes_exactly_that_vm_with_its_nic_and_disk(
     assert len(azure_emu.arm.nics) == 2 and len(azure_emu.arm.disks) == 2
     assert azure_emu.arm.sets[(GROUP.lower(), _set_name())]["sku"]["capacity"] == 2
     cloud.terminate(made[1].id)  # gone already: nothing to do
+    cloud.tag(made[0].id, {"slurm-burst-node": "az-1", "Name": "az-1"})  # for people
+    assert azure_emu.arm.vms[(GROUP.lower(), made[0].id.lower())]["tags"]["Name"] == "az-1"
 
 
 def test_an_empty_set_is_deleted_by_the_fleet_pass_once_its_last_launch_is_old(
@@ -249,3 +279,27 @@ def test_a_next_link_to_another_host_is_refused_not_followed(azure_emu: AzureEmu
         "/a/b",
         {"x": "'y'", "$skiptoken": "2"},
     )
+
+
+def test_over_tls_the_profiles_ca_is_trusted_and_nothing_else(tmp_path: Any) -> None:
+    """The lab serves Azure over TLS with a CA of its own (slurm_burst_lab.labca): the
+    profile's ``ca_file`` trusts it for ARM, the token and the storage account's blobs;
+    without it the same endpoint is refused, not trusted."""
+    from slurm_burst_lab.azureemu import STORAGE_SAS
+    from slurm_burst_lab.labca import ensure
+
+    from slurm_burst.core.cloud import CloudError
+
+    ca, cert, key = ensure(tmp_path / "ca")
+    assert oct(key.stat().st_mode & 0o777) == "0o600"
+    emu = AzureEmulator(keys_after=0.0)
+    emu.start(tls=(str(cert), str(key)))
+    try:
+        assert emu.base.startswith("https://")
+        cloud = make_cloud(emu, storage=STORAGE_SAS, ca_file=str(ca))
+        vm = cloud.launch_many(batch_spec(("tls-1",), "tok-tls"))[0]
+        assert cloud.host_keys(vm.id)
+        with pytest.raises(CloudError, match=r"(?i)certificate"):
+            make_cloud(emu).launch_many(batch_spec(("tls-2",), "tok-tls2"))
+    finally:
+        emu.stop()

@@ -94,14 +94,20 @@ def test_azure_reads_the_boot_diagnostics_serial_log_asking_for_its_address_once
     assert len(reads) == 2 and reads[0].startswith("https://md-"), reads
 
 
-def test_azure_serial_log_not_written_yet_asks_for_the_address_again(
+def test_azure_serial_log_not_written_yet_keeps_its_address_and_an_expired_one_is_renewed(
     http: Http, azure: Any
 ) -> None:
+    """A log not written yet (404) keeps its address: one ARM write per VM, not one per
+    read (ARM allows ten writes a second); an expired address (403) is asked for again."""
     cloud = azure(http, {("GET", SERIAL_LOG): (404, "error_blob_not_found.json")})
     vm = cloud.list_instances("c1")[0]
     assert cloud.host_keys(vm.id) == [] and cloud.host_keys(vm.id) == []
     posts = [u for m, u, _ in http.sent if m == "POST" and "retrieveBootDiagnosticsData" in u]
-    assert len(posts) == 2
+    assert len(posts) == 1
+    expired = azure(http, {("GET", SERIAL_LOG): (403, "error_blob_not_found.json")})
+    assert expired.host_keys(vm.id) == [] and expired.host_keys(vm.id) == []
+    posts = [u for m, u, _ in http.sent if m == "POST" and "retrieveBootDiagnosticsData" in u]
+    assert len(posts) == 3
 
 
 def test_openstack_reads_cloud_inits_block_from_the_console_log(

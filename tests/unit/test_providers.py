@@ -91,7 +91,9 @@ def test_no_module_but_its_own_tests_for_a_providers_name() -> None:
     ``if driver == "ec2"``, a table keyed by it) is the spread this layout ended."""
     here = PRODUCT / "adapters" / "cloud" / "providers"
     own = {here / f"{n}.py" for n in BUILT_IN} | {
-        p for n in BUILT_IN for p in (here / n).rglob("*.py")  # a provider as a package
+        p
+        for n in BUILT_IN
+        for p in (here / n).rglob("*.py")  # a provider as a package
     }
     elsewhere = [m for p in sorted(PRODUCT.rglob("*.py")) if p not in own for m in _mentions(p)]
     assert elsewhere == []
@@ -145,3 +147,49 @@ def test_gce_placement_names_and_what_config_check_says_of_compact_placement() -
     prov = ProviderConfig(name="gcp", driver="gce", zone="us-central1-a", launch_options=options)
     found = dict(gce.profile_problems(prov))
     assert set(found) == {"launch_options.preemptible", "launch_options.ex_service_accounts"}
+
+
+def test_what_config_check_asks_of_an_azure_profile() -> None:
+    from slurm_burst.adapters.cloud.providers.azure_arm import PROVIDER
+    from slurm_burst.config import ProviderConfig
+
+    def problems(**kw: Any) -> list[str]:
+        base: dict[str, Any] = {"name": "az", "driver": "azure_arm", "region": "eastus",
+                                "resource_group": "rg", "network": "vnet"}  # fmt: skip
+        prov = ProviderConfig(**(base | kw))
+        return [f for f, _ in PROVIDER.profile_problems(prov)]
+
+    assert problems() == [] and problems(zone="2") == [] and problems(zone="eastus") == []
+    assert problems(region="", resource_group="") == ["resource_group", "region"]
+    assert problems(zone="4") == ["zone"]
+    assert problems(launch_options={"priority": "Spot"}) == ["launch_options.priority"]
+    assert problems(options={"endpoint": "http://arm.example"}) == ["options.endpoint"]
+    assert problems(options={"endpoint": "https://127.0.0.1:4597", "ca_file": "ca.pem"}) == [
+        "options.ca_file"]  # fmt: skip
+    store = {"boot_diagnostics_storage": "https://acct.blob.core.windows.net/"}
+    assert problems(options=store) == ["options.boot_diagnostics_sas_env"]
+    assert problems(options=store | {"boot_diagnostics_sas_env": "SAS"}) == []
+    assert problems(options=store | {"boot_diagnostics_sas_env": "not a name"}) == [
+        "options.boot_diagnostics_sas_env"]  # fmt: skip
+    assert problems(options={"admin_user": "root"}) == ["options.admin_user"]
+    assert problems(options={"admin_user": "slurm"}) == []
+
+
+def test_one_arm_budget_per_principal_and_endpoint_whatever_the_region() -> None:
+    from slurm_burst.config import Credentials, ProviderConfig
+
+    azure = provider("azure_arm")
+    one = Credentials(file="/etc/slurm-burst/azure.toml")
+
+    def scope(**kw: Any) -> tuple[str, ...]:
+        return azure.budget_scope(ProviderConfig(name="az", driver="azure_arm", **kw))
+
+    east, west = scope(region="eastus", credentials=one), scope(region="westeurope",
+                                                                credentials=one)  # fmt: skip
+    assert east == west
+    other = Credentials(file="/etc/slurm-burst/azure-2.toml")
+    assert scope(region="eastus", credentials=other) != east
+    table = azure.api_table()
+    assert table is not None and (table.limit("reads").burst, table.limit("writes").refill) == (
+        250, 10)  # fmt: skip
+    assert table.limit("launch").refill == 0  # our calls are paced by their requests

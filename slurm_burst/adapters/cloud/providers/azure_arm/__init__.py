@@ -7,6 +7,7 @@ driver has none; ours comes with the scale sets' ``priority``)."""
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -94,12 +95,30 @@ class AzureArm(Provider):
                     "Azure launches are scale-outs of a scale set: launch_options takes nothing",
                 )
             )
-        endpoint = prov.options.get("endpoint")
-        if endpoint is not None:
-            try:
-                split_endpoint(str(endpoint))
-            except ValueError as exc:
-                out.append(("options.endpoint", str(exc)))
+        for key in ("endpoint", "boot_diagnostics_storage"):
+            if prov.options.get(key) is not None:
+                try:
+                    split_endpoint(str(prov.options[key]).rstrip("/"))
+                except ValueError as exc:
+                    out.append((f"options.{key}", str(exc)))
+        ca_file = prov.options.get("ca_file")
+        if ca_file is not None and not str(ca_file).startswith("/"):
+            out.append(("options.ca_file", "an absolute path to a PEM CA bundle"))
+        admin = prov.options.get("admin_user")
+        if admin is not None and (
+            not re.fullmatch(r"[a-z_][a-z0-9_.-]{0,63}", str(admin))
+            or str(admin).lower() in sets.RESERVED_USERS
+        ):
+            out.append(("options.admin_user", "a Linux user name Azure allows as the VMs' "
+                        "admin (not root, admin, ...)"))  # fmt: skip
+        storage = prov.options.get("boot_diagnostics_storage")
+        sas_env = prov.options.get("boot_diagnostics_sas_env")
+        if bool(storage) != bool(sas_env):
+            out.append(("options.boot_diagnostics_sas_env", "boot_diagnostics_storage and "
+                        "boot_diagnostics_sas_env go together (the storage account, and the "
+                        "variable holding its read-only SAS)"))  # fmt: skip
+        elif sas_env and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", str(sas_env)):
+            out.append(("options.boot_diagnostics_sas_env", "an environment variable's name"))
         return out
 
     def group_problems(self, group: NodeGroup) -> list[Finding]:
@@ -123,14 +142,44 @@ class AzureArm(Provider):
         an Azure Stack Hub's)."""
         tenant, subscription = kwargs.pop("tenant_id", ""), kwargs.pop("subscription_id", "")
         endpoint = kwargs.pop("endpoint", None)
+        admin = str(kwargs.pop("admin_user", "") or sets.ADMIN_USER)
+        ca_file = str(kwargs.pop("ca_file", "") or "")
+        storage = str(kwargs.pop("boot_diagnostics_storage", "") or "")
+        sas = ""
+        sas_env = str(kwargs.pop("boot_diagnostics_sas_env", "") or "")
+        if storage:
+            import os
+
+            from slurm_burst.adapters.cloud.credentials import CredentialsError
+
+            sas = os.environ.get(sas_env, "")
+            if not sas:
+                raise CredentialsError(
+                    f"provider {prov.name}: boot_diagnostics_storage needs a read-only "
+                    f"account SAS in ${sas_env or '(boot_diagnostics_sas_env not set)'}"
+                )
         if prov.region:
             kwargs.setdefault("region", prov.region)
         cls = type(
             f"{cls.__name__}Metered",
             (cls,),
-            {"connectionCls": arm_connection(cls.connectionCls, str(endpoint or ""))},
+            {"connectionCls": arm_connection(cls.connectionCls, str(endpoint or ""), ca_file)},
         )
-        return cls(tenant, subscription, key, secret, **kwargs)
+        from libcloud.common.exceptions import BaseHTTPError
+        from libcloud.common.types import LibcloudError
+
+        from slurm_burst.core.cloud import AuthError, CloudError
+
+        try:  # libcloud's driver logs in as it is made
+            driver = cls(tenant, subscription, key, secret, **kwargs)
+        except (LibcloudError, BaseHTTPError, OSError) as exc:
+            kind = AuthError if getattr(exc, "code", None) in (400, 401, 403) else CloudError
+            raise kind(f"provider {prov.name}: cannot log in to Azure at "
+                       f"{endpoint or 'login.microsoftonline.com'}: {exc}", "AuthFailure"
+                       if kind is AuthError else "LoginFailed") from None  # fmt: skip
+        driver.boot_diagnostics_storage, driver.boot_diagnostics_sas = storage, sas
+        driver.admin_user, driver.ca_file = admin, ca_file
+        return driver
 
     def watch(self, cloud: LibcloudCloud) -> None:
         conn = getattr(cloud.driver, "connection", None)
@@ -285,8 +334,10 @@ class AzureArm(Provider):
     def _set_vms(
         self, arm: sets.Arm, set_id: str, before_page: Callable[[], None] = lambda: None
     ) -> list[dict[str, Any]]:
-        """The set's VMs with their instance views: one filtered listing, in pages."""
-        return arm.pages(
+        """The set's VMs with their instance views: one filtered listing, in pages; each
+        VM's serial log blob noted where the instance view names one (the site's storage
+        account)."""
+        vms = arm.pages(
             arm.compute("virtualMachines"),
             {
                 "api-version": VM_API,
@@ -295,6 +346,13 @@ class AzureArm(Provider):
             },
             before_page,
         )
+        logs = sets.book(arm.cloud).logs
+        for vm in vms:
+            view = (vm.get("properties") or {}).get("instanceView") or {}
+            uri = str((view.get("bootDiagnostics") or {}).get("serialConsoleLogBlobUri") or "")
+            if uri:
+                logs[str(vm["name"])] = uri
+        return vms
 
     def _addresses(
         self,
@@ -332,7 +390,8 @@ class AzureArm(Provider):
     ) -> list[Instance]:
         """The cluster's scale sets (one listing of the resource group's sets), each
         set's VMs (one filtered listing with instance views), the resource group's
-        network interfaces (one listing); an empty set whose last launch is
+        network interfaces (one listing, only while a VM's address is not known yet: it
+        never changes); an empty set whose last launch is
         :data:`EMPTY_AFTER` s old is deleted here (the reconcile pass reads this)."""
         arm, bk = sets.Arm(cloud), sets.book(cloud)
         before_page()
@@ -353,7 +412,8 @@ class AzureArm(Provider):
                 vms.append((vm, own))
             if not members:
                 self._drop_if_idle(arm, bk, s)
-        self._addresses(cloud, arm, bk, before_page)
+        if any(str(vm.get("id", "")).lower() not in bk.addresses for vm, _ in vms):
+            self._addresses(cloud, arm, bk, before_page)  # a VM's address never changes
         out = [sets.instance_of(cloud.name, vm, bk.addresses, tags) for vm, tags in vms]
         return [i for i in out if i.state != "terminated"]
 
@@ -386,14 +446,10 @@ class AzureArm(Provider):
         path = instance_id
         if not instance_id.startswith("/subscriptions/"):  # a VM's name: its id in its set
             path = arm.compute("virtualMachines", instance_id)
-        return Node(
-            path,
-            instance_id.rsplit("/", 1)[-1],
-            NodeState.UNKNOWN,
-            [],
-            [],
-            cloud.driver,
-        )
+        name = instance_id.rsplit("/", 1)[-1]
+        log_uri = sets.book(cloud).logs.get(name, "")
+        return Node(path, name, NodeState.UNKNOWN, [], [], cloud.driver,
+                    extra={"serial_log": log_uri})  # fmt: skip
 
     def terminate(self, cloud: LibcloudCloud, instance_id: str) -> bool:
         """``DELETE`` the VM by name (its NIC and OS disk go with it: ``deleteOption``);
@@ -403,6 +459,7 @@ class AzureArm(Provider):
     def _delete(self, arm: sets.Arm, name: str) -> bool:
         from libcloud.common.exceptions import BaseHTTPError
 
+        sets.book(arm.cloud).logs.pop(name, None)
         try:
             arm.request(arm.compute("virtualMachines", name), "DELETE")
         except BaseHTTPError as exc:
@@ -417,7 +474,7 @@ class AzureArm(Provider):
         arm.request(arm.compute("virtualMachines", instance_id), "PATCH", {"tags": dict(tags)})
 
 
-def arm_connection(base: Any, url: str) -> Any:
+def arm_connection(base: Any, url: str, ca_file: str = "") -> Any:
     """The driver's connection class, changed in two ways:
 
     - every request takes its turn from the budget of its kind first (``meter_of()``,
@@ -425,7 +482,9 @@ def arm_connection(base: Any, url: str) -> Any:
       left, and on a 429 lets the meter cut the rate and repeat it after ``Retry-After``;
     - with ``url`` (``https://HOST[:PORT]``, or plain http on loopback), ARM requests and
       the token exchange go there (libcloud takes only a host for either, and logs in on
-      port 443).
+      port 443);
+    - with ``ca_file``, both trust that CA bundle (a private endpoint's: Azure Stack Hub,
+      the lab) instead of the system's.
     """
     target = split_endpoint(url) if url else None
 
@@ -447,6 +506,8 @@ def arm_connection(base: Any, url: str) -> Any:
             from libcloud.common.azure_arm import AzureAuthJsonResponse
 
             conn = self.conn_class(self.host, self.port, secure=self.secure, timeout=self.timeout)
+            if ca_file:  # (libcloud's connection takes its CA as an attribute only)
+                conn.ca_cert = ca_file
             conn.connect()
             form = urlencode(
                 {
@@ -466,6 +527,12 @@ def arm_connection(base: Any, url: str) -> Any:
             got: dict[str, Any] = js.object or {}
             self.access_token = got["access_token"]
             self.expires_on = got["expires_on"]
+
+        def connect(self, **kw: Any) -> Any:
+            out = super().connect(**kw)
+            if ca_file and self.connection is not None:
+                self.connection.ca_cert = ca_file
+            return out
 
         def request(
             self,
@@ -505,10 +572,17 @@ def arm_connection(base: Any, url: str) -> Any:
 
 
 class BootDiagnostics:
-    """The boot diagnostics serial log: ``retrieveBootDiagnosticsData`` gives a read-only
-    (SAS) address of the log blob, kept per instance until it expires; the log is then
-    read with a plain HTTPS GET. Boot diagnostics are enabled in the VM's own create
-    request (:meth:`AzureArm.prepare`)."""
+    """The boot diagnostics serial log, read two ways:
+
+    - where the profile names a storage account for it (``boot_diagnostics_storage``,
+      with a read-only account SAS in the variable ``boot_diagnostics_sas_env`` names),
+      the fleet listing's instance views already say where each VM's log is: one blob
+      read, no ARM call at all (what a burst of hundreds of nodes needs: ARM allows ten
+      writes a second);
+    - else managed boot diagnostics: ``retrieveBootDiagnosticsData`` (an ARM POST, a
+      write) gives a read-only address of the log, kept per instance until it expires
+      (a log not written yet keeps its address), then a plain HTTPS GET.
+    """
 
     name = "boot-diagnostics"
 
@@ -538,13 +612,7 @@ class BootDiagnostics:
                 return ""
             raise
         uri = str((resp or {}).get("serialConsoleLogBlobUri") or "")
-        parts = urlsplit(uri)
-        loopback = parts.scheme == "http" and parts.hostname in ("127.0.0.1", "::1", "localhost")
-        if uri and parts.scheme != "https" and not loopback:
-            # (never the whole address: its query string is a read token)
-            raise LibcloudError(
-                f"BootDiagnostics: the serial log address is not https ({urlsplit(uri).netloc})"
-            )
+        _check_https(uri)
         if uri:
             now = time.time()
             with self._lock:  # expired addresses go: the map holds only booting instances
@@ -552,21 +620,50 @@ class BootDiagnostics:
                 self._uris[str(node.id)] = (uri, now + (SAS_MINUTES - 5) * 60)
         return uri
 
+    def _verify(self) -> str | bool:
+        """The profile's CA bundle (``ca_file``), else the system's trust."""
+        return str(getattr(self.driver, "ca_file", "") or "") or True
+
     def read(self, node: Node) -> list[tuple[str, str]]:
-        uri = self._log_uri(node)
-        if not uri:
-            return []
         import requests  # libcloud's own HTTP library
         from libcloud.common.exceptions import BaseHTTPError
 
-        resp = requests.get(uri, timeout=30)
-        if resp.status_code in (403, 404):  # not written yet, or the address expired
+        listed = str((node.extra or {}).get("serial_log") or "")
+        sas = str(getattr(self.driver, "boot_diagnostics_sas", "") or "")
+        if listed and sas:  # the site's storage account: the listing said where
+            _check_https(listed)
+            resp = requests.get(f"{listed}?{sas.lstrip('?')}", timeout=30, verify=self._verify())
+            if resp.status_code == 404:  # not written yet
+                return []
+            if resp.status_code != 200:  # (never the address: its query is a read token)
+                raise BaseHTTPError(resp.status_code, "BootDiagnostics: the storage account "  # type: ignore[no-untyped-call]
+                                    f"refused the serial log read: {resp.reason}", {})  # fmt: skip
+            return parse_console_host_keys(resp.content.decode("utf-8", "replace"))
+        uri = self._log_uri(node)
+        if not uri:
+            return []
+        resp = requests.get(uri, timeout=30, verify=self._verify())
+        if resp.status_code == 404:  # not written yet: the address stays good
+            return []
+        if resp.status_code == 403:  # the address expired: ask for another next time
             with self._lock:
                 self._uris.pop(str(node.id), None)
             return []
         if resp.status_code != 200:
             raise BaseHTTPError(resp.status_code, f"BootDiagnostics: serial log: {resp.reason}", {})  # type: ignore[no-untyped-call]
         return parse_console_host_keys(resp.content.decode("utf-8", "replace"))
+
+
+def _check_https(uri: str) -> None:
+    """A serial log's address must be https (plain http only on loopback: the lab)."""
+    from libcloud.common.types import LibcloudError
+
+    parts = urlsplit(uri)
+    loopback = parts.scheme == "http" and parts.hostname in ("127.0.0.1", "::1", "localhost")
+    if uri and parts.scheme != "https" and not loopback:
+        # (never the whole address: its query string is a read token)
+        raise LibcloudError(f"BootDiagnostics: the serial log address is not https "
+                            f"({parts.netloc})")  # fmt: skip
 
 
 PROVIDER = AzureArm()

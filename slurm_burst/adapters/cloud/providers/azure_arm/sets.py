@@ -45,6 +45,47 @@ if TYPE_CHECKING:
 COMPUTE_API = "2024-03-01"
 NETWORK_API = "2023-09-01"
 SET_MOST = 1000  # VMs in a Flexible scale set
+# the VMs' admin user (Azure refuses root): the daemon's key is its key, and the image
+# lets root log in with it too (cloud-init's disable_root: false), as the bootstrap
+# needs root (daemon.ssh_user); a profile's admin_user option names another
+ADMIN_USER = "azureuser"
+# names Azure refuses as an admin user ("Linux VM: the admin username", Azure docs)
+RESERVED_USERS = frozenset(
+    {
+        "administrator",
+        "admin",
+        "user",
+        "user1",
+        "test",
+        "user2",
+        "test1",
+        "user3",
+        "admin1",
+        "1",
+        "123",
+        "a",
+        "actuser",
+        "adm",
+        "admin2",
+        "aspnet",
+        "backup",
+        "console",
+        "david",
+        "guest",
+        "john",
+        "owner",
+        "root",
+        "server",
+        "sql",
+        "support",
+        "support_388945a0",
+        "sys",
+        "test2",
+        "test3",
+        "user4",
+        "user5",
+    }
+)
 SCALEOUT_TAG = "slurm-burst-scaleout"  # "TOKEN START-EPOCH": the last launch on the set
 OP_WAIT = 1800.0  # seconds a launch waits for its operation at most
 PAGES = 20_000  # a loop over nextLink that cannot end is a bug
@@ -69,6 +110,8 @@ class SetBook:
     inflight: dict[str, tuple[str, frozenset[str]]] = field(default_factory=dict)
     sets: dict[str, str] = field(default_factory=dict)  # set name -> its group (listed)
     addresses: dict[str, str] = field(default_factory=dict)  # VM id (lower) -> private IP
+    # VM name -> its serial log's blob in the site's storage account (instance views)
+    logs: dict[str, str] = field(default_factory=dict)
     guard: threading.Lock = field(default_factory=threading.Lock)
 
     def lock(self, name: str) -> threading.Lock:
@@ -184,7 +227,11 @@ def profile_body(
             f"virtualNetworks/{p.network}/subnets/{p.subnet or 'default'}"
         )
     )
-    user = p.ssh_user or "azureuser"
+    user = str(getattr(cloud.driver, "admin_user", "") or ADMIN_USER)
+    diagnostics: dict[str, Any] = {"enabled": True}  # managed, or the site's account
+    storage = str(getattr(cloud.driver, "boot_diagnostics_storage", "") or "")
+    if storage:
+        diagnostics["storageUri"] = storage
     os_disk: dict[str, Any] = {
         "createOption": "FromImage",
         "caching": "ReadWrite",
@@ -232,7 +279,7 @@ def profile_body(
                     }
                 ],
             },
-            "diagnosticsProfile": {"bootDiagnostics": {"enabled": True}},
+            "diagnosticsProfile": {"bootDiagnostics": diagnostics},
         },
     }
     body: dict[str, Any] = {
