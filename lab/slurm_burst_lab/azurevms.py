@@ -133,6 +133,7 @@ class Arm:
 
     def summary(self) -> list[dict[str, Any]]:
         with self._lock:
+            self._sweep()
             return [
                 {
                     "name": v["name"],

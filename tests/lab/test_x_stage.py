@@ -376,6 +376,7 @@ def outputs_of(store: Store, job_id: int) -> list[Any]:
     return store.outputs(job_id)
 
 
+@pytest.mark.full  # 3 min: make test-full only (docs/testing.md, the time budget)
 def test_a_job_killed_by_a_reclaim_resumes_from_its_last_synced_checkpoint(
     lab: Lab, env: dict[str, str], store: Store, cloud: Any, out_dir: Path, results: Path
 ) -> None:
