@@ -263,6 +263,50 @@ class Arm:
                 "microsoft.compute",
                 "virtualmachinescalesets",
                 _,
+                "networkinterfaces",
+            ] if method == "GET":
+                count("vmssnic.list")
+                s = self._set(low[3], parts[7])
+                rows = [n for n in self.nics.values() if n.get("_set") == s["id"]]
+                return 200, self._paged(rows, q, base, "/".join(["", *parts])), []
+            case [
+                "resourcegroups",
+                _,
+                "providers",
+                "microsoft.compute",
+                "virtualmachinescalesets",
+                _,
+                "virtualmachines",
+                iid,
+            ]:
+                vm = self._set_vm(low[3], parts[7], iid)
+                if method == "GET":
+                    count("vmssvm.get")
+                    return 200, self._vm_doc(vm, q.get("$expand") == "instanceView"), []
+                if method == "DELETE":
+                    count("vmssvm.delete")
+                    return self._delete_vm(low[3], vm["name"], base)
+            case [
+                "resourcegroups",
+                _,
+                "providers",
+                "microsoft.compute",
+                "virtualmachinescalesets",
+                _,
+                "virtualmachines",
+                iid,
+                "retrievebootdiagnosticsdata",
+            ] if method == "POST":
+                count("vmssvm.retrieveBootDiagnosticsData")
+                vm = self._set_vm(low[3], parts[7], iid)
+                return 200, self._boot_diagnostics(low[3], vm["name"], q, base, any_mode=True), []
+            case [
+                "resourcegroups",
+                _,
+                "providers",
+                "microsoft.compute",
+                "virtualmachinescalesets",
+                _,
                 "delete",
             ] if method == "POST":
                 count("vmss.deleteInstances")
@@ -306,8 +350,8 @@ class Arm:
             case ["resourcegroups", _, "providers", "microsoft.network", "networkinterfaces"] if (
                 method == "GET"
             ):
-                count("nic.list")
-                rows = [n for (g, _), n in self.nics.items() if g == low[3]]
+                count("nic.list")  # a Uniform set's NICs are the set's, not listed here
+                rows = [n for (g, _), n in self.nics.items() if g == low[3] and "_set" not in n]
                 return 200, self._paged(rows, q, base, "/".join(["", *parts])), []
             case [
                 "resourcegroups",
@@ -319,11 +363,11 @@ class Arm:
             ] if method == "GET":
                 count("nic.get")
                 nic = self.nics.get((low[3], name))
-                if nic is None:
+                if nic is None or "_set" in nic:
                     raise ArmError(
                         404, "ResourceNotFound", f"NetworkInterface '{parts[7]}' was not found."
                     )
-                return 200, nic, []
+                return 200, _public(nic), []
         raise ArmError(
             404,
             "InvalidResourceType",
@@ -567,6 +611,8 @@ class Arm:
                 f"/subscriptions/{self.subscription}/resourceGroups/{_rg(s)}/providers/"
                 f"Microsoft.Network/networkInterfaces/{nic_name}"
             )
+            if not flexible:  # a Uniform set's NICs are its own sub-resources
+                nic_id = f"{vid}/networkInterfaces/{c.get('name', 'nic')}"
             ipc = c["properties"]["ipConfigurations"][0]
             self.nics[(group, nic_name.lower())] = {
                 "name": nic_name,
@@ -590,7 +636,11 @@ class Arm:
                     "primary": not nics,
                 },
             }
+            if not flexible:
+                self.nics[(group, nic_name.lower())]["_set"] = s["id"]
             delete = (c.get("properties") or {}).get("deleteOption", "Detach")
+            if not flexible:
+                delete = "Delete"  # a Uniform set's NIC goes with its VM
             nics.append({"id": nic_id, "properties": {"primary": not nics, "deleteOption": delete}})
         disk = f"{name}_OsDisk_1_{secrets.token_hex(16)}"
         self.disks[(group, disk.lower())] = name
@@ -688,6 +738,25 @@ class Arm:
             )
         return vm
 
+    def _set_vm(self, group: str, set_name: str, instance_id: str) -> dict[str, Any]:
+        """A Uniform set's VM by its instance id."""
+        s = self._set(group, set_name)
+        vm = next(
+            (
+                v
+                for v in self.vms.values()
+                if v["_set"] == s["id"] and v.get("instanceId") == instance_id
+            ),
+            None,
+        )
+        if vm is None:
+            raise ArmError(
+                404,
+                "NotFound",
+                f"The Virtual Machine Scale Set VM '{set_name}_{instance_id}' was not found.",
+            )
+        return vm
+
     def _state(self, vm: dict[str, Any]) -> None:
         """Its provisioning state as time has moved (the operation's delay)."""
         props = vm["properties"]
@@ -767,7 +836,9 @@ class Arm:
         if start < 0:
             raise _bad("$skiptoken")
         page = rows[start : start + self.page]
-        docs = [self._vm_doc(r, view) if "vmId" in r.get("properties", {}) else r for r in page]
+        docs = [
+            self._vm_doc(r, view) if "vmId" in r.get("properties", {}) else _public(r) for r in page
+        ]
         out: dict[str, Any] = {"value": docs}
         if start + self.page < len(rows):
             keep = {k: v for k, v in q.items() if k != "$skiptoken"}
@@ -778,7 +849,7 @@ class Arm:
     def _delete_vm(
         self, group: str, name: str, base: str
     ) -> tuple[int, Any, list[tuple[str, str]]]:
-        vm = self._vm(group, name)
+        vm = self.vms.get((group, name.lower())) or self._vm(group, name)
         vm["properties"]["provisioningState"] = "Deleting"
         self._halt(vm)
         self._going[(group, name.lower())] = time.time() + self.op_delay
@@ -811,14 +882,18 @@ class Arm:
         if vm is None:
             return
         self._halt(vm)
-        for nic in vm["properties"]["networkProfile"]["networkInterfaces"]:
-            if nic["properties"].get("deleteOption") == "Delete":
-                self.nics.pop((vm["_group"], nic["id"].rsplit("/", 1)[1].lower()), None)
+        going = {
+            n["id"]
+            for n in vm["properties"]["networkProfile"]["networkInterfaces"]
+            if n["properties"].get("deleteOption") == "Delete"
+        }
+        for key in [k for k, nic in self.nics.items() if nic["id"] in going]:
+            del self.nics[key]
         os_disk = vm["properties"]["storageProfile"]["osDisk"]
         if os_disk.get("deleteOption") == "Delete":
             self.disks.pop((vm["_group"], vm["_disk"].lower()), None)
         s = next((x for x in self.sets.values() if x["id"] == vm["_set"]), None)
-        if s is not None and vm["_flexible"]:  # a Flexible set counts what it holds
+        if s is not None:  # a set counts what it holds (a Uniform one: instances deleted)
             s["sku"]["capacity"] = len([v for v in self.vms.values() if v["_set"] == s["id"]])
 
     def _halt(self, vm: Mapping[str, Any]) -> None:
@@ -826,9 +901,9 @@ class Arm:
             self.vmhost.halt(vm["properties"]["vmId"])
 
     def _boot_diagnostics(
-        self, group: str, name: str, q: Mapping[str, str], base: str
+        self, group: str, name: str, q: Mapping[str, str], base: str, any_mode: bool = False
     ) -> dict[str, Any]:
-        vm = self._vm(group, name)
+        vm = self.vms[(group, name.lower())] if any_mode else self._vm(group, name)
         diag = (vm["properties"].get("diagnosticsProfile") or {}).get("bootDiagnostics") or {}
         if not diag.get("enabled"):
             raise ArmError(
@@ -888,3 +963,8 @@ def scale_key(vm_id: str) -> str:
     hash of its id, in the form the daemon's parser reads."""
     blob = b"\x00\x00\x00\x0bssh-ed25519\x00\x00\x00\x20" + hashlib.sha256(vm_id.encode()).digest()
     return base64.b64encode(blob).decode()
+
+
+def _public(doc: Mapping[str, Any]) -> dict[str, Any]:
+    """A resource as ARM shows it: without the emulator's own keys."""
+    return {k: v for k, v in doc.items() if not k.startswith("_")}

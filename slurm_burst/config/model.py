@@ -283,8 +283,10 @@ class NodeGroup:
     )
     placement: str = doc(
         "Placement per job, as the provider offers it: 'cluster' (EC2: a cluster "
-        "placement group, one network spine) or 'compact' (GCE: a compact placement "
-        "policy, one zone): the instances of each multi-node job launch together into a "
+        "placement group, one network spine), 'compact' (GCE: a compact placement "
+        "policy, one zone) or 'infiniband' (Azure: a Uniform scale set per job with one "
+        "placement group, its InfiniBand fabric; for the RDMA sizes): the instances of "
+        "each multi-node job launch together into a "
         "placement made for that launch, deleted once none of its instances remain, "
         "i.e. when the last of the job's nodes is released (suspend_time after its "
         "last job); a job that does not fit falls back whole to the next size or "

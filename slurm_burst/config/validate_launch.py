@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import math
 
-from slurm_burst.adapters.cloud.registry import offering, provider
+from slurm_burst.adapters.cloud.registry import built_in, offering, provider
 from slurm_burst.config.model import Config, NodeGroup
 from slurm_burst.config.schema import Problem
 
-PLACEMENTS = ("", "cluster", "compact")  # each provider offers its own (Provider.placements)
 CLOUD_TO_CLOUD = ("hub", "wireguard")
 # what Slurm knows a node by: a fallback launching a group's nodes must offer the same
 SHAPE = ("cpus", "memory_mb", "gpus", "gpu_type")
@@ -76,10 +75,16 @@ def _spot_fallback(cfg: Config, g: NodeGroup, base: str, out: list[Problem]) -> 
         ))  # fmt: skip
 
 
+def placements() -> dict[str, str]:
+    """Every placement kind a built-in provider offers -> the provider's name."""
+    return {kind: name for name, p in built_in().items() for kind in p.placements}
+
+
 def _placement(cfg: Config, g: NodeGroup, base: str, out: list[Problem]) -> None:
-    if g.placement not in PLACEMENTS:
-        out.append(Problem(f"{base}.placement",
-                           "must be 'cluster' (EC2), 'compact' (GCE) or '' (none)"))  # fmt: skip
+    kinds = placements()
+    if g.placement and g.placement not in kinds:
+        named = ", ".join(f"{k!r} ({p})" for k, p in sorted(kinds.items()))
+        out.append(Problem(f"{base}.placement", f"must be {named} or '' (none)"))
         return
     if not g.placement:
         return
@@ -94,10 +99,10 @@ def _placement(cfg: Config, g: NodeGroup, base: str, out: list[Problem]) -> None
             continue
         offered = provider(prov.driver).placements
         if g.placement not in offered:
-            kinds = f"only {', '.join(map(repr, offered))}" if offered else "none"
+            has = f"only {', '.join(map(repr, offered))}" if offered else "none"
             out.append(Problem(
                 f"{base}.placement",
-                f"provider {pname!r} ({prov.driver}) offers {kinds}: slurm-burst makes "
+                f"provider {pname!r} ({prov.driver}) offers {has}: slurm-burst makes "
                 f"placement per job on {', '.join(offering(lambda d: bool(d.placements)))} "
                 "(and a plugin's driver that offers it); use a group without placement there",
             ))  # fmt: skip

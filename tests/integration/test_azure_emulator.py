@@ -303,3 +303,86 @@ def test_over_tls_the_profiles_ca_is_trusted_and_nothing_else(tmp_path: Any) -> 
             make_cloud(emu).launch_many(batch_spec(("tls-2",), "tok-tls2"))
     finally:
         emu.stop()
+
+
+IB = "Standard_ND96asr_v4"  # RDMA: its InfiniBand needs a Uniform set
+
+
+def test_an_infiniband_job_gets_a_uniform_set_of_its_own_deleted_once_its_vms_are_gone(
+    azure_emu: AzureEmulator,
+) -> None:
+    """placement = "infiniband": the job's Uniform set (one placement group, no
+    overprovisioning) made by its launch with its capacity, its VMs named by instance id
+    and addressed by the set's own NICs, listed with the launch's token, each deleted
+    through the set; the set deleted by the reconcile pass once empty, not before."""
+    from dataclasses import replace
+
+    from slurm_burst_lab.azureemu import STORAGE_SAS
+
+    from slurm_burst.adapters.cloud.providers.azure_arm import PROVIDER, uniform
+    from slurm_burst.core.cloud import InUseError, NotFoundError
+
+    cloud = make_cloud(azure_emu, storage=STORAGE_SAS)
+    spec = replace(batch_spec(("ib-1", "ib-2"), "tok-ib", size=IB, group="gpu"),
+                   placement_group="burstlab-pg-0123456789abcdef")  # fmt: skip
+    cloud.create_placement(spec.placement_group)  # nothing: the launch makes the set
+    made = cloud.launch_many(spec)
+    name = uniform.set_name(spec.placement_group)
+    assert [i.id for i in made] == [f"{name}_0", f"{name}_1"] and all(i.private_ips for i in made)
+    put = next(b for m, _, b in azure_emu.requests if m == "PUT")
+    props = put["properties"]
+    assert (props["orchestrationMode"], props["singlePlacementGroup"], props["overprovision"]) == (
+        "Uniform", True, False)  # fmt: skip
+    assert put["sku"] == {"name": IB, "tier": "Standard", "capacity": 2}
+    assert check_exchanges(azure_emu, []) == 1
+    assert cloud.launch_many(spec) == made and azure_emu.calls["vmss.put"] == 1  # a repeat
+    fleet = cloud.list_fleet("lab")
+    assert {i.id for i in fleet} == {i.id for i in made}
+    assert {i.tags[TOKEN_TAG] for i in fleet} == {"tok-ib"}
+    assert cloud.host_keys(made[0].id)  # its serial log, named by its instance view
+    cloud.terminate(made[0].id)
+    assert azure_emu.calls["vmssvm.delete"] == 1 and azure_emu.calls.get("vm.delete", 0) == 0
+    with pytest.raises(InUseError):
+        cloud.delete_placement(spec.placement_group)
+    cloud.terminate(made[1].id)
+    cloud.delete_placement(spec.placement_group)
+    assert azure_emu.arm.sets == {}
+    cloud.delete_placement(spec.placement_group)  # gone: no error (the provider says
+    with pytest.raises(NotFoundError):  # so, and the cloud takes it as done)
+        PROVIDER.delete_placement(cloud.inner, spec.placement_group)  # type: ignore[arg-type]
+
+
+def test_an_infiniband_job_short_of_its_nodes_is_not_launched_at_all(
+    azure_emu: AzureEmulator,
+) -> None:
+    from dataclasses import replace
+
+    azure_emu.arm.limit(IB, 1)
+    spec = replace(batch_spec(("ib-1", "ib-2"), "tok-ib2", size=IB, group="gpu"),
+                   placement_group="burstlab-pg-fedcba9876543210")  # fmt: skip
+    with pytest.raises(CapacityError) as err:
+        make_cloud(azure_emu).launch_many(spec)
+    assert err.value.code == "AllocationFailed"
+    assert azure_emu.arm.sets == {} and azure_emu.arm.vms == {}  # one fabric or none
+
+
+def test_which_sizes_need_infiniband_and_what_config_check_warns() -> None:
+    from slurm_burst.adapters.cloud.providers.azure_arm import PROVIDER, uniform
+    from slurm_burst.config import NodeGroup
+
+    assert all(uniform.needs_infiniband(s) for s in (
+        IB, "Standard_HB120rs_v3", "Standard_NC24rs_v3", "Standard_H16r",
+        "Standard_ND96isr_H100_v5", "Standard_HB176-96rs_v4"))  # fmt: skip
+    assert not any(uniform.needs_infiniband(s) for s in (
+        "Standard_D2s_v5", "Standard_NC24ads_A100_v4", "Standard_F2s_v2",
+        "Standard_NC4as_T4_v3"))  # fmt: skip
+
+    def warned(sizes: tuple[str, ...], placement: str = "") -> list[str]:
+        group = NodeGroup(name="g", pattern="g-{n}", count=2, partition="p", providers=("az",),
+                          sizes=sizes, image="a:b:c:d", placement=placement, cpus=96,
+                          memory_mb=900000)  # fmt: skip
+        return [m for _, m in PROVIDER.group_warnings(group)]
+
+    assert 'placement = "infiniband"' in warned((IB,))[0]
+    assert warned((IB,), "infiniband") == [] and warned(("Standard_D2s_v5",)) == []
+    assert "no InfiniBand" in warned(("Standard_D2s_v5",), "infiniband")[0]

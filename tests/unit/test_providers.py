@@ -48,8 +48,9 @@ def test_what_each_provider_offers() -> None:
     ec2, gce, azure, openstack = (provider(n) for n in ("ec2", "gce", "azure_arm", "openstack"))
     assert ec2.launch_batch == 500 and ec2.lists_fleet and ec2.tag_filter
     assert ec2.spot and gce.spot and not (azure.spot or openstack.spot)
-    assert (ec2.placements, gce.placements) == (("cluster",), ("compact",))
-    assert not (azure.placements or openstack.placements)
+    assert (ec2.placements, gce.placements, azure.placements) == (
+        ("cluster",), ("compact",), ("infiniband",))  # fmt: skip
+    assert not openstack.placements
     assert (
         ec2.interruption_notices[0] == "--imds" and gce.interruption_notices[0] == "--gce-metadata"
     )

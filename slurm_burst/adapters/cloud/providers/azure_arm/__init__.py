@@ -8,17 +8,15 @@ from __future__ import annotations
 
 import logging
 import re
-import threading
 import time
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit
 
 from slurm_burst.adapters.cloud.providers import Finding, Provider, split_endpoint
-from slurm_burst.adapters.cloud.providers.azure_arm import sets
+from slurm_burst.adapters.cloud.providers.azure_arm import sets, uniform
+from slurm_burst.adapters.cloud.providers.azure_arm.connection import arm_connection
 from slurm_burst.core.cloud import CLUSTER_TAG, GROUP_TAG, TOKEN_TAG
-from slurm_burst.core.hostkeys import parse_console_host_keys
 from slurm_burst.core.ratelimit import ApiTable, Limit
 
 if TYPE_CHECKING:
@@ -31,10 +29,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 VM_API = sets.COMPUTE_API
-SAS_MINUTES = 60  # how long a serial log address stays valid; renewed before that
 EMPTY_AFTER = 600.0  # seconds an empty scale set is kept after its last launch
-KIND = MappingProxyType({"GET": "reads", "HEAD": "reads", "DELETE": "deletes"})  # else writes
-REMAINING = "x-ms-ratelimit-remaining-subscription-{}"
 
 # ARM's buckets per subscription and principal ("Understand how Azure Resource Manager
 # throttles requests", read 2026-11): reads 250 refilled at 25 a second, writes (PUT,
@@ -52,8 +47,12 @@ API_TABLE = ApiTable(
 class AzureArm(Provider):
     name = "azure_arm"
     launch_batch = sets.SET_MOST  # one scale-out (a set holds 1,000 VMs)
+    # a Uniform scale set per job, one placement group: its InfiniBand fabric (uniform.py)
+    placements = ("infiniband",)
     lists_fleet = True  # one listing per scale set, shared
-    host_key_sources = MappingProxyType({"boot-diagnostics": f"{__name__}:BootDiagnostics"})
+    host_key_sources = MappingProxyType(
+        {"boot-diagnostics": f"{__name__}.hostkeys:BootDiagnostics"}
+    )
     # each read of the log's address is an ARM POST (a write), the log itself a blob read
     host_key_reads_per_second = 2.0
     standard_env = MappingProxyType(
@@ -120,6 +119,20 @@ class AzureArm(Provider):
         elif sas_env and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", str(sas_env)):
             out.append(("options.boot_diagnostics_sas_env", "an environment variable's name"))
         return out
+
+    def group_warnings(self, group: NodeGroup) -> list[Finding]:
+        """An RDMA size in Flexible sets (no InfiniBand there), and "infiniband" for
+        sizes that have none."""
+        rdma = sorted(s for s in group.sizes if uniform.needs_infiniband(s.split(":")[-1]))
+        if rdma and group.placement != "infiniband":
+            return [("placement", f"size(s) {', '.join(rdma)} have InfiniBand, which "
+                     "Flexible scale sets do not give: set placement = \"infiniband\" (a "
+                     "Uniform set per job, as CycleCloud does)")]  # fmt: skip
+        plain = sorted(s for s in group.sizes if not uniform.needs_infiniband(s.split(":")[-1]))
+        if group.placement == "infiniband" and plain:
+            return [("placement", f"size(s) {', '.join(plain)} have no InfiniBand: a Uniform "
+                     "set per job gives them nothing a Flexible set would not")]  # fmt: skip
+        return []
 
     def group_problems(self, group: NodeGroup) -> list[Finding]:
         if not group.image.startswith("/subscriptions/") and (
@@ -206,6 +219,12 @@ class AzureArm(Provider):
                 f"(at most {sets.SET_MOST} a launch)",
                 "InvalidParameterValue",
             )
+        if spec.placement_group:  # one job on one InfiniBand fabric: its Uniform set
+            made_u = uniform.launch(cloud, spec, launch_tags(spec, True))
+            uniform.addresses(sets.Arm(cloud), uniform_path(cloud, spec.placement_group))
+            return uniform.instances(cloud, made_u, {CLUSTER_TAG: spec.cluster,
+                                                     GROUP_TAG: spec.group,
+                                                     TOKEN_TAG: spec.token})  # fmt: skip
         arm, bk = sets.Arm(cloud), sets.book(cloud)
         base = sets.set_base(spec.cluster, spec.group, spec.size)
         least = spec.min_count or n
@@ -377,7 +396,8 @@ class AzureArm(Provider):
             ]
             if vm and ips and ips[0] and (props.get("primary", True) or vm not in found):
                 found[vm] = ips[0]
-        bk.addresses = found
+        kept = {k: v for k, v in bk.addresses.items() if "/virtualmachinescalesets/" in k}
+        bk.addresses = kept | found  # (a Uniform set's VMs: their set's own NICs)
 
     def find(self, cloud: LibcloudCloud, token: str, cluster: str) -> list[Instance]:
         """Nothing: a repeat of the launch (same token) sends no second scale-out and
@@ -403,6 +423,14 @@ class AzureArm(Provider):
         for s in ours:
             name = str(s["name"])
             tags = {CLUSTER_TAG: cluster, GROUP_TAG: str(s["tags"].get(GROUP_TAG, ""))}
+            if (s.get("properties") or {}).get("orchestrationMode") == "Uniform":
+                mark = str(s["tags"].get(sets.SCALEOUT_TAG, "")).split(" ")[0]
+                held_by = {**tags, TOKEN_TAG: mark} if mark else tags  # the job's launch
+                found_u = uniform.members(arm, str(s["id"]), before_page)
+                if any(str(v["id"]).lower() not in bk.addresses for v in found_u):
+                    uniform.addresses(arm, str(s["id"]), before_page)
+                vms += [(vm, dict(held_by)) for vm in found_u]
+                continue
             members = self._set_vms(arm, str(s["id"]), before_page)
             held = bk.inflight.get(name)
             for vm in members:
@@ -412,7 +440,8 @@ class AzureArm(Provider):
                 vms.append((vm, own))
             if not members:
                 self._drop_if_idle(arm, bk, s)
-        if any(str(vm.get("id", "")).lower() not in bk.addresses for vm, _ in vms):
+        flexible = [vm for vm, _ in vms if str(vm["name"]) not in bk.uniform]
+        if any(str(vm.get("id", "")).lower() not in bk.addresses for vm in flexible):
             self._addresses(cloud, arm, bk, before_page)  # a VM's address never changes
         out = [sets.instance_of(cloud.name, vm, bk.addresses, tags) for vm, tags in vms]
         return [i for i in out if i.state != "terminated"]
@@ -447,6 +476,7 @@ class AzureArm(Provider):
         if not instance_id.startswith("/subscriptions/"):  # a VM's name: its id in its set
             path = arm.compute("virtualMachines", instance_id)
         name = instance_id.rsplit("/", 1)[-1]
+        path = sets.book(cloud).uniform.get(name, path)  # a Uniform set's VM: through it
         log_uri = sets.book(cloud).logs.get(name, "")
         return Node(path, name, NodeState.UNKNOWN, [], [], cloud.driver,
                     extra={"serial_log": log_uri})  # fmt: skip
@@ -457,16 +487,43 @@ class AzureArm(Provider):
         return self._delete(sets.Arm(cloud), instance_id)
 
     def _delete(self, arm: sets.Arm, name: str) -> bool:
+        """Delete VM ``name``: a Flexible set's by name, a Uniform set's through its set
+        (known from a listing, or tried once a Flexible delete finds no such VM)."""
         from libcloud.common.exceptions import BaseHTTPError
 
-        sets.book(arm.cloud).logs.pop(name, None)
+        bk = sets.book(arm.cloud)
+        bk.logs.pop(name, None)
+        if name in bk.uniform:
+            return bool(uniform.delete(arm, name))
         try:
             arm.request(arm.compute("virtualMachines", name), "DELETE")
         except BaseHTTPError as exc:
             if exc.code == 404:
-                return False
+                return bool(uniform.delete(arm, name))
             raise
         return True
+
+    # -- a job's InfiniBand placement: its Uniform set ----------------------------------
+    def create_placement(self, cloud: LibcloudCloud, name: str) -> None:
+        """Nothing to make beforehand: the job's launch makes its Uniform set."""
+
+    def delete_placement(self, cloud: LibcloudCloud, name: str) -> None:
+        """Delete the job's Uniform set once it holds no VM: NotFoundError if it is
+        gone, InUseError while a VM is still in it (the next reconcile pass tries again)."""
+        from libcloud.common.exceptions import BaseHTTPError
+
+        from slurm_burst.core.cloud import InUseError, NotFoundError
+
+        arm, path = sets.Arm(cloud), uniform_path(cloud, name)
+        try:
+            left = uniform.members(arm, path)
+        except BaseHTTPError as exc:
+            if exc.code == 404:
+                raise NotFoundError(f"{cloud.name}: scale set {path}: gone") from exc
+            raise
+        if left:
+            raise InUseError(f"{cloud.name}: scale set {path}: {len(left)} VMs")
+        arm.request(path, "DELETE")
 
     def tag(self, cloud: LibcloudCloud, instance_id: str, tags: Mapping[str, str]) -> None:
         """``PATCH`` the VM's tags (a scale-out's VMs have none of their own)."""
@@ -474,196 +531,9 @@ class AzureArm(Provider):
         arm.request(arm.compute("virtualMachines", instance_id), "PATCH", {"tags": dict(tags)})
 
 
-def arm_connection(base: Any, url: str, ca_file: str = "") -> Any:
-    """The driver's connection class, changed in two ways:
-
-    - every request takes its turn from the budget of its kind first (``meter_of()``,
-      the cloud's meter: reads, writes, deletes), gives the meter what the answer says is
-      left, and on a 429 lets the meter cut the rate and repeat it after ``Retry-After``;
-    - with ``url`` (``https://HOST[:PORT]``, or plain http on loopback), ARM requests and
-      the token exchange go there (libcloud takes only a host for either, and logs in on
-      port 443);
-    - with ``ca_file``, both trust that CA bundle (a private endpoint's: Azure Stack Hub,
-      the lab) instead of the system's.
-    """
-    target = split_endpoint(url) if url else None
-
-    class Connection(base):  # type: ignore[misc]
-        meter_of: Callable[[], Any] | None = None
-
-        def __init__(self, *args: Any, **kw: Any) -> None:
-            super().__init__(*args, **kw)
-            if target is not None:
-                self.secure, self.host, self.port = target
-                self.login_host = self.host
-
-        def get_token_from_credentials(self) -> None:
-            if target is None:
-                super().get_token_from_credentials()
-                return
-            from urllib.parse import urlencode
-
-            from libcloud.common.azure_arm import AzureAuthJsonResponse
-
-            conn = self.conn_class(self.host, self.port, secure=self.secure, timeout=self.timeout)
-            if ca_file:  # (libcloud's connection takes its CA as an attribute only)
-                conn.ca_cert = ca_file
-            conn.connect()
-            form = urlencode(
-                {
-                    "grant_type": "client_credentials",
-                    "client_id": self.user_id,
-                    "client_secret": self.key,
-                    "resource": self.login_resource,
-                }
-            )
-            conn.request(
-                "POST",
-                f"/{self.tenant_id}/oauth2/token",
-                form,
-                {"Content-type": "application/x-www-form-urlencoded"},
-            )
-            js = AzureAuthJsonResponse(conn.getresponse(), conn)  # type: ignore[no-untyped-call]
-            got: dict[str, Any] = js.object or {}
-            self.access_token = got["access_token"]
-            self.expires_on = got["expires_on"]
-
-        def connect(self, **kw: Any) -> Any:
-            out = super().connect(**kw)
-            if ca_file and self.connection is not None:
-                self.connection.ca_cert = ca_file
-            return out
-
-        def request(
-            self,
-            action: str,
-            params: Any = None,
-            data: Any = None,
-            headers: Any = None,
-            method: str = "GET",
-            raw: bool = False,
-        ) -> Any:
-            from libcloud.common.exceptions import BaseHTTPError
-
-            kind = KIND.get(method, "writes")
-            meter = self.meter_of() if self.meter_of is not None else None
-            while True:
-                if meter is not None:
-                    meter.before(kind)
-                try:
-                    resp = super().request(
-                        action, params=params, data=data, headers=headers, method=method, raw=raw
-                    )
-                except BaseHTTPError as exc:
-                    if exc.code == 429 and meter is not None:
-                        exc.metered = True  # type: ignore[attr-defined]
-                        if meter.throttled(kind, float(getattr(exc, "retry_after", 0) or 0)):
-                            continue
-                    raise
-                left = (getattr(resp, "headers", None) or {}).get(REMAINING.format(kind))
-                if meter is not None and left is not None:
-                    try:
-                        meter.after(kind, float(left))
-                    except ValueError:
-                        log.warning("azure.bad_header %s=%r", REMAINING.format(kind), left[:40])
-                return resp
-
-    return Connection
-
-
-class BootDiagnostics:
-    """The boot diagnostics serial log, read two ways:
-
-    - where the profile names a storage account for it (``boot_diagnostics_storage``,
-      with a read-only account SAS in the variable ``boot_diagnostics_sas_env`` names),
-      the fleet listing's instance views already say where each VM's log is: one blob
-      read, no ARM call at all (what a burst of hundreds of nodes needs: ARM allows ten
-      writes a second);
-    - else managed boot diagnostics: ``retrieveBootDiagnosticsData`` (an ARM POST, a
-      write) gives a read-only address of the log, kept per instance until it expires
-      (a log not written yet keeps its address), then a plain HTTPS GET.
-    """
-
-    name = "boot-diagnostics"
-
-    def __init__(self, driver: Any) -> None:
-        self.driver = driver
-        self._uris: dict[str, tuple[str, float]] = {}  # instance id -> (log address, expiry)
-        self._lock = threading.Lock()
-
-    def _log_uri(self, node: Node) -> str:
-        from libcloud.common.exceptions import BaseHTTPError
-        from libcloud.common.types import LibcloudError
-
-        from slurm_burst.adapters.cloud.attest import http_status
-
-        with self._lock:
-            uri, until = self._uris.get(str(node.id), ("", 0.0))
-        if uri and time.time() < until:
-            return uri
-        try:
-            resp = self.driver.connection.request(
-                f"{node.id}/retrieveBootDiagnosticsData",
-                params={"api-version": VM_API, "sasUriExpirationTimeInMinutes": SAS_MINUTES},
-                method="POST",
-            ).object
-        except (LibcloudError, BaseHTTPError) as exc:
-            if http_status(exc) in (404, 409):  # the VM is still being made
-                return ""
-            raise
-        uri = str((resp or {}).get("serialConsoleLogBlobUri") or "")
-        _check_https(uri)
-        if uri:
-            now = time.time()
-            with self._lock:  # expired addresses go: the map holds only booting instances
-                self._uris = {k: v for k, v in self._uris.items() if v[1] > now}
-                self._uris[str(node.id)] = (uri, now + (SAS_MINUTES - 5) * 60)
-        return uri
-
-    def _verify(self) -> str | bool:
-        """The profile's CA bundle (``ca_file``), else the system's trust."""
-        return str(getattr(self.driver, "ca_file", "") or "") or True
-
-    def read(self, node: Node) -> list[tuple[str, str]]:
-        import requests  # libcloud's own HTTP library
-        from libcloud.common.exceptions import BaseHTTPError
-
-        listed = str((node.extra or {}).get("serial_log") or "")
-        sas = str(getattr(self.driver, "boot_diagnostics_sas", "") or "")
-        if listed and sas:  # the site's storage account: the listing said where
-            _check_https(listed)
-            resp = requests.get(f"{listed}?{sas.lstrip('?')}", timeout=30, verify=self._verify())
-            if resp.status_code == 404:  # not written yet
-                return []
-            if resp.status_code != 200:  # (never the address: its query is a read token)
-                raise BaseHTTPError(resp.status_code, "BootDiagnostics: the storage account "  # type: ignore[no-untyped-call]
-                                    f"refused the serial log read: {resp.reason}", {})  # fmt: skip
-            return parse_console_host_keys(resp.content.decode("utf-8", "replace"))
-        uri = self._log_uri(node)
-        if not uri:
-            return []
-        resp = requests.get(uri, timeout=30, verify=self._verify())
-        if resp.status_code == 404:  # not written yet: the address stays good
-            return []
-        if resp.status_code == 403:  # the address expired: ask for another next time
-            with self._lock:
-                self._uris.pop(str(node.id), None)
-            return []
-        if resp.status_code != 200:
-            raise BaseHTTPError(resp.status_code, f"BootDiagnostics: serial log: {resp.reason}", {})  # type: ignore[no-untyped-call]
-        return parse_console_host_keys(resp.content.decode("utf-8", "replace"))
-
-
-def _check_https(uri: str) -> None:
-    """A serial log's address must be https (plain http only on loopback: the lab)."""
-    from libcloud.common.types import LibcloudError
-
-    parts = urlsplit(uri)
-    loopback = parts.scheme == "http" and parts.hostname in ("127.0.0.1", "::1", "localhost")
-    if uri and parts.scheme != "https" and not loopback:
-        # (never the whole address: its query string is a read token)
-        raise LibcloudError(f"BootDiagnostics: the serial log address is not https "
-                            f"({parts.netloc})")  # fmt: skip
+def uniform_path(cloud: LibcloudCloud, placement: str) -> str:
+    """The resource path of placement ``placement``'s Uniform set."""
+    return sets.Arm(cloud).compute("virtualMachineScaleSets", uniform.set_name(placement))
 
 
 PROVIDER = AzureArm()

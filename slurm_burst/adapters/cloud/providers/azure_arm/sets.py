@@ -112,6 +112,7 @@ class SetBook:
     addresses: dict[str, str] = field(default_factory=dict)  # VM id (lower) -> private IP
     # VM name -> its serial log's blob in the site's storage account (instance views)
     logs: dict[str, str] = field(default_factory=dict)
+    uniform: dict[str, str] = field(default_factory=dict)  # a Uniform set's VM -> its id
     guard: threading.Lock = field(default_factory=threading.Lock)
 
     def lock(self, name: str) -> threading.Lock:
@@ -212,11 +213,16 @@ class Arm:
 
 
 def profile_body(
-    cloud: LibcloudCloud, spec: LaunchSpec, capacity: int, tags: Mapping[str, str]
+    cloud: LibcloudCloud,
+    spec: LaunchSpec,
+    capacity: int,
+    tags: Mapping[str, str],
+    mode: str = "Flexible",
 ) -> dict[str, Any]:
-    """A Flexible scale set's whole ``PUT`` body: its size and capacity, its tags, and
-    the model its VMs are made from (image, the daemon's key, the user data, the subnet,
-    managed boot diagnostics for the host keys; NIC and OS disk deleted with the VM)."""
+    """A scale set's whole ``PUT`` body: its size and capacity, its tags, and the model
+    its VMs are made from (image, the daemon's key, the user data, the subnet, boot
+    diagnostics for the host keys; NIC and OS disk deleted with the VM). ``mode``
+    Uniform: one placement group (InfiniBand), no overprovisioning, manual upgrades."""
     p = cloud.placement
     sub = str(getattr(cloud.driver, "subscription_id", "") or "")
     subnet = (
@@ -282,6 +288,14 @@ def profile_body(
             "diagnosticsProfile": {"bootDiagnostics": diagnostics},
         },
     }
+    if mode == "Uniform":  # a Uniform set's NICs are its own: no network API version
+        del props["platformFaultDomainCount"]
+        del props["virtualMachineProfile"]["networkProfile"]["networkApiVersion"]
+        nic = props["virtualMachineProfile"]["networkProfile"]["networkInterfaceConfigurations"]
+        del nic[0]["properties"]["deleteOption"]  # (Flexible only, as the OS disk's)
+        del props["virtualMachineProfile"]["storageProfile"]["osDisk"]["deleteOption"]
+        props.update(orchestrationMode="Uniform", singlePlacementGroup=True,
+                     overprovision=False, upgradePolicy={"mode": "Manual"})  # fmt: skip
     body: dict[str, Any] = {
         "location": p.region,
         "tags": dict(tags),
