@@ -51,7 +51,7 @@ from urllib.parse import parse_qs
 
 from slurm_burst_lab.armlimits import HEADER, ArmLimits, kind_of
 from slurm_burst_lab.azurevms import Arm, ArmError
-from slurm_burst_lab.loopback import Remote, serve, shut
+from slurm_burst_lab.loopback import Remote, serve, serve_until_sigterm, shut
 
 log = logging.getLogger(__name__)
 
@@ -370,10 +370,7 @@ def main(argv: list[str] | None = None) -> None:
     ``--tls CERT KEY``: serve HTTPS; SIGTERM halts the VMs."""
     import argparse
     import ipaddress
-    import signal
     import ssl
-
-    from werkzeug.serving import make_server
 
     from slurm_burst_lab.labvms import LabVms
 
@@ -411,19 +408,9 @@ def main(argv: list[str] | None = None) -> None:
     if args.tls:
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         context.load_cert_chain(*args.tls)
-    server = make_server("127.0.0.1", args.port, emu, threaded=True, ssl_context=context)
     emu.port = args.port
     emu.base = f"{'https' if context else 'http'}://127.0.0.1:{args.port}"
-
-    def stop(signum: int, frame: Any) -> None:
-        threading.Thread(target=server.shutdown, daemon=True).start()
-
-    signal.signal(signal.SIGTERM, stop)
-    try:
-        server.serve_forever()
-    finally:
-        if vms is not None:
-            vms.halt_all()
+    serve_until_sigterm(emu, args.port, vms, context)
 
 
 if __name__ == "__main__":

@@ -69,7 +69,7 @@ from urllib.parse import parse_qsl, urlencode
 from slurm_burst_lab.ec2imds import Imds
 from slurm_burst_lab.ec2market import Market
 from slurm_burst_lab.labvms import LabVms
-from slurm_burst_lab.loopback import Remote, serve, shut
+from slurm_burst_lab.loopback import Remote, serve, serve_until_sigterm, shut
 
 log = logging.getLogger(__name__)
 
@@ -843,9 +843,6 @@ def main(argv: list[str] | None = None) -> None:
     overlapping as on EC2). With ``--boot STATE_DIR``: instances boot as namespace VMs
     (the lab), calls served one at a time; SIGTERM halts every VM, then exits."""
     import argparse
-    import signal
-
-    from werkzeug.serving import make_server
 
     ap = argparse.ArgumentParser(prog="python -m slurm_burst_lab.ec2emu")
     ap.add_argument("port", type=int)
@@ -880,22 +877,12 @@ def main(argv: list[str] | None = None) -> None:
     if args.throttle is not None:
         scale = Scale(args.throttle, args.boot_after, args.console_after)
     emu = Ec2Emulator(serialize=bool(args.boot), scale=scale)
-    server = make_server("127.0.0.1", args.port, emu, threaded=True)
     emu.port = args.port
     vms: LabVms | None = None
     if args.boot:
         vms = LabVms(args.boot, args.bridge, args.subnet, args.boot_delay, tuple(args.hide))
         threading.Thread(target=lambda: boot_vms(emu, vms, args.vm_range), daemon=True).start()
-
-    def stop(signum: int, frame: Any) -> None:
-        threading.Thread(target=server.shutdown, daemon=True).start()
-
-    signal.signal(signal.SIGTERM, stop)
-    try:
-        server.serve_forever()
-    finally:
-        if vms is not None:
-            vms.halt_all()
+    serve_until_sigterm(emu, args.port, vms)
 
 
 if __name__ == "__main__":

@@ -75,7 +75,7 @@ from urllib.parse import parse_qs
 from slurm_burst.core.hostkeys import parse_console_host_keys
 from slurm_burst_lab.gcemeta import GceMetadata
 from slurm_burst_lab.labvms import LabVms
-from slurm_burst_lab.loopback import Remote, serve, shut
+from slurm_burst_lab.loopback import Remote, serve, serve_until_sigterm, shut
 
 log = logging.getLogger(__name__)
 
@@ -1462,9 +1462,6 @@ def main(argv: list[str] | None = None) -> None:
     (403 rateLimitExceeded past them); ``--boot-delay S``: instances STAGING for S s;
     ``--boot STATE_DIR``: instances boot as namespace VMs (the lab); SIGTERM halts them."""
     import argparse
-    import signal
-
-    from werkzeug.serving import make_server
 
     ap = argparse.ArgumentParser(prog="python -m slurm_burst_lab.gceemu")
     ap.add_argument("port", type=int)
@@ -1504,18 +1501,8 @@ def main(argv: list[str] | None = None) -> None:
         net = ipaddress.IPv4Network(args.vm_range)
         vms = LabVms(args.boot, args.bridge, str(net), args.vm_delay, tuple(args.hide))
         boot_vms(emu, vms, str(net))
-    server = make_server("127.0.0.1", args.port, emu, threaded=True)
     emu.port = args.port
-
-    def stop(signum: int, frame: Any) -> None:
-        threading.Thread(target=server.shutdown, daemon=True).start()
-
-    signal.signal(signal.SIGTERM, stop)
-    try:
-        server.serve_forever()
-    finally:
-        if vms is not None:
-            vms.halt_all()
+    serve_until_sigterm(emu, args.port, vms)
 
 
 if __name__ == "__main__":

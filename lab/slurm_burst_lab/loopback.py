@@ -21,6 +21,26 @@ def serve(app: Any, name: str, port: int = 0, ssl_context: Any = None) -> Any:
     return server
 
 
+def serve_until_sigterm(app: Any, port: int, vms: Any = None, ssl_context: Any = None) -> None:
+    """An emulator's own process (``python -m ...``): serve ``app`` on 127.0.0.1:``port``
+    until SIGTERM, then halt the VMs it booted (``vms``, a LabVms, if any)."""
+    import signal
+
+    from werkzeug.serving import make_server
+
+    server = make_server("127.0.0.1", port, app, threaded=True, ssl_context=ssl_context)
+
+    def stop(signum: int, frame: Any) -> None:
+        threading.Thread(target=server.shutdown, daemon=True).start()
+
+    signal.signal(signal.SIGTERM, stop)
+    try:
+        server.serve_forever()
+    finally:
+        if vms is not None:
+            vms.halt_all()
+
+
 def shut(server: Any) -> None:
     """Stop serving and close the socket (``server`` None: nothing to do)."""
     if server is not None:

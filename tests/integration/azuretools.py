@@ -210,12 +210,9 @@ def azure_text(tmp: Path, port: int, cluster: str, count: int = 8, extra: str = 
     set in this process."""
     from slurm_burst_lab.azureemu import STORAGE_SAS
 
-    from tests.integration.ec2config import CONFIG
+    from tests.integration.ec2config import with_profile
 
     os.environ.update({"AZURE_CLIENT_ID": CLIENT, "AZURE_CLIENT_SECRET": SECRET,
                        "AZURE_TENANT_ID": TENANT, "AZURE_SUBSCRIPTION_ID": SUBSCRIPTION,
                        "SB_TEST_AZURE_SAS": STORAGE_SAS})  # fmt: skip
-    text = CONFIG.format(cluster=cluster, tmp=tmp, port=port, spot="false")
-    head, rest = text.split("[providers.aws]", 1)
-    profile = AZURE_PROFILE.format(port=port, count=count)
-    return head + profile + extra + rest[rest.index("[ledger]") :]
+    return with_profile(cluster, tmp, port, AZURE_PROFILE.format(port=port, count=count) + extra)

@@ -66,6 +66,14 @@ api_backoff_max = 0.05
 """
 
 
+def with_profile(cluster: str, tmp: Path, port: int, profile: str) -> str:
+    """:data:`CONFIG` with ``profile`` (another provider's profile and groups, TOML) in
+    place of its EC2 profile and group."""
+    text = CONFIG.format(cluster=cluster, tmp=tmp, port=port, spot="false")
+    head, rest = text.split("[providers.aws]", 1)
+    return head + profile + rest[rest.index("[ledger]") :]
+
+
 @pytest.fixture
 def cfg_factory(
     emulator: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch

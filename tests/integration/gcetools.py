@@ -191,17 +191,15 @@ def gce_text(tmp: Path, port: int, cluster: str, count: int = 8, extra: str = ""
     and ``extra`` in place of the EC2 profile and group, for the GCE emulator at
     ``port``; its service account key made under ``tmp``, the credentials' variables
     set in this process."""
-    from tests.integration.ec2config import CONFIG
+    from tests.integration.ec2config import with_profile
 
     key = tmp / "sa.json"
     if not key.exists():
         write_key_file(key)
     os.environ["SB_TEST_GCE_ACCOUNT"] = "slurm-burst@burst-lab.iam.gserviceaccount.com"
     os.environ["SB_TEST_GCE_KEY_FILE"] = str(key)
-    text = CONFIG.format(cluster=cluster, tmp=tmp, port=port, spot="false")
-    head, rest = text.split("[providers.aws]", 1)
     profile = GCE_PROFILE.format(port=port, tmp=tmp, count=count)
-    return head + profile + extra + rest[rest.index("[ledger]") :]
+    return with_profile(cluster, tmp, port, profile + extra)
 
 
 def gce_config(tmp: Path, port: int, wait: float = 30.0, cluster: str = "") -> Any:

@@ -386,16 +386,7 @@ class AzureArm(Provider):
             {"api-version": sets.NETWORK_API},
             before_page,
         )
-        found: dict[str, str] = {}
-        for nic in nics:
-            props = nic.get("properties") or {}
-            vm = str((props.get("virtualMachine") or {}).get("id", "")).lower()
-            ips = [
-                str((c.get("properties") or {}).get("privateIPAddress", ""))
-                for c in props.get("ipConfigurations") or []
-            ]
-            if vm and ips and ips[0] and (props.get("primary", True) or vm not in found):
-                found[vm] = ips[0]
+        found = sets.nic_addresses(nics)
         kept = {k: v for k, v in bk.addresses.items() if "/virtualmachinescalesets/" in k}
         bk.addresses = kept | found  # (a Uniform set's VMs: their set's own NICs)
 

@@ -367,3 +367,16 @@ def created(vm: Mapping[str, Any]) -> float:
 
 def digest(doc: Any) -> str:
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def nic_addresses(nics: list[dict[str, Any]]) -> dict[str, str]:
+    """Network interfaces as VM id (lower case) -> its private IP (the primary NIC's)."""
+    found: dict[str, str] = {}
+    for nic in nics:
+        props = nic.get("properties") or {}
+        vm = str((props.get("virtualMachine") or {}).get("id", "")).lower()
+        ips = [str((c.get("properties") or {}).get("privateIPAddress", ""))
+               for c in props.get("ipConfigurations") or []]  # fmt: skip
+        if vm and ips and ips[0] and (props.get("primary", True) or vm not in found):
+            found[vm] = ips[0]
+    return found

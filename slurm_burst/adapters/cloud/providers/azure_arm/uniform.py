@@ -137,16 +137,7 @@ def addresses(arm: sets.Arm, set_path: str, before_page: Callable[[], None] = la
     nics = arm.pages(
         f"{set_path}/networkInterfaces", {"api-version": sets.COMPUTE_API}, before_page
     )
-    found = sets.book(arm.cloud).addresses
-    for nic in nics:
-        props = nic.get("properties") or {}
-        vm = str((props.get("virtualMachine") or {}).get("id", "")).lower()
-        ips = [
-            str((c.get("properties") or {}).get("privateIPAddress", ""))
-            for c in props.get("ipConfigurations") or []
-        ]
-        if vm and ips and ips[0]:
-            found[vm] = ips[0]
+    sets.book(arm.cloud).addresses.update(sets.nic_addresses(nics))
 
 
 def instances(
