@@ -114,7 +114,10 @@ class ProviderConfig:
     credentials: Credentials | None = doc("Where the credentials are (never inline).", default=None)
     options: Mapping[str, Any] = doc(
         "Keyword arguments of the driver's constructor (GCE project, Azure tenant_id and "
-        "subscription_id, OpenStack ex_force_auth_url, an endpoint's host/port/secure).",
+        "subscription_id, OpenStack ex_force_auth_url, an endpoint's host/port/secure), "
+        "and the provider's own: gce and azure_arm endpoint (https://HOST[:PORT]); "
+        "azure_arm ca_file, admin_user, boot_diagnostics_storage and "
+        "boot_diagnostics_sas_env (docs/providers.md).",
         default_factory=_empty,
     )
     zone: str = doc(
@@ -171,8 +174,9 @@ class ProviderConfig:
         "documented ones (ec2: docs/scale.md), as API = [burst, refill per second], e.g. "
         "{ DescribeInstances = [200, 40] } after a limit increase; for gce a quota group "
         "(default, read_requests, list_requests, operation_read_requests) as [1, calls a "
-        "minute / 60], its calls a minute all the daemon's. Profiles on the same account "
-        "and region (gce: the same project) share them.",
+        "minute / 60], its calls a minute all the daemon's; for azure_arm reads, writes "
+        "or deletes as [burst, refill per second]. Profiles on the same account and "
+        "region (gce: the same project; azure_arm: the same principal) share them.",
         default_factory=_empty,
     )
 

@@ -386,3 +386,26 @@ def test_which_sizes_need_infiniband_and_what_config_check_warns() -> None:
     assert 'placement = "infiniband"' in warned((IB,))[0]
     assert warned((IB,), "infiniband") == [] and warned(("Standard_D2s_v5",)) == []
     assert "no InfiniBand" in warned(("Standard_D2s_v5",), "infiniband")[0]
+
+
+def test_the_emulators_vms_have_every_field_of_libclouds_recorded_vm(
+    azure_emu: AzureEmulator,
+) -> None:
+    """libcloud's recorded Azure VM listing (its test fixture, tests/data/providers):
+    every field a VM has there (but the optional additionalCapabilities), the emulator's
+    VMs have, in the same types."""
+    import json
+    from pathlib import Path
+
+    fixture = Path(__file__).parents[1] / "data" / "providers" / "azure"
+    recorded = json.loads((fixture / "_subscriptions_99999999_providers_Microsoft_Compute_"
+                           "virtualMachines.json").read_text())["value"][0]  # fmt: skip
+    make_cloud(azure_emu).launch_many(batch_spec(("f-1",), "tok-f"))
+    ours = azure_emu.arm._vm_doc(next(iter(azure_emu.arm.vms.values())), False)
+    assert set(recorded) <= set(ours), set(recorded) - set(ours)
+    wanted = set(recorded["properties"]) - {"additionalCapabilities"}
+    assert wanted <= set(ours["properties"]), wanted - set(ours["properties"])
+    for key in wanted:
+        assert type(ours["properties"][key]) is type(recorded["properties"][key]), key
+    nic = ours["properties"]["networkProfile"]["networkInterfaces"][0]
+    assert nic["id"].split("/")[-2:][0] == "networkInterfaces"

@@ -288,7 +288,12 @@ class AzureArm(Provider):
             before_names = frozenset(str(v["name"]) for v in before)
         elif current is None:
             before_names = frozenset()
-        started = float(mark.split(" ")[1]) if repeat and len(mark.split(" ")) > 1 else time.time()
+        started = time.time()
+        if repeat:  # when the first began (a tag someone edited: no VM counts as made)
+            try:
+                started = float(mark.split(" ")[1])
+            except (IndexError, ValueError):
+                started = float("inf")
         target = len(before_names or ()) + n
         body = sets.profile_body(
             cloud,
