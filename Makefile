@@ -64,8 +64,9 @@ lab-down: venv
 # 26.05 the ledger and a budget Slurm enforces, the burst policy's read and update of the
 # queue, stage-in's bad copy sent again and sensitive data
 # refused, stage-out's outputs home before release, a spot refusal run on-demand in a
-# placement group and an interruption notice's signal and requeue (EC2's and GCE's: its
-# VMs boot 26.05's image), and a node group's cap (its drain of powered-down nodes and a
+# placement group (EC2's and GCE's: its VMs boot 26.05's image) and an interruption
+# notice's signal and requeue (EC2's; GCE's preemption is make test-full's), and a node
+# group's cap (its drain of powered-down nodes and a
 # hand-made power_up refused).
 # The whole suite runs on the host's release (22.05) first, but for those two shares:
 # each runs once, on its own release (CI's time; the code under them is the same).

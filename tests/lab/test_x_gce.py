@@ -260,6 +260,7 @@ def test_spot_withheld_falls_back_after_the_wait_and_the_job_runs(
     _release(env, lab, store, nodes, {r.instance_id for r in recs if r is not None})
 
 
+@pytest.mark.full  # 1.8 min: make test-full only (docs/testing.md, the time budget)
 def test_a_preemption_signals_the_job_which_is_requeued_and_completes_on_a_replacement(
     lab: Lab, lab_config: Config, env: dict[str, str], store: Store
 ) -> None:
