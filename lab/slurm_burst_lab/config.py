@@ -145,9 +145,7 @@ def validate(lab: LabConfig, cfg: Config) -> list[Problem]:
 
 def azure_port(endpoint: object) -> int | None:
     """The port of a ``https://127.0.0.1:PORT`` endpoint (the lab's emulator), else None."""
-    m = re.fullmatch(r"https://127\.0\.0\.1:(\d{4,5})/?", str(endpoint or ""))
-    port = int(m.group(1)) if m else 0
-    return port if 1024 <= port <= 65535 else None
+    return _loopback_port(endpoint, "https")
 
 
 def _azure_problems(lab: LabConfig, cfg: Config) -> list[Problem]:
@@ -179,7 +177,11 @@ def _subnet_problems(key: str, subnet: str, lab: LabConfig, cfg: Config, *others
 
 def gce_port(endpoint: object) -> int | None:
     """The port of a ``http://127.0.0.1:PORT`` endpoint (the lab's emulator), else None."""
-    m = re.fullmatch(r"http://127\.0\.0\.1:(\d{4,5})/?", str(endpoint or ""))
+    return _loopback_port(endpoint, "http")
+
+
+def _loopback_port(endpoint: object, scheme: str) -> int | None:
+    m = re.fullmatch(rf"{scheme}://127\.0\.0\.1:(\d{{4,5}})/?", str(endpoint or ""))
     port = int(m.group(1)) if m else 0
     return port if 1024 <= port <= 65535 else None
 
