@@ -303,3 +303,53 @@ def test_a_gce_reader_back_after_its_window_ended_asks_for_a_place_anew() -> Non
     promised to others. Every seventh reader here is half a minute late each time."""
     minutes, _ = _gce_readers(3000, late=30.0)
     assert max(minutes.values()) <= 1125 and sum(minutes.values()) == 3000, minutes
+
+
+@pytest.mark.parametrize(
+    ("remaining", "level"),
+    [(10.0, 10.0), (250.0, 100.0), (-3.0, 0.0), (math.nan, 100.0), (math.inf, 100.0)],
+    ids=["capped", "never-raised", "negative", "nan", "inf"],
+)
+def test_what_the_provider_says_is_left_caps_the_bucket_and_never_raises_it(
+    remaining: float, level: float
+) -> None:
+    """Azure's x-ms-ratelimit-remaining-*: others spend the subscription's bucket too, so
+    ours holds no more than what the answer says; it is never raised above its own."""
+    bucket = TokenBucket(10, 100)
+    bucket.observe(0.0, remaining)
+    assert bucket.level(0.0) == level
+    assert bucket.level(1.0) == min(100.0, level + 10)  # and refills as before
+
+
+def test_a_metered_request_waits_its_turn_or_a_call_that_may_not_wait_is_told_later() -> None:
+    """The Azure connection's meter: a request of a kind takes that kind's token from the
+    shared budget (a launch's requests wait; a host-key read's raise Busy), what an answer
+    says is left caps it, and a 429 cuts the rate and is repeated after Retry-After up to
+    the call's attempts, unless the call may not wait."""
+    from slurm_burst.adapters.cloud.providers.azure_arm import API_TABLE as ARM
+    from slurm_burst.services.cloudcalls import BudgetMeter
+
+    slept: list[float] = []
+    clock = [0.0]
+
+    class Inner:
+        name = "az"
+
+        def host_keys(self, instance_id: str, size: str = "") -> list[tuple[str, str]]:
+            meter.before("writes")  # the POST for the serial log's address
+            return [("ssh-ed25519", "AAAA")]
+
+    budget = SharedBudget("az", ApiBudgets(ARM, share=1.0), monotonic=lambda: clock[0],
+                          wall=lambda: clock[0])  # fmt: skip
+    managed = ManagedCloud(Inner(), CallSettings(attempts=3), budget=budget,  # type: ignore[arg-type]
+                           sleep=slept.append, rand=lambda: 0.5)  # fmt: skip
+    meter = BudgetMeter(managed)
+    meter.after("writes", 0.0)  # ARM said none are left
+    with pytest.raises(Busy) as later:
+        managed.host_keys("vm_1")
+    assert later.value.after > 0 and slept == []  # told, not put to sleep
+    meter.before("writes")  # a launch's request: waits its turn
+    assert slept and slept[-1] > 0
+    assert meter.throttled("writes", 7.0) and slept[-1] == 7.0  # Retry-After honoured
+    assert meter.throttled("writes", 7.0)
+    assert not meter.throttled("writes", 7.0)  # the call's attempts are spent: raised
