@@ -53,7 +53,8 @@ class AzureArm(Provider):
     host_key_sources = MappingProxyType(
         {"boot-diagnostics": f"{__name__}.hostkeys:BootDiagnostics"}
     )
-    # each read of the log's address is an ARM POST (a write), the log itself a blob read
+    # (not used: ARM's table paces each request of a read: the log's address, a managed
+    # log's, is an ARM POST from the writes bucket; the log itself a blob read, not ARM's)
     host_key_reads_per_second = 2.0
     standard_env = MappingProxyType(
         {
