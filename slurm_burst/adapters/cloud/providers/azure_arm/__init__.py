@@ -53,8 +53,9 @@ class AzureArm(Provider):
     host_key_sources = MappingProxyType(
         {"boot-diagnostics": f"{__name__}.hostkeys:BootDiagnostics"}
     )
-    # (not used: ARM's table paces each request of a read: the log's address, a managed
-    # log's, is an ARM POST from the writes bucket; the log itself a blob read, not ARM's)
+    # (this default is not used: ARM's table paces each request of a read, a managed
+    # log's address being an ARM POST from the writes bucket, a blob read not ARM's; a
+    # profile's own host_key_reads_per_second paces the reads as a whole)
     host_key_reads_per_second = 2.0
     standard_env = MappingProxyType(
         {
