@@ -268,19 +268,10 @@ class AzureArm(Provider):
         """Scale set ``name`` out by the launch's VMs (the set's lock held): the VMs it
         made, oldest first, and the operation's error (typed) if it failed; None if the
         set has no room for them."""
-        from libcloud.common.exceptions import BaseHTTPError
-
-        from slurm_burst.core.cloud import CloudError
-
         n = len(spec.names) or 1
-        current = None
-        try:
-            current = arm.request(arm.compute("virtualMachineScaleSets", name)).object
-        except BaseHTTPError as exc:
-            if exc.code != 404:
-                raise
-        mark = str(((current or {}).get("tags") or {}).get(sets.SCALEOUT_TAG, ""))
-        repeat = mark.split(" ")[0] == spec.token
+        current = arm.get(arm.compute("virtualMachineScaleSets", name))
+        token, began = sets.scaleout_mark(current)
+        repeat = token == spec.token
         held = bk.inflight.get(name)
         before_names: frozenset[str] | None = held[1] if held and held[0] == spec.token else None
         if current is not None and not repeat:
@@ -292,10 +283,7 @@ class AzureArm(Provider):
             before_names = frozenset()
         started = time.time()
         if repeat:  # when the first began (a tag someone edited: no VM counts as made)
-            try:
-                started = float(mark.split(" ")[1])
-            except (IndexError, ValueError):
-                started = float("inf")
+            started = began if began is not None else float("inf")
         target = len(before_names or ()) + n
         body = sets.profile_body(
             cloud,
@@ -315,8 +303,7 @@ class AzureArm(Provider):
                 op = arm.wait(resp)
             else:
                 op = self._settle(arm, name)
-            set_id = f"{arm.compute('virtualMachineScaleSets', name)}"
-            after = self._set_vms(arm, set_id)
+            after = self._set_vms(arm, arm.compute("virtualMachineScaleSets", name))
         finally:
             bk.inflight.pop(name, None)
         if before_names is not None:
@@ -324,16 +311,7 @@ class AzureArm(Provider):
         else:  # a repeat after a restart: the VMs made since the launch began
             made = [v for v in after if sets.created(v) >= started - 1.0]
         made.sort(key=lambda v: (sets.created(v), str(v["name"])))
-        failure = None
-        if op.get("status") != "Succeeded":
-            err = op.get("error") or {}
-            failure = cloud.error_of(
-                Exception(
-                    f"{err.get('code', 'OperationFailed')}: {err.get('message', op.get('status'))}"
-                )
-            )
-            if not isinstance(failure, CloudError):
-                failure = CloudError(str(failure), "OperationFailed")
+        failure = sets.op_error(cloud, op) if op.get("status") != "Succeeded" else None
         log.info(
             "azure.scale_out set=%s token=%s asked=%d made=%d status=%s",
             name,
@@ -347,15 +325,11 @@ class AzureArm(Provider):
     def _settle(self, arm: sets.Arm, name: str) -> dict[str, Any]:
         """A repeated launch: wait until the set's last operation is over (its
         provisioning state no longer Creating or Updating)."""
-        deadline = time.monotonic() + sets.OP_WAIT
-        pause = 0.2
-        while True:
-            doc = arm.request(arm.compute("virtualMachineScaleSets", name)).object or {}
-            state = str((doc.get("properties") or {}).get("provisioningState", ""))
-            if state not in ("Creating", "Updating") or time.monotonic() > deadline:
-                return {"status": "Succeeded" if state == "Succeeded" else state}
-            time.sleep(pause)
-            pause = min(pause * 1.5, 5.0)
+        path = arm.compute("virtualMachineScaleSets", name)
+        doc = arm.poll(lambda: dict(arm.request(path).object or {}),
+                       lambda d: _provisioning(d) not in ("Creating", "Updating"))  # fmt: skip
+        state = _provisioning(doc)
+        return {"status": "Succeeded" if state == "Succeeded" else state}
 
     def _set_vms(
         self, arm: sets.Arm, set_id: str, before_page: Callable[[], None] = lambda: None
@@ -372,12 +346,7 @@ class AzureArm(Provider):
             },
             before_page,
         )
-        logs = sets.book(arm.cloud).logs
-        for vm in vms:
-            view = (vm.get("properties") or {}).get("instanceView") or {}
-            uri = str((view.get("bootDiagnostics") or {}).get("serialConsoleLogBlobUri") or "")
-            if uri:
-                logs[str(vm["name"])] = uri
+        sets.note_logs(arm.cloud, vms)
         return vms
 
     def _addresses(
@@ -422,7 +391,7 @@ class AzureArm(Provider):
             name = str(s["name"])
             tags = {CLUSTER_TAG: cluster, GROUP_TAG: str(s["tags"].get(GROUP_TAG, ""))}
             if (s.get("properties") or {}).get("orchestrationMode") == "Uniform":
-                mark = str(s["tags"].get(sets.SCALEOUT_TAG, "")).split(" ")[0]
+                mark = sets.scaleout_mark(s)[0]
                 held_by = {**tags, TOKEN_TAG: mark} if mark else tags  # the job's launch
                 found_u = uniform.members(arm, str(s["id"]), before_page)
                 if any(str(v["id"]).lower() not in bk.addresses for v in found_u):
@@ -446,11 +415,7 @@ class AzureArm(Provider):
 
     def _drop_if_idle(self, arm: sets.Arm, bk: sets.SetBook, s: Mapping[str, Any]) -> None:
         name = str(s["name"])
-        mark = str((s.get("tags") or {}).get(sets.SCALEOUT_TAG, ""))
-        try:
-            last = float(mark.split(" ")[1])
-        except (IndexError, ValueError):
-            last = 0.0
+        last = sets.scaleout_mark(s)[1] or 0.0
         if time.time() - last < EMPTY_AFTER:
             return
         lock = bk.lock(name)
@@ -527,6 +492,10 @@ class AzureArm(Provider):
         """``PATCH`` the VM's tags (a scale-out's VMs have none of their own)."""
         arm = sets.Arm(cloud)
         arm.request(arm.compute("virtualMachines", instance_id), "PATCH", {"tags": dict(tags)})
+
+
+def _provisioning(doc: Mapping[str, Any]) -> str:
+    return str((doc.get("properties") or {}).get("provisioningState", ""))
 
 
 def uniform_path(cloud: LibcloudCloud, placement: str) -> str:

@@ -40,7 +40,7 @@ from urllib.parse import unquote, urlsplit
 
 if TYPE_CHECKING:
     from slurm_burst.adapters.cloud.compute import LibcloudCloud
-    from slurm_burst.core.cloud import Instance, LaunchSpec
+    from slurm_burst.core.cloud import CloudError, Instance, LaunchSpec
 
 COMPUTE_API = "2024-03-01"
 NETWORK_API = "2023-09-01"
@@ -108,7 +108,6 @@ class SetBook:
     locks: dict[str, threading.Lock] = field(default_factory=dict)
     # a launch in flight: set name -> (its token, the set's VMs before it)
     inflight: dict[str, tuple[str, frozenset[str]]] = field(default_factory=dict)
-    sets: dict[str, str] = field(default_factory=dict)  # set name -> its group (listed)
     addresses: dict[str, str] = field(default_factory=dict)  # VM id (lower) -> private IP
     # VM name -> its serial log's blob in the site's storage account (instance views)
     logs: dict[str, str] = field(default_factory=dict)
@@ -195,6 +194,18 @@ class Arm:
             for k, _, v in (p.partition("=") for p in link.query.split("&") if p)
         }
 
+    def get(self, path: str) -> dict[str, Any] | None:
+        """The resource at ``path``; None if there is none (404, or an empty answer)."""
+        from libcloud.common.exceptions import BaseHTTPError
+
+        try:
+            found = self.request(path).object
+        except BaseHTTPError as exc:
+            if exc.code != 404:
+                raise
+            return None
+        return dict(found) if found else None
+
     def wait(self, resp: Any) -> dict[str, Any]:
         """The long-running operation an answer started (its ``Azure-AsyncOperation``),
         waited for: its final document (``status`` Succeeded, Failed or Canceled)."""
@@ -203,13 +214,51 @@ class Arm:
         if not url:
             return {"status": "Succeeded"}
         where, params = self.own_link(url)
+        return self.poll(lambda: dict(self.request(where, params=params).object or {}),
+                         lambda op: op.get("status") not in ("InProgress", None))  # fmt: skip
+
+    @staticmethod
+    def poll(
+        read: Callable[[], dict[str, Any]], done: Callable[[dict[str, Any]], bool]
+    ) -> dict[str, Any]:
+        """``read()`` again, 0.2 s apart and backing off to 5 s, until ``done`` says so or
+        :data:`OP_WAIT` has passed; the last document read."""
         pause, deadline = 0.2, time.monotonic() + OP_WAIT
         while True:
-            op = self.request(where, params=params).object or {}
-            if op.get("status") not in ("InProgress", None) or time.monotonic() > deadline:
-                return dict(op)
+            doc = read()
+            if done(doc) or time.monotonic() > deadline:
+                return doc
             time.sleep(pause)
             pause = min(pause * 1.5, 5.0)
+
+
+def scaleout_mark(doc: Mapping[str, Any] | None) -> tuple[str, float | None]:
+    """A scale set's ``slurm-burst-scaleout`` tag: the last launch's token and when it
+    began (None where the tag says no time: edited by hand, or none)."""
+    mark = str(((doc or {}).get("tags") or {}).get(SCALEOUT_TAG, "")).split(" ")
+    try:
+        return mark[0], float(mark[1])
+    except (IndexError, ValueError):
+        return mark[0], None
+
+
+def op_error(cloud: LibcloudCloud, op: Mapping[str, Any]) -> CloudError:
+    """A failed operation's error, typed as its code says (``AllocationFailed``...)."""
+    err = op.get("error") or {}
+    return cloud.error_of(
+        Exception(f"{err.get('code', 'OperationFailed')}: {err.get('message', op.get('status'))}")
+    )
+
+
+def note_logs(cloud: LibcloudCloud, vms: list[dict[str, Any]]) -> None:
+    """Note each VM's serial log blob where its instance view names one (the site's
+    storage account), for its host-key read."""
+    logs = book(cloud).logs
+    for vm in vms:
+        view = (vm.get("properties") or {}).get("instanceView") or {}
+        uri = str((view.get("bootDiagnostics") or {}).get("serialConsoleLogBlobUri") or "")
+        if uri:
+            logs[str(vm["name"])] = uri
 
 
 def profile_body(

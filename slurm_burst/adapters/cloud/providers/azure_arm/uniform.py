@@ -52,7 +52,6 @@ def launch(
     """The job's Uniform set, made with its capacity (or found made by this launch's
     token: a repeat sends nothing), its operation waited for; its VMs, oldest first.
     Fewer than asked: the set is deleted and the operation's error (typed) raised."""
-    from libcloud.common.exceptions import BaseHTTPError
 
     from slurm_burst.core.cloud import CapacityError, CloudError
 
@@ -66,15 +65,8 @@ def launch(
             "InvalidParameterValue",
         )
     path = arm.compute("virtualMachineScaleSets", name)
-    current = None
-    try:
-        current = arm.request(path).object
-    except BaseHTTPError as exc:
-        if exc.code != 404:
-            raise
-    mark = str(((current or {}).get("tags") or {}).get(sets.SCALEOUT_TAG, ""))
     op: dict[str, Any] = {"status": "Succeeded"}
-    if mark.split(" ")[0] != spec.token:
+    if sets.scaleout_mark(arm.get(path))[0] != spec.token:
         body = sets.profile_body(
             cloud,
             spec,
@@ -100,14 +92,8 @@ def launch(
     if len(made) >= n and op.get("status") == "Succeeded":
         return made[:n]
     arm.request(path, "DELETE")  # one fabric or none: the job's set goes whole
-    err = op.get("error") or {}
-    if err:
-        failure = cloud.error_of(
-            Exception(
-                f"{err.get('code', 'OperationFailed')}: {err.get('message', op.get('status'))}"
-            )
-        )
-        raise failure
+    if op.get("error"):
+        raise sets.op_error(cloud, op)
     raise CapacityError(f"{cloud.name}: {len(made)} of {n} made", "PartialCapacity")
 
 
@@ -122,12 +108,8 @@ def members(
         before_page,
     )
     bk = sets.book(arm.cloud)
-    for vm in vms:
-        bk.uniform[str(vm["name"])] = str(vm["id"])
-        view = (vm.get("properties") or {}).get("instanceView") or {}
-        uri = str((view.get("bootDiagnostics") or {}).get("serialConsoleLogBlobUri") or "")
-        if uri:
-            bk.logs[str(vm["name"])] = uri
+    bk.uniform.update((str(vm["name"]), str(vm["id"])) for vm in vms)
+    sets.note_logs(arm.cloud, vms)
     vms.sort(key=lambda v: (int(str(v.get("instanceId", "0")) or 0), str(v["name"])))
     return vms
 
