@@ -205,8 +205,7 @@ class ManagedCloud:
                     self._throttled_answer(api)
                 if not wait or attempt + 1 >= self.attempts:
                     raise
-                delay = backoff(attempt, self.base, self.cap, self.rand())
-                delay = max(delay, min(self.cap, getattr(exc, "after", 0.0)))  # Retry-After
+                delay = self._retry_delay(attempt, getattr(exc, "after", 0.0))
                 log.warning(
                     "cloud.throttled provider=%s call=%s code=%s attempt=%d retry_in=%.2f",
                     self.name,
@@ -227,6 +226,11 @@ class ManagedCloud:
     def _wait_turn(self, api: str, made: int = 0) -> None:
         """Take the call's token (and ``made`` resource tokens), sleeping until it is due."""
         self.budget.wait_turn(api, self.sleep, made)
+
+    def _retry_delay(self, attempt: int, after: float) -> float:
+        """Seconds before retry ``attempt`` (0-based) of a throttled call: the backoff with
+        full jitter, and at least the provider's Retry-After (``after``; capped)."""
+        return max(backoff(attempt, self.base, self.cap, self.rand()), min(self.cap, after))
 
     def _throttled_answer(self, api: str) -> None:
         """The provider throttled ``api``: its shared rate is cut, and it is counted."""
@@ -327,15 +331,13 @@ class BudgetMeter:
 
     def throttled(self, kind: str, retry_after: float) -> bool:
         m = self.managed
-        m.budget.throttled(kind)
-        if m.metrics is not None:
-            m.metrics.api_throttled(m.name, kind)
+        m._throttled_answer(kind)  # its rate cut, the throttle counted
         n = getattr(self._repeats, "n", 0) + 1
         self._repeats.n = n
         if self._key() is not None or n >= m.attempts:
             self._repeats.n = 0
             return False
-        delay = max(backoff(n - 1, m.base, m.cap, m.rand()), min(m.cap, retry_after))
+        delay = m._retry_delay(n - 1, retry_after)
         log.warning("cloud.throttled provider=%s call=%s attempt=%d retry_in=%.2f",
                     m.name, kind, n, delay)  # fmt: skip
         m.sleep(delay)
