@@ -17,7 +17,6 @@ import ssl
 import subprocess
 import time
 import urllib.request
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -27,7 +26,8 @@ from slurm_burst_lab.service import Lab
 from slurm_burst.adapters.state.store import Store
 from slurm_burst.config import Config
 from tests.conftest import wait
-from tests.lab.conftest import CLOUD_JOIN, sh
+from tests.lab.conftest import CLOUD_JOIN
+from tests.lab.release import emulator_vms, release
 
 NODES = ("burst-az-1", "burst-az-2")
 PRICE = 0.096  # the lab config's Standard_D2s_v5 price
@@ -42,23 +42,9 @@ def emulator(cfg: Config, what: str) -> dict[str, Any]:
         return dict(json.loads(r.read()))
 
 
-def azure_vms(lab: Lab) -> list[str]:
-    vms = lab.paths.state / "azure" / "vms"
-    return sorted(d.name for d in vms.iterdir()) if vms.is_dir() else []
-
-
 def _release(env: dict[str, str], lab: Lab, store: Store, nodes: list[str], ids: set[str],
              vm_ids: set[str]) -> None:  # fmt: skip
-    sh(env, "scontrol", "update", f"nodename={','.join(nodes)}", "state=power_down")
-    wait(lambda: not vm_ids & set(azure_vms(lab)), 240, "the Azure VMs halted")
-    wait(
-        lambda: all(str(getattr(store.node(n), "state", "")) == "terminated" for n in nodes),
-        120,
-        "the Azure nodes torn down",
-    )
-    left = [p.name for p in Path("/run/netns").iterdir() if p.name.endswith(
-        tuple(i[-12:] for i in vm_ids))]  # fmt: skip
-    assert not left, left
+    release(env, lab, store, nodes, "azure", vm_ids)
 
     def listed() -> set[str]:
         return ids & {v["name"] for v in emulator(lab.cfg, "vms")["vms"]}
@@ -85,7 +71,7 @@ def job_on_azure(lab: Lab, cfg: Config, env: dict[str, str], store: Store) -> No
     ids = {r.instance_id for r in recs.values() if r}
     vms = {v["name"]: v["vmId"] for v in emulator(cfg, "vms")["vms"]}
     vm_ids = {vms[i] for i in ids}
-    assert set(azure_vms(lab)) >= vm_ids
+    assert set(emulator_vms(lab, "azure")) >= vm_ids
     calls = emulator(cfg, "calls")["calls"]
     made = {m: calls.get(m, 0) - before.get(m, 0) for m in calls}
     assert made.get("vmss.put") == 1, made  # one scale-out for the job

@@ -19,7 +19,6 @@ import re
 import subprocess
 import time
 import urllib.request
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -31,6 +30,7 @@ from slurm_burst.config import Config
 from slurm_burst.core.records import NodeRecord
 from tests.conftest import wait
 from tests.lab.conftest import CLOUD_JOIN, sh
+from tests.lab.release import emulator_vms, release
 
 NODES = ("burst-gce-1", "burst-gce-2")
 PRICE = 0.0971  # the lab config's n2-standard-2 price
@@ -44,8 +44,7 @@ def emulator(cfg: Config, what: str) -> dict[str, Any]:
 
 
 def gce_vms(lab: Lab) -> list[str]:
-    vms = lab.paths.state / "gce" / "vms"
-    return sorted(d.name for d in vms.iterdir()) if vms.is_dir() else []
+    return emulator_vms(lab, "gce")
 
 
 def _addresses(srun_out: str) -> list[list[str]]:
@@ -54,16 +53,7 @@ def _addresses(srun_out: str) -> list[list[str]]:
 
 
 def _release(env: dict[str, str], lab: Lab, store: Store, nodes: list[str], ids: set[str]) -> None:
-    sh(env, "scontrol", "update", f"nodename={','.join(nodes)}", "state=power_down")
-    wait(lambda: not ids & set(gce_vms(lab)), 240, "the GCE instances' VMs halted")
-    wait(
-        lambda: all(str(getattr(store.node(n), "state", "")) == "terminated" for n in nodes),
-        120,
-        "the GCE nodes torn down",
-    )
-    left = [p.name for p in Path("/run/netns").iterdir() if p.name.endswith(
-        tuple(i[-12:] for i in ids))]  # fmt: skip
-    assert not left, left
+    release(env, lab, store, nodes, "gce", ids)
 
 
 def test_a_job_runs_on_gce_vms_bulk_launched_attested_by_guest_attributes_and_joined(
