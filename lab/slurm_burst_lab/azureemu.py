@@ -24,12 +24,15 @@ No emulator on the registries covers Compute (Azurite is storage only). This one
   ``Retry-After`` past them;
 - capacity a test can refuse per size (``AllocationFailed`` after some VMs, or a quota's
   ``OperationNotAllowed`` at once), faults injected per method;
+- Spot: capacity a test refuses or withholds; evictions as ``Preempt`` Scheduled Events
+  in each booted VM's own instance metadata service (:mod:`slurm_burst_lab.azureimds`),
+  the VM deleted when the event starts; proximity placement groups;
 - booting (opt-in, :class:`~slurm_burst_lab.labvms.LabVms`; the lab): each VM becomes a
   namespace VM on the lab's cloud bridge at its NIC's address, running its
   ``customData``, root's authorized keys its ``linuxConfiguration.ssh.publicKeys``, its
   host name its computer name; its serial log is the VM's console. Deleting it halts it;
 - a control endpoint for tests and the benchmark (``/_emulator/calls``, ``limits``,
-  ``capacity``, ``timeline``, ``clear``).
+  ``capacity``, ``timeline``, ``vms``, ``spot``, ``market``, ``event``, ``clear``).
 
 Served over plain HTTP on loopback (tests) or TLS with a certificate the lab makes
 (``--tls CERT KEY``). Where it is simpler than Azure, docs/providers.md says so.
@@ -143,6 +146,7 @@ class AzureEmulator:
             self.requests.clear()
             self._faults.clear()
             self.arm.room.clear()
+            self.arm.set_spot("")
             if self.limits is not None:
                 self.limits.clear()
 
@@ -311,12 +315,26 @@ class AzureEmulator:
         """``calls`` (counts by method, throttled answers by kind, the least left of each
         bucket); ``limits?factor=F`` (ARM's buckets times F from now on; 0: none);
         ``capacity?size=S&room=N&code=C`` (at most N more VMs of size S); ``timeline``;
-        ``vms`` (every VM: name, set, state); ``clear``."""
+        ``vms`` (every VM: name, set, state); ``spot?mode=refuse|withhold|&code=C``
+        (Spot capacity); ``market`` (the Spot mode, VMs withheld and evicted, proximity
+        placement groups, acknowledged events); ``event?vm=NAME&type=Preempt&in=S`` (a
+        Scheduled Event on a booted VM, starting in S s; a Preempt deletes it then);
+        ``clear``."""
         with self._lock:
             if what == "timeline":
                 return {"timeline": list(self.timeline)}
             if what == "vms":
                 return {"vms": self.arm.summary()}
+            if what == "market":
+                return self.arm.market()
+            if what == "event":
+                seconds = float(q.get("in", "30"))
+                if not 0 <= seconds <= 3600:
+                    raise ArmError(400, "InvalidParameter", f"in={q.get('in')!r}: 0 to 3,600 s")
+                return self.arm.schedule_event(q.get("vm", ""), q.get("type", "Preempt"), seconds)
+            if what == "spot":
+                self.arm.set_spot(q.get("mode", ""), q.get("code", "AllocationFailed"))
+                return self.arm.market()
             if what == "clear":
                 self.clear()
             elif what == "limits":

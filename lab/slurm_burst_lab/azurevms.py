@@ -9,6 +9,14 @@ Delete``), listed and deleted as any VM; Uniform ones make set instances
 ``sku.capacity``: the VMs are made at once (``Creating``), the operation succeeds
 ``op_delay`` s later; where the size's room runs out it fails ``AllocationFailed`` (or
 the code a test gave) with the VMs that fitted kept, as Azure leaves them.
+
+Spot (a profile's ``priority: Spot``): capacity a test refuses (the scale-out's operation
+fails with the code it gave, no VM made) or withholds (the VMs are made and stay
+``Creating``, never allocated: no power state, no boot, the operation in progress
+until they are deleted); an eviction is a ``Preempt`` Scheduled Event served inside the
+VM (:mod:`slurm_burst_lab.azureimds`) and the VM deleted when it starts (at its
+``NotBefore`` or once acknowledged). Proximity placement groups: made, read and deleted
+(refused while a scale set names one), a set's zones checked against its group's.
 """
 
 from __future__ import annotations
@@ -26,6 +34,8 @@ from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import quote
+
+from slurm_burst_lab.azureimds import AzureImds
 
 COMPUTE_API = "2024-03-01"
 LOCATIONS = {
@@ -67,6 +77,7 @@ RESERVED_USERS = frozenset(
     }
 )
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
+SPOT_MODES = ("", "refuse", "withhold")
 FILTER = re.compile(r"""^\s*'?virtualMachineScaleSet/id'?\s+eq\s+'([^']+)'\s*$""", re.I)
 
 
@@ -121,6 +132,12 @@ class Arm:
         self._going: dict[tuple[str, str], float] = {}  # VMs being deleted -> when gone
         self.vmhost: Any = None  # LabVms: VMs boot (the lab)
         self.vm_range: ipaddress.IPv4Network | None = None
+        self.spot = ""  # Spot capacity: '' normal, refuse, withhold
+        self.spot_code = "AllocationFailed"  # a refusal's code
+        self.withheld: set[str] = set()  # Spot VMs whose capacity never came (names)
+        self.evicted: list[str] = []  # VMs a Preempt event deleted (names)
+        self.ppgs: dict[tuple[str, str], dict[str, Any]] = {}  # proximity placement groups
+        self.imds = AzureImds(on_start=self._event_started)  # each booted VM's metadata
 
     def boot_on(self, vms: Any, vm_range: ipaddress.IPv4Network) -> None:
         self.vmhost, self.vm_range = vms, vm_range
@@ -130,6 +147,60 @@ class Arm:
         fails ``code``; ``OperationNotAllowed`` (a quota) refuses the request at once."""
         with self._lock:
             self.room[size] = (room, code)
+
+    def set_spot(self, mode: str, code: str = "AllocationFailed") -> None:
+        """Spot capacity from now on: normal (''), ``refuse`` (with ``code``) or
+        ``withhold``."""
+        if mode not in SPOT_MODES:
+            known = ", ".join(map(repr, SPOT_MODES))
+            raise ArmError(400, "InvalidParameter", f"spot mode {mode!r}: one of {known}")
+        with self._lock:
+            self.spot, self.spot_code = mode, code or "AllocationFailed"
+
+    def market(self) -> dict[str, Any]:
+        """For a test: the Spot mode, the VMs withheld and evicted, the live VMs, each
+        proximity placement group with its sets and their VMs, the acknowledged events."""
+        with self._lock:
+            ppgs = {}
+            for p in self.ppgs.values():
+                members = [s for s in self.sets.values() if s.get("_ppg") == p["id"].lower()]
+                ids = {s["id"] for s in members}
+                ppgs[p["name"]] = {
+                    "zones": p.get("zones", []),
+                    "sets": sorted(s["name"] for s in members),
+                    "vms": sorted(v["name"] for v in self.vms.values() if v["_set"] in ids),
+                }
+            names = {v["properties"]["vmId"]: v["name"] for v in self.vms.values()}
+            return {
+                "spot": self.spot,
+                "withheld": sorted(self.withheld),
+                "evicted": list(self.evicted),
+                "live": sorted(v["name"] for v in self.vms.values()),
+                "ppgs": ppgs,
+                "acked": {names.get(k, k): v for k, v in self.imds.acked.items()},
+            }
+
+    def schedule_event(self, name: str, kind: str, seconds: float) -> dict[str, Any]:
+        """Schedule a Scheduled Event of ``kind`` on VM ``name`` (booted), in ``seconds``."""
+        with self._lock:
+            vm = next((v for v in self.vms.values() if v["name"].lower() == name.lower()), None)
+            if vm is None:
+                raise ArmError(404, "NotFound", f"no VM {name!r}")
+            vm_id = vm["properties"]["vmId"]
+        try:
+            return self.imds.schedule(vm_id, kind, seconds)
+        except ValueError as exc:
+            raise ArmError(400, "InvalidParameter", str(exc)) from None
+
+    def _event_started(self, vm_id: str, event: Mapping[str, Any]) -> None:
+        """A started Preempt deletes its VM (``evictionPolicy = Delete``)."""
+        if event.get("EventType") != "Preempt":
+            return
+        with self._lock:
+            key = next((k for k, v in self.vms.items() if v["properties"]["vmId"] == vm_id), None)
+            if key is not None:
+                self.evicted.append(self.vms[key]["name"])
+                self._remove_vm(key)
 
     def summary(self) -> list[dict[str, Any]]:
         with self._lock:
@@ -347,6 +418,15 @@ class Arm:
             ] if method == "POST":
                 count("vm.retrieveBootDiagnosticsData")
                 return 200, self._boot_diagnostics(low[3], parts[7], q, base), []
+            case [
+                "resourcegroups",
+                _,
+                "providers",
+                "microsoft.compute",
+                "proximityplacementgroups",
+                _,
+            ]:
+                return self._ppg_call(method, low[3], parts[3], parts[7], body, count)
             case ["resourcegroups", _, "providers", "microsoft.network", "networkinterfaces"] if (
                 method == "GET"
             ):
@@ -373,6 +453,99 @@ class Arm:
             "InvalidResourceType",
             f"The resource type or method is not served: {method} /{'/'.join(parts[2:])}",
         )
+
+    # -- proximity placement groups -----------------------------------------------------
+    def _ppg_call(
+        self,
+        method: str,
+        group: str,
+        group_name: str,
+        name: str,
+        body: Any,
+        count: Callable[[str], None],
+    ) -> tuple[int, Any, list[tuple[str, str]]]:
+        key = (group, name.lower())
+        if method == "PUT":
+            count("ppg.put")
+            if not isinstance(body, dict) or not NAME.fullmatch(name):
+                raise _bad("a proximity placement group needs a name and a JSON body")
+            loc = str(body.get("location", "")).lower()
+            zones = list(body.get("zones") or [])
+            if loc not in LOCATIONS or any(z not in LOCATIONS[loc] for z in zones):
+                raise _bad(f"location '{loc}' or zones {zones} are not valid")
+            if len(zones) > 1:
+                raise _bad("a proximity placement group is in one zone or none")
+            kind = (body.get("properties") or {}).get("proximityPlacementGroupType", "Standard")
+            if kind not in ("Standard", "Ultra"):
+                raise _bad(f"proximityPlacementGroupType '{kind}' is not valid")
+            old = self.ppgs.get(key)
+            if old is not None and old.get("zones", []) != zones:
+                raise ArmError(409, "PropertyChangeNotAllowed",
+                               "Changing property 'zones' is not allowed.")  # fmt: skip
+            doc = {
+                "name": name,
+                "id": f"/subscriptions/{self.subscription}/resourceGroups/{group_name}/providers/"
+                f"Microsoft.Compute/proximityPlacementGroups/{name}",
+                "type": "Microsoft.Compute/proximityPlacementGroups",
+                "location": loc,
+                "tags": {str(k): str(v) for k, v in (body.get("tags") or {}).items()},
+                "properties": {"proximityPlacementGroupType": kind},
+            }
+            if zones:
+                doc["zones"] = zones
+            self.ppgs[key] = doc
+            return (200 if old else 201), self._ppg_doc(doc), []
+        p = self.ppgs.get(key)
+        if method == "DELETE":
+            count("ppg.delete")
+            if p is None:
+                return 204, None, []
+            users = [x["name"] for x in self.sets.values() if x.get("_ppg") == p["id"].lower()]
+            if users:
+                raise ArmError(
+                    409,
+                    "OperationNotAllowed",
+                    f"Proximity placement group '{name}' cannot be deleted: scale set(s) "
+                    f"{', '.join(users)} are in it.",
+                )
+            del self.ppgs[key]
+            return 200, None, []
+        if method == "GET":
+            count("ppg.get")
+            if p is None:
+                raise ArmError(404, "ResourceNotFound", f"The Resource 'Microsoft.Compute/"
+                               f"proximityPlacementGroups/{name}' was not found.")  # fmt: skip
+            return 200, self._ppg_doc(p), []
+        raise ArmError(405, "MethodNotAllowed", f"{method} on a proximity placement group")
+
+    def _ppg_doc(self, p: Mapping[str, Any]) -> dict[str, Any]:
+        out = dict(p)
+        members = [x for x in self.sets.values() if x.get("_ppg") == p["id"].lower()]
+        sets = [{"id": x["id"]} for x in members]
+        out["properties"] = {**p["properties"], "virtualMachineScaleSets": sets}
+        return out
+
+    def _placed(self, s: dict[str, Any], props: Mapping[str, Any]) -> None:
+        """A set's proximity placement group: one that exists, in the set's zone (or
+        none), fixed once the set has VMs."""
+        ref = props.get("proximityPlacementGroup")
+        if ref is None:
+            return
+        pid = str((ref or {}).get("id", "")).lower()
+        p = next((x for x in self.ppgs.values() if x["id"].lower() == pid), None)
+        if p is None:
+            raise ArmError(404, "NotFound", f"Proximity placement group '{pid}' was not found.")
+        if p.get("zones") and list(s.get("zones") or []) != p["zones"]:
+            raise _bad(f"the scale set's zones {s.get('zones') or []} differ from its "
+                       f"proximity placement group's {p['zones']}")  # fmt: skip
+        if s.get("_ppg", pid) != pid and any(v["_set"] == s["id"] for v in self.vms.values()):
+            raise ArmError(
+                409,
+                "PropertyChangeNotAllowed",
+                "Changing property 'proximityPlacementGroup' is not allowed while the set has VMs.",
+            )
+        s["_ppg"] = pid
+        s["properties"]["proximityPlacementGroup"] = {"id": p["id"]}
 
     # -- scale sets ---------------------------------------------------------------------
     def _set(self, group: str, name: str) -> dict[str, Any]:
@@ -527,6 +700,7 @@ class Arm:
             s["sku"] = {"name": size, "tier": "Standard", "capacity": cap}
         if "tags" in body:
             s["tags"] = {str(k): str(v) for k, v in (body["tags"] or {}).items()}
+        self._placed(s, body.get("properties") or {})
         profile = (body.get("properties") or {}).get("virtualMachineProfile")
         if profile is not None:
             self._check_profile(s, profile)
@@ -550,6 +724,21 @@ class Arm:
         ref = (profile.get("storageProfile") or {}).get("imageReference") or {}
         if not (ref.get("id") or all(ref.get(k) for k in ("publisher", "offer", "sku"))):
             raise _bad("storageProfile.imageReference needs publisher, offer and sku (or id)")
+        priority = profile.get("priority", "Regular")
+        if priority not in ("Regular", "Low", "Spot"):
+            raise _bad(f"priority '{priority}' is not valid")
+        if priority == "Spot":
+            if profile.get("evictionPolicy") not in ("Delete", "Deallocate"):
+                raise _bad("a Spot profile needs evictionPolicy Delete or Deallocate")
+            price = (profile.get("billingProfile") or {}).get("maxPrice", -1)
+            if not isinstance(price, int | float) or (price != -1 and price <= 0):
+                raise _bad(f"billingProfile.maxPrice {price!r}: -1 or a price above 0")
+            old = (s["properties"].get("virtualMachineProfile") or {}).get("priority", "Regular")
+            if "virtualMachineProfile" in s["properties"] and old != priority:
+                raise ArmError(409, "PropertyChangeNotAllowed",
+                               "Changing property 'priority' is not allowed.")  # fmt: skip
+        elif profile.get("evictionPolicy") or profile.get("billingProfile"):
+            raise _bad("evictionPolicy and billingProfile are for Spot profiles")
         net = profile.get("networkProfile") or {}
         if s["properties"]["orchestrationMode"] == "Flexible" and not net.get("networkApiVersion"):
             raise _bad("a Flexible scale set's networkProfile needs networkApiVersion")
@@ -564,6 +753,20 @@ class Arm:
 
     def _scale_out(self, s: dict[str, Any], n: int, op_id: str) -> None:
         size = s["sku"]["name"]
+        spot = s["properties"]["virtualMachineProfile"].get("priority") == "Spot"
+        if spot and self.spot == "refuse":
+            self.ops[op_id]["_error"] = {
+                "code": self.spot_code,
+                "message": f"Allocation failed. We do not have sufficient capacity for the "
+                f"requested Spot VM size {size} in this region.",
+            }
+            s["sku"]["capacity"] = len([v for v in self.vms.values() if v["_set"] == s["id"]])
+            return
+        if spot and self.spot == "withhold":  # made, and never allocated
+            waiting = [self._new_vm(s, withheld=True)["name"] for _ in range(n)]
+            self.withheld.update(waiting)
+            self.ops[op_id]["_withheld"] = waiting
+            return
         room, code = self.room.get(size, (math.inf, ""))
         if code == "OperationNotAllowed" and room < n:
             raise ArmError(
@@ -586,7 +789,7 @@ class Arm:
             s["sku"]["capacity"] = len([v for v in self.vms.values() if v["_set"] == s["id"]])
 
     # -- virtual machines ---------------------------------------------------------------
-    def _new_vm(self, s: dict[str, Any]) -> dict[str, Any]:
+    def _new_vm(self, s: dict[str, Any], withheld: bool = False) -> dict[str, Any]:
         profile = s["properties"]["virtualMachineProfile"]
         flexible = s["properties"]["orchestrationMode"] == "Flexible"
         group = s["_group"]
@@ -686,8 +889,12 @@ class Arm:
         for key in ("priority", "evictionPolicy", "billingProfile"):
             if key in profile:
                 vm["properties"][key] = profile[key]
+        if "proximityPlacementGroup" in s["properties"]:
+            vm["properties"]["proximityPlacementGroup"] = s["properties"]["proximityPlacementGroup"]
+        if withheld:
+            vm["_withheld"] = True
         self.vms[(group, name.lower())] = vm
-        if self.vmhost is not None:
+        if self.vmhost is not None and not withheld:
             self._boot(vm, os_profile, storage)
         return vm
 
@@ -713,6 +920,9 @@ class Arm:
             image,
             hostname=vm["properties"]["osProfile"]["computerName"],
         )
+        vm_id = vm["properties"]["vmId"]
+        self.imds.add(vm_id, vm["name"])
+        self.imds.serve(vm_id, self.vmhost.netns_of(vm_id))
 
     def _address(self) -> str:
         """A new VM's private address: the lowest free one of the lab's range (with
@@ -760,6 +970,8 @@ class Arm:
     def _state(self, vm: dict[str, Any]) -> None:
         """Its provisioning state as time has moved (the operation's delay)."""
         props = vm["properties"]
+        if vm.get("_withheld"):
+            return  # Creating, until it is deleted
         if props["provisioningState"] == "Creating" and time.time() >= vm["_made"] + self.op_delay:
             props["provisioningState"] = "Succeeded"
 
@@ -770,7 +982,9 @@ class Arm:
             props = dict(out["properties"])
             now = time.time()
             prov = props["provisioningState"]
-            if prov == "Deleting":
+            if vm.get("_withheld"):
+                power = ""  # not allocated: no power state
+            elif prov == "Deleting":
                 power = "PowerState/stopping"
             elif now >= vm["_made"] + self.boot_delay:
                 power = "PowerState/running"
@@ -782,8 +996,11 @@ class Arm:
                     "level": "Info",
                     "displayStatus": f"Provisioning {prov.lower()}",
                 },
-                {"code": power, "level": "Info", "displayStatus": "VM " + power.split("/")[1]},
             ]
+            if power:
+                statuses.append(
+                    {"code": power, "level": "Info", "displayStatus": "VM " + power.split("/")[1]}
+                )
             props["instanceView"] = {
                 "computerName": props["osProfile"]["computerName"],
                 "osName": "debian",
@@ -897,7 +1114,8 @@ class Arm:
             s["sku"]["capacity"] = len([v for v in self.vms.values() if v["_set"] == s["id"]])
 
     def _halt(self, vm: Mapping[str, Any]) -> None:
-        if self.vmhost is not None:
+        if self.vmhost is not None and not vm.get("_withheld"):
+            self.imds.stop(vm["properties"]["vmId"])
             self.vmhost.halt(vm["properties"]["vmId"])
 
     def _boot_diagnostics(
@@ -937,6 +1155,22 @@ class Arm:
         if op is None:
             raise ArmError(404, "OperationNotFound", f"Operation '{op_id}' was not found.")
         out: dict[str, Any] = {"name": op_id, "startTime": _iso(op["_start"])}
+        held = [
+            n for n in op.get("_withheld", ()) if any(v["name"] == n for v in self.vms.values())
+        ]
+        if held:  # Spot capacity withheld: in progress while its VMs wait
+            out["status"] = "InProgress"
+            return out
+        if op.get("_withheld"):  # deleted while they waited
+            out["endTime"] = _iso()
+            out["status"] = "Canceled"
+            res = op.get("_resource")
+            if res is not None and res["properties"].get("provisioningState") in (
+                "Creating",
+                "Updating",
+            ):
+                res["properties"]["provisioningState"] = "Succeeded"
+            return out
         if time.time() < op["_start"] + self.op_delay:
             out["status"] = "InProgress"
             return out

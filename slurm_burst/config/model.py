@@ -259,7 +259,7 @@ class NodeGroup:
     features: tuple[str, ...] = doc("Slurm node features.", default=())
     spot: bool = doc("Ask for spot/preemptible capacity.", default=False)
     spot_max_price: float = doc(
-        "EC2: the most to pay per spot instance-hour; 0: up to the on-demand price.",
+        "EC2 and Azure: the most to pay per spot instance-hour; 0: up to the on-demand price.",
         default=0.0,
     )
     spot_fallback: str = doc(
@@ -288,8 +288,10 @@ class NodeGroup:
     placement: str = doc(
         "Placement per job, as the provider offers it: 'cluster' (EC2: a cluster "
         "placement group, one network spine), 'compact' (GCE: a compact placement "
-        "policy, one zone) or 'infiniband' (Azure: a Uniform scale set per job with one "
-        "placement group, its InfiniBand fabric; for the RDMA sizes): the instances of "
+        "policy, one zone), 'infiniband' (Azure: a Uniform scale set per job with one "
+        "placement group, its InfiniBand fabric; for the RDMA sizes) or 'proximity' "
+        "(Azure: a proximity placement group per job, one datacenter, with a scale set of "
+        "its own): the instances of "
         "each multi-node job launch together into a "
         "placement made for that launch, deleted once none of its instances remain, "
         "i.e. when the last of the job's nodes is released (suspend_time after its "

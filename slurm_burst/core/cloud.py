@@ -19,6 +19,7 @@ CLUSTER_TAG = "slurm-burst-cluster"
 NODE_TAG = "slurm-burst-node"
 GROUP_TAG = "slurm-burst-group"
 TOKEN_TAG = "slurm-burst-token"  # noqa: S105 - a tag name, not a secret
+SPOT_WAIT_CODE = "SpotCapacityWait"  # a spot launch's capacity did not come in time
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,10 @@ class LaunchSpec:
     count: int = 1  # instances in this one call (a batch: the same spec, ``count`` times)
     min_count: int = 0  # fewest instances the call may make (0: ``count``, all or none)
     placement_group: str = ""  # the placement group the instances go in ('' : none)
+    placement_kind: str = ""  # the group's placement (a provider offering two: Azure)
+    # a spot launch whose call waits for the capacity itself (Azure's scale-out): the
+    # most it waits before it gives up with SPOT_WAIT_CODE (0: no bound of its own)
+    spot_wait: float = 0.0
     names: tuple[str, ...] = ()  # a batch's nodes, in order: who names instances at launch
 
 

@@ -2,7 +2,9 @@
 and ``maintenance-event``): what it says, which signal a job asked for before its end,
 and when to requeue it. Pure: no I/O.
 
-EC2 says when the reclaim comes (two minutes after the notice). Google's metadata server
+EC2 says when the reclaim comes (two minutes after the notice), and so does Azure's
+Scheduled Events (``NotBefore``: at least 30 s ahead for a Spot eviction, ``Preempt``;
+empty once the event has started). Google's metadata server
 says only that it comes: a preempted VM has about 30 seconds (``GCE_LEAD``), and a host
 maintenance that terminates it is taken to leave no more (the shortest lead Google
 documents for a reclaim), counted from when the daemon hears of it.
@@ -29,6 +31,11 @@ ACTIONS = frozenset({"terminate", "stop", "hibernate"})  # EC2's, with the recla
 # GCE's, as the node agent names what the metadata server said -> the reclaim's code
 GCE_ACTIONS = {"preempted": "Preempted", "maintenance": "HostMaintenance"}
 SPOT_CODE = "SpotInterruption"  # EC2's reclaims
+# Azure's Scheduled Events the node agent passes on -> the reclaim's code (Freeze, a
+# pause of seconds, is not one: the node keeps its jobs)
+AZURE_ACTIONS = {"Preempt": "SpotEviction", "Terminate": "Terminated",
+                 "Reboot": "HostMaintenance", "Redeploy": "HostMaintenance"}  # fmt: skip
+NOT_CAPACITY = frozenset({"HostMaintenance", "Terminated"})  # reclaims that say nothing of it
 GCE_LEAD = 30.0  # seconds between a GCE preemption notice and the stop
 MARGIN = 10.0  # seconds before the reclaim at which a signalled job is requeued
 _SIGNAL = re.compile(r"(?:([RB]):)?((?:SIG)?[A-Z][A-Z0-9+]*|[0-9]{1,2})(?:@([0-9]{1,5}))?")
@@ -37,15 +44,15 @@ _DIRECTIVE = re.compile(r"#SBATCH\s+--signal(?:=|\s+)(\S+)")
 
 @dataclass(frozen=True)
 class Notice:
-    action: str  # terminate | stop | hibernate (EC2); preempted | maintenance (GCE)
+    action: str  # terminate | stop | hibernate (EC2); preempted | maintenance (GCE); Azure's
     at: float  # unix time of the reclaim
     code: str = SPOT_CODE  # the reclaim's code (the node's failure, the ledger's)
 
     @property
     def capacity(self) -> bool:
-        """Whether the reclaim says the size's spot capacity is short (a maintenance
-        does not)."""
-        return self.code != GCE_ACTIONS["maintenance"]
+        """Whether the reclaim says the size's spot capacity is short (a maintenance, or
+        a delete someone asked for, does not)."""
+        return self.code not in NOT_CAPACITY
 
 
 @dataclass(frozen=True)
@@ -66,8 +73,10 @@ def parse_notice(body: object, now: float) -> Notice:
     action, when = body.get("action"), body.get("time")
     if isinstance(action, str) and action in GCE_ACTIONS:
         return Notice(action, now + GCE_LEAD, GCE_ACTIONS[action])
+    if isinstance(action, str) and action in AZURE_ACTIONS:
+        return Notice(action, _not_before(when, now), AZURE_ACTIONS[action])
     if not isinstance(action, str) or action not in ACTIONS:  # a list is no action
-        known = ", ".join(sorted(ACTIONS | set(GCE_ACTIONS)))
+        known = ", ".join(sorted(ACTIONS | set(GCE_ACTIONS) | set(AZURE_ACTIONS)))
         raise ValueError(f"action {str(action)[:40]!r}: one of {known}")
     if not isinstance(when, str) or len(when) > 40:
         raise ValueError("time: an ISO 8601 time such as 2026-11-27T15:04:05Z")
@@ -76,6 +85,22 @@ def parse_notice(body: object, now: float) -> Notice:
     except ValueError:
         raise ValueError(f"time {when!r}: not an ISO 8601 time") from None
     return Notice(str(action), min(max(at, now), now + 86_400))
+
+
+def _not_before(when: object, now: float) -> float:
+    """An Azure event's ``NotBefore`` (RFC 1123, ``Mon, 19 Sep 2016 18:29:47 GMT``) as a
+    Unix time within a day of ``now``; '' (the event has started): ``now``."""
+    from email.utils import parsedate_to_datetime
+
+    if when in ("", None):
+        return now
+    if not isinstance(when, str) or len(when) > 40:
+        raise ValueError("time: an RFC 1123 time such as Mon, 19 Sep 2016 18:29:47 GMT")
+    try:
+        at = parsedate_to_datetime(when).timestamp()
+    except (TypeError, ValueError, IndexError):
+        raise ValueError(f"time {when!r}: not an RFC 1123 time") from None
+    return min(max(at, now), now + 86_400)
 
 
 def declared_signal(script: str) -> Declared | None:

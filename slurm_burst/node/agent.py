@@ -17,10 +17,12 @@ listens, and brings the direct interface in line:
   goes through the hub as before: nothing is ever sent into a tunnel that is not up;
 - a peer no longer offered is removed, with its route.
 
-Notices (``--imds``: EC2; ``--gce-metadata``: GCE) are read where the provider
-serves them to the instance and told to the daemon's node API once (``POST
-/v1/notice``). EC2's spot ``instance-action`` is looked at every ``--notice-interval``
-seconds (EC2 asks for every 5). Google's metadata server is not polled: one thread per
+Notices (``--imds``: EC2; ``--gce-metadata``: GCE; ``--azure-metadata``: Azure) are
+read where the provider serves them to the instance and told to the daemon's node API
+once (``POST /v1/notice``). EC2's spot ``instance-action`` is looked at every
+``--notice-interval`` seconds (EC2 asks for every 5), and so are Azure's Scheduled
+Events (those naming this VM; each one handled is acknowledged once the daemon has
+requeued the node's jobs). Google's metadata server is not polled: one thread per
 key (``instance/preempted``, ``instance/maintenance-event``) reads it once, then asks
 again with ``wait_for_change=true`` and the ETag it last saw, and the server answers when
 the value changes (or after ``timeout_sec``, when it asks again).
@@ -231,6 +233,83 @@ class Notices:
         return None
 
 
+class AzureNotices:
+    """Azure's Scheduled Events (the instance metadata service, ``Metadata: true``): a
+    ``Preempt`` (a Spot eviction), ``Terminate``, ``Reboot`` or ``Redeploy`` naming this
+    VM is told to the daemon once, as ``{"action": EventType, "time": NotBefore}``; each
+    such event is acknowledged (``StartRequests``) once the daemon has requeued the
+    node's jobs (the answer's ``requeue_at``, and the jobs' time to leave), not before:
+    an acknowledged event may start at once. ``Freeze`` (a pause of seconds) is left."""
+
+    API = "api-version=2020-07-01"
+    TYPES = ("Preempt", "Terminate", "Reboot", "Redeploy")
+    LEAVE = 10.0  # seconds after the requeue before the event is acknowledged
+    ACK_MOST = 900.0  # an answer's requeue_at further off than this is not waited for
+
+    def __init__(self, base: str, api: str) -> None:
+        self.base = base.rstrip("/")
+        self.api = api
+        self.name = ""
+        self.told = False
+        self.acks: dict[str, float] = {}  # event id -> when to acknowledge it
+        self.acked: set[str] = set()
+
+    def _get(self, path: str) -> bytes:
+        return fetch(f"{self.base}{path}", headers={"Metadata": "true"}, timeout=5,
+                     most=1 << 18)  # fmt: skip
+
+    def look(self) -> str:
+        """One round: the events read, a new one told, the due ones acknowledged."""
+        if not self.name:
+            self.name = self._get("/metadata/instance/compute/name?api-version=2021-02-01"
+                                  "&format=text").decode("utf-8", "replace").strip()  # fmt: skip
+        doc = json.loads(self._get(f"/metadata/scheduledevents?{self.API}"))
+        events = doc.get("Events") if isinstance(doc, dict) else None
+        said = []
+        for ev in events if isinstance(events, list) else []:
+            if not isinstance(ev, dict) or ev.get("EventType") not in self.TYPES:
+                continue
+            resources = ev.get("Resources")
+            event_id = str(ev.get("EventId", ""))[:64]
+            if not event_id or not isinstance(resources, list) or self.name not in resources:
+                continue
+            if event_id in self.acks or event_id in self.acked:
+                continue
+            said.append(self._tell(event_id, str(ev["EventType"]), ev.get("NotBefore", "")))
+        said += self._acknowledge(time.time())
+        return "; ".join(s for s in said if s)
+
+    def _tell(self, event_id: str, kind: str, not_before: object) -> str:
+        """Tell the daemon (the first event only: it reclaims the node whatever follows);
+        when to acknowledge the event."""
+        when = time.time() + self.LEAVE
+        line = ""
+        if not self.told:
+            body = json.dumps({"action": kind, "time": not_before if isinstance(not_before, str)
+                               else ""}).encode()  # fmt: skip
+            answer = json.loads(fetch(f"{self.api}/v1/notice", "POST",
+                                      {"Content-Type": "application/json"}, body))  # fmt: skip
+            self.told = True
+            at = answer.get("requeue_at") if isinstance(answer, dict) else None
+            if isinstance(at, int | float) and at - time.time() < self.ACK_MOST:
+                when = max(when, float(at) + self.LEAVE)
+            line = f"{kind} event {event_id} told to the daemon"
+        self.acks[event_id] = when
+        return line
+
+    def _acknowledge(self, now: float) -> list[str]:
+        due = [e for e, at in self.acks.items() if at <= now]
+        if not due:
+            return []
+        body = json.dumps({"StartRequests": [{"EventId": e} for e in due]}).encode()
+        fetch(f"{self.base}/metadata/scheduledevents?{self.API}", "POST",
+              {"Metadata": "true", "Content-Type": "application/json"}, body)  # fmt: skip
+        for e in due:
+            del self.acks[e]
+            self.acked.add(e)
+        return [f"event {e} acknowledged" for e in due]
+
+
 class GceNotices:
     """GCE's notices (Google's metadata server, ``Metadata-Flavor: Google``): a preemption
     (``instance/preempted`` TRUE) or a host maintenance that will terminate the instance
@@ -323,9 +402,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--notice-interval", type=float, default=2.0)
     ap.add_argument("--gce-metadata", default="",
                     help="GCE's metadata server: its notices, waited on ('': none)")  # fmt: skip
+    ap.add_argument(
+        "--azure-metadata",
+        default="",
+        help="Azure's instance metadata service: its Scheduled Events ('': none)",
+    )
     ap.add_argument("--once", action="store_true", help="one round, then exit")
     args = ap.parse_args(argv)
-    notices = Notices(args.imds, args.api) if args.imds else None
+    notices: Notices | AzureNotices | None = None
+    if args.imds:
+        notices = Notices(args.imds, args.api)
+    elif args.azure_metadata:
+        notices = AzureNotices(args.azure_metadata, args.api)
     gce = GceNotices(args.gce_metadata, args.api) if args.gce_metadata else None
     if gce is not None and not args.once:
         gce.start()

@@ -253,6 +253,8 @@ class Launcher:
             count=count,
             min_count=min_count,
             placement_group=placement_group,
+            placement_kind=group.placement if placement_group else "",
+            spot_wait=group.spot_fallback_after if launch.spot and group.spot_fallback else 0.0,
         )
 
     def batch_spec(

@@ -37,6 +37,7 @@ from importlib import resources
 
 from slurm_burst.config import Fleet, GpuConfig, NodeGroup
 from slurm_burst.core.cloud import (
+    SPOT_WAIT_CODE,
     Busy,
     CapacityError,
     CloudError,
@@ -109,7 +110,7 @@ INSTANCE_FAULTS = frozenset({
     "InsufficientInstanceCapacity", "SshUnreachable", "RemoteCommand", "WireGuardKey",
     "WireGuardHandshake", "GpuUnhealthy", "StagePull",
 })  # fmt: skip
-SPOT_WAIT = "SpotCapacityWait"  # a spot launch's capacity did not come in time
+SPOT_WAIT = SPOT_WAIT_CODE  # a spot launch's capacity did not come in time
 
 
 @contextmanager

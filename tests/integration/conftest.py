@@ -1,7 +1,10 @@
 """This tier's shared fixtures: the providers' recorded HTTP answers, the EC2 and GCE
 emulators."""
 
+import json
+import threading
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
@@ -32,3 +35,38 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
     """A real S3-compatible server (rclone serve s3), one for each test module."""
     with s3_server(tmp_path_factory.mktemp("s3")) as s:
         yield s
+
+
+class NodeApiStub(ThreadingHTTPServer):
+    """The daemon's node API as a node's agent sees it (its notices, kept): the agent's
+    side is what these tests read; the daemon's own is tested with its real API
+    (test_node_api_http) and end to end in the lab. ``answer``: what it says back."""
+
+    def __init__(self) -> None:
+        self.told: list[dict[str, Any]] = []
+        self.answer: dict[str, Any] = {}
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                server.told.append({"path": self.path, **json.loads(body)})
+                data = json.dumps(server.answer).encode()
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        super().__init__(("127.0.0.1", 0), Handler)
+
+
+@pytest.fixture()
+def node_api() -> Iterator[NodeApiStub]:
+    api = NodeApiStub()
+    threading.Thread(target=api.serve_forever, daemon=True).start()
+    yield api
+    api.shutdown()
+    api.server_close()

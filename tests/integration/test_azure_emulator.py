@@ -319,7 +319,7 @@ def test_an_infiniband_job_gets_a_uniform_set_of_its_own_deleted_once_its_vms_ar
 
     from slurm_burst_lab.azureemu import STORAGE_SAS
 
-    from slurm_burst.adapters.cloud.providers.azure_arm import PROVIDER, uniform
+    from slurm_burst.adapters.cloud.providers.azure_arm import PROVIDER
     from slurm_burst.core.cloud import InUseError, NotFoundError
 
     cloud = make_cloud(azure_emu, storage=STORAGE_SAS)
@@ -327,7 +327,7 @@ def test_an_infiniband_job_gets_a_uniform_set_of_its_own_deleted_once_its_vms_ar
                    placement_group="burstlab-pg-0123456789abcdef")  # fmt: skip
     cloud.create_placement(spec.placement_group)  # nothing: the launch makes the set
     made = cloud.launch_many(spec)
-    name = uniform.set_name(spec.placement_group)
+    name = sets.job_set(spec.placement_group)
     assert [i.id for i in made] == [f"{name}_0", f"{name}_1"] and all(i.private_ips for i in made)
     put = next(b for m, _, b in azure_emu.requests if m == "PUT")
     props = put["properties"]

@@ -9,10 +9,7 @@ node agent hears of a preemption from the metadata server by waiting on it, not 
 
 from __future__ import annotations
 
-import http.server
-import json
 import threading
-from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -30,6 +27,7 @@ from slurm_burst.core.cloud import (
     ThrottledError,
 )
 from tests.conftest import wait
+from tests.integration.conftest import NodeApiStub
 from tests.integration.gcetools import ZONE, batch_spec, check_exchanges
 
 pytestmark = pytest.mark.integration
@@ -172,40 +170,8 @@ def test_a_policy_is_waited_for_only_by_a_launch_that_finds_it_not_ready(
     check_exchanges(emu)
 
 
-class _NodeApi(http.server.ThreadingHTTPServer):
-    """The daemon's node API as the agent sees it: what it is told, kept."""
-
-    def __init__(self) -> None:
-        self.told: list[dict[str, Any]] = []
-
-        server = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                server.told.append({"path": self.path, **json.loads(body)})
-                self.send_response(200)
-                self.send_header("Content-Length", "2")
-                self.end_headers()
-                self.wfile.write(b"{}")
-
-            def log_message(self, format: str, *args: Any) -> None:
-                pass
-
-        super().__init__(("127.0.0.1", 0), Handler)
-
-
-@pytest.fixture()
-def node_api() -> Iterator[_NodeApi]:
-    api = _NodeApi()
-    threading.Thread(target=api.serve_forever, daemon=True).start()
-    yield api
-    api.shutdown()
-    api.server_close()
-
-
 def test_the_agent_waits_on_the_metadata_server_and_tells_a_preemption_once(
-    emu: GceEmulator, driver: Any, node_api: _NodeApi
+    emu: GceEmulator, driver: Any, node_api: NodeApiStub
 ) -> None:
     """The node agent's GCE notices against the emulator's metadata server (served on
     loopback here, as in a VM's namespace in the lab): it reads each key once, then
@@ -235,7 +201,7 @@ def test_the_agent_waits_on_the_metadata_server_and_tells_a_preemption_once(
 
 
 def test_the_metadata_server_answers_only_with_its_header_and_a_maintenance_wakes(
-    emu: GceEmulator, driver: Any, node_api: _NodeApi
+    emu: GceEmulator, driver: Any, node_api: NodeApiStub
 ) -> None:
     import urllib.error
     import urllib.request

@@ -380,7 +380,7 @@ SPOT_GROUP = 'spot_fallback = "ec2"\nspot_fallback_after = 15\nplacement = "clus
          "not less than daemon.boot_timeout"),
         (SPOT_GROUP.replace("= 15", "= 1e9"), "spot_fallback_after", "0 to 86,400"),
         (SPOT_GROUP.replace('"cluster"', '"spread"'), "placement",
-         "'infiniband' (azure_arm) or ''"),
+         "'proximity' (azure_arm) or ''"),
         (SPOT_GROUP + '\nall_or_nothing = "node"', "placement", "all_or_nothing = 'job'"),
     ],
     ids=["unknown-fallback", "spot-fallback", "wait-past-boot", "huge-wait", "strategy",

@@ -97,6 +97,42 @@ def test_a_gce_notice_comes_30_s_after_the_daemon_hears_with_its_code(
     assert (notice.at, notice.code, notice.capacity) == (NOW + 30, code, capacity)
 
 
+def _rfc1123(at: float) -> str:
+    from email.utils import formatdate
+
+    return formatdate(at, usegmt=True)
+
+
+@pytest.mark.parametrize(
+    ("body", "at", "code", "capacity"),
+    [({"action": "Preempt", "time": _rfc1123(NOW + 30)}, NOW + 30, "SpotEviction", True),
+     ({"action": "Preempt", "time": ""}, NOW, "SpotEviction", True),  # started: now
+     ({"action": "Terminate", "time": _rfc1123(NOW + 600)}, NOW + 600, "Terminated", False),
+     ({"action": "Reboot", "time": _rfc1123(NOW + 900)}, NOW + 900, "HostMaintenance", False),
+     ({"action": "Redeploy", "time": _rfc1123(NOW - 50)}, NOW, "HostMaintenance", False),
+     ({"action": "Preempt", "time": _rfc1123(NOW + 10 * 86_400)}, NOW + 86_400,
+      "SpotEviction", True)],
+    ids=["preempt", "started", "terminate", "reboot", "past-clamped", "far-clamped"],
+)  # fmt: skip
+def test_an_azure_event_comes_at_its_not_before_within_a_day_with_its_code(
+    body: object, at: float, code: str, capacity: bool
+) -> None:
+    notice = parse_notice(body, NOW)
+    assert (round(notice.at), notice.code, notice.capacity) == (round(at), code, capacity)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [{"action": "Preempt", "time": "tomorrow"}, {"action": "Preempt", "time": 30},
+     {"action": "Preempt", "time": "x" * 41}, {"action": "Freeze", "time": ""},
+     {"action": "preempt", "time": ""}],
+    ids=["words", "a-number", "too-long", "freeze", "lower-case"],
+)  # fmt: skip
+def test_a_bad_azure_event_is_refused_with_what_is_wrong(body: object) -> None:
+    with pytest.raises(ValueError, match=r"time|action"):
+        parse_notice(body, NOW)
+
+
 def test_a_maintenance_notice_replaces_the_node_without_cooling_the_spot_size() -> None:
     store = MemoryStore()
     rec = spot_node(store)

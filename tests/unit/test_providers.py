@@ -47,14 +47,13 @@ def test_an_unknown_driver_is_the_generic_one() -> None:
 def test_what_each_provider_offers() -> None:
     ec2, gce, azure, openstack = (provider(n) for n in ("ec2", "gce", "azure_arm", "openstack"))
     assert ec2.launch_batch == 500 and ec2.lists_fleet and ec2.tag_filter
-    assert ec2.spot and gce.spot and not (azure.spot or openstack.spot)
+    assert ec2.spot and gce.spot and azure.spot and not openstack.spot
     assert (ec2.placements, gce.placements, azure.placements) == (
-        ("cluster",), ("compact",), ("infiniband",))  # fmt: skip
+        ("cluster",), ("compact",), ("infiniband", "proximity"))  # fmt: skip
     assert not openstack.placements
-    assert (
-        ec2.interruption_notices[0] == "--imds" and gce.interruption_notices[0] == "--gce-metadata"
-    )
-    assert not (azure.interruption_notices or openstack.interruption_notices)
+    assert [p.interruption_notices[0] for p in (ec2, gce, azure)] == [
+        "--imds", "--gce-metadata", "--azure-metadata"]  # fmt: skip
+    assert not openstack.interruption_notices
     assert ec2.imports_key_pair and openstack.imports_key_pair and not gce.imports_key_pair
     table = ec2.api_table()
     assert table is not None and table.limit(ec2.api_names["launch"]).burst == 5

@@ -1,8 +1,10 @@
 """Microsoft Azure through libcloud's ``azure_arm`` driver's connection: every launch a
 scale-out of a Flexible scale set (:mod:`.sets`), one fleet view per set, ARM's
 request limits read from every answer, host keys from the boot diagnostics serial log,
-a service principal for credentials (docs/providers.md). No Spot yet (libcloud 3.9's
-driver has none; ours comes with the scale sets' ``priority``)."""
+a service principal for credentials (docs/providers.md). Spot (libcloud 3.9's driver
+has none) through the sets' ``priority``, a Spot set apart from an on-demand one;
+Scheduled Events (``Preempt``...) read by the node agent; a placed job's own set, a
+Uniform one for InfiniBand or a Flexible one in a proximity placement group."""
 
 from __future__ import annotations
 
@@ -16,7 +18,17 @@ from typing import TYPE_CHECKING, Any
 from slurm_burst.adapters.cloud.providers import Finding, Provider, split_endpoint
 from slurm_burst.adapters.cloud.providers.azure_arm import sets, uniform
 from slurm_burst.adapters.cloud.providers.azure_arm.connection import arm_connection
-from slurm_burst.core.cloud import CLUSTER_TAG, GROUP_TAG, TOKEN_TAG
+from slurm_burst.core.cloud import (
+    CLUSTER_TAG,
+    GROUP_TAG,
+    SPOT_WAIT_CODE,
+    TOKEN_TAG,
+    CapacityError,
+    CloudError,
+    InUseError,
+    NotFoundError,
+    QuotaError,
+)
 from slurm_burst.core.ratelimit import ApiTable, Limit
 
 if TYPE_CHECKING:
@@ -30,6 +42,7 @@ log = logging.getLogger(__name__)
 
 VM_API = sets.COMPUTE_API
 EMPTY_AFTER = 600.0  # seconds an empty scale set is kept after its last launch
+METADATA = "http://169.254.169.254"  # the instance metadata service (IMDS), in the VM
 
 # ARM's buckets per subscription and principal ("Understand how Azure Resource Manager
 # throttles requests", read 2026-11): reads 250 refilled at 25 a second, writes (PUT,
@@ -48,7 +61,11 @@ class AzureArm(Provider):
     name = "azure_arm"
     launch_batch = sets.SET_MOST  # one scale-out (a set holds 1,000 VMs)
     # a Uniform scale set per job, one placement group: its InfiniBand fabric (uniform.py)
-    placements = ("infiniband",)
+    placements = ("infiniband", "proximity")
+    spot = True  # priority = Spot, evictionPolicy = Delete (sets.profile_body)
+    # Scheduled Events in the instance metadata service (Preempt, Terminate, Reboot,
+    # Redeploy), polled by the node agent and acknowledged once handled
+    interruption_notices = ("--azure-metadata", METADATA, "--notice-interval", "1")
     lists_fleet = True  # one listing per scale set, shared
     host_key_sources = MappingProxyType(
         {"boot-diagnostics": f"{__name__}.hostkeys:BootDiagnostics"}
@@ -123,8 +140,8 @@ class AzureArm(Provider):
         return out
 
     def group_warnings(self, group: NodeGroup) -> list[Finding]:
-        """An RDMA size in Flexible sets (no InfiniBand there), and "infiniband" for
-        sizes that have none."""
+        """An RDMA size in Flexible sets (no InfiniBand there, in a proximity placement
+        group either), and "infiniband" for sizes that have none."""
         rdma = sorted(s for s in group.sizes if uniform.needs_infiniband(s.split(":")[-1]))
         if rdma and group.placement != "infiniband":
             return [("placement", f"size(s) {', '.join(rdma)} have InfiniBand, which "
@@ -209,9 +226,14 @@ class AzureArm(Provider):
         return self.launch_many(cloud, replace(spec, count=1, names=(spec.node,)))[0]
 
     def launch_many(self, cloud: LibcloudCloud, spec: LaunchSpec) -> list[Instance]:
-        """One scale-out of the group's set for the size (:mod:`.sets`)."""
-        from slurm_burst.adapters.cloud.profiles import tags as launch_tags
-        from slurm_burst.core.cloud import CapacityError, CloudError
+        """One scale-out of the group's set for the size and market (:mod:`.sets`), or of
+        a placed job's own set (a Uniform one for InfiniBand, :mod:`.uniform`; a
+        Flexible one in the job's proximity placement group). A Spot launch's capacity
+        that has not come within ``spec.spot_wait`` is given up (its VMs deleted,
+        ``SpotCapacityWait``), and a Spot quota is a refusal like any other: both move
+        the launch to the group's on-demand fallback at once (:func:`spot_refusal`)."""
+
+        from libcloud.common.exceptions import BaseHTTPError
 
         names = list(spec.names) or [spec.node]
         n = len(names)
@@ -221,24 +243,45 @@ class AzureArm(Provider):
                 f"(at most {sets.SET_MOST} a launch)",
                 "InvalidParameterValue",
             )
-        if spec.placement_group:  # one job on one InfiniBand fabric: its Uniform set
+        try:
+            return self._launch_many(cloud, spec, names)
+        except BaseHTTPError as exc:  # the scale-out's PUT refused (a quota: at once)
+            raise spot_refusal(spec, cloud.error_of(exc)) from exc
+        except CloudError as exc:
+            raise spot_refusal(spec, exc) from exc
+
+    def _launch_many(
+        self, cloud: LibcloudCloud, spec: LaunchSpec, names: list[str]
+    ) -> list[Instance]:
+        from slurm_burst.adapters.cloud.profiles import tags as launch_tags
+
+        n = len(names)
+        if spec.placement_group and spec.placement_kind != "proximity":
+            # one job on one InfiniBand fabric: its Uniform set
             made_u = uniform.launch(cloud, spec, launch_tags(spec, True))
-            uniform.addresses(sets.Arm(cloud), uniform_path(cloud, spec.placement_group))
+            uniform.addresses(sets.Arm(cloud), job_set_path(cloud, spec.placement_group,
+                                                            spec.spot))  # fmt: skip
             return uniform.instances(cloud, made_u, {CLUSTER_TAG: spec.cluster,
                                                      GROUP_TAG: spec.group,
                                                      TOKEN_TAG: spec.token})  # fmt: skip
         arm, bk = sets.Arm(cloud), sets.book(cloud)
-        base = sets.set_base(spec.cluster, spec.group, spec.size)
         least = spec.min_count or n
         tags = {CLUSTER_TAG: spec.cluster, GROUP_TAG: spec.group}
-        for number in range(1, 1000):
-            name = f"{base}-{number}"
+        ppg = ""
+        if spec.placement_group:  # one job in one proximity placement group: its own set
+            ppg = self._ppg(arm, bk, spec)
+            candidates = [sets.job_set(spec.placement_group, spec.spot)]
+        else:
+            base = sets.set_base(spec.cluster, spec.group, spec.size, spec.spot)
+            candidates = [f"{base}-{number}" for number in range(1, 1000)]
+        for name in candidates:
             with bk.lock(name):
-                got = self._scale_out(cloud, arm, bk, name, spec, tags, launch_tags(spec, True))
+                got = self._scale_out(cloud, arm, bk, name, spec, tags, launch_tags(spec, True),
+                                      ppg)  # fmt: skip
             if got is None:
-                continue  # that set is full: the next one
+                continue  # that set is full: the next one (a job's own set is never full)
             made, failure = got
-            if len(made) < least:
+            if len(made) < least or _withheld(failure):
                 for vm in made:  # never a scale-in by count: each VM by name
                     self._delete(arm, str(vm["name"]))
                 if failure is not None:
@@ -264,6 +307,7 @@ class AzureArm(Provider):
         spec: LaunchSpec,
         tags: Mapping[str, str],
         launch_tags: Mapping[str, str],
+        ppg: str = "",
     ) -> tuple[list[dict[str, Any]], Any] | None:
         """Scale set ``name`` out by the launch's VMs (the set's lock held): the VMs it
         made, oldest first, and the operation's error (typed) if it failed; None if the
@@ -294,15 +338,16 @@ class AzureArm(Provider):
                 **{k: v for k, v in launch_tags.items() if k != TOKEN_TAG},
                 sets.SCALEOUT_TAG: f"{spec.token} {started:.3f}",
             },
+            ppg=ppg,
         )
         op: dict[str, Any] = {"status": "Succeeded"}
         bk.inflight[name] = (spec.token, before_names or frozenset())
         try:
             if not repeat:  # a repeat sends nothing: the first made what it made
                 resp = arm.request(arm.compute("virtualMachineScaleSets", name), "PUT", body)
-                op = arm.wait(resp)
+                op = arm.wait(resp, sets.launch_wait(spec))
             else:
-                op = self._settle(arm, name)
+                op = self._settle(arm, name, sets.launch_wait(spec))
             after = self._set_vms(arm, arm.compute("virtualMachineScaleSets", name))
         finally:
             bk.inflight.pop(name, None)
@@ -312,6 +357,12 @@ class AzureArm(Provider):
             made = [v for v in after if sets.created(v) >= started - 1.0]
         made.sort(key=lambda v: (sets.created(v), str(v["name"])))
         failure = sets.op_error(cloud, op) if op.get("status") != "Succeeded" else None
+        if op.get("status") in ("InProgress", "Creating", "Updating"):  # waited spot_wait
+            failure = CapacityError(
+                f"{cloud.name}: Spot capacity for {spec.size} did not come within "
+                f"{spec.spot_wait:g} s",
+                SPOT_WAIT_CODE,
+            )
         log.info(
             "azure.scale_out set=%s token=%s asked=%d made=%d status=%s",
             name,
@@ -322,12 +373,13 @@ class AzureArm(Provider):
         )
         return made, failure
 
-    def _settle(self, arm: sets.Arm, name: str) -> dict[str, Any]:
-        """A repeated launch: wait until the set's last operation is over (its
-        provisioning state no longer Creating or Updating)."""
+    def _settle(self, arm: sets.Arm, name: str, most: float) -> dict[str, Any]:
+        """A repeated launch: wait (``most`` s at most) until the set's last operation is
+        over (its provisioning state no longer Creating or Updating)."""
         path = arm.compute("virtualMachineScaleSets", name)
         doc = arm.poll(lambda: dict(arm.request(path).object or {}),
-                       lambda d: _provisioning(d) not in ("Creating", "Updating"))  # fmt: skip
+                       lambda d: _provisioning(d) not in ("Creating", "Updating"),
+                       most)  # fmt: skip
         state = _provisioning(doc)
         return {"status": "Succeeded" if state == "Succeeded" else state}
 
@@ -466,27 +518,62 @@ class AzureArm(Provider):
             raise
         return True
 
-    # -- a job's InfiniBand placement: its Uniform set ----------------------------------
+    # -- a job's placement: its own set (InfiniBand: Uniform; proximity: Flexible) ------
+    def _ppg(self, arm: sets.Arm, bk: sets.SetBook, spec: LaunchSpec) -> str:
+        """The job's proximity placement group, made once (a ``PUT``: the same again
+        changes nothing), in the profile's zone or none; its id."""
+        name = sets.ppg_name(spec.placement_group)
+        path = arm.compute("proximityPlacementGroups", name)
+        if name not in bk.ppgs:
+            p = arm.cloud.placement
+            body: dict[str, Any] = {
+                "location": p.region,
+                "tags": {CLUSTER_TAG: spec.cluster, GROUP_TAG: spec.group},
+                "properties": {"proximityPlacementGroupType": "Standard"},
+            }
+            if p.zone in ("1", "2", "3"):  # one zone, fixed once made
+                body["zones"] = [p.zone]
+            arm.request(path, "PUT", body)
+            bk.ppgs.add(name)
+        return path
+
     def create_placement(self, cloud: LibcloudCloud, name: str) -> None:
-        """Nothing to make beforehand: the job's launch makes its Uniform set."""
+        """Nothing to make beforehand: the job's launch makes its set (and its
+        proximity placement group)."""
 
     def delete_placement(self, cloud: LibcloudCloud, name: str) -> None:
-        """Delete the job's Uniform set once it holds no VM: NotFoundError if it is
-        gone, InUseError while a VM is still in it (the next reconcile pass tries again)."""
+        """Delete the job's sets (on-demand and Spot) once they hold no VM, then its
+        proximity placement group: NotFoundError if all are gone, InUseError while a VM
+        is still in a set or the group is still referenced (the next reconcile pass
+        tries again)."""
         from libcloud.common.exceptions import BaseHTTPError
 
-        from slurm_burst.core.cloud import InUseError, NotFoundError
-
-        arm, path = sets.Arm(cloud), uniform_path(cloud, name)
+        arm, bk = sets.Arm(cloud), sets.book(cloud)
+        found = False
+        for spot in (False, True):
+            path = job_set_path(cloud, name, spot)
+            doc = arm.get(path)
+            if doc is None:
+                continue
+            found = True
+            uniform_set = (doc.get("properties") or {}).get("orchestrationMode") == "Uniform"
+            left = uniform.members(arm, path) if uniform_set else self._set_vms(arm, str(doc["id"]))
+            if left:
+                raise InUseError(f"{cloud.name}: scale set {path}: {len(left)} VMs")
+            arm.request(path, "DELETE")
+            log.info("azure.job_set_deleted set=%s", path.rsplit("/", 1)[-1])
+        ppg = sets.ppg_name(name)
         try:
-            left = uniform.members(arm, path)
+            arm.request(arm.compute("proximityPlacementGroups", ppg), "DELETE")
+            found = True
         except BaseHTTPError as exc:
-            if exc.code == 404:
-                raise NotFoundError(f"{cloud.name}: scale set {path}: gone") from exc
-            raise
-        if left:
-            raise InUseError(f"{cloud.name}: scale set {path}: {len(left)} VMs")
-        arm.request(path, "DELETE")
+            if exc.code == 409:
+                raise InUseError(f"{cloud.name}: proximity placement group {ppg}: in use") from exc
+            if exc.code not in (204, 404):
+                raise
+        bk.ppgs.discard(ppg)
+        if not found:
+            raise NotFoundError(f"{cloud.name}: placement {name}: gone")
 
     def tag(self, cloud: LibcloudCloud, instance_id: str, tags: Mapping[str, str]) -> None:
         """``PATCH`` the VM's tags (a scale-out's VMs have none of their own)."""
@@ -498,9 +585,22 @@ def _provisioning(doc: Mapping[str, Any]) -> str:
     return str((doc.get("properties") or {}).get("provisioningState", ""))
 
 
-def uniform_path(cloud: LibcloudCloud, placement: str) -> str:
-    """The resource path of placement ``placement``'s Uniform set."""
-    return sets.Arm(cloud).compute("virtualMachineScaleSets", uniform.set_name(placement))
+def job_set_path(cloud: LibcloudCloud, placement: str, spot: bool = False) -> str:
+    """The resource path of placement ``placement``'s scale set (on-demand, or Spot)."""
+    return sets.Arm(cloud).compute("virtualMachineScaleSets", sets.job_set(placement, spot))
+
+
+def _withheld(failure: CloudError | None) -> bool:
+    return failure is not None and failure.code == SPOT_WAIT_CODE
+
+
+def spot_refusal(spec: LaunchSpec, err: CloudError) -> CloudError:
+    """A Spot launch's quota error as a refusal (:class:`CapacityError`, its code kept):
+    Spot cores have a quota of their own (``lowPriorityCores``), so the on-demand
+    fallback may well fit; anything else as it is."""
+    if spec.spot and isinstance(err, QuotaError):
+        return CapacityError(str(err), err.code)
+    return err
 
 
 PROVIDER = AzureArm()

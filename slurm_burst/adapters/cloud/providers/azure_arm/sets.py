@@ -112,6 +112,7 @@ class SetBook:
     # VM name -> its serial log's blob in the site's storage account (instance views)
     logs: dict[str, str] = field(default_factory=dict)
     uniform: dict[str, str] = field(default_factory=dict)  # a Uniform set's VM -> its id
+    ppgs: set[str] = field(default_factory=set)  # proximity placement groups made
     guard: threading.Lock = field(default_factory=threading.Lock)
 
     def lock(self, name: str) -> threading.Lock:
@@ -133,10 +134,23 @@ def arm_name(text: str, most: int) -> str:
     return f"{clean[: most - 9].rstrip('-')}-{digest}"
 
 
-def set_base(cluster: str, group: str, size: str) -> str:
-    """The name of a group's scale sets of ``size``, before their number; the VM names
-    Azure makes from it (``{set}_{8 hex}``) stay within 64 characters."""
-    return arm_name(f"{cluster}-{group}-{size.removeprefix('Standard_')}", 50).lower()
+def set_base(cluster: str, group: str, size: str, spot: bool = False) -> str:
+    """The name of a group's scale sets of ``size``, before their number (a Spot set's
+    apart: a set's priority is fixed when it is made); the VM names Azure makes from it
+    (``{set}_{8 hex}``) stay within 64 characters."""
+    market = "-spot" if spot else ""
+    return arm_name(f"{cluster}-{group}-{size.removeprefix('Standard_')}{market}", 50).lower()
+
+
+def job_set(placement: str, spot: bool = False) -> str:
+    """The scale set of a placed job (its InfiniBand fabric, or its proximity placement
+    group): one for its on-demand launch, one for a Spot one."""
+    return arm_name(f"{placement}{'-spot' if spot else ''}", 50).lower()
+
+
+def ppg_name(placement: str) -> str:
+    """The proximity placement group of a placed job."""
+    return arm_name(placement, 80)
 
 
 class Arm:
@@ -206,30 +220,41 @@ class Arm:
             return None
         return dict(found) if found else None
 
-    def wait(self, resp: Any) -> dict[str, Any]:
+    def wait(self, resp: Any, most: float = OP_WAIT) -> dict[str, Any]:
         """The long-running operation an answer started (its ``Azure-AsyncOperation``),
-        waited for: its final document (``status`` Succeeded, Failed or Canceled)."""
+        waited for (``most`` seconds at most): its last document (``status`` Succeeded,
+        Failed or Canceled; InProgress still after ``most``)."""
         headers = {k.lower(): v for k, v in (getattr(resp, "headers", None) or {}).items()}
         url = headers.get("azure-asyncoperation")
         if not url:
             return {"status": "Succeeded"}
         where, params = self.own_link(url)
         return self.poll(lambda: dict(self.request(where, params=params).object or {}),
-                         lambda op: op.get("status") not in ("InProgress", None))  # fmt: skip
+                         lambda op: op.get("status") not in ("InProgress", None),
+                         most)  # fmt: skip
 
     @staticmethod
     def poll(
-        read: Callable[[], dict[str, Any]], done: Callable[[dict[str, Any]], bool]
+        read: Callable[[], dict[str, Any]],
+        done: Callable[[dict[str, Any]], bool],
+        most: float = OP_WAIT,
     ) -> dict[str, Any]:
         """``read()`` again, 0.2 s apart and backing off to 5 s, until ``done`` says so or
-        :data:`OP_WAIT` has passed; the last document read."""
-        pause, deadline = 0.2, time.monotonic() + OP_WAIT
+        ``most`` seconds have passed; the last document read."""
+        pause, deadline = 0.2, time.monotonic() + most
         while True:
             doc = read()
             if done(doc) or time.monotonic() > deadline:
                 return doc
-            time.sleep(pause)
+            time.sleep(min(pause, max(0.05, deadline - time.monotonic())))
             pause = min(pause * 1.5, 5.0)
+
+
+def launch_wait(spec: LaunchSpec) -> float:
+    """How long a launch waits for its scale-out's operation: a Spot one its group's
+    ``spot_fallback_after`` (capacity that has not come by then is given up), any other
+    :data:`OP_WAIT`."""
+    return spec.spot_wait if spec.spot and spec.spot_wait > 0 else OP_WAIT
 
 
 def scaleout_mark(doc: Mapping[str, Any] | None) -> tuple[str, float | None]:
@@ -267,11 +292,15 @@ def profile_body(
     capacity: int,
     tags: Mapping[str, str],
     mode: str = "Flexible",
+    ppg: str = "",
 ) -> dict[str, Any]:
     """A scale set's whole ``PUT`` body: its size and capacity, its tags, and the model
     its VMs are made from (image, the daemon's key, the user data, the subnet, boot
     diagnostics for the host keys; NIC and OS disk deleted with the VM). ``mode``
-    Uniform: one placement group (InfiniBand), no overprovisioning, manual upgrades."""
+    Uniform: one placement group (InfiniBand), no overprovisioning, manual upgrades.
+    A Spot launch's VMs: ``priority`` Spot, deleted when evicted (as a released node's
+    would be), paying up to the on-demand price (``maxPrice`` -1) or the group's cap.
+    ``ppg``: the proximity placement group (its id) the set's VMs go in."""
     p = cloud.placement
     sub = str(getattr(cloud.driver, "subscription_id", "") or "")
     subnet = (
@@ -337,6 +366,12 @@ def profile_body(
             "diagnosticsProfile": {"bootDiagnostics": diagnostics},
         },
     }
+    if spec.spot:
+        profile = props["virtualMachineProfile"]
+        profile.update(priority="Spot", evictionPolicy="Delete",
+                       billingProfile={"maxPrice": spec.spot_max_price or -1})  # fmt: skip
+    if ppg:
+        props["proximityPlacementGroup"] = {"id": ppg}
     if mode == "Uniform":  # a Uniform set's NICs are its own: no network API version
         del props["platformFaultDomainCount"]
         del props["virtualMachineProfile"]["networkProfile"]["networkApiVersion"]

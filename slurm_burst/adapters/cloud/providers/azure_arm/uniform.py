@@ -41,22 +41,19 @@ def needs_infiniband(size: str) -> bool:
     return bool(m and "r" in m.group(1).lower())
 
 
-def set_name(placement: str) -> str:
-    """The Uniform set of placement ``placement`` (the VM names ``{set}_{n}`` stay short)."""
-    return sets.arm_name(placement, 50).lower()
-
-
 def launch(
     cloud: LibcloudCloud, spec: LaunchSpec, launch_tags: Mapping[str, str]
 ) -> list[dict[str, Any]]:
     """The job's Uniform set, made with its capacity (or found made by this launch's
     token: a repeat sends nothing), its operation waited for; its VMs, oldest first.
-    Fewer than asked: the set is deleted and the operation's error (typed) raised."""
+    Fewer than asked: the set is deleted and the operation's error (typed) raised; a
+    Spot launch whose capacity has not come within ``spec.spot_wait``: the same, with
+    ``SpotCapacityWait``."""
 
-    from slurm_burst.core.cloud import CapacityError, CloudError
+    from slurm_burst.core.cloud import SPOT_WAIT_CODE, CapacityError, CloudError
 
     arm = sets.Arm(cloud)
-    name = set_name(spec.placement_group)
+    name = sets.job_set(spec.placement_group, spec.spot)
     n = len(spec.names) or 1
     if n > SINGLE_GROUP_MOST:
         raise CloudError(
@@ -79,7 +76,7 @@ def launch(
             },
             mode="Uniform",
         )
-        op = arm.wait(arm.request(path, "PUT", body))
+        op = arm.wait(arm.request(path, "PUT", body), sets.launch_wait(spec))
     made = members(arm, path)
     log.info(
         "azure.uniform_set set=%s token=%s asked=%d made=%d status=%s",
@@ -92,6 +89,9 @@ def launch(
     if len(made) >= n and op.get("status") == "Succeeded":
         return made[:n]
     arm.request(path, "DELETE")  # one fabric or none: the job's set goes whole
+    if op.get("status") == "InProgress":
+        raise CapacityError(f"{cloud.name}: Spot capacity for {spec.size} did not come "
+                            f"within {spec.spot_wait:g} s", SPOT_WAIT_CODE)  # fmt: skip
     if op.get("error"):
         raise sets.op_error(cloud, op)
     raise CapacityError(f"{cloud.name}: {len(made)} of {n} made", "PartialCapacity")
