@@ -179,9 +179,10 @@ def main(quick: bool) -> int:
     # side by side with aws-plugin-for-slurm (a checkout named by AWS_PLUGIN_FOR_SLURM;
     # said and skipped without one)
     script("versus", *(["--nodes", "20", "--runs", "1"] if quick else []))
-    # spot refused -> on-demand, and the calls a placement adds per job: EC2, GCE
+    # spot refused -> on-demand, and the calls a placement adds per job: EC2, GCE, Azure
     script("capacity")
     script("capacity", "--provider", "gce")
+    script("capacity", "--provider", "azure")
     # the burst policy: one pass over 100,000 pending jobs; the simulator on both traces
     script("policy")
     # the simulator in seconds, whatever the recheck (issue 33)

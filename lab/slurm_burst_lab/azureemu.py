@@ -104,7 +104,8 @@ class AzureEmulator:
             SUBSCRIPTION, boot_delay=boot_delay, op_delay=op_delay, keys_after=keys_after, page=page
         )
         self.calls: Counter[str] = Counter()
-        self.timeline: list[tuple[float, str, bool]] = []  # (wall clock, method, throttled)
+        self.timeline: list[tuple[float, str, bool]] = []  # (wall clock, kind, throttled)
+        self.called: list[tuple[float, str]] = []  # (wall clock, call): every call counted
         self.requests: list[tuple[str, str, Any]] = []  # (method, path, body): the checks
         self.keep_exchanges = False
         self.tokens: dict[str, str] = {}  # access token -> principal
@@ -143,6 +144,7 @@ class AzureEmulator:
         with self._lock:
             self.calls.clear()
             self.timeline.clear()
+            self.called.clear()
             self.requests.clear()
             self._faults.clear()
             self.arm.room.clear()
@@ -257,6 +259,7 @@ class AzureEmulator:
         """Count a call of ``name`` and raise a fault injected for it."""
         with self._lock:
             self.calls[name] += 1
+            self.called.append((time.time(), name))
             for f in self._faults:
                 if f.method == name and f.times > 0:
                     f.times -= 1

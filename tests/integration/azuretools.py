@@ -216,3 +216,41 @@ def azure_text(tmp: Path, port: int, cluster: str, count: int = 8, extra: str = 
                        "AZURE_TENANT_ID": TENANT, "AZURE_SUBSCRIPTION_ID": SUBSCRIPTION,
                        "SB_TEST_AZURE_SAS": STORAGE_SAS})  # fmt: skip
     return with_profile(cluster, tmp, port, AZURE_PROFILE.format(port=port, count=count) + extra)
+
+
+# A Spot group with the on-demand group "cpu" as its fallback, a proximity placement
+# group per job (the daemon's tests and the capacity benchmark)
+SPOT_GROUP = """
+[node_groups.spot]
+pattern = "spot-{{n}}"
+count = 8
+partition = "burst-spot"
+providers = ["az"]
+sizes = ["Standard_D2s_v5"]
+image = "Debian:debian-12:12-gen2:latest"
+cpus = 2
+memory_mb = 7000
+spot = true
+spot_fallback = "cpu"
+spot_fallback_after = {wait}
+placement = "proximity"
+price_per_hour = {{ "Standard_D2s_v5" = 0.096 }}
+
+"""
+
+
+def azure_config(tmp: Path, port: int, wait: float = 30.0, cluster: str = "") -> Any:
+    """The daemon's config on the Azure emulator at ``port`` (plain HTTP), with the Spot
+    group."""
+    import time
+
+    from slurm_burst.config import load_config
+
+    (tmp / "slurm").mkdir(exist_ok=True)
+    text = azure_text(tmp, port, cluster or f"a{time.time_ns() % 10**9}",
+                      extra=SPOT_GROUP.format(wait=wait))  # fmt: skip
+    text = text.replace("[slurm]\n", "[slurm]\nresume_timeout = 900\n")
+    path = tmp / "slurm-burst.toml"
+    path.write_text(text)
+    path.chmod(0o640)
+    return load_config(path)

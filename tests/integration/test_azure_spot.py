@@ -13,6 +13,7 @@ import time
 import urllib.error
 import urllib.request
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -259,3 +260,41 @@ def test_an_event_for_another_vm_is_not_told(
     assert "Redeploy event" in notices.look()
     assert node_api.told[0]["action"] == "Redeploy"
     imds.stop("vm-a")
+
+
+# -- the daemon's launcher and reconciler on the emulator ---------------------------------
+JOB = [{"job_id": 7, "nodes": "spot-[1-4]"}]
+NODES = [f"spot-{i}" for i in range(1, 5)]
+
+
+@pytest.mark.parametrize("mode", ["refuse", "withhold"])
+def test_spot_not_given_falls_back_in_one_proximity_group_deleted_once_the_nodes_are_gone(
+    azure_emu: AzureEmulator, tmp_path: Path, mode: str
+) -> None:
+    """The daemon's own launcher: Spot refused (or withheld past the group's 1 s wait)
+    for a 4-node job: its nodes launch on the fallback's on-demand capacity in one
+    scale-out of the job's own set, in the one proximity placement group made for the
+    job; released, the reconcile pass deletes the sets and the group."""
+    from slurm_burst.core.nodestate import Want
+    from tests.integration.azuretools import azure_config
+    from tests.integration.test_ec2 import daemon, launch_batch, requested
+
+    dm = daemon(azure_config(tmp_path, azure_emu.port, wait=1.0), tmp_path)
+    prov = dm.prov
+    requested(prov, *NODES, jobs=JOB)
+    azure_emu.arm.set_spot(mode, "OverconstrainedAllocationRequest")
+    azure_emu.calls.clear()
+    launch_batch(prov, NODES)
+    recs = [prov.store.node(n) for n in NODES]
+    assert all(r is not None and r.market == "" and r.instance_id for r in recs), recs
+    (placed,) = {r.placement for r in recs if r is not None}
+    (group,) = azure_emu.arm.market()["ppgs"].values()
+    assert group["vms"] == sorted(r.instance_id for r in recs if r is not None)
+    assert azure_emu.calls["vmss.put"] == 2 and azure_emu.calls["ppg.put"] == 1
+    for n in NODES:
+        prov.store.update(n, want=Want.DOWN)
+        prov.drive(n)
+    time.sleep(0.1)
+    dm.reconciler.pass_once()
+    assert not azure_emu.arm.market()["ppgs"] and placed not in prov.store.placements()
+    assert azure_emu.calls["ppg.delete"] == 1 and azure_emu.calls["vmss.delete"] == 2

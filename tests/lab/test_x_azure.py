@@ -5,7 +5,10 @@ job's nodes with one scale-out of the group's Flexible scale set, reads their ho
 from the boot diagnostics serial logs in the site's storage account (the fleet listing
 names each log), joins them over WireGuard, and the job runs; then each VM is deleted by
 name and the ledger prices them at the group's Azure rate. And 16 nodes launch and join
-while the emulator's ARM buckets are scaled down until it answers 429.
+while the emulator's ARM buckets are scaled down until it answers 429. And Spot (group
+``azspot``): refused, a 4-node job runs on-demand in one proximity placement group,
+deleted after; withheld, the fallback comes after the wait; evicted (a ``Preempt``
+Scheduled Event), the job gets its signal, is requeued and completes on a replacement.
 """
 
 from __future__ import annotations
@@ -153,3 +156,129 @@ def test_16_azure_vms_join_and_run_their_job_while_the_emulator_throttles(
     ids = {r.instance_id for r in recs if r}
     vms = {v["name"]: v["vmId"] for v in emulator(lab_config, "vms")["vms"]}
     _release(env, lab, store, WIDE, ids, {vms[i] for i in ids if i in vms})
+
+
+SPOTS = [f"burst-azspot-{i}" for i in range(1, 5)]
+
+
+def _thaw_spot(store: Store) -> None:
+    """End the Spot size's cooldown a test before left (every test starts asking Spot)."""
+    store.mark_unavailable("azure", "Standard_D2s_v5/spot", 0.0, "")
+
+
+def _srun_with_spot(
+    cfg: Config, env: dict[str, str], mode: str, count: int
+) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
+    """``srun -N count hostname -I`` on burst-azspot while the emulator's Spot capacity is
+    ``mode`` (refuse, withhold), normal again after; the emulator's market then."""
+    emulator(cfg, f"spot?mode={mode}&code=SkuNotAvailable")
+    try:
+        srun = subprocess.run(
+            ["srun", "-p", "burst-azspot", f"-N{count}", "-t", "5", "hostname", "-I"],
+            env=env, capture_output=True, text=True, timeout=300, check=False,
+        )  # fmt: skip
+        market = emulator(cfg, "market")
+    finally:
+        emulator(cfg, "spot?mode=")
+    return srun, market
+
+
+def _vm_ids(cfg: Config, ids: set[str]) -> set[str]:
+    vms = {v["name"]: v["vmId"] for v in emulator(cfg, "vms")["vms"]}
+    return {vms[i] for i in ids if i in vms}
+
+
+def test_spot_refused_runs_a_4_node_job_on_demand_in_one_proximity_placement_group(
+    lab: Lab, lab_config: Config, env: dict[str, str], store: Store
+) -> None:
+    """The emulator refuses Spot capacity (``SkuNotAvailable``): the job's four nodes
+    launch at once on the fallback group's on-demand Standard_D2s_v5, in one scale-out
+    of the job's own set in the proximity placement group made for the job; the events
+    say why; once the nodes are released the job's sets and its group are deleted."""
+    from slurm_burst.adapters.cloud.providers.azure_arm import sets
+
+    _thaw_spot(store)
+    start = max((e["id"] for e in store.events(limit=10**6)), default=0)
+    before = emulator(lab_config, "calls")["calls"]
+    srun, market = _srun_with_spot(lab_config, env, "refuse", 4)
+    assert srun.returncode == 0, srun.stderr[-3000:]
+    assert len([x for x in srun.stdout.splitlines() if x.strip()]) == 4, srun.stdout
+    recs = [store.node(n) for n in SPOTS]
+    assert all(r is not None and (r.market, r.size) == ("", "Standard_D2s_v5") for r in recs)
+    (placed,) = {r.placement for r in recs if r is not None}
+    group = market["ppgs"][sets.ppg_name(placed)]
+    ids = {r.instance_id for r in recs if r is not None}
+    assert group["vms"] == sorted(ids) and sets.job_set(placed) in group["sets"], group
+    calls = emulator(lab_config, "calls")["calls"]
+    made = {m: calls.get(m, 0) - before.get(m, 0) for m in calls}
+    # Spot refused, then on-demand into the job's group: two scale-outs, one group
+    assert made.get("vmss.put") == 2 and made.get("ppg.put") == 1, made
+    fell = {e["node"] for e in store.events(since_id=start, limit=10**6)
+            if e["event"] == "spot.fallback"}  # fmt: skip
+    assert fell == set(SPOTS)
+    _release(env, lab, store, SPOTS, ids, _vm_ids(lab_config, ids))
+    wait(lambda: sets.ppg_name(placed) not in emulator(lab_config, "market")["ppgs"], 120,
+         "the job's proximity placement group deleted")  # fmt: skip
+    after = emulator(lab_config, "calls")["calls"]
+    spent = {m: after.get(m, 0) - before.get(m, 0) for m in after
+             if m.startswith(("ppg.", "vmss.delete"))}  # fmt: skip
+    assert spent.get("ppg.delete") == 1 and spent.get("vmss.delete") == 2, spent
+    CLOUD_JOIN["azure spot refused -> on-demand, proximity"] = {
+        "placement_calls": json.dumps(spent),
+        "scale_outs": str(made.get("vmss.put")),
+    }
+
+
+def test_spot_withheld_falls_back_after_the_wait_and_the_job_runs(
+    lab: Lab, lab_config: Config, env: dict[str, str], store: Store
+) -> None:
+    """The emulator makes the Spot VMs and never allocates them (Creating for good): after
+    the group's spot_fallback_after (15 s) the launch gives them up, deletes each, and the
+    job's nodes launch on-demand together; the job runs, no node fails."""
+    _thaw_spot(store)
+    nodes = SPOTS[:2]
+    start = max((e["id"] for e in store.events(limit=10**6)), default=0)
+    began = time.monotonic()
+    srun, market = _srun_with_spot(lab_config, env, "withhold", 2)
+    took = time.monotonic() - began
+    assert srun.returncode == 0, srun.stderr[-3000:]
+    assert took >= 15, took  # it waited for the Spot capacity first
+    withheld = market["withheld"]
+    recs = [store.node(n) for n in nodes]
+    assert all(r is not None and r.market == "" and r.instance_id not in withheld for r in recs)
+    assert len(withheld) >= 2 and not set(withheld) & set(market["live"]), market
+    events = store.events(since_id=start, limit=10**6)
+    assert any(e["event"] == "size.unavailable" and "SpotCapacityWait" in e["detail"]
+               for e in events)  # fmt: skip
+    assert not [e for e in events if e["event"] in ("node.failed", "node.released")], events
+    CLOUD_JOIN["azure spot withheld -> on-demand, job ran"] = {"srun_s": f"{took:.1f}"}
+    ids = {r.instance_id for r in recs if r is not None}
+    _release(env, lab, store, nodes, ids, _vm_ids(lab_config, ids))
+
+
+@pytest.mark.full  # 1.8 min: make test-full only (docs/testing.md, the time budget)
+def test_an_eviction_signals_the_job_which_is_requeued_and_completes_on_a_replacement(
+    lab: Lab, lab_config: Config, env: dict[str, str], store: Store
+) -> None:
+    """The emulator schedules a ``Preempt`` on the job's Spot VM: its metadata service
+    says so inside the VM, the node's agent (polling it every second) tells the daemon,
+    the job's batch shell gets the USR1 it asked for within seconds, the job is requeued
+    before the VM is deleted (30 s after the notice, or when the agent acknowledges the
+    event after the requeue) and runs again on a replacement (on-demand: the Spot size
+    cooled down), and the ledger records the reclaim as ``SpotEviction``."""
+    from slurm_burst.core.records import NodeRecord
+    from tests.lab.reclaim import reclaimed_job_runs_again
+
+    _thaw_spot(store)
+
+    def evict(rec: NodeRecord) -> object:
+        return emulator(lab_config, f"event?vm={rec.instance_id}&type=Preempt&in=30")
+
+    took, again, events = reclaimed_job_runs_again(lab, lab_config, env, store, "burst-azspot",
+                                                   evict, "SpotEviction")  # fmt: skip
+    assert any("SpotEviction" in e["detail"] for e in events if e["event"] == "spot.interruption")
+    market = emulator(lab_config, "market")
+    assert market["acked"] or market["evicted"], market  # acknowledged, or evicted at its time
+    CLOUD_JOIN["azure eviction -> USR1"] = {"seconds": f"{took:.2f}"}
+    ids = {again.instance_id}
+    _release(env, lab, store, [again.name], ids, _vm_ids(lab_config, ids))
