@@ -6,11 +6,14 @@
   direct tunnel up, and with the batch host's agent stopped and its direct routes
   removed (its traffic back on the hub's tunnel). MiB/s and the hub's bytes per run.
 - **Interruption notice -> the job's signal**: a job on a spot EC2 node, then on a GCE
-  Spot node (issue 50), that asked for ``--signal=B:USR1``; the emulator raises EC2's
-  notice on its instance, or preempts the GCE instance (its metadata server says so, the
-  node's agent waiting on it); the time until the batch shell has the signal (goal <=
-  5 s), three times quiet and three times with two CPU burners beside it.
-  ``--notices-only``: these alone.
+  Spot node (issue 50), then on an Azure Spot node (issue 52), that asked for
+  ``--signal=B:USR1``; the emulator raises EC2's notice on its instance, preempts the
+  GCE instance (its metadata server says so, the node's agent waiting on it), or
+  schedules a ``Preempt`` event on the Azure VM (its metadata service's Scheduled
+  Events, the node's agent polling them every second); the time until the batch shell
+  has the signal (goal <= 5 s), three times quiet and three times with two CPU burners
+  beside it.
+  ``--notices-only``: these alone; ``--provider ec2|gce|azure``: that provider's alone.
 
 Brings the lab up if it is down (and down again after); with a lab of yours up, it uses
 it and leaves it up.
@@ -104,8 +107,9 @@ def throughput(lab: Lab, cfg: Config, env: dict[str, str]) -> None:
 
 # each provider's spot partition, its profile and size, and how its emulator reclaims
 NOTICES = {
-    "ec2": ("burst-spot", "aws", "t3.micro", "interrupt"),
-    "gce": ("burst-gspot", "gcp", "n2-standard-2", "preempt"),
+    "ec2": ("burst-spot", "aws", "t3.micro", "interrupt?instance={id}&in=60"),
+    "gce": ("burst-gspot", "gcp", "n2-standard-2", "preempt?instance={id}&in=60"),
+    "azure": ("burst-azspot", "azure", "Standard_D2s_v5", "event?vm={id}&type=Preempt&in=60"),
 }
 
 
@@ -132,8 +136,13 @@ def notices(
         assert rec is not None
         time.sleep(3)  # the batch shell's trap is set
         at = time.time()
-        url = f"{control}/_emulator/{reclaim}?instance={rec.instance_id}&in=60"
-        with urllib.request.urlopen(url, timeout=10) as r:
+        url = f"{control}/_emulator/{reclaim.format(id=rec.instance_id)}"
+        context = None
+        if options.get("ca_file"):  # Azure's emulator: TLS with the lab's own CA
+            import ssl
+
+            context = ssl.create_default_context(cafile=str(options["ca_file"]))
+        with urllib.request.urlopen(url, timeout=10, context=context) as r:
             json.loads(r.read())
         mark = Path(shared, f"usr1.{job}")
         deadline = time.monotonic() + 30
@@ -159,7 +168,9 @@ def main() -> None:
     try:
         if not notices_only:
             throughput(lab, cfg, env)
-        for provider in NOTICES:
+        argv = sys.argv[1:]
+        only = argv[argv.index("--provider") + 1] if "--provider" in argv[:-1] else ""
+        for provider in [only] if only in NOTICES else NOTICES:
             notices(lab, cfg, env, provider=provider)
             with burners(2):
                 notices(lab, cfg, env, "2 CPU burners", provider)

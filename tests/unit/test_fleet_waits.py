@@ -78,7 +78,8 @@ def test_the_timers_wake_a_waiting_node_for_a_suspend(tmp_path: Path) -> None:
     clock runs ahead while nodes wait: the boot timeout is made far away)."""
     w = make_world(tmp_path, edits=[("boot_timeout = 30", "boot_timeout = 1e9"),
                                     ('spot_fallback = "ec2"', 'spot_fallback = ""'),
-                                    ('spot_fallback = "gce"', 'spot_fallback = ""')])  # fmt: skip
+                                    ('spot_fallback = "gce"', 'spot_fallback = ""'),
+                                    ('spot_fallback = "az"', 'spot_fallback = ""')])  # fmt: skip
     w.cloud.never_boot.add(N)
     w.store.add_request("resume", [N], [], w.clock.now())
     w.daemon.handle_requests()
