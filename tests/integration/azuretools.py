@@ -244,13 +244,8 @@ def azure_config(tmp: Path, port: int, wait: float = 30.0, cluster: str = "") ->
     group."""
     import time
 
-    from slurm_burst.config import load_config
+    from tests.integration.ec2config import spot_config
 
     (tmp / "slurm").mkdir(exist_ok=True)
-    text = azure_text(tmp, port, cluster or f"a{time.time_ns() % 10**9}",
-                      extra=SPOT_GROUP.format(wait=wait))  # fmt: skip
-    text = text.replace("[slurm]\n", "[slurm]\nresume_timeout = 900\n")
-    path = tmp / "slurm-burst.toml"
-    path.write_text(text)
-    path.chmod(0o640)
-    return load_config(path)
+    return spot_config(tmp, azure_text(tmp, port, cluster or f"a{time.time_ns() % 10**9}",
+                                       extra=SPOT_GROUP.format(wait=wait)))  # fmt: skip

@@ -94,3 +94,12 @@ def cfg_factory(
         return load_config(path)
 
     return make
+
+
+def spot_config(tmp: Path, text: str) -> Config:
+    """A config ``text`` with a spot group loaded: ResumeTimeout long enough for its wait
+    and a boot, written (0640) under ``tmp``."""
+    path = tmp / "slurm-burst.toml"
+    path.write_text(text.replace("[slurm]\n", "[slurm]\nresume_timeout = 900\n"))
+    path.chmod(0o640)
+    return load_config(path)

@@ -206,13 +206,8 @@ def gce_config(tmp: Path, port: int, wait: float = 30.0, cluster: str = "") -> A
     """The daemon's config on the GCE emulator at ``port``, with the Spot group."""
     import time
 
-    from slurm_burst.config import load_config
+    from tests.integration.ec2config import spot_config
 
     (tmp / "slurm").mkdir(exist_ok=True)
-    text = gce_text(tmp, port, cluster or f"g{time.time_ns() % 10**9}",
-                    extra=SPOT_GROUP.format(wait=wait))  # fmt: skip
-    text = text.replace("[slurm]\n", "[slurm]\nresume_timeout = 900\n")
-    path = tmp / "slurm-burst.toml"
-    path.write_text(text)
-    path.chmod(0o640)
-    return load_config(path)
+    return spot_config(tmp, gce_text(tmp, port, cluster or f"g{time.time_ns() % 10**9}",
+                                     extra=SPOT_GROUP.format(wait=wait)))  # fmt: skip

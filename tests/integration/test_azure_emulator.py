@@ -386,6 +386,8 @@ def test_which_sizes_need_infiniband_and_what_config_check_warns() -> None:
     assert 'placement = "infiniband"' in warned((IB,))[0]
     assert warned((IB,), "infiniband") == [] and warned(("Standard_D2s_v5",)) == []
     assert "no InfiniBand" in warned(("Standard_D2s_v5",), "infiniband")[0]
+    assert warned(("Standard_D2s_v5",), "proximity") == []  # one datacenter: what it is for
+    assert 'placement = "infiniband"' in warned((IB,), "proximity")[0]  # not one fabric
 
 
 def test_the_emulators_vms_have_every_field_of_libclouds_recorded_vm(

@@ -1,11 +1,13 @@
-"""What the lab's reclaim tests share (EC2's interruption notice, GCE's preemption): a job
-that checkpoints on its ``--signal`` runs on a spot node, the emulator reclaims its
-instance, and the job gets its signal, is requeued, and completes on a replacement, the
-reclaim in the ledger with its code."""
+"""What the lab's spot tests share: a job run while an emulator's spot capacity is refused
+or withheld (GCE's, Azure's); and the reclaim tests' (EC2's interruption notice, GCE's
+preemption, Azure's eviction): a job that checkpoints on its ``--signal`` runs on a spot
+node, the emulator reclaims its instance, and the job gets its signal, is requeued, and
+completes on a replacement, the reclaim in the ledger with its code."""
 
 from __future__ import annotations
 
 import re
+import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -17,6 +19,31 @@ from slurm_burst.adapters.state.store import Store
 from slurm_burst.config import Config
 from slurm_burst.core.records import NodeRecord
 from tests.conftest import wait
+
+
+def thaw_spot(store: Store, profile: str, size: str) -> None:
+    """End a spot size's cooldown a test before left (every test starts asking spot)."""
+    store.mark_unavailable(profile, f"{size}/spot", 0.0, "")
+
+
+def srun_with_spot(
+    control: Callable[[str], dict[str, Any]], env: dict[str, str], partition: str, mode: str,
+    count: int, code: str = "",
+) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:  # fmt: skip
+    """``srun -N count hostname -I`` on ``partition`` while the emulator's spot capacity
+    is ``mode`` (refuse, withhold; ``code``: a refusal's), normal again after; the
+    emulator's market then. ``control``: the emulator's ``/_emulator/<what>``."""
+    control(f"spot?mode={mode}" + (f"&code={code}" if code else ""))
+    try:
+        srun = subprocess.run(
+            ["srun", "-p", partition, f"-N{count}", "-t", "5", "hostname", "-I"],
+            env=env, capture_output=True, text=True, timeout=300, check=False,
+        )  # fmt: skip
+        market = control("market")
+    finally:
+        control("spot?mode=")
+    return srun, market
+
 
 # A job that checkpoints on its --signal: the batch shell notes when USR1 came (in the
 # shared directory) and goes on; a rerun (after the requeue) finishes at once.

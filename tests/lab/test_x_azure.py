@@ -30,6 +30,7 @@ from slurm_burst.adapters.state.store import Store
 from slurm_burst.config import Config
 from tests.conftest import wait
 from tests.lab.conftest import CLOUD_JOIN
+from tests.lab.reclaim import srun_with_spot, thaw_spot
 from tests.lab.release import emulator_vms, release
 
 NODES = ("burst-az-1", "burst-az-2")
@@ -162,25 +163,15 @@ SPOTS = [f"burst-azspot-{i}" for i in range(1, 5)]
 
 
 def _thaw_spot(store: Store) -> None:
-    """End the Spot size's cooldown a test before left (every test starts asking Spot)."""
-    store.mark_unavailable("azure", "Standard_D2s_v5/spot", 0.0, "")
+    thaw_spot(store, "azure", "Standard_D2s_v5")
 
 
 def _srun_with_spot(
     cfg: Config, env: dict[str, str], mode: str, count: int
 ) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
-    """``srun -N count hostname -I`` on burst-azspot while the emulator's Spot capacity is
-    ``mode`` (refuse, withhold), normal again after; the emulator's market then."""
-    emulator(cfg, f"spot?mode={mode}&code=SkuNotAvailable")
-    try:
-        srun = subprocess.run(
-            ["srun", "-p", "burst-azspot", f"-N{count}", "-t", "5", "hostname", "-I"],
-            env=env, capture_output=True, text=True, timeout=300, check=False,
-        )  # fmt: skip
-        market = emulator(cfg, "market")
-    finally:
-        emulator(cfg, "spot?mode=")
-    return srun, market
+    return srun_with_spot(
+        lambda what: emulator(cfg, what), env, "burst-azspot", mode, count, "SkuNotAvailable"
+    )
 
 
 def _vm_ids(cfg: Config, ids: set[str]) -> set[str]:

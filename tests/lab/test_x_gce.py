@@ -30,6 +30,7 @@ from slurm_burst.config import Config
 from slurm_burst.core.records import NodeRecord
 from tests.conftest import wait
 from tests.lab.conftest import CLOUD_JOIN, sh
+from tests.lab.reclaim import srun_with_spot, thaw_spot
 from tests.lab.release import emulator_vms, release
 
 NODES = ("burst-gce-1", "burst-gce-2")
@@ -160,25 +161,13 @@ SPOTS = [f"burst-gspot-{i}" for i in range(1, 5)]
 
 
 def _thaw_spot(store: Store) -> None:
-    """End the Spot size's cooldown a test before left (every test starts asking Spot)."""
-    store.mark_unavailable("gcp", "n2-standard-2/spot", 0.0, "")
+    thaw_spot(store, "gcp", "n2-standard-2")
 
 
 def _srun_with_spot(
     cfg: Config, env: dict[str, str], mode: str, count: int
 ) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
-    """``srun -N count hostname -I`` on burst-gspot while the emulator's Spot capacity is
-    ``mode`` (refuse, withhold), normal again after; the emulator's market then."""
-    emulator(cfg, f"spot?mode={mode}")
-    try:
-        srun = subprocess.run(
-            ["srun", "-p", "burst-gspot", f"-N{count}", "-t", "5", "hostname", "-I"],
-            env=env, capture_output=True, text=True, timeout=300, check=False,
-        )  # fmt: skip
-        market = emulator(cfg, "market")
-    finally:
-        emulator(cfg, "spot?mode=")
-    return srun, market
+    return srun_with_spot(lambda what: emulator(cfg, what), env, "burst-gspot", mode, count)
 
 
 def test_spot_refused_runs_a_4_node_job_on_demand_in_one_compact_placement_policy(
