@@ -45,6 +45,32 @@ def srun_with_spot(
     return srun, market
 
 
+def withheld_falls_back(
+    control: Callable[[str], dict[str, Any]], env: dict[str, str], store: Store,
+    partition: str, nodes: list[str],
+) -> tuple[float, list[NodeRecord], dict[str, Any]]:  # fmt: skip
+    """A job on ``nodes`` while the emulator withholds spot capacity: it runs after the
+    group's spot_fallback_after (15 s), on-demand, none of the withheld instances left
+    and no node failed or released on the way. Returns the srun's seconds, the nodes'
+    records and the emulator's market."""
+    start = max((e["id"] for e in store.events(limit=10**6)), default=0)
+    began = time.monotonic()
+    srun, market = srun_with_spot(control, env, partition, "withhold", len(nodes))
+    took = time.monotonic() - began
+    assert srun.returncode == 0, srun.stderr[-3000:]
+    assert took >= 15, took  # it waited for the spot capacity first
+    withheld = market["withheld"]
+    recs = [r for r in map(store.node, nodes) if r is not None]
+    assert len(recs) == len(nodes), recs
+    assert all(r.market == "" and r.instance_id not in withheld for r in recs), recs
+    assert len(withheld) >= len(nodes) and not set(withheld) & set(market["live"]), market
+    events = store.events(since_id=start, limit=10**6)
+    assert any(e["event"] == "size.unavailable" and "SpotCapacityWait" in e["detail"]
+               for e in events)  # fmt: skip
+    assert not [e for e in events if e["event"] in ("node.failed", "node.released")], events
+    return took, recs, market
+
+
 # A job that checkpoints on its --signal: the batch shell notes when USR1 came (in the
 # shared directory) and goes on; a rerun (after the requeue) finishes at once.
 CHECKPOINTING = """#!/bin/sh

@@ -30,7 +30,7 @@ from slurm_burst.config import Config
 from slurm_burst.core.records import NodeRecord
 from tests.conftest import wait
 from tests.lab.conftest import CLOUD_JOIN, sh
-from tests.lab.reclaim import srun_with_spot, thaw_spot
+from tests.lab.reclaim import srun_with_spot, thaw_spot, withheld_falls_back
 from tests.lab.release import emulator_vms, release
 
 NODES = ("burst-gce-1", "burst-gce-2")
@@ -220,21 +220,9 @@ def test_spot_withheld_falls_back_after_the_wait_and_the_job_runs(
     launch on-demand together; the job runs, no node fails."""
     _thaw_spot(store)
     nodes = SPOTS[:2]
-    start = max((e["id"] for e in store.events(limit=10**6)), default=0)
-    began = time.monotonic()
-    srun, market = _srun_with_spot(lab_config, env, "withhold", 2)
-    took = time.monotonic() - began
-    assert srun.returncode == 0, srun.stderr[-3000:]
-    assert took >= 15, took  # it waited for the Spot capacity first
-    withheld = market["withheld"]
-    recs = [store.node(n) for n in nodes]
-    assert all(r is not None and r.market == "" and r.instance_id not in withheld for r in recs)
-    assert len(withheld) >= 2 and not set(withheld) & set(gce_vms(lab))
-    events = store.events(since_id=start, limit=10**6)
-    assert any(e["event"] == "size.unavailable" and "SpotCapacityWait" in e["detail"]
-               for e in events)  # fmt: skip
-    assert not [e for e in events if e["event"] in ("node.failed", "node.released")], events
-    assert not set(withheld) & set(market["live"]), market  # deleted before the fallback
+    took, recs, market = withheld_falls_back(lambda what: emulator(lab_config, what), env,
+                                             store, "burst-gspot", nodes)  # fmt: skip
+    assert not set(market["withheld"]) & set(gce_vms(lab))
     CLOUD_JOIN["gce spot withheld -> on-demand, job ran"] = {"srun_s": f"{took:.1f}"}
     _release(env, lab, store, nodes, {r.instance_id for r in recs if r is not None})
 
