@@ -57,8 +57,8 @@ lab-down: venv
 # a share of the rest, so that each newer release is
 # covered and CI stays in its time: 24.11 a requeue through the prolog, the faults that
 # touch Slurm's states and an array's stage-in (burst_buffer/lua's hooks' arguments
-# differ by release), a spot launch whose capacity never comes (EC2's, GCE's and
-# Azure's), a job
+# differ by release), a spot launch whose capacity never comes (EC2's and Azure's;
+# GCE's is make test-full's), a job
 # on Azure VMs (its VMs boot 24.11's image), two
 # cloud nodes talking off the hub (the ledger's read of its sacct: test_slurm_versions,
 # in 22.05's run);
@@ -82,7 +82,6 @@ VERSION_TESTS_24.11 := \
 	tests/lab/test_y_faults.py::test_slurmctld_restarted_mid_resume \
 	tests/lab/test_x_stage.py::test_each_task_of_an_array_gets_its_data \
 	tests/lab/test_x_ec2.py::test_spot_withheld_falls_back_after_the_wait_and_the_job_runs \
-	tests/lab/test_x_gce.py::test_spot_withheld_falls_back_after_the_wait_and_the_job_runs \
 	tests/lab/test_x_azure.py::test_spot_withheld_falls_back_after_the_wait_and_the_job_runs \
 	tests/lab/test_x_azure.py::test_a_job_runs_on_azure_vms_on_a_newer_release \
 	tests/lab/test_x_mesh_direct.py

@@ -212,6 +212,7 @@ def test_spot_refused_runs_a_4_node_job_on_demand_in_one_compact_placement_polic
     }  # fmt: skip
 
 
+@pytest.mark.full  # 40 s: make test-full only (docs/testing.md, the time budget)
 def test_spot_withheld_falls_back_after_the_wait_and_the_job_runs(
     lab: Lab, lab_config: Config, env: dict[str, str], store: Store
 ) -> None:

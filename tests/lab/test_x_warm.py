@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from slurm_burst.adapters.state.store import Store
 from tests.conftest import LAB_CONFIG, invoke, wait
 from tests.lab.conftest import sh
@@ -24,6 +26,7 @@ def events(store: Store, kind: str) -> list[dict[str, object]]:
     return [e for e in store.events(limit=100_000) if e["event"] == kind and e["node"] == NODE]
 
 
+@pytest.mark.full  # 65 s: make test-full only (docs/testing.md, the time budget)
 def test_a_warm_node_is_kept_up_past_suspend_time_then_released(
     env: dict[str, str], store: Store
 ) -> None:
