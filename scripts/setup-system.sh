@@ -13,6 +13,7 @@ PACKAGES=(
   lua5.1 lua-posix                            # burst_buffer.lua runs data_in with lua-posix; tests run it in lua5.1
   gcc libc6-dev                               # the lab's simulated NVML (libnvidia-ml.so.1)
   prometheus prometheus-alertmanager          # the lab's Prometheus; promtool and amtool check the shipped rules
+  openmpi-bin python3-mpi4py python3-numpy    # the training job across burst nodes (examples/training)
 )
 
 if [ "$(id -u)" -ne 0 ]; then
