@@ -14,6 +14,7 @@ PACKAGES=(
   gcc libc6-dev                               # the lab's simulated NVML (libnvidia-ml.so.1)
   prometheus prometheus-alertmanager          # the lab's Prometheus; promtool and amtool check the shipped rules
   openmpi-bin python3-mpi4py python3-numpy    # the training job across burst nodes (examples/training)
+  libpmix-dev                                 # srun --mpi=pmix: Slurm's plugin opens pmix2/lib/libpmix.so
 )
 
 if [ "$(id -u)" -ne 0 ]; then

@@ -51,6 +51,12 @@ PACKAGES = (
     "python3",
     "mount",  # VMs mount their /run and /tmp (sid no longer installs it by default)
     "lua-posix",  # burst_buffer.lua's data_in runs the stage-in program with it
+    # the training job across burst nodes (examples/training): MPI ranks in the VMs,
+    # srun --mpi=pmix (Slurm's plugin opens the unversioned libpmix.so, libpmix-dev's)
+    "openmpi-bin",
+    "python3-mpi4py",
+    "python3-numpy",
+    "libpmix-dev",
 )
 # what the lab runs inside an image: a build without one of them is refused
 PROGRAMS = (

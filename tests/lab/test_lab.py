@@ -32,7 +32,7 @@ def test_sinfo_shows_onprem_idle_and_burst_idle_powered_down(lab: Lab) -> None:
     assert set(now) == {f"burst-cpu-{i}" for i in range(1, 33)} | {
         f"burst-gpu-{i}" for i in range(1, 9)} | {"burst-ec2-1", "burst-ec2-2"} | {
         f"burst-ec2x-{i}" for i in range(1, 33)} | {
-        f"burst-spot-{i}" for i in range(1, 5)} | {"burst-dir-1", "burst-dir-2"} | {
+        f"burst-spot-{i}" for i in range(1, 5)} | {f"burst-dir-{i}" for i in range(1, 5)} | {
         "burst-gce-1", "burst-gce-2"} | {f"burst-gcex-{i}" for i in range(1, 17)} | {
         f"burst-gspot-{i}" for i in range(1, 5)} | {"burst-az-1", "burst-az-2"} | {
         f"burst-azx-{i}" for i in range(1, 17)} | {
