@@ -656,9 +656,12 @@ def test_repeated_failures_protect_the_group(
          "group enable (slurmctld may be busy requeueing)")  # fmt: skip
     assert "GroupProtected" not in sh(env, "scontrol", "show", "node", "burst-cpu-14")
     await_alert(lab_config, "SlurmBurstGroupProtected", False, group="cpu")
+    # enabled, with the fault gone: a job's node may be resumed again at once and the job
+    # run (how soon is the machine's load); what matters is that none was lost
+    kept = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "COMPLETED")
     settle(f"{times} failed launches in a row (lab)",
            "group protected (nodes drained), enabled by hand", store, cloud, lab_config, env, jobs,
-           lambda: all(job_state(env, j) == "PENDING" for j in jobs))  # fmt: skip
+           lambda: all(job_state(env, j) in kept for j in jobs))  # fmt: skip
 
 
 # -- HA: two daemons, the leader killed ------------------------------------------------
