@@ -30,6 +30,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -134,6 +135,20 @@ def azure_job(emu: AzureEmulator, run: int, refuse: bool, placed: bool = True
         return calls, fallback, took
 
 
+def refusals(provider: str, call: str, job: Callable[[int, bool], tuple[int, float, float]]
+             ) -> None:  # fmt: skip
+    """Spot refused -> the on-demand ``call``, RUNS jobs quiet and RUNS with two CPU
+    burners beside: the medians and maxima printed."""
+    for label, load in (("quiet", 0), ("2 CPU burners", 2)):
+        with burners(load):
+            got = [job(100 * (load + 1) + i, True) for i in range(RUNS)]
+        fall = [g[1] * 1000 for g in got]
+        launch = [g[2] * 1000 for g in got]
+        print(f"{provider} spot refused -> on-demand {call} ({label}): median "
+              f"{statistics.median(fall):6.1f} ms  max {max(fall):6.1f} ms; whole launch "
+              f"median {statistics.median(launch):6.1f} ms")  # fmt: skip
+
+
 def main_azure() -> None:
     emu = AzureEmulator(limits=None)
     emu.start()
@@ -142,14 +157,7 @@ def main_azure() -> None:
                  for i in range(RUNS)]  # fmt: skip
         print(f"azure placement: ARM calls a proximity placement adds per 4-node job  "
               f"median {statistics.median(added):g}  max {max(added)}")  # fmt: skip
-        for label, load in (("quiet", 0), ("2 CPU burners", 2)):
-            with burners(load):
-                got = [azure_job(emu, 100 * (load + 1) + i, refuse=True) for i in range(RUNS)]
-            fall = [g[1] * 1000 for g in got]
-            launch = [g[2] * 1000 for g in got]
-            print(f"azure spot refused -> on-demand scale-out PUT ({label}): median "
-                  f"{statistics.median(fall):6.1f} ms  max {max(fall):6.1f} ms; whole launch "
-                  f"median {statistics.median(launch):6.1f} ms")  # fmt: skip
+        refusals("azure", "scale-out PUT", lambda run, refuse: azure_job(emu, run, refuse))
     finally:
         emu.stop()
 
@@ -181,14 +189,7 @@ def main() -> None:
         verdict = "  OK" if max(placed) <= 2 else "  OVER GOAL"
         print(f"{args.provider} placement: provider calls added per 4-node job  max "
               f"{max(placed)}  (goal <= 2){verdict}")  # fmt: skip
-        for label, load in (("quiet", 0), ("2 CPU burners", 2)):
-            with burners(load):
-                got = [job(100 * (load + 1) + i, refuse=True) for i in range(RUNS)]
-            fall = [g[1] * 1000 for g in got]
-            launch = [g[2] * 1000 for g in got]
-            print(f"{args.provider} spot refused -> on-demand {call} ({label}): median "
-                  f"{statistics.median(fall):6.1f} ms  max {max(fall):6.1f} ms; whole launch "
-                  f"median {statistics.median(launch):6.1f} ms")  # fmt: skip
+        refusals(args.provider, call, job)
     finally:
         emu.stop()
 

@@ -163,7 +163,7 @@ class Arm:
         with self._lock:
             ppgs = {}
             for p in self.ppgs.values():
-                members = [s for s in self.sets.values() if s.get("_ppg") == p["id"].lower()]
+                members = self._ppg_sets(p)
                 ids = {s["id"] for s in members}
                 ppgs[p["name"]] = {
                     "zones": p.get("zones", []),
@@ -500,7 +500,7 @@ class Arm:
             count("ppg.delete")
             if p is None:
                 return 204, None, []
-            users = [x["name"] for x in self.sets.values() if x.get("_ppg") == p["id"].lower()]
+            users = [x["name"] for x in self._ppg_sets(p)]
             if users:
                 raise ArmError(
                     409,
@@ -518,10 +518,13 @@ class Arm:
             return 200, self._ppg_doc(p), []
         raise ArmError(405, "MethodNotAllowed", f"{method} on a proximity placement group")
 
+    def _ppg_sets(self, p: Mapping[str, Any]) -> list[dict[str, Any]]:
+        """The scale sets in proximity placement group ``p``."""
+        return [x for x in self.sets.values() if x.get("_ppg") == p["id"].lower()]
+
     def _ppg_doc(self, p: Mapping[str, Any]) -> dict[str, Any]:
         out = dict(p)
-        members = [x for x in self.sets.values() if x.get("_ppg") == p["id"].lower()]
-        sets = [{"id": x["id"]} for x in members]
+        sets = [{"id": x["id"]} for x in self._ppg_sets(p)]
         out["properties"] = {**p["properties"], "virtualMachineScaleSets": sets}
         return out
 
@@ -748,6 +751,10 @@ class Arm:
         ):
             raise _bad("networkProfile.networkInterfaceConfigurations needs ipConfigurations")
 
+    def _recount(self, s: dict[str, Any]) -> None:
+        """A set's capacity is what it holds (after a short scale-out, a delete)."""
+        s["sku"]["capacity"] = len([v for v in self.vms.values() if v["_set"] == s["id"]])
+
     def _set_doc(self, s: Mapping[str, Any]) -> dict[str, Any]:
         return {k: v for k, v in s.items() if not k.startswith("_")}
 
@@ -760,7 +767,7 @@ class Arm:
                 "message": f"Allocation failed. We do not have sufficient capacity for the "
                 f"requested Spot VM size {size} in this region.",
             }
-            s["sku"]["capacity"] = len([v for v in self.vms.values() if v["_set"] == s["id"]])
+            self._recount(s)
             return
         if spot and self.spot == "withhold":  # made, and never allocated
             waiting = [self._new_vm(s, withheld=True)["name"] for _ in range(n)]
@@ -786,7 +793,7 @@ class Arm:
                 "message": f"Allocation failed. We do not have sufficient capacity for the "
                 f"requested VM size {size} in this region.",
             }
-            s["sku"]["capacity"] = len([v for v in self.vms.values() if v["_set"] == s["id"]])
+            self._recount(s)
 
     # -- virtual machines ---------------------------------------------------------------
     def _new_vm(self, s: dict[str, Any], withheld: bool = False) -> dict[str, Any]:
@@ -1091,7 +1098,7 @@ class Arm:
         for vm in [v for v in self.vms.values() if v["_set"] == s["id"]]:
             if vm.get("instanceId") in ids:
                 self._remove_vm((vm["_group"], vm["name"].lower()))
-        s["sku"]["capacity"] = len([v for v in self.vms.values() if v["_set"] == s["id"]])
+        self._recount(s)
         return 202, None, self._new_op(s["location"], base)
 
     def _remove_vm(self, key: tuple[str, str]) -> None:
@@ -1111,7 +1118,7 @@ class Arm:
             self.disks.pop((vm["_group"], vm["_disk"].lower()), None)
         s = next((x for x in self.sets.values() if x["id"] == vm["_set"]), None)
         if s is not None:  # a set counts what it holds (a Uniform one: instances deleted)
-            s["sku"]["capacity"] = len([v for v in self.vms.values() if v["_set"] == s["id"]])
+            self._recount(s)
 
     def _halt(self, vm: Mapping[str, Any]) -> None:
         if self.vmhost is not None and not vm.get("_withheld"):
@@ -1155,21 +1162,13 @@ class Arm:
         if op is None:
             raise ArmError(404, "OperationNotFound", f"Operation '{op_id}' was not found.")
         out: dict[str, Any] = {"name": op_id, "startTime": _iso(op["_start"])}
-        held = [
-            n for n in op.get("_withheld", ()) if any(v["name"] == n for v in self.vms.values())
-        ]
-        if held:  # Spot capacity withheld: in progress while its VMs wait
-            out["status"] = "InProgress"
+        live = {v["name"] for v in self.vms.values()}
+        if any(n in live for n in op.get("_withheld", ())):  # Spot capacity withheld
+            out["status"] = "InProgress"  # while its VMs wait
             return out
-        if op.get("_withheld"):  # deleted while they waited
-            out["endTime"] = _iso()
-            out["status"] = "Canceled"
-            res = op.get("_resource")
-            if res is not None and res["properties"].get("provisioningState") in (
-                "Creating",
-                "Updating",
-            ):
-                res["properties"]["provisioningState"] = "Succeeded"
+        if op.get("_withheld"):  # deleted while they waited: the set itself is fine
+            out.update(endTime=_iso(), status="Canceled")
+            self._ended(op, "Succeeded")
             return out
         if time.time() < op["_start"] + self.op_delay:
             out["status"] = "InProgress"
@@ -1178,13 +1177,18 @@ class Arm:
         out["status"] = "Failed" if "_error" in op else "Succeeded"
         if "_error" in op:
             out["error"] = op["_error"]
+        self._ended(op, out["status"])
+        return out
+
+    @staticmethod
+    def _ended(op: Mapping[str, Any], state: str) -> None:
+        """The operation's resource, still Creating or Updating, is now ``state``."""
         res = op.get("_resource")
         if res is not None and res["properties"].get("provisioningState") in (
             "Creating",
             "Updating",
         ):
-            res["properties"]["provisioningState"] = out["status"]
-        return out
+            res["properties"]["provisioningState"] = state
 
 
 def _rg(s: Mapping[str, Any]) -> str:

@@ -84,7 +84,7 @@ def parse_notice(body: object, now: float) -> Notice:
         at = datetime.fromisoformat(when.replace("Z", "+00:00")).timestamp()
     except ValueError:
         raise ValueError(f"time {when!r}: not an ISO 8601 time") from None
-    return Notice(str(action), min(max(at, now), now + 86_400))
+    return Notice(str(action), _within_a_day(at, now))
 
 
 def _not_before(when: object, now: float) -> float:
@@ -100,6 +100,12 @@ def _not_before(when: object, now: float) -> float:
         at = parsedate_to_datetime(when).timestamp()
     except (TypeError, ValueError, IndexError):
         raise ValueError(f"time {when!r}: not an RFC 1123 time") from None
+    return _within_a_day(at, now)
+
+
+def _within_a_day(at: float, now: float) -> float:
+    """A reclaim time a node gave, kept from ``now`` to a day after (a node's clock, or
+    word, is less trusted than ours)."""
     return min(max(at, now), now + 86_400)
 
 

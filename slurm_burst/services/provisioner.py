@@ -110,7 +110,6 @@ INSTANCE_FAULTS = frozenset({
     "InsufficientInstanceCapacity", "SshUnreachable", "RemoteCommand", "WireGuardKey",
     "WireGuardHandshake", "GpuUnhealthy", "StagePull",
 })  # fmt: skip
-SPOT_WAIT = SPOT_WAIT_CODE  # a spot launch's capacity did not come in time
 
 
 @contextmanager
@@ -476,12 +475,12 @@ class Provisioner:
         exc = CapacityError(
             f"spot capacity for {rec.provider}/{rec.size} did not arrive within "
             f"{group.spot_fallback_after:g} s",
-            SPOT_WAIT,
+            SPOT_WAIT_CODE,
         )
         self.launcher.size_unavailable(rec.name, rec.provider, cooled(rec.size, SPOT), exc)
         log.warning("node.spot_fallback node=%s waited=%.0f instance=%s fallback=%s",
                     rec.name, waited, rec.instance_id, group.spot_fallback)  # fmt: skip
-        self.lifecycle.errored(rec.name, SPOT_WAIT, str(exc))
+        self.lifecycle.errored(rec.name, SPOT_WAIT_CODE, str(exc))
         self._teardown(self.store.node(rec.name) or rec, replacing=True)
         again = self.store.node(rec.name)
         if again is not None and again.want == Want.UP:

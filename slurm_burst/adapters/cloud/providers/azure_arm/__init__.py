@@ -256,15 +256,14 @@ class AzureArm(Provider):
         from slurm_burst.adapters.cloud.profiles import tags as launch_tags
 
         n = len(names)
+        arm, bk = sets.Arm(cloud), sets.book(cloud)
         if spec.placement_group and spec.placement_kind != "proximity":
             # one job on one InfiniBand fabric: its Uniform set
             made_u = uniform.launch(cloud, spec, launch_tags(spec, True))
-            uniform.addresses(sets.Arm(cloud), job_set_path(cloud, spec.placement_group,
-                                                            spec.spot))  # fmt: skip
+            uniform.addresses(arm, job_set_path(cloud, spec.placement_group, spec.spot))
             return uniform.instances(cloud, made_u, {CLUSTER_TAG: spec.cluster,
                                                      GROUP_TAG: spec.group,
                                                      TOKEN_TAG: spec.token})  # fmt: skip
-        arm, bk = sets.Arm(cloud), sets.book(cloud)
         least = spec.min_count or n
         tags = {CLUSTER_TAG: spec.cluster, GROUP_TAG: spec.group}
         ppg = ""
@@ -356,13 +355,11 @@ class AzureArm(Provider):
         else:  # a repeat after a restart: the VMs made since the launch began
             made = [v for v in after if sets.created(v) >= started - 1.0]
         made.sort(key=lambda v: (sets.created(v), str(v["name"])))
-        failure = sets.op_error(cloud, op) if op.get("status") != "Succeeded" else None
+        failure = None
         if op.get("status") in ("InProgress", "Creating", "Updating"):  # waited spot_wait
-            failure = CapacityError(
-                f"{cloud.name}: Spot capacity for {spec.size} did not come within "
-                f"{spec.spot_wait:g} s",
-                SPOT_WAIT_CODE,
-            )
+            failure = sets.spot_waited(cloud, spec)
+        elif op.get("status") != "Succeeded":
+            failure = sets.op_error(cloud, op)
         log.info(
             "azure.scale_out set=%s token=%s asked=%d made=%d status=%s",
             name,

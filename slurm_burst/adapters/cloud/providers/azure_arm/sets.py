@@ -257,6 +257,14 @@ def launch_wait(spec: LaunchSpec) -> float:
     return spec.spot_wait if spec.spot and spec.spot_wait > 0 else OP_WAIT
 
 
+def spot_waited(cloud: LibcloudCloud, spec: LaunchSpec) -> CloudError:
+    """A Spot launch given up: its capacity did not come within ``spec.spot_wait``."""
+    from slurm_burst.core.cloud import SPOT_WAIT_CODE, CapacityError
+
+    return CapacityError(f"{cloud.name}: Spot capacity for {spec.size} did not come within "
+                         f"{spec.spot_wait:g} s", SPOT_WAIT_CODE)  # fmt: skip
+
+
 def scaleout_mark(doc: Mapping[str, Any] | None) -> tuple[str, float | None]:
     """A scale set's ``slurm-burst-scaleout`` tag: the last launch's token and when it
     began (None where the tag says no time: edited by hand, or none)."""

@@ -50,7 +50,7 @@ def launch(
     Spot launch whose capacity has not come within ``spec.spot_wait``: the same, with
     ``SpotCapacityWait``."""
 
-    from slurm_burst.core.cloud import SPOT_WAIT_CODE, CapacityError, CloudError
+    from slurm_burst.core.cloud import CapacityError, CloudError
 
     arm = sets.Arm(cloud)
     name = sets.job_set(spec.placement_group, spec.spot)
@@ -90,8 +90,7 @@ def launch(
         return made[:n]
     arm.request(path, "DELETE")  # one fabric or none: the job's set goes whole
     if op.get("status") == "InProgress":
-        raise CapacityError(f"{cloud.name}: Spot capacity for {spec.size} did not come "
-                            f"within {spec.spot_wait:g} s", SPOT_WAIT_CODE)  # fmt: skip
+        raise sets.spot_waited(cloud, spec)
     if op.get("error"):
         raise sets.op_error(cloud, op)
     raise CapacityError(f"{cloud.name}: {len(made)} of {n} made", "PartialCapacity")
