@@ -11,11 +11,12 @@ SB := $(VENV)/bin/slurm-burst
 LAB_CONFIG := slurm-conf/lab/slurm-burst.toml
 LAB_SLURM_CONF := /var/lib/slurm-burst-lab/etc/slurm/slurm.conf
 
-.PHONY: help setup system venv demo test test-full test-release release-tests test-fast bench \
+.PHONY: help setup system venv demo demo-training test test-full test-release release-tests test-fast bench \
 	soak lab-up lab-down lint lint-ansible docs clean
 
 help:
 	@echo "make demo      set up, bring the lab up, run a 2-node job on burst cloud nodes"
+	@echo "make demo-training  the same, then a 4-node MPI training run that survives a spot reclaim"
 	@echo "make test      set up and run the test suite, under 40 min (root: the lab tests need it)"
 	@echo "make test-full every test on every Slurm release, the long forms too (hours)"
 	@echo "make test-release RELEASE=24.11  the lab tests on another Slurm release"
@@ -43,6 +44,11 @@ venv: $(VENV)/.installed
 
 demo: setup
 	scripts/demo.sh
+
+# the second demo: a 4-node MPI training run on Spot nodes that survives a reclaim
+# (docs/training.md); LAB_SLURM as for make demo
+demo-training: setup
+	scripts/demo-training.sh
 
 # LAB_SLURM=24.11 (or 26.05) brings the lab up on that release, as make demo does
 lab-up: setup

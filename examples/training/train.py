@@ -15,8 +15,9 @@ the weights, the step (the data position: batch ``step`` is samples ``step*B`` t
 ``(step+1)*B`` modulo the dataset), the RNG's state (the dropout of features below
 draws from it) and the loss so far; written to a temporary file, fsynced and renamed,
 so a reclaim mid-write leaves the previous one. On start the run resumes from the
-checkpoint if there is one. On SIGUSR1 (``#SBATCH --signal=B:USR1@...``: a reclaim's
-notice) it checkpoints at the end of the current step and waits to be requeued.
+checkpoint if there is one. On SIGUSR1 (``#SBATCH --signal=USR1@...`` signals every
+task of the job's steps: a reclaim's notice) it checkpoints at the end of the current
+step and waits to be requeued.
 
 Prints one line a step on rank 0: ``step N loss L`` (``L`` as ``float.hex``: exact).
 """
@@ -159,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
         stop = comm.allreduce(1 if asked["now"] else 0, op=MPI.MAX)  # every rank alike
         if stop or step % args.every == 0 or step == args.steps:
             ckpt.save(w, step, rng, losses)
-            if rank == 0:
+            if rank == 0 and args.checkpoint is not None:
                 print(f"checkpoint at step {step}", flush=True)
         if stop:
             if rank == 0:

@@ -13,10 +13,13 @@ On a notice, at once:
    from its batch script; ``B:`` to the batch shell only), to checkpoint on.
 
 Then, shortly before the reclaim (``core.interruption.MARGIN`` seconds) for a job that
-got a signal, at once for one that did not: its jobs are requeued (``scontrol
-requeue``), and the node is failed with the notice's code and torn down (the ledger's
-``terminated`` event says so), then returned to Slurm's service: a requeued job that
-lands on it again gets a new instance, on the fallback.
+got a signal, at once for one that did not: the jobs' stage-outs (``#BB_LUA stage_out``)
+are synced a last time, whatever their ``sync=`` (at most until ``SYNC_SPARE`` seconds
+before the reclaim: the checkpoint a job wrote on its signal is what it resumes from),
+its jobs are requeued (``scontrol requeue``), and the node is failed with the notice's
+code and torn down (the ledger's ``terminated`` event says so), then returned to
+Slurm's service: a requeued job that lands on it again gets a new instance, on the
+fallback.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from slurm_burst.services.periodic import contain
 log = logging.getLogger(__name__)
 
 LEAVE_WAIT = 8.0  # seconds a requeued job gets to leave the node before it is failed
+SYNC_SPARE = 2.0  # seconds before the reclaim by which the last sync gives way to the requeue
 
 
 @dataclass(frozen=True)
@@ -47,6 +51,8 @@ class InterruptionPorts:
     cool: Callable[[NodeRecord, CapacityError], None]  # the node's size cooled down
     fail: Callable[[str, str, str], bool]  # fails a node from outside its worker
     submit: Callable[[str], None]  # hands a node to its worker
+    # syncs jobs' stage-outs now, waiting at most the seconds given: the jobs synced
+    sync_outputs: Callable[[list[int], float], list[int]] | None = None
 
 
 class Interruptions:
@@ -83,7 +89,7 @@ class Interruptions:
                 log.warning("node.interruption_signal_failed job=%d error=%s", job_id, exc)
         when = requeue_at(notice, bool(signalled), now)
         timer = threading.Timer(max(0.0, when - now), self._reclaim,
-                                (rec.name, jobs, notice.code))  # fmt: skip
+                                (rec.name, jobs, notice.code, notice.at))  # fmt: skip
         timer.daemon = True
         self.timers = [t for t in self.timers if t.is_alive()]  # the ones that fired: gone
         self.timers.append(timer)
@@ -97,9 +103,19 @@ class Interruptions:
             log.warning("node.interruption_jobs_unread node=%s error=%s", node, exc)
             return []
 
-    def _reclaim(self, node: str, jobs: list[int], code: str) -> None:
-        """Requeue the node's jobs, then fail the node (torn down, back in service)."""
+    def _reclaim(self, node: str, jobs: list[int], code: str, until: float) -> None:
+        """Sync the jobs' outputs (until ``SYNC_SPARE`` s before ``until``, the reclaim),
+        requeue the node's jobs, then fail the node (torn down, back in service)."""
         p = self.p
+        if jobs and p.sync_outputs is not None:
+            try:
+                budget = max(0.0, until - p.clock.now() - SYNC_SPARE)
+                synced = p.sync_outputs(jobs, budget)
+                if synced:
+                    p.store.event(p.clock.now(), "output.synced_on_notice", node,
+                                  ",".join(map(str, synced)))  # fmt: skip
+            except Exception as exc:  # boundary: a timer thread; the requeue comes first
+                contain("node.interruption_sync", exc, None)
         try:
             if jobs:
                 p.jobs.requeue(jobs)

@@ -36,7 +36,7 @@ import logging
 import math
 import re
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from importlib import resources
@@ -221,12 +221,13 @@ class Outputs:
 
     # -- sync --------------------------------------------------------------------------
 
-    def sync_job(self, job_id: int) -> None:
+    def sync_job(self, job_id: int) -> bool:
         """Sync every open output of ``job_id`` from its node (a failure is logged and
-        left for the next sync: the last version stays the one recorded)."""
+        left for the next sync: the last version stays the one recorded); whether it
+        was done."""
         outs = [r for r in self.store.outputs(job_id, OutputState.RUNNING) if r.node]
         if not outs:
-            return
+            return False
         try:
             with self._session(outs[0].node) as sh:
                 for r in outs:
@@ -236,6 +237,49 @@ class Outputs:
             why = f"last sync failed: {exc.code}: {exc}"[:900]
             for r in outs:
                 self.store.update_output(r.job_id, r.name, self.clock.now(), message=why)
+            return False
+        return True
+
+    def sync_now(self, job_ids: Sequence[int], timeout: float) -> list[int]:
+        """Sync the running outputs of ``job_ids`` at once, whatever their ``sync=``,
+        waiting at most ``timeout`` seconds: a reclaim is coming, and the checkpoint the
+        job wrote on its signal is what it resumes from only if it is in the store
+        before the job is requeued. A sync already under way for a job is waited for,
+        then one more is run (it may have scanned before the checkpoint was written).
+        The jobs whose sync was done in time."""
+        deadline = self.clock.monotonic() + timeout
+        done: list[int] = []
+        threads = [
+            threading.Thread(target=self._sync_first, args=(job_id, deadline, done),
+                             name=f"output-now-{job_id}", daemon=True)
+            for job_id in job_ids
+            if any(r.node for r in self.store.outputs(job_id, OutputState.RUNNING))
+        ]  # fmt: skip
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(max(0.0, deadline - self.clock.monotonic()))
+        return sorted(done)
+
+    def _sync_first(self, job_id: int, deadline: float, done: list[int]) -> None:
+        while True:
+            with self._lock:
+                if job_id not in self._busy:
+                    self._busy.add(job_id)
+                    break
+            if self.clock.monotonic() >= deadline:
+                return
+            self.clock.sleep(0.2)
+        try:
+            if self.sync_job(job_id) and self.clock.monotonic() <= deadline:
+                done.append(job_id)
+        except StoreError as exc:
+            log.error("output.unrecorded job=%s error=%s", job_id, exc)
+        except Exception as exc:  # boundary: a thread of its own
+            contain("output.sync_now", exc, None)
+        finally:
+            with self._lock:
+                self._busy.discard(job_id)
 
     def _up(self, name: str) -> tuple[NodeRecord | None, bool]:
         """Node ``name``'s record, and whether it is joined and reachable."""

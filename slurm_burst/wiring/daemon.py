@@ -343,7 +343,9 @@ def node_agents(
 
         interruptions = Interruptions(
             InterruptionPorts(store=p.store, jobs=p.jobs, clock=p.clock, cool=cool,
-                              fail=provisioner.fail, submit=workers.submit)
+                              fail=provisioner.fail, submit=workers.submit,
+                              sync_outputs=provisioner.outputs.sync_now
+                              if provisioner.outputs is not None else None)
         )  # fmt: skip
         api.noticed = interruptions.notice
     if p.serve_node_api:

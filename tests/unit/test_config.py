@@ -401,7 +401,7 @@ def test_a_fallback_of_another_shape_and_placement_off_ec2_are_refused(tmp_path:
     text = text.replace('providers = ["aws"]\nsizes = ["t3.micro"]\nimage = "ami-12345678"\n'
                         'cpus = 2\nmemory_mb = 1000\nspot = true',
                         'providers = ["lab"]\nsizes = ["ns.cpu2"]\nimage = "host"\n'
-                        'cpus = 2\nmemory_mb = 1000\nspot = true')  # fmt: skip
+                        'cpus = 2\nmemory_mb = 1000\nspot = true', 1)  # fmt: skip
     text = text.replace('price_per_hour = { "t3.micro" = 0.0104 }\n\n# GCE Spot',
                         'price_per_hour = { "ns.cpu2" = 0.085 }\n\n# GCE Spot')  # fmt: skip
     _, problems = check_config(write(tmp_path, text))

@@ -78,6 +78,7 @@ def test_the_timers_wake_a_waiting_node_for_a_suspend(tmp_path: Path) -> None:
     clock runs ahead while nodes wait: the boot timeout is made far away)."""
     w = make_world(tmp_path, edits=[("boot_timeout = 30", "boot_timeout = 1e9"),
                                     ('spot_fallback = "ec2"', 'spot_fallback = ""'),
+                                    ('spot_fallback = "ec2"', 'spot_fallback = ""'),  # train
                                     ('spot_fallback = "gce"', 'spot_fallback = ""'),
                                     ('spot_fallback = "az"', 'spot_fallback = ""')])  # fmt: skip
     w.cloud.never_boot.add(N)

@@ -194,10 +194,16 @@ def test_a_notice_signals_the_jobs_requeues_them_and_replaces_the_node(tmp_path:
         failed.append((node, code))
         return True
 
+    synced: list[tuple[list[int], float, list[int]]] = []
+
+    def sync_outputs(jobs: list[int], budget: float) -> list[int]:
+        synced.append((jobs, budget, list(slurm.requeued)))  # what was requeued by then
+        return [7]
+
     clock = FakeClock(time.time())
     service = Interruptions(
         InterruptionPorts(store=store, jobs=slurm, clock=clock, cool=cool, fail=fail,
-                          submit=submitted.append)
+                          submit=submitted.append, sync_outputs=sync_outputs)
     )  # fmt: skip
     said = service.notice(rec, Notice("terminate", clock.now() + 10.5))
     assert said["jobs"] == [7, 9] and said["signalled"] == [7]
@@ -211,6 +217,9 @@ def test_a_notice_signals_the_jobs_requeues_them_and_replaces_the_node(tmp_path:
     wait(lambda: slurm.requeued, 10, "the requeue")
     assert slurm.requeued == [7, 9] and failed == [("burst-spot-1", "SpotInterruption")]
     assert submitted == ["burst-spot-1"]
+    # the outputs were synced a last time first, until 2 s before the reclaim
+    assert synced == [([7, 9], 8.5, [])], synced
+    assert "output.synced_on_notice" in [e["event"] for e in store.events()]
     service.close()
 
 

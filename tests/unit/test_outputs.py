@@ -123,6 +123,22 @@ def test_a_sync_that_fails_keeps_the_last_version_and_says_why() -> None:
     assert out.message.startswith("last sync failed: SshUnreachable")
 
 
+def test_a_sync_on_notice_is_tried_at_once_and_gives_up_at_its_deadline() -> None:
+    """A reclaim's last sync (services/interruptions.py): tried at once whatever sync=
+    says, a failed one not counted as done; one under way is waited for only until the
+    deadline; a job without running outputs is not tried."""
+    outputs, store, _, connector, _ = setup([running()])
+    outputs.pass_once(force=True)  # the output's node noted: burst-1
+    assert outputs.sync_now([42, 43], 5.0) == []  # the node does not answer: not done
+    assert connector.tried == ["10.0.0.5"]
+    [out] = store.outputs(42)
+    assert out.message.startswith("last sync failed: SshUnreachable"), out
+    outputs._busy.add(42)  # a periodic sync under way, that does not end in time
+    assert outputs.sync_now([42], 1.0) == []
+    assert connector.tried == ["10.0.0.5"]  # not tried again past its deadline
+    assert outputs._busy == {42}  # the periodic one's still
+
+
 def test_an_ended_job_whose_node_is_gone_brings_its_last_version_home_and_says_what_is_lost(
 ) -> None:  # fmt: skip
     outputs, store, _, _, promoter = setup([], node_state=None)
