@@ -211,6 +211,9 @@ def main(quick: bool) -> int:
         bench_lab(runs=sizes.size(3, 1))
         # cloud-to-cloud throughput direct and through the hub; notice -> the job's signal
         script("cloudnet")
+        # MPI across 4 cloud nodes: allreduce direct, through the hub, raw; steps/s on 2
+        # and 4 nodes; make demo-training's reclaim (its notice -> training again)
+        script("training", *(["--no-demo"] if quick else []))
         if quick:
             os.environ["BENCH_BURNERS"] = "0"
         if quick:  # the host's release, no 32-node resume

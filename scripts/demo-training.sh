@@ -97,8 +97,10 @@ cat >"$WORK/train.sbatch" <<SH
 #SBATCH --signal=USR1@120
 #BB_LUA stage_in src=$DATA dst=data
 #BB_LUA stage_out src=ckpt dst=$HOMEDIR/%j sync=60
-# OpenMPI over the mesh: the nodes' other interfaces reach nothing of each other's
+# OpenMPI over the mesh: the nodes' other interfaces reach nothing of each other's; peers
+# by subnet (Open MPI 5's netlink check refuses a peer routed through wg-burst-d)
 export OMPI_MCA_btl=self,vader,tcp OMPI_MCA_btl_tcp_if_include=$SUBNET OMPI_MCA_oob_tcp_if_include=$SUBNET
+export OMPI_MCA_reachable=weighted
 export OMPI_MCA_opal_signal= PYTHONFAULTHANDLER=1  # a crash prints Python's stack
 echo "run \$((\${SLURM_RESTART_COUNT:-0} + 1)) on \$SLURM_JOB_NODELIST at \$(date +%s)"
 srun bash $WORK/tunnels.sh
@@ -126,10 +128,13 @@ for s in d['stages']:
         for x in s['datasets']:
             print(f\"{x.get('src')}: {x.get('files')} files, {x.get('bytes')} bytes \"
                   f\"({x.get('bytes_sent')} new to the store), pulled by each node\")"
-"${SB[@]}" nodes --json | json "
+nodes_now() {  # the job's nodes as they are now: instance, size, market
+    "${SB[@]}" nodes --json | json "
 for n in d['nodes']:
     if n['name'].startswith('burst-train-') and n['state'] == 'joined':
         print(f\"{n['name']}: {n['instance_id']} {n.get('size', '')} {n.get('market') or 'on-demand'}\")"
+}
+nodes_now
 
 say "training: a checkpoint every 20 steps, synced to the store every 60 s and on a notice"
 waitfor 120 "step $RECLAIM_AT" sh -c "grep -q '^step $RECLAIM_AT ' '$WORK/$job.out'"
@@ -159,6 +164,7 @@ say "the job again, from its last checkpoint"
 waitfor 300 "second run" sh -c "grep -q '^resumed at step' '$WORK/$job.out'"
 again=$(date +%s.%N)
 said | grep -E '^(run [0-9]|resumed)'
+nodes_now
 waitfor 300 "the end of the job" ended
 state=$(field "$job" JobState)
 got=$(sed -n 's/^final loss //p' "$WORK/$job.out")
@@ -199,13 +205,13 @@ lives = [r for r in read("report", "--by", "job", "--json", "--from", "2000-01-0
                          "--to", "2100-01-01")["rows"] if r["job"] == job]
 mine = [r for r in read("instances", "--json")
         if r["node"].startswith("burst-train-") and at(r["requested"]) >= since]
-if not show:
-    done = any(r["state"] == "COMPLETED" for r in lives) and all(r["terminated"] for r in mine)
+if not show:  # both lives (sacct's requeued record and the last), every instance ended
+    states = {r["state"] for r in lives}
+    done = "COMPLETED" in states and len(states) > 1 and all(r["terminated"] for r in mine)
     sys.exit(0 if done else 1)
 for r in sorted(mine, key=lambda r: r["requested"]):
-    market = "spot" if ".train." in r["price_source"] else "on-demand (fallback)"
-    print(f"{r['node']:14} {r['instance_id']:20} {r['size']:9} {market:21} "
-          f"{r['hours']:.4f} h  ${r['cost']:.6f}  {r['failure_code'] or ''}")
+    print(f"{r['node']:14} {r['instance_id']:20} {r['size']:9} {r['hours']:.4f} h  "
+          f"${r['cost']:.6f}  {r['failure_code'] or ''}")
 total = 0.0
 for r in sorted(lives, key=lambda r: r["start"]):
     total += r["total"]

@@ -19,7 +19,8 @@ checkpoint if there is one. On SIGUSR1 (``#SBATCH --signal=USR1@...`` signals ev
 task of the job's steps: a reclaim's notice) it checkpoints at the end of the current
 step and waits to be requeued.
 
-Prints one line a step on rank 0: ``step N loss L`` (``L`` as ``float.hex``: exact).
+Prints one line a step on rank 0: ``step N loss L`` (``L`` as ``float.hex``: exact);
+at the end ``trained N steps in T s`` (this run's) and ``final loss L after N steps``.
 """
 
 from __future__ import annotations
@@ -140,6 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     asked = {"now": False}
     signal.signal(signal.SIGUSR1, lambda *_: asked.update(now=True))
     share = args.batch // size
+    began_at, first = time.monotonic(), step
     while step < args.steps:
         began = time.monotonic()
         keep = rng.random(d) > 0.1  # feature dropout: the RNG's state matters on resume
@@ -173,6 +175,8 @@ def main(argv: list[str] | None = None) -> int:
         if left > 0:
             time.sleep(left)
     if rank == 0:
+        took = time.monotonic() - began_at
+        print(f"trained {step - first} steps in {took:.3f} s", flush=True)
         print(f"final loss {losses[-1]} after {step} steps", flush=True)
     return 0
 

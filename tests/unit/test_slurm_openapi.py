@@ -151,3 +151,17 @@ def test_sacct_of_24_11_and_26_05_gives_the_finished_job(data: Path) -> None:
     )
     assert (job.cpus, job.node_count, job.account) == (1, 1, "root")
     assert job.end >= job.start
+
+
+def test_a_requeued_lifes_record_of_24_11_is_a_finished_requeued_one() -> None:
+    """sacct --duplicates of 24.11 and 26.05 gives a job requeued after a reclaim two
+    records: the first life's state is ["PENDING", "REQUEUED"] (22.05: "REQUEUED"); it
+    ran and is charged, not skipped as pending (seen in make demo-training on 24.11)."""
+    from slurm_burst.adapters.slurm.accounting import parse_job
+
+    raw: dict[str, Any] = load("sacct.json", DATA_2411)["jobs"][0]  # type: ignore[index]
+    first = {**raw, "state": {"current": ["PENDING", "REQUEUED"], "reason": "BurstBufferStageIn"}}
+    job = parse_job(first, "burstlab")
+    assert job is not None and job.state == "REQUEUED", job
+    pending = {**raw, "state": {"current": ["PENDING"], "reason": "None"}}
+    assert parse_job(pending, "burstlab") is None

@@ -151,7 +151,10 @@ def parse_job(raw: dict[str, Any], cluster: str) -> JobUsage | None:
     t = raw.get("time") or {}
     current = (raw.get("state") or {}).get("current") or ""
     if isinstance(current, list):  # v0.0.40 on (24.11, 26.05): ["COMPLETED"], flags after
-        current = current[0] if current else ""
+        # a requeued life's record is ["PENDING", "REQUEUED"] (22.05: "REQUEUED"): it
+        # ran, and its instance-hours are charged as 22.05's are
+        flags = [str(x) for x in current]
+        current = "REQUEUED" if "REQUEUED" in flags[1:] else (flags[0] if flags else "")
     state = str(current).split()[0] if str(current).split() else ""
     start, end = int(t.get("start") or 0), int(t.get("end") or 0)
     if state not in FINISHED or not start or not end or end < start:
