@@ -87,14 +87,28 @@ for _ in $(seq 240); do
 done
 echo "$(hostname): no direct tunnels to the other nodes" >&2; exit 3
 SH
-# 22.05 and 24.11 ship Slurm's PMIx plugin; 26.05's packages only pmi2: mpirun inside
-# the allocation (it starts its daemons with srun)
-if [ "$LAB_SLURM" = 26.05 ]; then launch="mpirun --bind-to none --map-by ppr:1:node"
-else launch="srun --mpi=pmix"; fi
+# 22.05 and 24.11 ship Slurm's PMIx plugin: srun starts the ranks, and --signal=USR1
+# (no B:) signals every task of the job's steps, the ranks. 26.05's packages ship pmi2
+# only: mpirun inside the allocation (it starts its daemons with srun); the ranks are
+# not a step's tasks then, so the batch shell takes the signal (B:) and hands it to
+# mpirun, which passes SIGUSR1 on to every rank.
+train="$NODE_PY $WORK/train.py --data \"\$SLURM_BURST_STAGE_DATA/train-data.npz\" \\
+    --checkpoint \"\$SLURM_BURST_STAGE_CKPT\" --steps $STEPS --every 20 --step-time $STEP_TIME"
+if [ "$LAB_SLURM" = 26.05 ]; then
+    signal="B:USR1@120"
+    run_ranks="trap 'kill -USR1 \$ranks 2>/dev/null' USR1
+mpirun --bind-to none --map-by ppr:1:node $train &
+ranks=\$!
+until wait \$ranks; rc=\$?; ! kill -0 \$ranks 2>/dev/null; do :; done  # a trap ends a wait
+exit \$rc"
+else
+    signal="USR1@120"
+    run_ranks="srun --mpi=pmix $train"
+fi
 cat >"$WORK/train.sbatch" <<SH
 #!/bin/bash
 #SBATCH -p burst-train -N4 --ntasks-per-node=1 -t 20 --requeue --open-mode=append
-#SBATCH --signal=USR1@120
+#SBATCH --signal=$signal
 #BB_LUA stage_in src=$DATA dst=data
 #BB_LUA stage_out src=ckpt dst=$HOMEDIR/%j sync=60
 # OpenMPI over the mesh: the nodes' other interfaces reach nothing of each other's; peers
@@ -104,13 +118,12 @@ export OMPI_MCA_reachable=weighted
 export OMPI_MCA_opal_signal= PYTHONFAULTHANDLER=1  # a crash prints Python's stack
 echo "run \$((\${SLURM_RESTART_COUNT:-0} + 1)) on \$SLURM_JOB_NODELIST at \$(date +%s)"
 srun bash $WORK/tunnels.sh
-$launch $NODE_PY $WORK/train.py --data "\$SLURM_BURST_STAGE_DATA/train-data.npz" \\
-    --checkpoint "\$SLURM_BURST_STAGE_CKPT" --steps $STEPS --every 20 --step-time $STEP_TIME
+$run_ranks
 SH
 chmod 0644 "$WORK/train.sbatch" "$WORK/tunnels.sh"
 
 say "sbatch $WORK/train.sbatch (as $JOB_USER)"
-grep -E '^#(SBATCH|BB_LUA)|train.py' "$WORK/train.sbatch"
+grep -E '^#(SBATCH|BB_LUA)|train.py|^trap' "$WORK/train.sbatch"
 as_user=(runuser -u "$JOB_USER" --)
 if [ "$LAB_SLURM" != "$HOST_RELEASE" ]; then  # another release's sbatch chroots first, as root
     as_user=(env "SBLAB_AS_UID=$(id -u "$JOB_USER"):$(id -g "$JOB_USER")")
