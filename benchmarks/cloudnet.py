@@ -21,12 +21,14 @@ it and leaves it up.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import statistics
 import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -157,15 +159,25 @@ def notices(
           f"max {max(took):.2f} s (goal <= 5 s)  {verdict}")  # fmt: skip
 
 
-def main() -> None:
-    notices_only = "--notices-only" in sys.argv[1:]
+@contextlib.contextmanager
+def lab_session() -> Iterator[tuple[Lab, Config, dict[str, str]]]:
+    """The lab, its config and its environment: brought up if it is down (and down again
+    after), used and left up if it is up already."""
     cfg = load_config(ROOT / "slurm-conf" / "lab" / "slurm-burst.toml")
     lab = Lab(cfg)
     was_up = bool(lab.status()["up"])
     if not was_up:
         lab.up()
-    env = lab.env()
     try:
+        yield lab, cfg, lab.env()
+    finally:
+        if not was_up:
+            lab.down()
+
+
+def main() -> None:
+    notices_only = "--notices-only" in sys.argv[1:]
+    with lab_session() as (lab, cfg, env):
         if not notices_only:
             throughput(lab, cfg, env)
         argv = sys.argv[1:]
@@ -174,9 +186,6 @@ def main() -> None:
             notices(lab, cfg, env, provider=provider)
             with burners(2):
                 notices(lab, cfg, env, "2 CPU burners", provider)
-    finally:
-        if not was_up:
-            lab.down()
 
 
 if __name__ == "__main__":

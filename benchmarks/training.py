@@ -30,10 +30,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+from cloudnet import lab_session  # noqa: E402
 from sizes import size  # noqa: E402
 from slurm_burst_lab.service import Lab  # noqa: E402
 
-from slurm_burst.config import Config, load_config  # noqa: E402
+from slurm_burst.config import Config  # noqa: E402
 
 PYTHON = "/usr/bin/python3"  # Debian's, with mpi4py and numpy: the nodes' too
 NODES = "burst-dir-[1-4]"
@@ -42,10 +43,10 @@ STEPS = size(400, 40)
 # each node's direct tunnels answer (or, through the hub, are gone) before the ranks start
 PREPARE = {
     "direct": """for _ in $(seq 240); do
-    peers=$(ip -o route show dev wg-burst-d | cut -d' ' -f1)
-    if [ "$(echo "$peers" | wc -w)" -ge {peers} ]; then
-        for p in $peers; do ping -c1 -W2 -q "$p" >/dev/null || continue 2; done; exit 0
-    fi
+    peers=$(ip -o route show dev wg-burst-d | cut -d" " -f1)
+    ok=$(( $(echo $peers | wc -w) >= {peers} ))
+    for p in $peers; do timeout 2 bash -c ": </dev/tcp/$p/6818" 2>/dev/null || ok=0; done
+    [ "$ok" = 1 ] && exit 0
     sleep 0.5
 done; exit 3""",
     "hub": "pkill -f /run/slurm-burst-agent.py; ip route flush dev wg-burst-d; sleep 1",
@@ -144,13 +145,7 @@ def reclaim(env: dict[str, str]) -> None:
 
 
 def main() -> None:
-    cfg = load_config(ROOT / "slurm-conf" / "lab" / "slurm-burst.toml")
-    lab = Lab(cfg)
-    was_up = bool(lab.status()["up"])
-    if not was_up:
-        lab.up()
-    env = lab.env()
-    try:
+    with lab_session() as (lab, cfg, env):
         for name in ("train.py", "allreduce.py"):
             shutil.copy(ROOT / "examples" / "training" / name, Path(lab.lab.shared_dir, name))
         allreduce(lab, cfg, env)
@@ -158,9 +153,6 @@ def main() -> None:
         release(env)
         if "--no-demo" not in sys.argv[1:]:
             reclaim(env)
-    finally:
-        if not was_up:
-            lab.down()
 
 
 if __name__ == "__main__":

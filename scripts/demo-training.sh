@@ -73,16 +73,16 @@ echo "train-data.npz: $(stat -c %s "$DATA/train-data.npz") bytes, sha256 $(sha25
 echo "one process, $STEPS steps: final loss $want"
 
 # each node waits for its direct tunnels to the three others before the ranks start
-# each node waits for its direct tunnels to the three others (their routes, then a reply
-# through each) before the ranks start
+# each node waits for its direct tunnels to the three others: their routes, then a TCP
+# connection through each to the peer's slurmd (a tunnel carries nothing before its
+# handshake; no ping: a minimal image has none, and the job is no root)
 cat >"$WORK/tunnels.sh" <<'SH'
 #!/bin/bash
 for _ in $(seq 240); do
     peers=$(ip -o route show dev wg-burst-d | cut -d' ' -f1)
-    if [ "$(echo "$peers" | wc -w)" -ge 3 ]; then
-        for p in $peers; do ping -c1 -W2 -q "$p" >/dev/null || continue 2; done
-        exit 0
-    fi
+    ok=$(( $(echo $peers | wc -w) >= 3 ))
+    for p in $peers; do timeout 2 bash -c ": </dev/tcp/$p/6818" 2>/dev/null || ok=0; done
+    [ "$ok" = 1 ] && exit 0
     sleep 0.5
 done
 echo "$(hostname): no direct tunnels to the other nodes" >&2; exit 3
@@ -117,7 +117,7 @@ export OMPI_MCA_btl=self,vader,tcp OMPI_MCA_btl_tcp_if_include=$SUBNET OMPI_MCA_
 export OMPI_MCA_reachable=weighted
 export OMPI_MCA_opal_signal= PYTHONFAULTHANDLER=1  # a crash prints Python's stack
 echo "run \$((\${SLURM_RESTART_COUNT:-0} + 1)) on \$SLURM_JOB_NODELIST at \$(date +%s)"
-srun bash $WORK/tunnels.sh
+srun bash $WORK/tunnels.sh || exit 3
 $run_ranks
 SH
 chmod 0644 "$WORK/train.sbatch" "$WORK/tunnels.sh"
