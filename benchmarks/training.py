@@ -49,7 +49,8 @@ PREPARE = {
     [ "$ok" = 1 ] && exit 0
     sleep 0.5
 done; exit 3""",
-    "hub": "pkill -f /run/slurm-burst-agent.py; ip route flush dev wg-burst-d; sleep 1",
+    # (the pattern's brackets: it does not match this command's own line)
+    "hub": "pkill -f /run/slurm-burst-agent[.]py; ip route flush dev wg-burst-d; sleep 1",
     "raw": "true",
 }
 JOB = """#!/bin/bash
