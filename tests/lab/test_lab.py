@@ -36,7 +36,8 @@ def test_sinfo_shows_onprem_idle_and_burst_idle_powered_down(lab: Lab) -> None:
         "burst-gce-1", "burst-gce-2"} | {f"burst-gcex-{i}" for i in range(1, 17)} | {
         f"burst-gspot-{i}" for i in range(1, 5)} | {"burst-az-1", "burst-az-2"} | {
         f"burst-azx-{i}" for i in range(1, 17)} | {
-        f"burst-azspot-{i}" for i in range(1, 5)}  # fmt: skip
+        f"burst-azspot-{i}" for i in range(1, 5)} | {
+        f"burst-train-{i}" for i in range(1, 5)}  # fmt: skip
 
 
 def test_the_labs_slurmctld_reads_back_what_the_config_meant(lab: Lab, lab_config: Config) -> None:
