@@ -202,12 +202,14 @@ class Outputs:
         self._pool.submit(self._work, job_id, final)
         return 1
 
-    def _work(self, job_id: int, final: bool) -> None:
+    def _work(self, job_id: int, final: bool) -> bool:
+        """Seal or sync ``job_id``, whose busy mark the caller holds (released here);
+        whether a sync was done."""
         try:
             if final:
                 self.seal(job_id)
-            else:
-                self.sync_job(job_id)
+                return False
+            return self.sync_job(job_id)
         except StoreError as exc:  # the next pass finds it where it was
             log.error("output.unrecorded job=%s error=%s", job_id, exc)
         except Exception as exc:  # boundary: a pool thread; a defect fails this job's sync
@@ -215,6 +217,7 @@ class Outputs:
         finally:
             with self._lock:
                 self._busy.discard(job_id)
+        return False
 
     def shutdown(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
@@ -270,16 +273,8 @@ class Outputs:
             if self.clock.monotonic() >= deadline:
                 return
             self.clock.sleep(0.2)
-        try:
-            if self.sync_job(job_id) and self.clock.monotonic() <= deadline:
-                done.append(job_id)
-        except StoreError as exc:
-            log.error("output.unrecorded job=%s error=%s", job_id, exc)
-        except Exception as exc:  # boundary: a thread of its own
-            contain("output.sync_now", exc, None)
-        finally:
-            with self._lock:
-                self._busy.discard(job_id)
+        if self._work(job_id, final=False) and self.clock.monotonic() <= deadline:
+            done.append(job_id)
 
     def _up(self, name: str) -> tuple[NodeRecord | None, bool]:
         """Node ``name``'s record, and whether it is joined and reachable."""
