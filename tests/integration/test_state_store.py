@@ -5,12 +5,14 @@ and the commands that read it."""
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import sqlite3
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -175,3 +177,39 @@ def test_opening_the_store_again_keeps_this_process_sqlite_locks(tmp_path: Path)
     first.beat(2.0, {"pid": 1})
     reader = Store(path, create=False)
     assert (reader.heartbeat() or {})["at"] == 2.0
+
+
+def _read_until(path: str, stop: Any, out: Any) -> None:
+    """What ``lab up`` does while the daemon starts: open the database for reading, over
+    and over; an error other than "not there yet" is reported."""
+    while not stop.is_set():
+        try:
+            Store(path, create=False).close()
+        except StoreError as exc:
+            if "locked" in str(exc):
+                out.put(str(exc))
+                return
+
+
+def test_readers_opening_a_new_database_do_not_fail_the_daemon_creating_it(
+    tmp_path: Path,
+) -> None:
+    """The switch to WAL takes SQLite's exclusive lock without its busy handler, and a
+    reader opening the new file took the write lock to say "empty": together the
+    daemon's first start failed with "database is locked" (a failed ``lab up`` in CI).
+    Before the fix nearly every round failed."""
+    ctx = multiprocessing.get_context("fork")
+    for i in range(6):
+        path = str(tmp_path / f"state-{i}.db")
+        stop, out = ctx.Event(), ctx.Queue()
+        readers = [ctx.Process(target=_read_until, args=(path, stop, out)) for _ in range(2)]
+        for r in readers:
+            r.start()
+        try:
+            time.sleep(0.05)
+            Store(path).close()
+        finally:
+            stop.set()
+            for r in readers:
+                r.join(10)
+        assert out.empty(), out.get()

@@ -38,7 +38,11 @@ def test_a_resume_on_a_batching_provider_is_launched_in_batches(wb: World) -> No
     wb.settle()
     assert wb.cloud.calls["launch_many"] == 2 and wb.cloud.calls["launch"] == 0
     assert all(wb.rec(n).state == NodeState.JOINED for n in CPU)
-    assert sorted(i.tags["slurm-burst-node"] for i in wb.cloud.live()) == sorted(CPU)
+
+    def named() -> bool:  # names are tagged in the background, off the way to joining
+        return sorted(i.tags.get("slurm-burst-node", "") for i in wb.cloud.live()) == sorted(CPU)
+
+    wait(named, 10, "every instance named after its node")
     assert wb.store.pending_requests() == []
     assert wb.rec(CPU[0]).job_list() == [{"job_id": 7, "nodes": "burst-cpu-[1-8]"}]
 

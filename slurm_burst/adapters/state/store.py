@@ -20,6 +20,7 @@ import json
 import os
 import sqlite3
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -260,7 +261,7 @@ class Store:
             self._db.row_factory = sqlite3.Row
             self._db.execute(f"PRAGMA busy_timeout = {int(timeout * 1000)}")
             if create:
-                self._db.execute("PRAGMA journal_mode = WAL")
+                self._use_wal(timeout)
             if self._version() != SCHEMA_VERSION:
                 self._set_up(create, upgrade)
             if create:
@@ -272,6 +273,23 @@ class Store:
             raise StoreError(f"state database {self.path}: {exc.strerror or exc}") from None
         self._lock = threading.RLock()
         self._depth = 0  # tx() blocks open: inside one, a write is a savepoint
+
+    def _use_wal(self, timeout: float) -> None:
+        """Switch a new database to WAL (a database stays in it). The switch takes the
+        exclusive lock without SQLite's busy handler: a reader opening the new file at
+        that moment (a hook, ``lab up`` waiting for the heartbeat) made it fail at once
+        with "database is locked", so it is retried here until ``timeout``."""
+        deadline = time.monotonic() + timeout
+        pause = 0.005
+        while True:
+            try:
+                self._db.execute("PRAGMA journal_mode = WAL")
+                return
+            except sqlite3.OperationalError as exc:
+                if exc.sqlite_errorcode != sqlite3.SQLITE_BUSY or time.monotonic() >= deadline:
+                    raise
+            time.sleep(pause)
+            pause = min(pause * 2, 0.1)
 
     def _make_file(self, group: int | None) -> None:
         """The directory 0770 and the database 0660, in SlurmUser's ``group``: the hooks
@@ -297,6 +315,9 @@ class Store:
             with contextlib.suppress(FileNotFoundError):
                 share(f"{self.path}{suffix}", 0o660, group)
 
+    def _has_schema(self) -> bool:
+        return bool(self._db.execute("SELECT 1 FROM sqlite_master WHERE name = 'nodes'").fetchone())
+
     def _version(self) -> int:
         return int(self._db.execute("PRAGMA user_version").fetchone()[0])
 
@@ -307,10 +328,12 @@ class Store:
         same new or old database at once (two hooks) set it up once.
         """
         db = self._db
+        if not create and not self._has_schema():  # said without taking the write lock
+            raise StoreError(f"state database {self.path} is empty (has the daemon run?)")
         db.execute("BEGIN IMMEDIATE")
         try:
             version = self._version()
-            fresh = not db.execute("SELECT 1 FROM sqlite_master WHERE name = 'nodes'").fetchone()
+            fresh = not self._has_schema()
             if fresh and not create:
                 raise StoreError(f"state database {self.path} is empty (has the daemon run?)")
             if version > SCHEMA_VERSION:
