@@ -89,6 +89,18 @@ class LabConfig:
         "daemon makes to the lab cloud (cloud_provider); '' none.",
         default="",
     )
+    runtime_reference: str = doc(
+        "Where 'lab up' writes the runtime manifest it captures on the first on-prem node "
+        "once it is up (what a site does with 'slurm-burst runtime capture'): the "
+        "reference a node group names as its runtime_manifest; '' none.",
+        default="",
+    )
+    runtime_packages: tuple[str, ...] = doc(
+        "Python distributions the reference records (the training job's).", default=()
+    )
+    runtime_libraries: tuple[str, ...] = doc(
+        "Shared libraries (sonames) the reference records, with their digests.", default=()
+    )
 
 
 def settings(cfg: Config) -> LabConfig:
@@ -123,6 +135,8 @@ def validate(lab: LabConfig, cfg: Config) -> list[Problem]:
         out.append(Problem("lab.pre_run_poll", "must be 1 to 60 seconds (60: Slurm's own)"))
     if lab.fault_file and not is_path(lab.fault_file):
         out.append(Problem("lab.fault_file", "must be an absolute path"))
+    if lab.runtime_reference and not is_path(lab.runtime_reference):
+        out.append(Problem("lab.runtime_reference", "must be an absolute path"))
     if lab.ec2_provider:
         ec2 = cfg.providers.get(lab.ec2_provider)
         ec2_port = (ec2.options.get("port") if ec2 is not None else None) or 0

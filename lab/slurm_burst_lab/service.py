@@ -29,7 +29,7 @@ from slurm_burst.services.slurmconf import install_hooks
 from slurm_burst.wiring.clouds import cloud_driver
 from slurm_burst.wiring.daemon import mesh_hub
 from slurm_burst.wiring.light import scheduler
-from slurm_burst_lab import accounting, images, simnvml
+from slurm_burst_lab import accounting, images, runtimeref, simnvml
 from slurm_burst_lab import components as c
 from slurm_burst_lab.config import settings
 from slurm_burst_lab.labvms import register_image
@@ -245,6 +245,9 @@ class Lab:
         self.progress("slurm: waiting for on-prem nodes idle and burst nodes idle~")
         remaining = max(5.0, timeout - (time.monotonic() - started))
         c.wait_for(self._ready, remaining, "nodes ready", ctld)
+        if self.lab.runtime_reference:
+            self.progress("runtime: the on-prem reference manifest (slurm-burst runtime capture)")
+            runtimeref.capture_reference(self.lab, record["onprem"])
         record["up_seconds"] = round(time.monotonic() - started, 2)
         self._write_record(record)
         self.progress(f"lab is up in {record['up_seconds']} s")

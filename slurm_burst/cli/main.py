@@ -42,6 +42,7 @@ COMMANDS = {
     "policy": "slurm_burst.cli.policy_cmd:group",
     "jobs": "slurm_burst.cli.jobs_cmd:jobs",
     "stage": "slurm_burst.cli.stage_cmd:group",
+    "runtime": "slurm_burst.cli.runtime_cmd:group",
 }
 
 

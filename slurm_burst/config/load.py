@@ -79,7 +79,7 @@ def check_config(
     problems += more
     if cfg is not None:
         problems += _credential_file_problems(cfg) + _program_problems(cfg)
-        problems += _group_problems(cfg)
+        problems += _group_problems(cfg) + _runtime_problems(cfg)
     lines = dict(_key_lines(text))
     for overlay in overlays:  # a value a drop-in set is not on the config's line
         for key in _dotted(overlay):
@@ -318,6 +318,33 @@ def _group_problems(cfg: Config) -> list[Problem]:
             "taken only from root or the daemon's user (set it to SlurmUser)",
             severity="warning",
         ))  # fmt: skip
+    return out
+
+
+def _runtime_problems(cfg: Config) -> list[Problem]:
+    """Each group's reference runtime manifest reads; one not there yet is a warning
+    (the site captures it once an on-prem node is up; until then the group's nodes are
+    refused with RuntimeReference)."""
+    from slurm_burst.core.runtime import ManifestError
+    from slurm_burst.runtimeref import read_manifest
+
+    out = []
+    for name, g in cfg.node_groups.items():
+        if not g.runtime_manifest or not g.runtime_manifest.startswith("/"):
+            continue
+        key = f"node_groups.{name}.runtime_manifest"
+        if not os.path.lexists(g.runtime_manifest):
+            out.append(Problem(
+                key,
+                f"{g.runtime_manifest} does not exist (yet): the group's nodes are "
+                "refused until it does ('slurm-burst runtime capture' on an on-prem node)",
+                severity="warning",
+            ))  # fmt: skip
+            continue
+        try:
+            read_manifest(g.runtime_manifest)
+        except ManifestError as exc:
+            out.append(Problem(key, str(exc)))
     return out
 
 

@@ -239,6 +239,20 @@ class NodeGroup:
         "never joins (GpuUnhealthy). Only for groups with GPUs.",
         default=True,
     )
+    runtime_manifest: str = doc(
+        "The group's reference runtime manifest, an absolute path ('slurm-burst runtime "
+        "capture' on an on-prem node, docs/runtime.md): before slurmd starts, each node "
+        "captures the same fields and the daemon refuses one that differs beyond "
+        "runtime_rule (RuntimeMismatch). Read at each join. '': not checked.",
+        default="",
+    )
+    runtime_rule: str = doc(
+        "How a node may differ from runtime_manifest: 'exact' (every captured field "
+        "equal) or 'compatible' (only where the component's own promise covers it: a "
+        "newer driver or glibc, the same NCCL and MPI series...; docs/runtime.md lists "
+        "each rule and its source).",
+        default="compatible",
+    )
     price_per_hour: Mapping[str, float] = doc(
         "Price per instance-hour, by size.", default_factory=_empty
     )

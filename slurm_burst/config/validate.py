@@ -14,6 +14,7 @@ from slurm_burst.config.validate_staging import staging_problems
 from slurm_burst.core.hostlist import HostlistError, expand
 from slurm_burst.core.pricing import PricingError, ambiguous, parse_instant, to_micros
 from slurm_burst.core.redact import has_inline_password
+from slurm_burst.core.runtime import RULE_NAMES
 from slurm_burst.core.slurm import SUPPORTED_RELEASES
 from slurm_burst.core.slurmsyntax import (
     is_device_path,
@@ -496,6 +497,10 @@ def _group(cfg: Config, g: NodeGroup, base: str, out: list[Problem], declared: s
         out.append(Problem(f"{base}.gpu_driver", "must be a driver version such as 550.54.15"))
     if g.gpu_cuda and not _CUDA.fullmatch(g.gpu_cuda):
         out.append(Problem(f"{base}.gpu_cuda", "must be a CUDA version such as 12.4"))
+    if g.runtime_manifest and not is_path(g.runtime_manifest):
+        out.append(Problem(f"{base}.runtime_manifest", "must be an absolute path"))
+    if g.runtime_rule not in RULE_NAMES:
+        out.append(Problem(f"{base}.runtime_rule", "must be 'exact' or 'compatible'"))
     for feat in g.features:
         if not is_feature(feat):
             out.append(

@@ -78,6 +78,11 @@ gpu-check)
     fi
     "$python" /etc/slurm-burst/gpucheck.py check </dev/null || true
     ;;
+runtime-capture)
+    # runtime-capture: this node's runtime manifest, the fields and items of the group's
+    # reference (runtime.py and the reference, copied by the daemon); the daemon judges
+    python3 /etc/slurm-burst/runtime.py capture --like /etc/slurm-burst/runtime-reference.json </dev/null
+    ;;
 health-check)
     # health-check PROGRAM CHAIN [PYTHON]: install Slurm's HealthCheckProgram at PROGRAM:
     # with PYTHON (a GPU node) the GPU check, which runs CHAIN (the site's, e.g. NHC)

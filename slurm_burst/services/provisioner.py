@@ -71,6 +71,7 @@ from slurm_burst.services.launcher import SPOT, Launcher, cooled, timed
 from slurm_burst.services.lifecycle import Lifecycle
 from slurm_burst.services.nodestage import NodeStaging
 from slurm_burst.services.outputs import Outputs
+from slurm_burst.services.runtimecheck import RuntimeCheck
 
 log = logging.getLogger(__name__)
 
@@ -201,6 +202,7 @@ class ProvisionerPorts:
     staging: NodeStaging | None = None  # pulls jobs' staged data as a step of the join
     outputs: Outputs | None = None  # jobs' stage-outs: a node is released once they are home
     views: Mapping[str, FleetView] = field(default_factory=dict)  # provider -> its listing
+    runtime: RuntimeCheck | None = None  # groups with a runtime_manifest: checked on join
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -241,6 +243,7 @@ class Provisioner:
         self.staging = ports.staging
         self.outputs = ports.outputs
         self.views = ports.views
+        self.runtime = ports.runtime
         self.rand = rand
         self._attesting: dict[str, _Attest] = {}  # node -> its instance's host-key reads
         self._console_lock = threading.Lock()  # the three below, shared by the workers
@@ -596,6 +599,9 @@ class Provisioner:
             if group.gpus and group.gpu_check:
                 with self._timed(rec.name, "gpu-check"):
                     self._check_gpus(sh, rec, group)
+            if group.runtime_manifest and self.runtime is not None:
+                with self._timed(rec.name, "runtime"):
+                    self.runtime.check(sh, rec, group, self._step)
             with self._timed(rec.name, "wg-key"):
                 pub = self._step(sh, "wg-key", iface).strip()
             if len(pub) != 44 or not pub.endswith("="):

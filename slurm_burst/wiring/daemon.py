@@ -7,6 +7,7 @@ import logging
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 
 from slurm_burst.adapters.host import LocalHost
@@ -38,6 +39,7 @@ from slurm_burst.ports import (
     SpooledLedger,
     StagePusher,
 )
+from slurm_burst.runtimeref import References, keep_node_manifest
 from slurm_burst.services.burstpolicy import BurstPolicy, PolicySettings
 from slurm_burst.services.chargeback import Chargeback, ChargebackLoop
 from slurm_burst.services.daemon import Daemon, DaemonPorts, DaemonServices, DaemonSettings
@@ -63,6 +65,7 @@ from slurm_burst.services.reconciler import (
     ReconcilerSettings,
 )
 from slurm_burst.services.registration import Registrations
+from slurm_burst.services.runtimecheck import RuntimeCheck, RuntimeCheckPorts
 from slurm_burst.services.simulation import cloud_groups
 from slurm_burst.services.stagework import StageWork, StageWorkSettings
 from slurm_burst.services.staging import Stager
@@ -231,6 +234,22 @@ def reconciler(
     return Reconciler(reconciler_settings(cfg), ports, hands, groups, lifecycle)
 
 
+def runtime_check(cfg: Config, p: DaemonParts) -> RuntimeCheck | None:
+    """The runtime step of the joins, where a group names a reference manifest."""
+    if not any(g.runtime_manifest for g in cfg.node_groups.values()):
+        return None
+    state_dir = cfg.daemon.state_dir
+    return RuntimeCheck(
+        RuntimeCheckPorts(
+            store=p.store,
+            clock=p.clock,
+            program=resources.files("slurm_burst.node").joinpath("runtime.py").read_bytes(),
+            reference=References(),
+            keep=lambda node, data: keep_node_manifest(state_dir, node, data),
+        )
+    )
+
+
 def assemble(cfg: Config, parts: DaemonParts) -> Daemon:
     """The daemon and its services from ``parts``: constructor injection, no set-up after."""
     p = parts
@@ -264,7 +283,7 @@ def assemble(cfg: Config, parts: DaemonParts) -> Daemon:
     ports = ProvisionerPorts(
         store=p.store, clouds=clouds, mesh=p.mesh, connector=p.connector,
         scheduler=p.scheduler, ledger=p.ledger, clock=p.clock, metrics=p.metrics,
-        staging=staging, outputs=outputs, views=views,
+        staging=staging, outputs=outputs, views=views, runtime=runtime_check(cfg, p),
     )  # fmt: skip
     instances = InstanceLog(cfg.fleet, p.ledger, p.clock)
     launcher = Launcher(

@@ -43,6 +43,9 @@ class FakeNode:
     # directories a file may be put in: an image's, then what the bootstrap steps make
     dirs: set[str] = field(default_factory=lambda: {"/run", "/etc", "/tmp", "/var/log"})
     agent: list[str] = field(default_factory=list)  # the agent-start step's args
+    # the runtime-capture step prints the reference it was given with these fields
+    # changed (None: left out): a node whose runtime differs
+    runtime: dict[str, object] = field(default_factory=dict)
 
     def run(self, argv: Sequence[str]) -> str:
         self.ran.append(list(argv))
@@ -101,6 +104,13 @@ class FakeNode:
                 if need not in self.files:
                     raise RemoteError(f"{self.host}: gpu-check: no {need}", "RemoteCommand")
             return json.dumps(self.gpu_report) + "\n"
+        if step == "runtime-capture":
+            ref = "/etc/slurm-burst/runtime-reference.json"
+            for need in ("/etc/slurm-burst/runtime.py", ref):
+                if need not in self.files:
+                    raise RemoteError(f"{self.host}: runtime-capture: no {need}", "RemoteCommand")
+            doc = {**json.loads(self.files[ref][0]), **self.runtime, "source": "node"}
+            return json.dumps({k: v for k, v in doc.items() if v is not None}) + "\n"
         if step == "health-check":
             self.health_check = list(args)
             return ""
@@ -163,6 +173,7 @@ class FakeConnector:
         self.bad_wg_key = False  # every new node prints garbage for its WireGuard key
         self.slurmd_version = "22.05.8"  # every new node's slurmd -V
         self.gpu_report: dict[str, object] | None = None  # every new node's GPU check says
+        self.runtime: dict[str, object] = {}  # every new node's runtime differs so
         self.sessions: list[FakeShell] = []
         self._lock = threading.Lock()
 
@@ -179,6 +190,7 @@ class FakeConnector:
                 )
                 if self.gpu_report is not None:
                     self.nodes[host].gpu_report = dict(self.gpu_report)
+                self.nodes[host].runtime = dict(self.runtime)
             return self.nodes[host]
 
     def _lookup(self, host: str) -> FakeNode | None:

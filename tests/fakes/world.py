@@ -83,6 +83,11 @@ def make_world(
     """``lists_fleet``: the cloud goes through ManagedCloud (budgets, retries) and booting
     nodes read a shared fleet listing, as EC2's do."""
     cfg = lab_config_in(tmp_path, extra_config, edits)
+    for g in cfg.node_groups.values():  # the on-prem reference, as lab up captures it
+        ref = Path(g.runtime_manifest)
+        if g.runtime_manifest and not ref.exists() and ref.is_relative_to(tmp_path / "lab"):
+            ref.parent.mkdir(parents=True, exist_ok=True)
+            ref.write_text('{"slurm_burst_runtime": 1, "os": "debian 12"}')
     clock = FakeClock()
     cloud = FakeCloud("lab", clock, batch_max=batch_max, boot_seconds=2.0, lists_fleet=lists_fleet)
     mesh = FakeMesh(clock)

@@ -252,3 +252,37 @@ def test_no_driver_no_library_and_hostile_expectations(node: Node, tmp_path: Pat
     os.mkfifo(fifo)
     rc, report = node.run("check", "--expect", str(fifo), "--kernel-log", str(node.kernel_log))
     assert rc == 2 and "not a regular file" in report["problems"][0]  # type: ignore[index]
+
+
+RUNTIME = ROOT / "slurm_burst" / "node" / "runtime.py"
+
+
+def test_the_runtime_capture_reads_the_driver_through_nvml_and_a_wrong_one_is_refused(
+    node: Node,
+) -> None:
+    """The runtime manifest's driver fields, as a burst node captures them (ctypes on
+    libnvidia-ml.so.1, no nvidia-ml-py), through the simulated library; the lab's
+    'wrong-driver' GPU is then older than the reference, beyond 'compatible'."""
+    from slurm_burst.core.runtime import compare, from_document, mismatches
+
+    def capture() -> dict[str, object]:
+        env = {
+            "PATH": os.environ["PATH"],
+            "LD_LIBRARY_PATH": str(node.lib_dir),
+            "SIMNVML_STATE": str(node.state),
+        }
+        argv = [sys.executable, str(RUNTIME), "capture"]
+        r = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60, check=True)
+        doc: dict[str, object] = json.loads(r.stdout)
+        return doc
+
+    healthy = capture()
+    assert (healthy["driver"], healthy["cuda_driver"]) == ("550.54.15", "12.4")
+    node.set(simnvml.FAULTS["wrong-driver"])
+    wrong = capture()
+    assert (wrong["driver"], wrong["cuda_driver"]) == ("535.104.05", "12.2")
+    bad = mismatches(compare(from_document(healthy, "ref"), from_document(wrong, "node"),
+                             "compatible"))  # fmt: skip
+    assert [(d.field, d.reference, d.found) for d in bad] == [
+        ("driver", "550.54.15", "535.104.05"), ("cuda_driver", "12.4", "12.2"),
+    ]  # fmt: skip

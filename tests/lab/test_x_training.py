@@ -21,6 +21,8 @@ from slurm_burst_lab.service import Lab
 
 from slurm_burst.adapters.state.store import Store
 from slurm_burst.config import Config
+from slurm_burst.core.runtime import compare, mismatches
+from slurm_burst.runtimeref import node_manifest_path, read_manifest
 from tests.conftest import ROOT
 from tests.lab.conftest import CLOUD_JOIN, RELEASE, user_env
 from tests.lab.release import release
@@ -122,6 +124,12 @@ def test_mpi_ranks_on_four_cloud_nodes_reduce_and_train_as_one_process_would(
         "hub_bytes": str(through_hub),
     }
     assert through_hub < moved, (through_hub, moved)  # the ranks talk directly
+    # each node was checked against the on-prem runtime (captured at lab up) and passed
+    reference, _ = read_manifest(lab.lab.runtime_reference)
+    for name in NODES:
+        said, _ = read_manifest(node_manifest_path(lab_config.daemon.state_dir, name))
+        assert said.fields.keys() >= {"os", "glibc", "mpi", "package:numpy", "library:libmpi.so.40"}
+        assert mismatches(compare(reference, said, "compatible")) == [], name
     # released: powered down and torn down (the namespace cloud keeps a terminated VM's
     # record listed for a while, as EC2 does, so its listing is not waited on)
     release(env, lab, store, NODES, "cloud", set())

@@ -417,6 +417,71 @@ def test_a_node_whose_slurmd_release_slurmctld_cannot_take_is_refused(
            requeued(env, store, job, node))  # fmt: skip
 
 
+# The runtime check (docs/runtime.md): the lab's reference (lab.runtime_reference, taken
+# on the on-prem node at lab up) made to differ from group train's nodes beyond
+# 'compatible', one field class at a time in make test-full, two at once in make test.
+# Each field's reading is tested apart (tests/integration/test_runtime_cli.py, the driver
+# through the simulated NVML in test_nvml_sim.py); here, what the daemon and Slurm do.
+RUNTIME_FAULTS: list[tuple[str, dict[str, Any]]] = [
+    ("os", {"os": "debian 11"}),
+    ("kernel", {"kernel": "5.10.0-99-amd64"}),
+    ("glibc", {"glibc": "2.99"}),
+    ("driver", {"driver": "550.54.15", "cuda_driver": "12.4"}),
+    ("mpi", {"mpi": "openmpi 9.9.9"}),
+    ("python", {"python": "3.99.0"}),
+    ("library", {"libraries": {"libmpi.so.40": "libmpi.so.40.99.9 " + "0" * 64}}),
+    ("package", {"packages": {"numpy": "0.0.1", "mpi4py": "0.0.1"}}),
+]
+RUNTIME_FAULTS_RUN = (
+    RUNTIME_FAULTS if FULL
+    else [("kernel+package", {**RUNTIME_FAULTS[1][1], **RUNTIME_FAULTS[7][1]})]
+)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("what", "changes"), RUNTIME_FAULTS_RUN, ids=[w for w, _ in RUNTIME_FAULTS_RUN]
+)
+def test_a_node_whose_runtime_differs_from_on_prem_is_refused_before_slurmd(
+    lab: Lab,
+    lab_config: Config,
+    env: dict[str, str],
+    store: Store,
+    cloud: Any,
+    cancel: list[int],
+    what: str,
+    changes: dict[str, Any],
+) -> None:
+    """The node is refused (RuntimeMismatch, each differing field in the event and the
+    reason) before anything of the site reaches it: it never joins, no job runs there,
+    and the job is requeued."""
+    node = "burst-train-4"
+    reference = Path(lab.lab.runtime_reference)
+    kept = reference.read_bytes()
+    invoke([*SB, "group", "enable", "train"], expect=None)  # whatever an earlier case left
+    since = last_event_id(store)
+    reference.write_text(json.dumps({**json.loads(kept), **changes}))
+    try:
+        out = sh(env, "sbatch", "--parsable", "-p", "burst-train", "-w", node, "-t", "5",
+                 "-o", "/dev/null", "--wrap", "hostname")  # fmt: skip
+        job = int(out.strip().split(";")[0])
+        cancel.append(job)
+        wait(failed_and_named(env, store, node, since, "RuntimeMismatch"), 90,
+             f"{node} refused with RuntimeMismatch ({what}), named in its reason")  # fmt: skip
+    finally:
+        reference.write_bytes(kept)
+    [said] = [e["detail"] for e in events(store, node, since)
+              if e["event"] == "node.runtime_mismatch"]  # fmt: skip
+    for field in changes:
+        name = {"libraries": "library:libmpi.so.40", "packages": "package:numpy"}.get(field, field)
+        assert f"{name}: " in said, (field, said)
+    assert [e for e in events(store, node, since) if e["event"] == "node.joined"] == []
+    settle(f"runtime: {what} differs from on-prem", "node refused before slurmd "
+           "(Code:RuntimeMismatch); job requeued", store, cloud, lab_config, env, [job],
+           requeued(env, store, job, node))  # fmt: skip
+    steps = sh(env, "sacct", "-n", "-P", "-j", str(job), "-o", "JobID").split()
+    assert not [st for st in steps if ".batch" in st], steps  # its script never started
+
+
 def test_a_two_node_job_whose_node_never_boots_releases_the_other_at_once(
     lab_config: Config,
     env: dict[str, str],
