@@ -15,6 +15,7 @@ PACKAGES=(
   prometheus prometheus-alertmanager          # the lab's Prometheus; promtool and amtool check the shipped rules
   openmpi-bin python3-mpi4py python3-numpy    # the training job across burst nodes (examples/training)
   libpmix-dev                                 # srun --mpi=pmix: Slurm's plugin opens pmix2/lib/libpmix.so
+  podman runc busybox-static                  # container images by digest: the lab's image and its jobs
 )
 
 if [ "$(id -u)" -ne 0 ]; then
@@ -71,4 +72,30 @@ if command -v pg_ctlcluster >/dev/null && [ -d /etc/postgresql ]; then
     echo "setup-system: starting PostgreSQL"
     pg_ctlcluster --skip-systemctl-redirect "$(ls /etc/postgresql | sort | tail -1)" main start || true
   fi
+fi
+
+# Podman for the lab's container jobs, as this kind of machine allows it: runc (crun
+# refuses the hybrid cgroup layout here) with cgroupfs, no journal for events, limits
+# within this machine's hard ones (podman's default nofile/nproc exceed them), and vfs
+# storage (each lab VM keeps its own on a tmpfs). Written once; a site's files are kept.
+if [ -d /etc/containers ] && [ ! -e /etc/containers/containers.conf.d/50-slurm-burst-lab.conf ]; then
+  mkdir -p /etc/containers/containers.conf.d
+  cat > /etc/containers/containers.conf.d/50-slurm-burst-lab.conf <<'CONF'
+# slurm-burst lab (scripts/setup-system.sh)
+[containers]
+default_ulimits = ["nofile=1024:1024", "nproc=1024:1024"]
+[engine]
+runtime = "runc"
+cgroup_manager = "cgroupfs"
+events_logger = "none"
+CONF
+fi
+if [ -d /etc/containers ] && [ ! -e /etc/containers/storage.conf ]; then
+  cat > /etc/containers/storage.conf <<'CONF'
+# slurm-burst lab (scripts/setup-system.sh): vfs works on any filesystem, tmpfs included
+[storage]
+driver = "vfs"
+runroot = "/run/containers/storage"
+graphroot = "/var/lib/containers/storage"
+CONF
 fi

@@ -29,7 +29,7 @@ from slurm_burst.services.slurmconf import install_hooks
 from slurm_burst.wiring.clouds import cloud_driver
 from slurm_burst.wiring.daemon import mesh_hub
 from slurm_burst.wiring.light import scheduler
-from slurm_burst_lab import accounting, images, runtimeref, simnvml
+from slurm_burst_lab import accounting, images, ociimage, runtimeref, simnvml
 from slurm_burst_lab import components as c
 from slurm_burst_lab.config import settings
 from slurm_burst_lab.labvms import register_image
@@ -229,6 +229,7 @@ class Lab:
             for name in {g.image for g in self.cfg.node_groups.values()
                          if provider in g.providers}:  # fmt: skip
                 register_image(self.paths.state / key, name, image, (self.lab.shared_dir,))
+        container = self._container_image(root.host)
         if self.lab.daemon:
             self.progress("slurm-burst daemon (WireGuard hub, provisioning)")
             record["processes"]["daemon"] = vars(c.start_daemon(self.cfg, self.paths))
@@ -245,6 +246,9 @@ class Lab:
         self.progress("slurm: waiting for on-prem nodes idle and burst nodes idle~")
         remaining = max(5.0, timeout - (time.monotonic() - started))
         c.wait_for(self._ready, remaining, "nodes ready", ctld)
+        if container is not None:
+            self.progress("images: the on-prem node loads the lab's image (as from a registry)")
+            ociimage.load_onprem(record["onprem"], *container)
         if self.lab.runtime_reference:
             self.progress("runtime: the on-prem reference manifest (slurm-burst runtime capture)")
             runtimeref.capture_reference(self.lab, record["onprem"])
@@ -252,6 +256,22 @@ class Lab:
         self._write_record(record)
         self.progress(f"lab is up in {record['up_seconds']} s")
         return self.status()
+
+    def _container_image(self, host: bool) -> tuple[Path, str] | None:
+        """The lab's container image built in the shared directory and pinned for group
+        direct (a drop-in of the config, read by the daemon it starts next); None on a
+        release whose image has no podman."""
+        ociimage.unpin(Path(self.cfg.source))  # whatever an earlier up left
+        for d in ("/var/lib/containers", "/run/containers", "/run/libpod"):
+            Path(d).mkdir(mode=0o700, exist_ok=True)  # each VM hides them (its own)
+        if not host or not shutil.which("podman") or not Path(ociimage.BUSYBOX).exists():
+            self.progress("images: none (podman is in the host's release only)")
+            return None
+        self.progress("images: the lab's container image, an OCI layout pinned by digest")
+        layout = Path(self.lab.shared_dir) / "images" / ociimage.KEY
+        digest = ociimage.build(layout)
+        ociimage.pin(Path(self.cfg.source), layout, digest)
+        return layout, digest
 
     def _ready(self) -> bool:
         try:
@@ -352,6 +372,8 @@ class Lab:
         if Path(self.lab.shared_dir).exists():
             shutil.rmtree(self.lab.shared_dir)
             removed.append(self.lab.shared_dir)
+        if ociimage.unpin(Path(self.cfg.source)):
+            removed.append("the config's drop-in pinning the lab's image")
         for bridge in [c.LAN_BRIDGE, *record.get("bridges", [])]:
             if net.link_exists(bridge):
                 net.delete_link(bridge)

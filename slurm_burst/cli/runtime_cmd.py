@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections.abc import Sequence
 from typing import Any
 
 import click
@@ -46,6 +47,9 @@ def group() -> None:
 @click.option("--library", "libraries", multiple=True, help="A soname or path to record (digest).")
 @click.option("--package", "packages", multiple=True, help="A Python distribution to record.")
 @click.option(
+    "--image", "images", multiple=True, help="A podman image (REF:TAG) whose digest to record."
+)
+@click.option(
     "--out",
     type=click.Path(dir_okay=False, allow_dash=True),
     default="-",
@@ -53,7 +57,12 @@ def group() -> None:
     help="Where to write the manifest ('-': standard output).",
 )
 def capture_cmd(
-    root: str, python: str, libraries: tuple[str, ...], packages: tuple[str, ...], out: str
+    root: str,
+    python: str,
+    libraries: tuple[str, ...],
+    packages: tuple[str, ...],
+    images: tuple[str, ...],
+    out: str,
 ) -> None:
     """Capture this host's runtime manifest (on an on-prem reference node), or an
     image's (--root: its files; no kernel, driver or CUDA driver). A node group's
@@ -63,11 +72,11 @@ def capture_cmd(
             f"--python {python!r}: must be an absolute path (letters, digits, ._+-/)",
             EXIT_BAD_INPUT,
         )
-    for opt, names in (("--library", libraries), ("--package", packages)):
+    for opt, names in (("--library", libraries), ("--package", packages), ("--image", images)):
         for name in names:
             if bad_item_name(name):
                 fail(f"{opt} {name[:80]!r}: not a name (letters, digits, ._+@:/-)", EXIT_BAD_INPUT)
-    manifest = _captured(root, python, list(libraries), list(packages))
+    manifest = _captured(root, python, list(libraries), list(packages), list(images))
     text = json.dumps(to_document(manifest), indent=2, sort_keys=True) + "\n"
     if out == "-":
         click.echo(text, nl=False)
@@ -161,13 +170,20 @@ def _verdict(d: Difference) -> str:
     return "within rule" if d.ok else "MISMATCH"
 
 
-def _captured(root: str, python: str, libraries: list[str], packages: list[str]) -> Manifest:
+def _captured(
+    root: str, python: str, libraries: list[str], packages: list[str], images: Sequence[str] = ()
+) -> Manifest:
     from slurm_burst.node import runtime as node_runtime
 
     if not os.path.isdir(root):
         fail(f"--root {root}: not a directory", EXIT_BAD_INPUT)
     doc = node_runtime.capture(
-        node_runtime.Root(root), python, sorted(set(libraries)), sorted(set(packages)), None
+        node_runtime.Root(root),
+        python,
+        sorted(set(libraries)),
+        sorted(set(packages)),
+        None,
+        sorted(set(images)),
     )
     try:
         return from_document(doc, f"the capture of {root}")
@@ -175,15 +191,16 @@ def _captured(root: str, python: str, libraries: list[str], packages: list[str])
         fail(str(exc), EXIT_FAILED)
 
 
-def _items(like: Manifest | None) -> tuple[str, list[str], list[str]]:
-    """(interpreter, libraries, packages) to capture as ``like`` did."""
+def _items(like: Manifest | None) -> tuple[str, list[str], list[str], list[str]]:
+    """(interpreter, libraries, packages, images) to capture as ``like`` did."""
     if like is None:
-        return "/usr/bin/python3", [], []
+        return "/usr/bin/python3", [], [], []
     names = [n.split(":", 1) for n in like.fields if ":" in n]
     return (
         like.python_path or "/usr/bin/python3",
         [n for cls, n in names if cls == "library"],
         [n for cls, n in names if cls == "package"],
+        [n for cls, n in names if cls == "image"],
     )
 
 

@@ -246,6 +246,12 @@ class NodeGroup:
         "runtime_rule (RuntimeMismatch). Read at each join. '': not checked.",
         default="",
     )
+    images: tuple[str, ...] = doc(
+        "Container images ([images] keys) each node holds before slurmd starts: pulled "
+        "from the staging store, every blob verified against its digest, loaded into "
+        "podman (ImageDigest if anything differs). Needs staging.store.",
+        default=(),
+    )
     runtime_rule: str = doc(
         "How a node may differ from runtime_manifest: 'exact' (every captured field "
         "equal) or 'compatible' (only where the component's own promise covers it: a "
@@ -772,6 +778,25 @@ def _named(table: Mapping[str, PolicyOverride], key: str, fold: bool) -> PolicyO
 
 
 @dataclass(frozen=True)
+class ImageConfig:
+    name: str = doc("Image key (the table key), as node groups' images name it.")
+    ref: str = doc(
+        "The image's name as jobs run it, without tag or digest (e.g. "
+        "'registry.example.org/ml/pytorch'): a node holds it as REF:<digest's first 16 "
+        "hex> and REF@DIGEST, so that jobs run 'podman run REF@DIGEST' on both sides."
+    )
+    digest: str = doc(
+        "The digest of the image's manifest (sha256:<64 hex>; for a multi-platform "
+        "image, the platform's manifest): the only content that runs under this key."
+    )
+    layout: str = doc(
+        "An OCI image layout on the daemon's host that holds it (skopeo copy "
+        "docker://REF@DIGEST oci:DIR, or podman save --format oci-dir): the daemon ships "
+        "the pinned image's blobs from there, through the staging store."
+    )
+
+
+@dataclass(frozen=True)
 class StoreConfig:
     name: str = doc("Store name (the table key).")
     bucket: str = doc(
@@ -983,6 +1008,11 @@ class Config:
     staging: StagingConfig = doc(
         "Data that follows the job (stage-in through object storage).",
         default=StagingConfig(),
+    )
+    images: Mapping[str, ImageConfig] = doc(
+        "Container images the site's jobs run, by digest (docs/runtime.md): a node "
+        "group's images reach its nodes through the staging store before they join.",
+        default_factory=_empty,
     )
     # plugins' own sections (slurm_burst.extensions.ConfigSection), by name, as built
     extensions: Mapping[str, Any] = field(default_factory=_empty, metadata={"internal": True})

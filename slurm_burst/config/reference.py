@@ -10,6 +10,7 @@ from slurm_burst.config.model import (
     Credentials,
     DaemonConfig,
     GpuConfig,
+    ImageConfig,
     LedgerConfig,
     MeshConfig,
     NodeGroup,
@@ -39,6 +40,7 @@ SECTIONS: list[tuple[str, type]] = [
     ("[policy.accounts.NAME], [policy.qos.NAME], [policy.partitions.NAME]", PolicyOverride),
     ("[stores.NAME]", StoreConfig),
     ("[staging]", StagingConfig),
+    ("[images.NAME]", ImageConfig),
 ]
 
 

@@ -8,6 +8,7 @@ import re
 
 from slurm_burst.config.model import Config, StoreConfig
 from slurm_burst.config.schema import Problem
+from slurm_burst.core.images import is_digest, is_image_name
 from slurm_burst.core.staging import StagingError, check_src
 
 PRICES = ("upload_per_gb", "download_per_gb", "egress_per_gb", "storage_per_gb_month")
@@ -20,8 +21,30 @@ _REGION = re.compile(r"[a-z0-9-]{1,32}", re.ASCII)
 _MARKER = re.compile(r"\.?[A-Za-z0-9][A-Za-z0-9._-]{0,127}", re.ASCII)
 
 
-def staging_problems(cfg: Config) -> list[Problem]:
+def image_problems(cfg: Config) -> list[Problem]:
+    """``[images.*]`` and the groups' ``images``: images travel through the store."""
     out: list[Problem] = []
+    for key, im in cfg.images.items():
+        base = f"images.{key}"
+        if not is_image_name(im.ref):
+            out.append(Problem(f"{base}.ref", "must be an image name without tag or digest "
+                               "(lower-case, e.g. registry.example.org/ml/pytorch)"))  # fmt: skip
+        if not is_digest(im.digest):
+            out.append(Problem(f"{base}.digest", "must be sha256:<64 lower-case hex digits>"))
+        if not im.layout.startswith("/") or "\0" in im.layout:
+            out.append(Problem(f"{base}.layout", "must be an absolute path"))
+    for name, g in cfg.node_groups.items():
+        for key in g.images:
+            if key not in cfg.images:
+                out.append(Problem(f"node_groups.{name}.images", f"no image {key!r} in [images]"))
+        if g.images and not cfg.staging.store:
+            why = "images reach nodes through the staging store: set staging.store"
+            out.append(Problem(f"node_groups.{name}.images", why))
+    return out
+
+
+def staging_problems(cfg: Config) -> list[Problem]:
+    out: list[Problem] = image_problems(cfg)
     served: dict[str, str] = {}  # provider -> store
     for name, st in cfg.stores.items():
         base = f"stores.{name}"

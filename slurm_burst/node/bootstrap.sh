@@ -83,6 +83,12 @@ runtime-capture)
     # reference (runtime.py and the reference, copied by the daemon); the daemon judges
     python3 /etc/slurm-burst/runtime.py capture --like /etc/slurm-burst/runtime-reference.json </dev/null
     ;;
+image-load)
+    # image-load DIR REF DIGEST: the image layout pulled to DIR checked to be DIGEST
+    # alone and loaded into podman as REF (images.py, copied by the daemon); its JSON
+    # answer goes to stdout whatever it found: the daemon judges
+    python3 /etc/slurm-burst/images.py load --dir "$1" --ref "$2" --digest "$3" </dev/null
+    ;;
 health-check)
     # health-check PROGRAM CHAIN [PYTHON]: install Slurm's HealthCheckProgram at PROGRAM:
     # with PYTHON (a GPU node) the GPU check, which runs CHAIN (the site's, e.g. NHC)

@@ -26,6 +26,8 @@ files give; its kernel, driver and CUDA driver are not captured):
   ``/usr/bin/python3``): its version and each listed distribution's version
   (``importlib.metadata``, run in that interpreter); in an image its dpkg version and
   its ``*.dist-info`` / ``*.egg-info`` directories;
+- ``images``: each listed podman image (``--image REF:TAG``): podman's digest of it
+  (a running node only; on a join they are loaded and checked after this step);
 - ``libraries``: each listed soname or path, found in the library directories (those
   of ``/etc/ld.so.conf.d`` too): the real file's name and its SHA-256.
 
@@ -45,6 +47,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from typing import Any
 
 SCHEMA = 1
@@ -312,8 +315,21 @@ def library(root: Root, name: str) -> str:
     return f"{os.path.basename(real)} {digest.hexdigest()}"
 
 
+def image_digest(root: Root, ref: str) -> str:
+    """podman's digest of the local image ``ref`` (a running node only); "" none."""
+    if not root.live:
+        return ""
+    said = _run(["podman", "image", "inspect", "--format", "{{.Digest}}", ref]).strip()
+    return said if re.fullmatch(r"sha256:[0-9a-f]{64}", said) else ""
+
+
 def capture(
-    root: Root, python: str, libraries: list[str], packages: list[str], fields: set[str] | None
+    root: Root,
+    python: str,
+    libraries: list[str],
+    packages: list[str],
+    fields: set[str] | None,
+    images: Sequence[str] = (),
 ) -> dict[str, Any]:
     """The manifest; ``fields``: only these scalars (a reference's), None: all."""
 
@@ -351,6 +367,8 @@ def capture(
             doc["python"] = version
         doc["packages"] = versions
     doc["libraries"] = {name: library(root, name) for name in libraries}
+    if images:
+        doc["images"] = {ref: image_digest(root, ref) for ref in images}
     return doc
 
 
@@ -362,9 +380,11 @@ def main(argv: list[str] | None = None) -> int:
     cap.add_argument("--python", default="/usr/bin/python3", help="the jobs' interpreter")
     cap.add_argument("--library", action="append", default=[], help="a soname or path")
     cap.add_argument("--package", action="append", default=[], help="a Python distribution")
+    cap.add_argument("--image", action="append", default=[], help="a podman image (REF:TAG)")
     cap.add_argument("--like", help="capture what this reference manifest holds")
     args = parser.parse_args(argv)
     libraries, packages, python = list(args.library), list(args.package), args.python
+    images = list(args.image)
     fields: set[str] | None = None
     if args.like:
         try:
@@ -373,6 +393,7 @@ def main(argv: list[str] | None = None) -> int:
             fields = {k for k in ref if isinstance(ref.get(k), str)}
             libraries += [str(n) for n in ref.get("libraries", {})]
             packages += [str(n) for n in ref.get("packages", {})]
+            images += [str(n) for n in ref.get("images", {})]
             python = str(ref.get("python_path") or python)
         except (OSError, ValueError, AttributeError) as exc:
             print(f"runtime.py: the reference {args.like}: {exc}", file=sys.stderr)
@@ -381,7 +402,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"runtime.py: {args.root} is not a directory", file=sys.stderr)
         return EXIT_USAGE
     root = Root(args.root)
-    doc = capture(root, python, sorted(set(libraries)), sorted(set(packages)), fields)
+    doc = capture(
+        root, python, sorted(set(libraries)), sorted(set(packages)), fields, sorted(set(images))
+    )
     print(json.dumps(doc, sort_keys=True))
     return 0
 

@@ -105,7 +105,6 @@ class NodeStaging:
     ) -> int:  # fmt: skip
         if not stages:
             return 0
-        sh.put(self.puller, REMOTE_PULLER, 0o700)
         fetched = 0
         for st in stages:
             st = self._stored(st, deadline, check)
@@ -196,22 +195,11 @@ class NodeStaging:
             )
         except BurstError as exc:
             raise StepError("StagePull", f"job {st.job_id} {dst}: {exc}") from exc
-        path = f"/run/slurm-burst-plan-{st.job_id}-{dst}.json"
         out: dict[str, Any] = {}
-        sh.put(json.dumps(plan).encode(), path, 0o600)  # its URLs are grants: root's only
-        timeout = max(5.0, deadline - self.clock.monotonic())
-        # a fetch with no data for FETCH_STALL s is a failed one; the puller stops starting
-        # fetches before SSH gives up on it, so its answer (which objects were bad) comes;
-        # a first pull keeps half the time for a push again and a second pull
-        left = timeout - 5
-        until = f"{max(1.0, left / 2 if heal else left):.0f}"
-        argv = [self.settings.node_python, REMOTE_PULLER, "--plan", path, "--exit-zero",
-                "--timeout", str(FETCH_STALL), "--deadline", until]  # fmt: skip
         try:
-            out = _answer(sh.run(argv, timeout))
-            if out.get("exit") != 0:
-                raise RemoteError(str(out.get("error", "no answer"))[:500], "RemoteCommand")
+            out = self.run_plan(sh, plan, f"{st.job_id}-{dst}", deadline, heal)
         except RemoteError as exc:
+            out = exc.answer if isinstance(exc, PullFailed) else {}
             if self.book is not None:
                 self.book.failed(TransferDirection.PULL)
             bad = [x for x in out.get("corrupt", []) if isinstance(x, str)]
@@ -230,6 +218,28 @@ class NodeStaging:
             node.name, st.job_id, dst, out.get("files"), got, out.get("refetched", 0),
         )  # fmt: skip
         return got
+
+    def run_plan(
+        self, sh: RemoteShell, plan: dict[str, Any], label: str, deadline: float,
+        heal: bool = False,
+    ) -> dict[str, Any]:  # fmt: skip
+        """``plan`` fetched by the node's puller; its answer. A failed pull raises
+        RemoteError, with the puller's answer (which objects were bad) as ``answer``."""
+        sh.put(self.puller, REMOTE_PULLER, 0o700)
+        path = f"/run/slurm-burst-plan-{label}.json"
+        sh.put(json.dumps(plan).encode(), path, 0o600)  # its URLs are grants: root's only
+        timeout = max(5.0, deadline - self.clock.monotonic())
+        # a fetch with no data for FETCH_STALL s is a failed one; the puller stops starting
+        # fetches before SSH gives up on it, so its answer (which objects were bad) comes;
+        # a first pull keeps half the time for a push again and a second pull
+        left = timeout - 5
+        until = f"{max(1.0, left / 2 if heal else left):.0f}"
+        argv = [self.settings.node_python, REMOTE_PULLER, "--plan", path, "--exit-zero",
+                "--timeout", str(FETCH_STALL), "--deadline", until]  # fmt: skip
+        out = _answer(sh.run(argv, timeout))
+        if out.get("exit") != 0:
+            raise PullFailed(str(out.get("error", "no answer"))[:500], out)
+        return out
 
     def _drop(self, st: StageRecord, d: dict[str, object], manifest: Manifest,
               bad: list[str]) -> bool:  # fmt: skip
@@ -252,6 +262,14 @@ class NodeStaging:
         log.error("stage.corrupt_in_store job=%s objects=%d pushing_again=%s",
                   st.job_id, n, again)  # fmt: skip
         return again
+
+
+class PullFailed(RemoteError):
+    """The puller ran and failed; ``answer`` is what it said (its corrupt objects)."""
+
+    def __init__(self, message: str, answer: dict[str, Any]) -> None:
+        super().__init__(message, "RemoteCommand")
+        self.answer = answer
 
 
 class _Dropped(BurstError):

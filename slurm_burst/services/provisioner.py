@@ -66,6 +66,7 @@ from slurm_burst.ports import (
     Scheduler,
 )
 from slurm_burst.services.fleetview import FleetView
+from slurm_burst.services.images import Images
 from slurm_burst.services.instancelog import InstanceLog
 from slurm_burst.services.launcher import SPOT, Launcher, cooled, timed
 from slurm_burst.services.lifecycle import Lifecycle
@@ -203,6 +204,7 @@ class ProvisionerPorts:
     outputs: Outputs | None = None  # jobs' stage-outs: a node is released once they are home
     views: Mapping[str, FleetView] = field(default_factory=dict)  # provider -> its listing
     runtime: RuntimeCheck | None = None  # groups with a runtime_manifest: checked on join
+    images: Images | None = None  # groups' container images: loaded on join
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -244,6 +246,7 @@ class Provisioner:
         self.outputs = ports.outputs
         self.views = ports.views
         self.runtime = ports.runtime
+        self.images = ports.images
         self.rand = rand
         self._attesting: dict[str, _Attest] = {}  # node -> its instance's host-key reads
         self._console_lock = threading.Lock()  # the three below, shared by the workers
@@ -632,6 +635,11 @@ class Provisioner:
             if direct or notices:
                 with self._timed(rec.name, "agent"):
                     self._start_agent(sh, addr, direct, notices)
+            if group.images:  # before anything a job needs: no job pulls at its start
+                if self.images is None:
+                    raise StepError("ImagePull", "images need staging.store (config check)")
+                with self._timed(rec.name, "images"):
+                    self.images.load(sh, rec, group, deadline, self._step)
             with self._timed(rec.name, "munge"):
                 uid, gid = (int(x) for x in self._step(sh, "munge-dirs").strip().split(":"))
                 sh.put(self.secrets.munge_key, "/etc/munge/munge.key", 0o400, (uid, gid))

@@ -116,6 +116,9 @@ class GcReport:
                 "problems": self.problems}  # fmt: skip
 
 
+IMAGES_NS = "site-images"  # the store namespace of [images] (not an account's: never gc'd)
+
+
 @dataclass(frozen=True)
 class Pushed:
     """What a push did: the dataset version, and what it cost."""
@@ -184,6 +187,27 @@ class Stager:
         started = self.clock.monotonic()
         layout = Layout(self.settings.prefix, namespace(account))
         real, listing = self._cleared(src, account, qos)
+        return self._push(layout, src, real, listing, account, started)
+
+    def push_image(self, src: str) -> Pushed:
+        """An image's layout (the daemon's own copy of the pinned image's blobs) pushed
+        to the site's image namespace, which no account owns and ``gc`` never sweeps."""
+        started = self.clock.monotonic()
+        real = self.tree.resolve(src)
+        layout = Layout(self.settings.prefix, IMAGES_NS)
+        return self._push(layout, src, real, self.tree.files(real), IMAGES_NS, started)
+
+    def image_manifest(self, manifest_id: str) -> Manifest:
+        return self._manifest_at(Layout(self.settings.prefix, IMAGES_NS), manifest_id)
+
+    def image_plan(self, manifest: Manifest, dest: str) -> dict[str, Any]:
+        """What ``node/stagein.py`` is handed for an image: root's, read-only."""
+        return self._plan(Layout(self.settings.prefix, IMAGES_NS), manifest, dest, 0, 0, False)
+
+    def _push(
+        self, layout: Layout, src: str, real: str, listing: list[tuple[str, int, bool]],
+        account: str, started: float,
+    ) -> Pushed:  # fmt: skip
         digests = self._digests(real, listing)
         self._requests = 0
         old = self._pointer(layout, src)
@@ -319,7 +343,9 @@ class Stager:
     def manifest_of(self, account: str, manifest_id: str) -> Manifest:
         """The manifest ``manifest_id`` of the account's namespace (what a stage stored);
         StorageError if the store does not hold it."""
-        layout = Layout(self.settings.prefix, namespace(account))
+        return self._manifest_at(Layout(self.settings.prefix, namespace(account)), manifest_id)
+
+    def _manifest_at(self, layout: Layout, manifest_id: str) -> Manifest:
         key = layout.manifest(manifest_id)
         body = self._read(key, MAX_MANIFEST_BYTES)
         if not body:
@@ -334,6 +360,11 @@ class Stager:
         each file with a read-only URL for its object (no request is made). ``writable``:
         left the user's to write (outputs brought back to resume from)."""
         layout = Layout(self.settings.prefix, namespace(account))
+        return self._plan(layout, manifest, dest, uid, gid, writable)
+
+    def _plan(
+        self, layout: Layout, manifest: Manifest, dest: str, uid: int, gid: int, writable: bool
+    ) -> dict[str, Any]:
         seconds = self.settings.grant_seconds
         grants = {
             name: self.store.grant(layout.object(name), seconds) for name in manifest.objects()

@@ -11,6 +11,7 @@ from importlib import resources
 from pathlib import Path
 
 from slurm_burst.adapters.host import LocalHost
+from slurm_burst.adapters.imagelayout import pinned_copy
 from slurm_burst.adapters.mesh.wireguard import WireGuardHub
 from slurm_burst.adapters.metrics.prom import Metrics as PromMetrics
 from slurm_burst.adapters.nodeapi import NodeApiServer
@@ -44,6 +45,7 @@ from slurm_burst.services.burstpolicy import BurstPolicy, PolicySettings
 from slurm_burst.services.chargeback import Chargeback, ChargebackLoop
 from slurm_burst.services.daemon import Daemon, DaemonPorts, DaemonServices, DaemonSettings
 from slurm_burst.services.gputelemetry import GpuTelemetry, TelemetrySettings
+from slurm_burst.services.images import ImagePorts, Images, ImageSettings
 from slurm_burst.services.instancelog import InstanceLog
 from slurm_burst.services.interruptions import InterruptionPorts, Interruptions
 from slurm_burst.services.launcher import Launcher, LauncherSettings, cooled
@@ -260,7 +262,7 @@ def assemble(cfg: Config, parts: DaemonParts) -> Daemon:
         p.store, p.scheduler, p.clock, stop, give_up=cfg.daemon.register_timeout,
         metrics=p.metrics, lifecycle=lifecycle,
     )  # fmt: skip
-    staging, stagework, outputs = None, None, None
+    staging, stagework, outputs, images = None, None, None, None
     if p.stager is not None and p.pusher is not None:
         book = transfer_book(cfg, p.stager.store.name, p.clock, p.ledger, p.metrics)
         staging = NodeStaging(
@@ -279,11 +281,19 @@ def assemble(cfg: Config, parts: DaemonParts) -> Daemon:
         stagework = StageWork(
             StageWorkSettings(), p.store, p.pusher, p.clock, staging.pull_asked, book, outputs
         )
+        if any(g.images for g in cfg.node_groups.values()):
+            images = Images(
+                ImageSettings(images=cfg.images, node_dir=cfg.staging.node_dir,
+                              work_dir=str(Path(cfg.daemon.state_dir) / "images")),
+                ImagePorts(stager=p.stager, staging=staging, clock=p.clock, copy=pinned_copy,
+                           book=book),
+            )  # fmt: skip
     views = fleet_views(cfg, clouds, p.clock)
     ports = ProvisionerPorts(
         store=p.store, clouds=clouds, mesh=p.mesh, connector=p.connector,
         scheduler=p.scheduler, ledger=p.ledger, clock=p.clock, metrics=p.metrics,
         staging=staging, outputs=outputs, views=views, runtime=runtime_check(cfg, p),
+        images=images,
     )  # fmt: skip
     instances = InstanceLog(cfg.fleet, p.ledger, p.clock)
     launcher = Launcher(

@@ -32,6 +32,10 @@ DEFAULT_HIDE = (
     "/var/lib/munge",
     "/var/lib/slurm-burst",
     "/var/log/munge",
+    # podman's storage and run state: each VM its own images and containers
+    "/var/lib/containers",
+    "/run/containers",
+    "/run/libpod",
 )
 
 
