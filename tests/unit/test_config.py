@@ -457,3 +457,49 @@ def test_a_nodes_group_is_read_from_the_patterns_not_from_a_list_of_names(
         assert names.index_of(other) is None, other
         assert cfg.group_of(other) is None, other
     assert all(cfg.group_of(n) is g for g in cfg.node_groups.values() for n in g.node_names())
+
+
+DIGEST = "sha256:" + "a" * 64
+
+
+@pytest.mark.parametrize(
+    ("extra", "path", "fragment"),
+    [
+        (f'[images.x]\nref = "Bad Ref"\ndigest = "{DIGEST}"\nlayout = "/srv/x"\n',
+         "images.x.ref", "without tag or digest"),
+        ('[images.x]\nref = "reg.example.org/ml/x"\ndigest = "latest"\nlayout = "/srv/x"\n',
+         "images.x.digest", "sha256:<64"),
+        (f'[images.x]\nref = "reg.example.org/ml/x"\ndigest = "{DIGEST}"\nlayout = "srv"\n',
+         "images.x.layout", "absolute path"),
+    ],
+    ids=["ref", "digest", "layout"],
+)  # fmt: skip
+def test_image_errors(tmp_path: Path, extra: str, path: str, fragment: str) -> None:
+    _, problems = check_config(write(tmp_path, GOOD + "\n" + extra))
+    hits = [p for p in problems if p.path == path and p.severity == "error"]
+    assert hits and fragment in hits[0].message, problems
+
+
+def test_a_group_names_only_known_images_and_images_need_a_store(tmp_path: Path) -> None:
+    text = GOOD.replace('pattern = "gpu-{n:02d}"', 'pattern = "gpu-{n:02d}"\nimages = ["nope"]')
+    _, problems = check_config(write(tmp_path, text))
+    said = {p.message for p in problems if p.path == "node_groups.gpu.images"}
+    assert said == {"no image 'nope' in [images]",
+                    "images reach nodes through the staging store: set staging.store"}  # fmt: skip
+
+
+def test_a_runtime_manifest_not_there_yet_is_a_warning_and_a_bad_one_an_error(
+    tmp_path: Path,
+) -> None:
+    ref = tmp_path / "ref.json"
+    text = GOOD.replace('pattern = "gpu-{n:02d}"',
+                        f'pattern = "gpu-{{n:02d}}"\nruntime_manifest = "{ref}"\n'
+                        'runtime_rule = "close"')  # fmt: skip
+    _, problems = check_config(write(tmp_path, text))
+    by_path = {p.path: p for p in problems}
+    assert by_path["node_groups.gpu.runtime_manifest"].severity == "warning"
+    assert by_path["node_groups.gpu.runtime_rule"].message == "must be 'exact' or 'compatible'"
+    ref.write_text('{"slurm_burst_runtime": 1, "os": ["debian"]}')
+    _, problems = check_config(write(tmp_path, text))
+    bad = [p for p in problems if p.path == "node_groups.gpu.runtime_manifest"]
+    assert bad[0].severity == "error" and "os: must be text" in bad[0].message
