@@ -16,6 +16,7 @@ Only on the host's release: the other releases' images have no podman.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
@@ -119,10 +120,13 @@ def pin(config: Path, layout: Path, digest: str) -> Path:
 
 def unpin(config: Path) -> bool:
     """The drop-in removed (True), if there was one."""
+    where = dropin_dir(config)
     try:
-        (dropin_dir(config) / DROPIN).unlink()
+        (where / DROPIN).unlink()
     except FileNotFoundError:
         return False
+    with contextlib.suppress(OSError):  # the directory, if nothing else is in it
+        where.rmdir()
     return True
 
 

@@ -56,5 +56,5 @@ def test_a_job_runs_the_same_image_by_digest_on_prem_and_on_a_burst_node(
         return [r for r in rows if r["node"] == NODE and r["dataset"] == f"image:{ociimage.KEY}"]
 
     row = wait(pulled, 60, "the image's pull in the ledger")[0]  # newest first
-    assert row["direction"] == "pull" and int(str(row["logical_bytes"])) > 2_000_000, row
+    assert row["direction"] == "pull" and int(str(row["logical_bytes"])) > 1_000_000, row
     release(env, lab, store, [NODE], "cloud", set())
