@@ -189,6 +189,8 @@ def main(quick: bool) -> int:
     script("simulator")
     # the GPU check (8 GPUs, simulated NVML) and one telemetry pass over 1,000 GPU nodes
     script("gpu")
+    # the runtime step and the image load a join adds (issue 54)
+    script("runtime")
     # one scrape of a 20,000-node daemon state: its series and its CPU
     script("metrics")
     # staging: re-stage of an unchanged tree, corrupted fetches, push vs rclone copy
