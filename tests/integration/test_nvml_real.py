@@ -66,3 +66,26 @@ def test_check_and_sample_on_a_real_gpu(tmp_path: Path) -> None:
     print(f"real GPU sample: {sample['gpus']}")
     assert len(sample["gpus"]) == count
     assert all(g.get("memory_total_bytes", 0) > 0 for g in sample["gpus"])
+
+
+@pytest.mark.skipif(bool(_real_nvml()), reason=_real_nvml() or "real NVML")
+def test_runtime_capture_reads_the_real_driver_as_nvml_says_it() -> None:
+    """``slurm-burst runtime capture``'s driver fields (ctypes, no nvidia-ml-py) against
+    what nvidia-ml-py reads from the same driver; with NCCL installed, its version too."""
+    import pynvml  # type: ignore[import-untyped,unused-ignore]
+
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "slurm_burst" / "node" / "runtime.py"), "capture"],
+        capture_output=True, text=True, timeout=120, check=True,
+    )  # fmt: skip
+    doc = json.loads(done.stdout)
+    pynvml.nvmlInit()
+    try:
+        driver = pynvml.nvmlSystemGetDriverVersion()
+        cuda = pynvml.nvmlSystemGetCudaDriverVersion_v2()
+    finally:
+        pynvml.nvmlShutdown()
+    driver = driver.decode() if isinstance(driver, bytes) else driver
+    assert doc["driver"] == driver
+    assert doc["cuda_driver"] == f"{cuda // 1000}.{cuda % 1000 // 10}"
+    print(f"\nruntime capture on a real GPU: {json.dumps(doc, sort_keys=True)}")
