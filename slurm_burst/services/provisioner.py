@@ -831,8 +831,9 @@ class Provisioner:
             "node.failed node=%s state=%s code=%s error=%s", rec.name, rec.state, code, message
         )
         self.lifecycle.failed(rec.name, code, message)
-        if rec.instance_id:
-            self.instances.record(rec, rec.instance_id, "failed", self.clock.now(), code)
+        if rec.instance_id:  # the code first: reports read it back as the failure's code
+            said = f"{code}: {message}" if message else code
+            self.instances.record(rec, rec.instance_id, "failed", self.clock.now(), said[:512])
         # a node that joined and registered was a good launch: what fails it later (a GPU
         # that went bad, a spot reclaim) says nothing about the group's launches
         served = rec.state == NodeState.JOINED and rec.registered_at > 0

@@ -87,6 +87,8 @@ def test_a_node_whose_runtime_differs_is_refused_before_anything_of_the_site(
     down = next(u for u in w.slurm.updates if u["state"] == "down")
     assert down["reason"].endswith("(Code:RuntimeMismatch)") and said[:20] in down["reason"]
     assert w.ledger.of(N)[-2:] == ["failed", "terminated"]
+    [failed] = [e for e in w.ledger.events if e.node == N and e.event == "failed"]
+    assert failed.detail.startswith("RuntimeMismatch: ") and said[:20] in failed.detail
     kept = json.loads(node_manifest_path(w.cfg.daemon.state_dir, N).read_text())
     assert kept["host"] == "op1" and kept["source"] == "node"
 

@@ -239,7 +239,11 @@ class SqlLedger:
                         k: (ev[k].at.isoformat() if k in ev else None)
                         for k in ("requested", "running", "joined", "terminated", "failed")
                     },
-                    "failure_code": ev["failed"].detail if "failed" in ev else None,
+                    # a failure's detail is "Code: what happened" (or the code alone)
+                    "failure_code": ev["failed"].detail.split(": ", 1)[0]
+                    if "failed" in ev
+                    else None,
+                    "failure": ev["failed"].detail if "failed" in ev else None,
                     "hours": None if ms is None else round(ms / 3_600_000, 6),
                     "cost": None if micros is None else float(dollars(micros)),
                     "cost_micros": micros,
