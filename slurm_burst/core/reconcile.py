@@ -37,6 +37,9 @@ gone"). The rules, each logged as an event with the node and a code:
                       (resume, then power_down_force), so an outage of a minute does
                       not leave a burst partition DOWN. The executor first proves the
                       state database takes writes again.
+``InstanceMismatch``  a joined node whose InstanceId in Slurm (its slurmd's
+                      ``--instance-id``, 23.11+) is not the instance we launched for it,
+                      on two passes running: reported once (an event), nothing changed.
 ``Protected``         a node group with ``protect_after`` failed launches in a row:
                       its nodes are set unavailable in Slurm; ``Unprotected`` after
                       ``protect_cooldown`` (or ``slurm-burst group enable``).
@@ -149,7 +152,40 @@ def plan(snap: Snapshot, policy: Policy) -> Plan:
     actions += _ledger(snap)
     actions += _groups(snap, policy)
     actions += _refused(snap)
+    actions += _instance_ids(snap, suspect, suspects)
     return Plan(tuple(actions), suspects)
+
+
+def _instance_ids(
+    snap: Snapshot, suspect: _Suspect, suspects: dict[str, float]
+) -> Iterable[Action]:
+    """A joined node whose slurmd told Slurm another instance than ours (23.11+): said
+    once, on the second pass that sees it (a new instance's slurmd may not have
+    registered yet on the first). Nothing is changed: which is right is for a person."""
+    if snap.slurm_nodes is None:
+        return
+    for name, rec in snap.records.items():
+        node = snap.slurm_nodes.get(name)
+        if rec.state != NodeState.JOINED or node is None or not node.instance_id:
+            continue
+        if node.instance_id == rec.instance_id:
+            continue
+        key = f"instance-id:{name}:{node.instance_id}"
+        said = f"{key}:said"
+        if said in snap.suspects:
+            suspects[said] = snap.suspects[said]
+            suspect(key)
+            continue
+        if suspect(key) > 0:
+            suspects[said] = snap.now
+            yield Action(
+                "report",
+                "InstanceMismatch",
+                name,
+                target=node.instance_id,
+                message=f"Slurm's InstanceId is {node.instance_id}, the node's instance "
+                f"is {rec.instance_id or 'none'}",
+            )
 
 
 # The reasons a resume hook sets nodes DOWN with when it cannot hand the request on.

@@ -3,6 +3,7 @@ nothing above the adapters sees Slurm's JSON."""
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from collections.abc import Callable, Iterable, Sequence
@@ -77,6 +78,7 @@ class SlurmNode(NamedTuple):
     cpus: int = 0
     real_memory_mb: int = 0
     boot_time: datetime | None = None
+    instance_id: str = ""  # 23.11+: what the node's slurmd said (--instance-id)
 
     @property
     def is_cloud(self) -> bool:
@@ -186,6 +188,30 @@ def release_of(version: str) -> str:
     if m is None:
         raise ValueError(f"not a Slurm version: {version[:80]!r}")
     return f"{m.group(1)}.{m.group(2)}"
+
+
+INSTANCE_FLAGS = (23, 11)  # slurmd --instance-id/--instance-type/--extra, sacctmgr show instance
+
+
+def records_instances(release: str) -> bool:
+    """Whether a slurmd of ``release`` tells slurmctld its cloud instance (23.11+)."""
+    return release_key(release) >= INSTANCE_FLAGS
+
+
+def instance_extra(provider: str, region: str, market: str, group: str, price: float | None) -> str:
+    """The node's ``--extra`` (23.11+): what Slurm's own records of the instance lack,
+    as compact JSON (Slurm keeps Extra as given; ``--extra`` constraints read JSON)."""
+    facts: dict[str, object] = {"slurm_burst": {"provider": provider, "region": region,
+                                                "market": market, "group": group}}  # fmt: skip
+    if price is not None:
+        facts["slurm_burst"]["price_per_hour"] = price  # type: ignore[index]
+    return json.dumps(facts, sort_keys=True, separators=(",", ":"))
+
+
+def instance_comment(instance_id: str, size: str, provider: str, region: str, market: str) -> str:
+    """The same facts as a node comment, where slurmd cannot record them (before 23.11)."""
+    where = f"{provider}/{region}" if region else provider
+    return f"slurm-burst: instance {instance_id} {size} {where} {market}"
 
 
 def release_key(release: str) -> tuple[int, int]:

@@ -117,13 +117,14 @@ agent-start)
     echo $! > "$pid"
     ;;
 slurmd-start)
-    # slurmd-start NODE CONF_SERVER: start slurmd (once) in configless mode as NODE.
-    node=$1; server=$2
+    # slurmd-start NODE CONF_SERVER [SLURMD_ARGS...]: start slurmd (once) in configless
+    # mode as NODE; on 23.11+ the instance's --instance-id, --instance-type and --extra
+    node=$1; server=$2; shift 2
     install -d -m 0755 /var/log/slurm /var/lib/slurm /run/slurm
     if pgrep -x slurmd >/dev/null 2>&1; then
         echo "slurmd already running"
     else
-        if ! slurmd --conf-server "$server" -N "$node" </dev/null >>/var/log/slurm/slurmd-start.log 2>&1
+        if ! slurmd --conf-server "$server" -N "$node" "$@" </dev/null >>/var/log/slurm/slurmd-start.log 2>&1
         then
             tail -n 5 /var/log/slurm/slurmd-start.log "/var/log/slurm/slurmd-$node.log" >&2 || true
             exit 1

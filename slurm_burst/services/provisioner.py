@@ -53,7 +53,14 @@ from slurm_burst.core.mesh import MeshError, hub_address, parking_address
 from slurm_burst.core.nodestate import LIVE, NodeState, TransitionError, Want, reason
 from slurm_burst.core.records import NodeRecord, PoolExhausted, StoreError
 from slurm_burst.core.remote import RemoteError
-from slurm_burst.core.slurm import SchedulerError, mixed_version_problem, release_of
+from slurm_burst.core.slurm import (
+    SchedulerError,
+    instance_comment,
+    instance_extra,
+    mixed_version_problem,
+    records_instances,
+    release_of,
+)
 from slurm_burst.ports import (
     Clock,
     Cloud,
@@ -68,7 +75,7 @@ from slurm_burst.ports import (
 from slurm_burst.services.fleetview import FleetView
 from slurm_burst.services.images import Images
 from slurm_burst.services.instancelog import InstanceLog
-from slurm_burst.services.launcher import SPOT, Launcher, cooled, timed
+from slurm_burst.services.launcher import FELL_BACK, SPOT, Launcher, cooled, timed
 from slurm_burst.services.lifecycle import Lifecycle
 from slurm_burst.services.nodestage import NodeStaging
 from slurm_burst.services.outputs import Outputs
@@ -121,6 +128,14 @@ def _as_step(code: str, *errors: type[Exception]) -> Iterator[None]:
         yield
     except errors as exc:
         raise StepError(code, str(exc)) from exc
+
+
+@dataclass(frozen=True)
+class _Facts:
+    """A node's instance as Slurm is told it (``Provisioner._instance``)."""
+
+    slurmd_args: tuple[str, ...] = ()
+    comment: str | None = None  # None: the comment is left as it is
 
 
 class Cancelled(Exception):
@@ -188,6 +203,7 @@ class ProvisionerSettings:
     mesh_sync_interval: float = 5.0  # seconds between a node agent's reads of its peers
     # profiles whose instances hear of a reclaim -> the agent's arguments that read it
     notice_providers: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    regions: Mapping[str, str] = field(default_factory=dict)  # profile -> its region
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -596,8 +612,7 @@ class Provisioner:
         try:
             with self._timed(rec.name, "script"):
                 sh.put(self.script, REMOTE_SCRIPT, 0o700)
-            if self.slurm_release:
-                self._check_slurmd_version(sh)
+            slurmd = self._check_slurmd_version(sh) if self.slurm_release else None
             group = self._group(rec)
             if group.gpus and group.gpu_check:
                 with self._timed(rec.name, "gpu-check"):
@@ -644,11 +659,14 @@ class Provisioner:
                 uid, gid = (int(x) for x in self._step(sh, "munge-dirs").strip().split(":"))
                 sh.put(self.secrets.munge_key, "/etc/munge/munge.key", 0o400, (uid, gid))
                 self._step(sh, "munge-start", self.settings.munge_socket)
+            facts = self._instance(rec, group, slurmd)
             with (
                 self._timed(rec.name, "nodeaddr"),
                 _as_step("NodeAddr", SchedulerError),
             ):
-                self.scheduler.update_nodes([rec.name], addrs=[addr], hostnames=[rec.name])
+                self.scheduler.update_nodes(
+                    [rec.name], addrs=[addr], hostnames=[rec.name], comment=facts.comment
+                )
             self._check_want(rec.name)
             gpu = self.settings.gpu
             if gpu.health_check_program:  # slurmd runs it once before it registers
@@ -661,7 +679,7 @@ class Provisioner:
                 with self._timed(rec.name, "stage-in"):
                     self.staging.pull(sh, rec, deadline, lambda: self._check_want(rec.name))
             with self._timed(rec.name, "slurmd"):
-                self._step(sh, "slurmd-start", rec.name, hub_ip)
+                self._step(sh, "slurmd-start", rec.name, hub_ip, *facts.slurmd_args)
         finally:
             sh.close()
         self.instances.record(rec, rec.instance_id, "joined", self.clock.now())
@@ -691,9 +709,30 @@ class Provisioner:
         sh.put(self.agent, AGENT, 0o644)
         self._step(sh, "agent-start", "python3", *args)
 
-    def _check_slurmd_version(self, sh: RemoteShell) -> None:
+    def _instance(self, rec: NodeRecord, group: NodeGroup, slurmd: str | None) -> _Facts:
+        """What Slurm is told of the node's instance: on 23.11+ slurmd's own flags
+        (``scontrol show node``'s InstanceId and InstanceType, ``sacctmgr show
+        instance``; the provider, region, market and price in Extra); before, the node's
+        comment (after the spot fallback's, which it keeps). Nothing where slurmd's
+        release is not checked (``slurm_release`` unset)."""
+        if slurmd is None or not rec.instance_id:
+            return _Facts()
+        region = self.settings.regions.get(rec.provider, "")
+        market = "spot" if rec.market else "on-demand"
+        if records_instances(slurmd):
+            price = group.price_per_hour.get(rec.size)
+            extra = instance_extra(rec.provider, region, market, group.name, price)
+            args = ("--instance-id", rec.instance_id, "--instance-type", rec.size,
+                    "--extra", extra)  # fmt: skip
+            return _Facts(slurmd_args=args)
+        said = instance_comment(rec.instance_id, rec.size, rec.provider, region, market)
+        if self.launcher.on_fallback(rec):
+            said = f"{FELL_BACK} {rec.size}; {said}"
+        return _Facts(comment=said)
+
+    def _check_slurmd_version(self, sh: RemoteShell) -> str:
         """Refuse an image whose slurmd cannot join this slurmctld (newer, or older than
-        Slurm's mixed-version window) before anything else is set up on it."""
+        Slurm's mixed-version window) before anything else is set up on it; its release."""
         assert self.slurm_release is not None
         said = self._step(sh, "slurmd-version").strip()
         try:
@@ -705,6 +744,7 @@ class Provisioner:
             raise StepError(
                 "SlurmdVersion", f"{problem}: use an image of Slurm {self.slurm_release}"
             )
+        return found
 
     def _check_gpus(self, sh: RemoteShell, rec: NodeRecord, group: NodeGroup) -> None:
         """The GPU check (``node/gpucheck.py``) against what the group promises: a node
@@ -807,18 +847,18 @@ class Provisioner:
             if rec.wg_pubkey:
                 self.mesh.remove_peer(rec.wg_pubkey)
             released = self.store.release_address(name)  # given at the request, or bootstrap
-            # our fallback comment goes with the instance that was launched on-demand
-            fell = "" if rec.instance_id and self.launcher.on_fallback(rec) else None
+            # our comment (the fallback's, the instance's before 23.11) goes with the instance
+            cleared = "" if rec.instance_id else None
             if released or rec.mesh_addr:
                 try:  # NodeAddr parked: nothing points at a released address
                     park = parking_address(self.settings.mesh_subnet)
                     self.scheduler.update_nodes([name], addrs=[park], hostnames=[name],
-                                                comment=fell)  # fmt: skip
+                                                comment=cleared)  # fmt: skip
                 except SchedulerError as exc:
                     log.warning("node.nodeaddr_reset_failed node=%s error=%s", name, exc)
-            elif fell is not None:
+            elif cleared is not None:
                 try:
-                    self.scheduler.update_nodes([name], comment=fell)
+                    self.scheduler.update_nodes([name], comment=cleared)
                 except SchedulerError as exc:
                     log.warning("node.comment_failed count=1 error=%s", exc)
             if rec.instance_id:

@@ -237,6 +237,8 @@ class Reconciler:
             self.groups.protect(a.target, a.message, snap.now)
         elif a.kind == "unprotect":
             self.groups.enable(a.target)
+        elif a.kind == "report":
+            pass  # said: the event and the log line above are the whole action
         elif a.kind == "return_to_service":
             # only once the state database takes writes again: else the next resume would
             # fail the same way; an error here leaves it to a later pass

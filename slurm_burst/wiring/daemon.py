@@ -152,6 +152,7 @@ def provisioner_settings(cfg: Config, slurm_release: str | None) -> ProvisionerS
         mesh_node_port=cfg.mesh.node_port,
         mesh_sync_interval=cfg.mesh.sync_interval,
         notice_providers=notice_providers(cfg),
+        regions={name: p.region for name, p in cfg.providers.items()},
     )
 
 

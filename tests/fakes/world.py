@@ -79,6 +79,7 @@ def make_world(
     edits: Sequence[tuple[str, str]] = (),
     served: Sequence[ServedStore] = (),
     lists_fleet: bool = False,
+    slurm_release: str = "22.05",
 ) -> World:
     """``lists_fleet``: the cloud goes through ManagedCloud (budgets, retries) and booting
     nodes read a shared fleet listing, as EC2's do."""
@@ -100,6 +101,7 @@ def make_world(
         return None
 
     connector = FakeConnector(clock, mesh, keys_of)
+    connector.slurmd_version = f"{slurm_release}.8"
     slurm = FakeScheduler.cloud_nodes(cfg.node_groups["cpu"].node_names(), "burst-cpu")
     slurm.add_cloud_nodes(cfg.node_groups["gpu"].node_names(), "burst-gpu")
     store = MemoryStore()
@@ -115,7 +117,7 @@ def make_world(
         leader=SoleLeader("test"),
         clock=clock,
         sql_ledger=None,
-        slurm_release="22.05",  # the fake nodes' slurmd says 22.05.8
+        slurm_release=slurm_release,  # the fake nodes' slurmd says 22.05.8 unless told
         host=FakeHost(),
         served=served,
     )

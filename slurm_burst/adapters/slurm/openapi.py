@@ -114,6 +114,7 @@ def _nodes(doc: Mapping[str, Any]) -> list[SlurmNode]:
                 cpus=_number(n.get("cpus")),
                 real_memory_mb=_number(n.get("real_memory")),
                 boot_time=_time(n.get("boot_time")),
+                instance_id=str(n.get("instance_id") or ""),
             )
         )
     return out

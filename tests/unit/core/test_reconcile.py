@@ -374,3 +374,32 @@ def test_a_pass_is_idempotent() -> None:
         suspects={"instance:lab:i-2": NOW - 500},
     )
     assert plan(s, POLICY) == plan(s, POLICY)
+
+
+def test_an_instance_slurm_names_for_a_node_other_than_ours_is_said_once_on_the_second_pass() -> (
+    None
+):
+    """InstanceMismatch: 23.11+ slurmd told Slurm another instance than the node's."""
+    recs = [Rec("n1", NodeState.JOINED, instance_id="i-1"),
+            Rec("n2", NodeState.JOINED, instance_id="i-2"),
+            Rec("n3", NodeState.BOOTING, instance_id="i-3")]  # fmt: skip
+    nodes = {"n1": SlurmNode("n1", "idle", frozenset({"CLOUD"}), instance_id="i-9"),
+             "n2": SlurmNode("n2", "idle", frozenset({"CLOUD"}), instance_id="i-2"),
+             "n3": SlurmNode("n3", "idle", frozenset({"CLOUD"}), instance_id="i-8")}  # fmt: skip
+
+    def said(suspects: dict[str, float], now: float) -> tuple[list[str], dict[str, float]]:
+        s = Snapshot(now=now, records={r.name: r for r in recs}, slurm_nodes=nodes,
+                     suspects=suspects)  # fmt: skip
+        p = plan(s, POLICY)
+        return [
+            f"{a.code} {a.node} {a.message}" for a in p.actions if a.kind == "report"
+        ], p.suspects
+
+    first, carried = said({}, NOW)
+    assert first == []  # a new instance's slurmd may not have registered yet
+    second, carried = said(carried, NOW + 10)
+    assert second == ["InstanceMismatch n1 Slurm's InstanceId is i-9, the node's instance is i-1"]
+    third, carried = said(carried, NOW + 20)
+    assert third == []  # said once
+    nodes["n1"] = SlurmNode("n1", "idle", frozenset({"CLOUD"}), instance_id="i-1")
+    assert said(carried, NOW + 30)[1] == {}  # all well again: nothing carried
