@@ -24,6 +24,7 @@ import pytest
 from slurm_burst_lab.service import Lab
 
 from slurm_burst.config import Config
+from slurm_burst.core.slurm import records_instances
 from slurm_burst.wiring.clouds import cloud_driver
 from slurm_burst.wiring.ledger import ledger
 from tests.conftest import LAB_CONFIG, invoke, wait
@@ -127,6 +128,37 @@ def test_report_after_the_burst_jobs(lab: Lab, lab_config: Config, gpu_job: str)
     gpu = [i for i in instances if i["partition"] == "burst-gpu"]
     assert gpu and all(i["price_source"] == "rates.gpu1-2026" for i in gpu)
     assert all(i["price_per_hour"] == pytest.approx(2.80) for i in gpu)
+
+
+def test_slurm_accounts_each_burst_instance_as_the_ledger_does(
+    lab: Lab, lab_config: Config, env: dict[str, str], gpu_job: str
+) -> None:
+    """23.11 and newer: each burst node's slurmd named its instance (``--instance-id``,
+    ``--instance-type``), so ``sacctmgr show instance`` lists what the ledger holds:
+    every instance Slurm recorded is the ledger's, on the same node and of the same
+    size, the GPU job's among them. (22.05 has no instance accounting: the same facts
+    go in the node's comment, tests/unit/test_instance_facts.py.)"""
+    release = lab.running_release() or ""
+    if not release or not records_instances(release):
+        pytest.skip(f"Slurm {release} has no instance accounting (23.11+)")
+    ran_on = subprocess.run(["sacct", "-n", "-X", "-P", "-j", gpu_job, "-o", "NodeList"],
+                            env=env, text=True, capture_output=True, timeout=30,
+                            check=True).stdout.split()  # fmt: skip
+    ours = {i["instance_id"]: i for i in ledger(lab_config).instances()}
+
+    def listed() -> dict[str, tuple[str, str]]:
+        out = subprocess.run(
+            ["sacctmgr", "-n", "-P", "show", "instance", "format=NodeName,InstanceId,InstanceType"],
+            env=env, text=True, capture_output=True, timeout=30, check=True,
+        ).stdout  # fmt: skip
+        rows = [line.split("|") for line in out.splitlines() if line.count("|") == 2]
+        found = {iid: (node, kind) for node, iid, kind in rows}
+        return found if any(node in ran_on for node, _ in found.values()) else {}
+
+    slurm = wait(listed, 60, "the GPU job's instance in sacctmgr show instance")
+    for iid, (node, kind) in slurm.items():
+        assert iid in ours, (iid, node, sorted(ours))
+        assert (ours[iid]["node"], ours[iid]["size"]) == (node, kind), (iid, ours[iid])
 
 
 def _squeue(env: dict[str, str], job: str) -> tuple[str, str]:
