@@ -114,6 +114,7 @@ class Scheduler(Protocol):
         addrs: Sequence[str] | None = None,
         hostnames: Sequence[str] | None = None,
         comment: str | None = None,  # the node's Comment ('' clears it)
+        instance: tuple[str, str, str] | None = None,  # one node's (id, type, extra), 23.11+
     ) -> None: ...
 
 

@@ -29,14 +29,19 @@ def check_update(
     addrs: Sequence[str] | None,
     hostnames: Sequence[str] | None,
     comment: str | None = None,
+    instance: tuple[str, str, str] | None = None,
 ) -> None:
     """What every ``Scheduler.update_nodes`` refuses before asking Slurm: addresses or
-    host names that do not pair one-to-one with the names, or nothing to change."""
+    host names that do not pair one-to-one with the names, an instance for other than
+    one node, or nothing to change."""
+    if instance is not None and len(names) != 1:
+        raise ValueError("an instance is one node's")
     if addrs is not None and len(addrs) != len(names):
         raise ValueError("addrs must pair one-to-one with names")
     if hostnames is not None and len(hostnames) != len(names):
         raise ValueError("hostnames must pair one-to-one with names")
-    if state is None and reason is None and addrs is None and hostnames is None and comment is None:
+    given = (state, reason, addrs, hostnames, comment, instance)
+    if all(x is None for x in given):
         raise ValueError("nothing to update")
 
 

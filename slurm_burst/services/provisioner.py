@@ -136,6 +136,7 @@ class _Facts:
 
     slurmd_args: tuple[str, ...] = ()
     comment: str | None = None  # None: the comment is left as it is
+    instance: tuple[str, str, str] | None = None  # scontrol update's (id, type, extra)
 
 
 class Cancelled(Exception):
@@ -665,8 +666,9 @@ class Provisioner:
                 _as_step("NodeAddr", SchedulerError),
             ):
                 self.scheduler.update_nodes(
-                    [rec.name], addrs=[addr], hostnames=[rec.name], comment=facts.comment
-                )
+                    [rec.name], addrs=[addr], hostnames=[rec.name], comment=facts.comment,
+                    instance=facts.instance,
+                )  # fmt: skip
             self._check_want(rec.name)
             gpu = self.settings.gpu
             if gpu.health_check_program:  # slurmd runs it once before it registers
@@ -710,11 +712,15 @@ class Provisioner:
         self._step(sh, "agent-start", "python3", *args)
 
     def _instance(self, rec: NodeRecord, group: NodeGroup, slurmd: str | None) -> _Facts:
-        """What Slurm is told of the node's instance: on 23.11+ slurmd's own flags
-        (``scontrol show node``'s InstanceId and InstanceType, ``sacctmgr show
-        instance``; the provider, region, market and price in Extra); before, the node's
-        comment (after the spot fallback's, which it keeps). Nothing where slurmd's
-        release is not checked (``slurm_release`` unset)."""
+        """What Slurm is told of the node's instance: on 23.11+ its InstanceId,
+        InstanceType and Extra (the provider, region, market and price), which
+        ``sacctmgr show instance`` lists, both with ``scontrol update`` before slurmd
+        starts and with slurmd's own flags: 26.05 takes slurmd's only from a node whose
+        boot time is after slurmctld last heard from it, which a powering-up node never
+        is (``validate_node_specs`` sets ``last_response`` first), and a 23.11 to 25.05
+        slurmd started without them would clear them at its first registration.
+        Before 23.11, the node's comment (after the spot fallback's, which it keeps).
+        Nothing where slurmd's release is not checked (``slurm_release`` unset)."""
         if slurmd is None or not rec.instance_id:
             return _Facts()
         region = self.settings.regions.get(rec.provider, "")
@@ -724,7 +730,7 @@ class Provisioner:
             extra = instance_extra(rec.provider, region, market, group.name, price)
             args = ("--instance-id", rec.instance_id, "--instance-type", rec.size,
                     "--extra", extra)  # fmt: skip
-            return _Facts(slurmd_args=args)
+            return _Facts(slurmd_args=args, instance=(rec.instance_id, rec.size, extra))
         said = instance_comment(rec.instance_id, rec.size, rec.provider, region, market)
         if self.launcher.on_fallback(rec):
             said = f"{FELL_BACK} {rec.size}; {said}"

@@ -113,10 +113,13 @@ class FakeScheduler:
         addrs: Sequence[str] | None = None,
         hostnames: Sequence[str] | None = None,
         comment: str | None = None,
+        instance: tuple[str, str, str] | None = None,
     ) -> None:
-        check_update(names, state, reason, addrs, hostnames, comment)
+        check_update(names, state, reason, addrs, hostnames, comment, instance)
         with self._lock:
-            said = {"comment": comment} if comment is not None else {}
+            said: dict[str, object] = {"comment": comment} if comment is not None else {}
+            if instance is not None:
+                said["instance"] = instance
             self.updates.append(
                 {"nodes": list(names), "state": state, "reason": reason, "addrs": addrs, **said}
             )

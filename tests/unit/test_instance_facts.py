@@ -30,6 +30,8 @@ def test_on_2411_slurmd_is_started_with_the_instance_and_no_comment_is_set(
         "group": "cpu", "price_per_hour": 0.085,
     }}  # fmt: skip
     assert not [u for u in w.slurm.updates if u.get("comment")]
+    [said] = [u for u in w.slurm.updates if u.get("instance")]  # before slurmd starts
+    assert said["instance"] == (rec.instance_id, "ns.cpu2", start[10]) and said["addrs"]
 
 
 def test_on_2205_the_instance_is_in_the_comment_until_it_is_released(tmp_path: Path) -> None:

@@ -272,16 +272,17 @@ class SlurmCli:
         addrs: Sequence[str] | None = None,
         hostnames: Sequence[str] | None = None,
         comment: str | None = None,
+        instance: tuple[str, str, str] | None = None,
     ) -> None:
         """``scontrol update nodename=...`` for ``names`` in batches.
 
         ``addrs``/``hostnames``, when given, pair one-to-one with ``names``.
-        The reason and the comment are one argv element each: quotes or spaces in them
-        are data. (A reason is kept only with a DOWN or DRAIN state; the comment, which
-        Slurm shows in ``scontrol show node`` whatever the state, says what a node that
-        is up should tell.)
+        The reason, the comment and an instance's Extra are one argv element each:
+        quotes or spaces in them are data. (A reason is kept only with a DOWN or DRAIN
+        state; the comment, which Slurm shows in ``scontrol show node`` whatever the
+        state, says what a node that is up should tell.)
         """
-        check_update(names, state, reason, addrs, hostnames, comment)
+        check_update(names, state, reason, addrs, hostnames, comment, instance)
         for start in range(0, len(names), self.batch):
             chunk = list(names[start : start + self.batch])
             args = ["update", f"nodename={compress(chunk)}"]
@@ -295,6 +296,9 @@ class SlurmCli:
                 args.append(f"reason={reason}")
             if comment is not None:
                 args.append(f"comment={comment}")
+            if instance is not None:  # 23.11+ (InstanceId, InstanceType, Extra)
+                iid, kind, extra = instance
+                args += [f"instanceid={iid}", f"instancetype={kind}", f"extra={extra}"]
             log.info(
                 "slurm.update nodes=%d hostlist=%s state=%s", len(chunk), compress(chunk), state
             )
