@@ -152,7 +152,7 @@ def test_slurm_accounts_each_burst_instance_as_the_ledger_does(
             env=env, text=True, capture_output=True, timeout=30, check=True,
         ).stdout  # fmt: skip
         rows = [line.split("|") for line in out.splitlines() if line.count("|") == 2]
-        found = {iid: (node, kind) for node, iid, kind in rows}
+        found = {iid: (node, kind) for node, iid, kind in rows if iid}  # nodes' other records
         return found if any(node in ran_on for node, _ in found.values()) else {}
 
     slurm = wait(listed, 60, "the GPU job's instance in sacctmgr show instance")
