@@ -29,6 +29,7 @@ import ipaddress
 import json
 import logging
 import random
+import re
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
@@ -128,6 +129,9 @@ def _as_step(code: str, *errors: type[Exception]) -> Iterator[None]:
         yield
     except errors as exc:
         raise StepError(code, str(exc)) from exc
+
+
+_SLURM_WORD = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/@-]{0,254}", re.ASCII)
 
 
 @dataclass(frozen=True)
@@ -666,9 +670,13 @@ class Provisioner:
                 _as_step("NodeAddr", SchedulerError),
             ):
                 self.scheduler.update_nodes(
-                    [rec.name], addrs=[addr], hostnames=[rec.name], comment=facts.comment,
-                    instance=facts.instance,
-                )  # fmt: skip
+                    [rec.name], addrs=[addr], hostnames=[rec.name], comment=facts.comment
+                )
+            if facts.instance is not None:  # for the record: a refusal fails no join
+                try:
+                    self.scheduler.update_nodes([rec.name], instance=facts.instance)
+                except SchedulerError as exc:
+                    log.warning("node.instance_not_recorded node=%s error=%s", rec.name, exc)
             self._check_want(rec.name)
             gpu = self.settings.gpu
             if gpu.health_check_program:  # slurmd runs it once before it registers
@@ -726,6 +734,8 @@ class Provisioner:
         region = self.settings.regions.get(rec.provider, "")
         market = "spot" if rec.market else "on-demand"
         if records_instances(slurmd):
+            if not (_SLURM_WORD.fullmatch(rec.instance_id) and _SLURM_WORD.fullmatch(rec.size)):
+                return _Facts()  # scontrol reads InstanceId as a hostlist: no ',' or '['
             price = group.price_per_hour.get(rec.size)
             extra = instance_extra(rec.provider, region, market, group.name, price)
             args = ("--instance-id", rec.instance_id, "--instance-type", rec.size,

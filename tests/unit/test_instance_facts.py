@@ -21,6 +21,7 @@ def test_on_2411_slurmd_is_started_with_the_instance_and_no_comment_is_set(
     w.request(N)
     rec = w.prov.drive(N)
     assert rec is not None and rec.state == NodeState.JOINED
+    assert [u for u in w.slurm.updates if u.get("instance")]  # asked, refused, said
     node = next(iter(w.connector.nodes.values()))
     start = next(a for a in node.ran if a[2:3] == ["slurmd-start"])
     assert start[3:7] == [N, "10.77.0.1", "--instance-id", rec.instance_id]
@@ -31,7 +32,8 @@ def test_on_2411_slurmd_is_started_with_the_instance_and_no_comment_is_set(
     }}  # fmt: skip
     assert not [u for u in w.slurm.updates if u.get("comment")]
     [said] = [u for u in w.slurm.updates if u.get("instance")]  # before slurmd starts
-    assert said["instance"] == (rec.instance_id, "ns.cpu2", start[10]) and said["addrs"]
+    assert said["instance"] == (rec.instance_id, "ns.cpu2", start[10])
+    assert said["nodes"] == [N] and said["state"] is None and said["addrs"] is None
 
 
 def test_on_2205_the_instance_is_in_the_comment_until_it_is_released(tmp_path: Path) -> None:
@@ -39,6 +41,7 @@ def test_on_2205_the_instance_is_in_the_comment_until_it_is_released(tmp_path: P
     w.request(N)
     rec = w.prov.drive(N)
     assert rec is not None and rec.state == NodeState.JOINED
+    assert [u for u in w.slurm.updates if u.get("instance")]  # asked, refused, said
     node = next(iter(w.connector.nodes.values()))
     start = next(a for a in node.ran if a[2:3] == ["slurmd-start"])
     assert start[3:] == [N, "10.77.0.1"]  # 22.05's slurmd has no such flags
@@ -49,3 +52,16 @@ def test_on_2205_the_instance_is_in_the_comment_until_it_is_released(tmp_path: P
     w.store.update(N, want=Want.DOWN)
     w.prov.drive(N)
     assert [u for u in w.slurm.updates if N in u["nodes"]][-1].get("comment") == ""
+
+
+def test_a_refused_instance_update_fails_no_join(tmp_path: Path) -> None:
+    w = make_world(tmp_path, slurm_release="24.11")
+
+    def refuse(names: object, change: dict[str, object]) -> str | None:
+        return None if any(change.values()) else "Invalid instance id"
+
+    w.slurm.refuse = refuse
+    w.request(N)
+    rec = w.prov.drive(N)
+    assert rec is not None and rec.state == NodeState.JOINED
+    assert [u for u in w.slurm.updates if u.get("instance")]  # asked, refused, said
