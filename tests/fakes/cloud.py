@@ -38,6 +38,7 @@ class _Vm:
     state: str = ""  # "" while it follows the clock; set when forced
     fault: str = ""
     host_key_type: str = "ssh-ed25519"
+    node: str = ""  # the node it was launched for (a batch's are named only later)
 
 
 @dataclass
@@ -146,7 +147,7 @@ class FakeCloud:
         self._call("host_keys")
         with self._lock:
             vm = self._vm(instance_id)
-            if self._state(vm) != "running" or vm.tags.get(NODE_TAG) in self.no_host_keys:
+            if self._state(vm) != "running" or self._node(vm) in self.no_host_keys:
                 return []
             if self.clock.now() - vm.created < self.boot_seconds + self.console_seconds:
                 return []
@@ -216,8 +217,10 @@ class FakeCloud:
                     }
                     if count == 1 or named:
                         tags[NODE_TAG] = name
+                    # its node: as the launcher adopts it (by launch index, or by name)
+                    node = named[i] if named else (spec.names[i : i + 1] or [spec.node])[0]
                     self.vms[vm_id] = _Vm(
-                        vm_id, name, spec.size, self.clock.now(), spec.token, i, tags
+                        vm_id, name, spec.size, self.clock.now(), spec.token, i, tags, node=node
                     )
                     if spec.spot and self.spot == "withhold":
                         self.vms[vm_id].state = "pending"  # capacity never arrives
@@ -236,7 +239,13 @@ class FakeCloud:
         if vm.state:
             return vm.state
         booted = self.clock.now() - vm.created >= self.boot_seconds
-        return "running" if booted and vm.tags.get(NODE_TAG) not in self.never_boot else "pending"
+        return "running" if booted and self._node(vm) not in self.never_boot else "pending"
+
+    @staticmethod
+    def _node(vm: _Vm) -> str:
+        """Whose instance it is: the node it was launched for, else the one its tag names
+        (a batch's instance boots, or not, whether or not it is named yet)."""
+        return vm.node or vm.tags.get(NODE_TAG, "")
 
     def _instance(self, vm: _Vm) -> Instance:
         state = self._state(vm)
