@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import functools
 import glob
 import hashlib
 import json
@@ -130,7 +131,9 @@ class Root:
         with open(real, "rb") as f:
             return f.read(limit).decode("utf-8", "replace")
 
+    @functools.cached_property
     def lib_dirs(self) -> list[str]:
+        """The library directories, ld.so.conf.d's too (read once: every lookup uses them)."""
         dirs = list(LIB_DIRS)
         for conf in sorted(glob.glob(self.top.rstrip("/") + "/etc/ld.so.conf.d/*.conf")):
             inner = "/" + os.path.relpath(conf, self.top)
@@ -144,7 +147,7 @@ class Root:
         """The real file (host path) of soname or path ``name``."""
         if name.startswith("/"):
             return self.resolve(name)
-        for d in self.lib_dirs():
+        for d in self.lib_dirs:
             real = self.resolve(f"{d}/{name}")
             if real is not None and os.path.isfile(real):
                 return real
@@ -155,7 +158,7 @@ class Root:
         installed; ("", "") none."""
         best: tuple[tuple[int, ...], str, str] | None = None
         pattern = re.compile(re.escape(stem) + r"\.(\d+(?:\.\d+)*)")
-        for d in self.lib_dirs():
+        for d in self.lib_dirs:
             for path in glob.glob(self.top.rstrip("/") + f"{d}/{stem}.*"):
                 m = pattern.fullmatch(os.path.basename(path))
                 real = self.find_lib("/" + os.path.relpath(path, self.top)) if m else None
@@ -167,16 +170,23 @@ class Root:
                     best = (key, version, real)
         return (best[1], best[2]) if best else ("", "")
 
-    def dpkg_version(self, pattern: str) -> str:
-        """The upstream version (no epoch, no Debian revision) of the first installed
-        package whose name matches ``pattern``; "" none."""
+    @functools.cached_property
+    def dpkg_packages(self) -> list[dict[str, str]]:
+        """dpkg's records (its status file, read and split once)."""
         text = self.read("/var/lib/dpkg/status", 64 << 20)
-        for block in text.split("\n\n"):
-            fields = dict(
+        return [
+            dict(
                 line.split(": ", 1)
                 for line in block.splitlines()
                 if ": " in line and line[0] != " "
             )
+            for block in text.split("\n\n")
+        ]
+
+    def dpkg_version(self, pattern: str) -> str:
+        """The upstream version (no epoch, no Debian revision) of the first installed
+        package whose name matches ``pattern``; "" none."""
+        for fields in self.dpkg_packages:
             if re.fullmatch(pattern, fields.get("Package", "")) and "installed" in fields.get(
                 "Status", ""
             ):
