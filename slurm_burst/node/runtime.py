@@ -187,9 +187,9 @@ class Root:
         """The upstream version (no epoch, no Debian revision) of the first installed
         package whose name matches ``pattern``; "" none."""
         for fields in self.dpkg_packages:
-            if re.fullmatch(pattern, fields.get("Package", "")) and "installed" in fields.get(
-                "Status", ""
-            ):
+            # "install ok installed"; not "purge ok not-installed" nor "config-files"
+            installed = fields.get("Status", "").endswith(" installed")
+            if installed and re.fullmatch(pattern, fields.get("Package", "")):
                 version = fields.get("Version", "").split(":", 1)[-1]
                 return version.rsplit("-", 1)[0] if "-" in version else version
         return ""

@@ -17,7 +17,11 @@ from slurm_burst.runtimeref import keep_node_manifest
 from tests.conftest import invoke, lab_config_in
 
 LIBDIR = "usr/lib/x86_64-linux-gnu"
-DPKG = """Package: libopenmpi40
+DPKG = """Package: libopenmpi3
+Status: purge ok not-installed
+Version: 4.1.4-3
+
+Package: libopenmpi40
 Status: install ok installed
 Version: 4.1.6-13.3
 
