@@ -52,6 +52,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from slurm_burst.core.errors import BadInput
+from slurm_burst.core.images import is_digest
 
 SCHEMA = 1
 RULE_NAMES = ("exact", "compatible")
@@ -73,7 +74,6 @@ MAX_ITEMS = 4096  # listed libraries, packages or images in one manifest
 MAX_TEXT = 512
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+@:/-]{0,255}", re.ASCII)
 _PATH = re.compile(r"/[A-Za-z0-9._+/-]{1,255}", re.ASCII)
-_DIGEST = re.compile(r"sha256:[0-9a-f]{64}", re.ASCII)
 _HEX64 = re.compile(r"[0-9a-f]{64}", re.ASCII)
 _VERSION = re.compile(r"(\d+(?:\.\d+)*)")
 
@@ -164,12 +164,10 @@ def mismatches(diffs: list[Difference]) -> list[Difference]:
 def _compatible(cls: str, want: str, got: str) -> bool:
     if not want or not got:
         return cls in ("library", "package", "image") and not want  # only the node has it
-    if cls == "os":
+    if cls in ("os", "package", "image"):
         return False
     if cls == "library":
         return want.split(" ", 1)[0] == got.split(" ", 1)[0]
-    if cls in ("package", "image"):
-        return False
     if cls == "mpi":
         w_impl, _, w_ver = want.partition(" ")
         g_impl, _, g_ver = got.partition(" ")
@@ -273,7 +271,7 @@ def _text(value: Any, where: str) -> str:
 
 
 def _check_item(cls: str, text: str, where: str) -> None:
-    if cls == "image" and text and not _DIGEST.fullmatch(text):
+    if cls == "image" and text and not is_digest(text):
         raise ManifestError(f"{where}: must be a digest such as sha256:<64 hex digits>")
     if cls == "library" and text:
         file, _, digest = text.partition(" ")

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from slurm_burst.config import NodeGroup
 from slurm_burst.core.errors import StepError
@@ -80,10 +80,10 @@ class RuntimeCheck:
         self.ports.keep(rec.name, json.dumps(doc, sort_keys=True).encode())
         # a group's images are loaded, each checked against its pinned digest, after
         # this step (images need the mesh): the reference's image digests are not asked
-        reference = Manifest(
-            {k: v for k, v in reference.fields.items() if field_class(k) != "image"},
-            reference.host, reference.captured_at, reference.source, reference.python_path,
-        )  # fmt: skip
+        reference = replace(
+            reference,
+            fields={k: v for k, v in reference.fields.items() if field_class(k) != "image"},
+        )
         diffs = compare(reference, found, group.runtime_rule)
         bad = mismatches(diffs)
         if bad:
