@@ -67,27 +67,27 @@ class Images:
         self.ports = ports
         self.loader = resources.files("slurm_burst.node").joinpath("images.py").read_bytes()
         self._lock = threading.Lock()
-        self._shipped: dict[str, str] = {}  # digest -> the store's manifest id
+        self._shipped: dict[str, Manifest] = {}  # digest -> the store's manifest of it
         self._locks: dict[str, threading.Lock] = {}
 
     def shipped(self, key: str) -> Manifest:
-        """The store's manifest of image ``key``, pushed there first if this daemon has
-        not yet (one push at a time per image; the others wait for it)."""
+        """The store's manifest of image ``key``, pushed there and read back first if
+        this daemon has not yet (one push at a time per image; the others wait for it)."""
         im = self.settings.images[key]
         with self._lock:
             lock = self._locks.setdefault(im.digest, threading.Lock())
         with lock:
             known = self._shipped.get(im.digest)
-            if known is not None:
-                return self.ports.stager.image_manifest(known)
+            if known is not None:  # a manifest is immutable under its id: read once
+                return known
             copy = self.ports.copy(im.layout, im.ref, im.digest, self.settings.work_dir)
             pushed = self.ports.stager.push_image(str(copy))
             log.info(
                 "image.pushed key=%s digest=%s bytes=%d sent=%d unchanged=%s",
                 key, im.digest, pushed.bytes, pushed.bytes_sent, pushed.unchanged,
             )  # fmt: skip
-            self._shipped[im.digest] = pushed.manifest
-            return self.ports.stager.image_manifest(pushed.manifest)
+            self._shipped[im.digest] = self.ports.stager.image_manifest(pushed.manifest)
+            return self._shipped[im.digest]
 
     def load(
         self, sh: RemoteShell, rec: NodeRecord, group: NodeGroup, deadline: float,
@@ -97,6 +97,7 @@ class Images:
         ``ImageDigest`` (or ``ImagePull``: the transfer) otherwise."""
         step(sh, "gpu-prepare")  # /etc/slurm-burst
         sh.put(self.loader, IMAGE_LOADER, 0o644)
+        self.ports.staging.put_puller(sh)
         for key in group.images:
             im = self.settings.images[key]
             try:

@@ -105,6 +105,7 @@ class NodeStaging:
     ) -> int:  # fmt: skip
         if not stages:
             return 0
+        self.put_puller(sh)
         fetched = 0
         for st in stages:
             st = self._stored(st, deadline, check)
@@ -219,13 +220,16 @@ class NodeStaging:
         )  # fmt: skip
         return got
 
+    def put_puller(self, sh: RemoteShell) -> None:
+        sh.put(self.puller, REMOTE_PULLER, 0o700)
+
     def run_plan(
         self, sh: RemoteShell, plan: dict[str, Any], label: str, deadline: float,
         heal: bool = False,
     ) -> dict[str, Any]:  # fmt: skip
-        """``plan`` fetched by the node's puller; its answer. A failed pull raises
-        RemoteError, with the puller's answer (which objects were bad) as ``answer``."""
-        sh.put(self.puller, REMOTE_PULLER, 0o700)
+        """``plan`` fetched by the node's puller (:meth:`put_puller` first, once per
+        session); its answer. A failed pull raises RemoteError, with the puller's answer
+        (which objects were bad) as ``answer``."""
         path = f"/run/slurm-burst-plan-{label}.json"
         sh.put(json.dumps(plan).encode(), path, 0o600)  # its URLs are grants: root's only
         timeout = max(5.0, deadline - self.clock.monotonic())
