@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import multiprocessing
 import os
 import statistics
 import subprocess
@@ -27,6 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from launch import burners  # noqa: E402
 from sizes import size  # noqa: E402
 
 from slurm_burst.adapters.imagelayout import pinned_copy  # noqa: E402
@@ -36,30 +36,17 @@ from slurm_burst.node import images as node_images  # noqa: E402
 CAPTURE = ROOT / "slurm_burst" / "node" / "runtime.py"
 
 
-def _burn(stop: float) -> None:
-    while time.time() < stop:
-        pass
-
-
 def bench_capture(runs: int) -> None:
     argv = [sys.executable, str(CAPTURE), "capture", "--package", "numpy", "--package",
             "mpi4py", "--library", "libmpi.so.40"]  # fmt: skip
-    for burners in (0, 2):
-        stop = time.time() + 120
-        procs = [multiprocessing.Process(target=_burn, args=(stop,)) for _ in range(burners)]
-        for p in procs:
-            p.start()
+    for load in (0, 2):
         walls = []
-        try:
+        with burners(load):
             for _ in range(runs):
                 t = time.perf_counter()
                 subprocess.run(argv, capture_output=True, check=True, timeout=60)
                 walls.append(time.perf_counter() - t)
-        finally:
-            for p in procs:
-                p.terminate()
-                p.join()
-        print(f"runtime capture on a node ({burners} CPU burners)   best {min(walls):.3f} s  "
+        print(f"runtime capture on a node ({load} CPU burners)   best {min(walls):.3f} s  "
               f"median {statistics.median(walls):.3f} s")  # fmt: skip
 
 

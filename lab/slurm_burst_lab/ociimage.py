@@ -20,15 +20,13 @@ import contextlib
 import hashlib
 import io
 import json
-import subprocess
 import tarfile
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from slurm_burst.config.load import dropin_dir
 from slurm_burst.fileio import write_durable
-from slurm_burst_lab.nscloud import vm
+from slurm_burst_lab.runtimeref import run_node_program
 
 REF = "localhost/lab/fingerprint"
 KEY = "fingerprint"
@@ -132,11 +130,9 @@ def unpin(config: Path) -> bool:
 
 def load_onprem(onprem: dict[str, dict[str, Any]], layout: Path, digest: str) -> None:
     """Each on-prem node loads the image from ``layout`` (the shared directory)."""
-    loader = resources.files("slurm_burst.node").joinpath("images.py").read_bytes()
     for name in sorted(onprem):
-        argv = [*vm.enter_argv(int(onprem[name]["launcher_pid"])), "python3", "-", "load",
-                "--dir", str(layout), "--ref", REF, "--digest", digest]  # fmt: skip
-        done = subprocess.run(argv, input=loader, capture_output=True, timeout=120, check=False)
+        done = run_node_program(onprem[name], "images.py", "load", "--dir", str(layout),
+                                "--ref", REF, "--digest", digest, timeout=120)  # fmt: skip
         said = done.stdout.decode(errors="replace").strip().splitlines()
         answer = json.loads(said[-1]) if said and said[-1].startswith("{") else {}
         if done.returncode != 0 or answer.get("ok") is not True:

@@ -21,18 +21,27 @@ from slurm_burst_lab.nscloud import vm
 TIMEOUT = 60
 
 
+def run_node_program(
+    node: dict[str, Any], program: str, *args: str, timeout: float = TIMEOUT
+) -> subprocess.CompletedProcess[bytes]:
+    """``slurm_burst/node/<program>`` run in the VM ``node`` (its record in the lab's:
+    ``launcher_pid``) by the VM's own ``python3``, fed on its standard input: the VM's
+    root may be another release's image, without slurm-burst in it."""
+    code = resources.files("slurm_burst.node").joinpath(program).read_bytes()
+    argv = [*vm.enter_argv(int(node["launcher_pid"])), "python3", "-", *args]
+    return subprocess.run(argv, input=code, capture_output=True, timeout=timeout, check=False)
+
+
 def capture_reference(lab: LabConfig, onprem: dict[str, dict[str, Any]]) -> Path | None:
     """``lab.runtime_reference`` captured on the first on-prem node (None: not asked)."""
     if not lab.runtime_reference or not onprem:
         return None
-    first = onprem[sorted(onprem)[0]]
-    program = resources.files("slurm_burst.node").joinpath("runtime.py").read_bytes()
-    argv = [*vm.enter_argv(int(first["launcher_pid"])), "python3", "-", "capture"]
+    args = ["capture"]
     for name in lab.runtime_packages:
-        argv += ["--package", name]
+        args += ["--package", name]
     for name in lab.runtime_libraries:
-        argv += ["--library", name]
-    done = subprocess.run(argv, input=program, capture_output=True, timeout=TIMEOUT, check=False)
+        args += ["--library", name]
+    done = run_node_program(onprem[sorted(onprem)[0]], "runtime.py", *args)
     if done.returncode != 0:
         said = done.stderr.decode(errors="replace").strip()[-300:]
         raise RuntimeError(f"runtime capture on the on-prem node failed: {said}")
