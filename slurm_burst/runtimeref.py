@@ -11,7 +11,7 @@ from pathlib import Path
 
 from slurm_burst.core.jsonread import read_json
 from slurm_burst.core.runtime import Manifest, ManifestError, from_document
-from slurm_burst.core.slurmsyntax import is_name
+from slurm_burst.core.slurmsyntax import is_node_name
 from slurm_burst.fileio import FileRefused, ensure_dir, file_error, write_durable
 from slurm_burst.trusted import Writers, read_checked
 
@@ -63,7 +63,7 @@ class References:
 
 
 def node_manifest_path(state_dir: str | os.PathLike[str], node: str) -> Path:
-    if not is_name(node):
+    if not is_node_name(node):
         raise ManifestError(f"{node[:80]!r} is not a node name")
     return Path(state_dir) / NODES_DIR / f"{node}.json"
 

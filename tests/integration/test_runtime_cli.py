@@ -157,6 +157,8 @@ def test_a_groups_reference_and_a_nodes_kept_manifest(tmp_path: Path) -> None:
     no_node = invoke([*args[:-1], "node:burst-train-2"], 2)
     assert "no runtime manifest kept for burst-train-2" in no_node.stderr
     assert "is not a node name" in invoke([*args[:-1], "node:../../etc"], 2).stderr
+    keep_node_manifest(cfg.daemon.state_dir, "gpu.a-1", b'{"slurm_burst_runtime": 1}')
+    assert json.loads(invoke([*args[:-1], "node:gpu.a-1", "--json"], 1).stdout)["mismatches"] == 1
     assert "names no runtime_manifest" in invoke([*args[:-2], "group:cpu", "here"], 2).stderr
 
 
