@@ -117,6 +117,15 @@ class Scheduler(Protocol):
         instance: tuple[str, str, str] | None = None,  # one node's (id, type, extra), 23.11+
     ) -> None: ...
 
+    # dynamic nodes (23.11+): ``scontrol create NodeName=<names> <settings>``, one call
+    def create_nodes(
+        self, names: Sequence[str], settings: Sequence[tuple[str, object]]
+    ) -> None: ...
+
+    # ``scontrol delete``: Slurm deletes each it may (no job, no reservation) and names
+    # the others in the SchedulerError it then raises
+    def delete_nodes(self, names: Sequence[str]) -> None: ...
+
 
 class JobControl(Protocol):
     """What is done to a running job when its node is to be reclaimed (SlurmCli has it)."""

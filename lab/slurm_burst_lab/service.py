@@ -23,13 +23,13 @@ from pathlib import Path
 from typing import Any
 
 from slurm_burst.adapters.proc import alive, pid_start_time
-from slurm_burst.config import Config
+from slurm_burst.config import Config, load_config
 from slurm_burst.core.slurm import SchedulerError
 from slurm_burst.services.slurmconf import install_hooks
 from slurm_burst.wiring.clouds import cloud_driver
 from slurm_burst.wiring.daemon import mesh_hub
 from slurm_burst.wiring.light import scheduler
-from slurm_burst_lab import accounting, images, ociimage, runtimeref, simnvml
+from slurm_burst_lab import accounting, dynamic, images, ociimage, runtimeref, simnvml
 from slurm_burst_lab import components as c
 from slurm_burst_lab.config import settings
 from slurm_burst_lab.labvms import register_image
@@ -190,6 +190,14 @@ class Lab:
         else:
             self.progress(f"slurm {root.release}: its image, the controller root at {root.root}")
         root.setup(self.cfg.slurm.hook_dir, [self.lab.shared_dir], self.progress)
+        dynamic.disable(Path(self.cfg.source))  # whatever an earlier up left
+        if dynamic.wanted(root.release):
+            self.progress(
+                f"slurm: node group {dynamic.GROUP} is dynamic (Slurm {root.release}): "
+                "the daemon creates its nodes in slurmctld"
+            )
+            dynamic.enable(self.cfg)
+        self.cfg = load_config(Path(self.cfg.source))  # with the drop-ins as they are now
         self.progress("slurm: configuration and power-saving hooks")
         c.write_slurm_conf(self.cfg, self.paths)
         self.progress("slurm: slurmdbd (accounting in MariaDB), cluster and accounts")
@@ -279,7 +287,8 @@ class Lab:
         except SchedulerError:
             return False
         onprem = set(c.onprem_names(self.lab))
-        burst = {n for g in self.cfg.node_groups.values() for n in g.node_names()}
+        burst = {n for g in self.cfg.node_groups.values()
+                 for n in (g.node_names()[: g.limit] if g.dynamic else g.node_names())}  # fmt: skip
         seen = {n.name: n for n in nodes}
         return all(
             n in seen and seen[n].state == "idle" and not seen[n].flags & {"NOT_RESPONDING"}
@@ -374,6 +383,8 @@ class Lab:
             removed.append(self.lab.shared_dir)
         if ociimage.unpin(Path(self.cfg.source)):
             removed.append("the config's drop-in pinning the lab's image")
+        if dynamic.disable(Path(self.cfg.source)):
+            removed.append("the config's drop-in of the dynamic node group")
         for bridge in [c.LAN_BRIDGE, *record.get("bridges", [])]:
             if net.link_exists(bridge):
                 net.delete_link(bridge)

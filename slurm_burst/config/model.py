@@ -79,6 +79,13 @@ class SlurmConfig:
         "'conf render' emits. Empty: read from 'sinfo --version' in bin_dir.",
         default="",
     )
+    max_node_count: int = doc(
+        "MaxNodeCount for slurm.conf: every node slurmctld may hold, the site's own and "
+        "ours, declared and dynamic. Needed with a dynamic node group (Slurm makes room "
+        "for nodes created at run time only up to it); at least the burst nodes "
+        "declared plus the dynamic groups' max_nodes. 0: not written.",
+        default=0,
+    )
     prolog_chain: str = doc(
         "The site's own PrologSlurmctld, run by ours (Slurm takes one): for every job, "
         "after its cloud nodes have registered; its exit status is the prolog's. "
@@ -201,6 +208,10 @@ class WarmConfig:
         return window(self.nodes, self.days, self.start, self.end)
 
 
+# The NodeSet and feature of a dynamic group: sbdyn_<group> (a node carrying one is ours)
+DYNAMIC_PREFIX = "sbdyn_"
+
+
 @dataclass(frozen=True)
 class NodeGroup:
     name: str = doc("Group name (the table key).")
@@ -277,6 +288,17 @@ class NodeGroup:
         default=None,
     )
     features: tuple[str, ...] = doc("Slurm node features.", default=())
+    nodes: str = doc(
+        "How Slurm knows the group's nodes: 'declared', NodeName lines in slurm.conf "
+        "(conf render writes them); 'dynamic' (Slurm 23.11 and newer), none in "
+        "slurm.conf: the daemon creates the group's first max_nodes nodes in slurmctld "
+        "('scontrol create ... State=CLOUD', with the group's CPUs, memory, GPUs and "
+        "features), the partition takes them through a NodeSet of the feature "
+        "'sbdyn_<group>', and nodes past max_nodes are deleted once they hold no job, "
+        "no reservation and no instance. Needs slurm.max_node_count "
+        "(docs/configuration.md, 'Dynamic node groups').",
+        default="declared",
+    )
     spot: bool = doc("Ask for spot/preemptible capacity.", default=False)
     spot_max_price: float = doc(
         "EC2 and Azure: the most to pay per spot instance-hour; 0: up to the on-demand price.",
@@ -387,6 +409,16 @@ class NodeGroup:
     @property
     def limit(self) -> int:
         return self.count if self.max_nodes is None else self.max_nodes
+
+    @property
+    def dynamic(self) -> bool:
+        """Created in slurmctld at run time (``nodes = "dynamic"``), not in slurm.conf."""
+        return self.nodes == "dynamic"
+
+    @property
+    def nodeset(self) -> str:
+        """A dynamic group's NodeSet name and the feature its nodes carry (one word)."""
+        return f"{DYNAMIC_PREFIX}{self.name}"
 
     def warm_pool(self) -> list[str]:
         """The nodes a warm window may keep up: the group's last ones, as many as its

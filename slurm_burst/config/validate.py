@@ -15,7 +15,7 @@ from slurm_burst.core.hostlist import HostlistError, expand
 from slurm_burst.core.pricing import PricingError, ambiguous, parse_instant, to_micros
 from slurm_burst.core.redact import has_inline_password
 from slurm_burst.core.runtime import RULE_NAMES
-from slurm_burst.core.slurm import SUPPORTED_RELEASES
+from slurm_burst.core.slurm import SUPPORTED_RELEASES, release_key
 from slurm_burst.core.slurmsyntax import (
     is_device_path,
     is_feature,
@@ -331,6 +331,7 @@ def _groups(cfg: Config, out: list[Problem], declared: set[str]) -> None:
                     )
                     break
                 seen[node] = gname
+    _max_node_count(cfg, out)
     for pname in cfg.partitions:
         if pname not in cfg.burst_partitions():
             out.append(
@@ -338,6 +339,70 @@ def _groups(cfg: Config, out: list[Problem], declared: set[str]) -> None:
                     f"partitions.{pname}", "no node group uses this partition", severity="warning"
                 )
             )
+
+
+DYNAMIC_SINCE = (23, 11)
+
+
+def dynamic_refusal(cfg: Config, release: str) -> str | None:
+    """Why Slurm ``release`` cannot run the config's dynamic node groups; None if it can
+    (or there are none). Said by config check, conf render and the daemon's start."""
+    dynamic = [g.name for g in cfg.node_groups.values() if g.dynamic]
+    if not dynamic or release not in SUPPORTED_RELEASES:
+        return None
+    if release_key(release) >= DYNAMIC_SINCE:
+        return None
+    return (
+        f"node group {dynamic[0]} is dynamic: Slurm {release} has dynamic nodes only "
+        "with TreeWidth=65533 on the whole cluster (its fan-out off), which slurm-burst "
+        "does not impose on a site; they need Slurm 23.11 or newer: use nodes = 'declared'"
+    )
+
+
+def _dynamic_group(cfg: Config, g: NodeGroup, base: str, out: list[Problem]) -> None:
+    """What ``nodes = "dynamic"`` asks of the group and of Slurm."""
+    if g.nodes not in ("declared", "dynamic"):
+        out.append(Problem(f"{base}.nodes", "must be 'declared' or 'dynamic'"))
+        return
+    if not g.dynamic:
+        return
+    refused = dynamic_refusal(cfg, cfg.slurm.release)
+    if refused:
+        out.append(Problem(f"{base}.nodes", refused))
+    if g.warm:
+        out.append(
+            Problem(
+                f"{base}.warm",
+                "a dynamic group has no warm pool (SuspendExcNodes names nodes of "
+                "slurm.conf); use a declared group for warm capacity",
+            )
+        )
+
+
+def _max_node_count(cfg: Config, out: list[Problem]) -> None:
+    """slurm.max_node_count: room in slurmctld for every dynamic group's nodes."""
+    n = cfg.slurm.max_node_count
+    dynamic = [g for g in cfg.node_groups.values() if g.dynamic]
+    ours = sum(g.limit if g.dynamic else g.count for g in cfg.node_groups.values())
+    if not 0 <= n <= MAX_TOTAL_NODES:
+        out.append(Problem("slurm.max_node_count", f"must be 0 to {MAX_TOTAL_NODES:,}"))
+    elif dynamic and n == 0:
+        out.append(
+            Problem(
+                "slurm.max_node_count",
+                f"must be set with a dynamic node group ({dynamic[0].name}): the nodes of "
+                f"the site's slurm.conf plus at least {ours:,} of ours (Slurm creates no "
+                "node past MaxNodeCount)",
+            )
+        )
+    elif n and n < ours:
+        out.append(
+            Problem(
+                "slurm.max_node_count",
+                f"{n:,} is below the node groups' own {ours:,} (declared nodes plus the "
+                "dynamic groups' max_nodes), before any node of the site's",
+            )
+        )
 
 
 def _provider(name: str, prov: ProviderConfig, out: list[Problem]) -> None:
@@ -421,6 +486,7 @@ def _group(cfg: Config, g: NodeGroup, base: str, out: list[Problem], declared: s
         out.append(Problem(f"{base}.pattern", "makes node names over 64 characters"))
     if g.max_nodes is not None and not 0 <= g.max_nodes <= g.count:
         out.append(Problem(f"{base}.max_nodes", f"must be between 0 and count ({g.count})"))
+    _dynamic_group(cfg, g, base, out)
     if not is_name(g.partition):
         out.append(Problem(f"{base}.partition", "must be a Slurm partition name"))
     if not g.providers:

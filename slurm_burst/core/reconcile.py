@@ -292,6 +292,20 @@ def _stuck_nodes(snap: Snapshot, policy: Policy, suspect: _Suspect) -> Iterable[
                 )
                 continue
         node = snap.slurm_nodes.get(rec.name) if snap.slurm_nodes is not None else None
+        if node is None and snap.slurm_nodes is not None and rec.state in LIVE:
+            # slurmctld no longer has the node (a dynamic node deleted by hand, a
+            # slurm.conf without it): no job can reach its instance. Two passes: a read
+            # may race a create
+            if rec.state != NodeState.TERMINATING and suspect(f"slurm-gone:{rec.name}") > 0:
+                yield Action(
+                    "teardown",
+                    "SlurmNodeGone",
+                    rec.name,
+                    rec.instance_id,
+                    rec.provider,
+                    "slurmctld no longer has the node (deleted, or not in slurm.conf)",
+                )
+            continue
         if rec.state != NodeState.JOINED or node is None:
             continue
         if node.powering_up and snap.now - rec.state_since > policy.register_timeout:

@@ -14,6 +14,7 @@ from typing import NamedTuple
 from slurm_burst.core.errors import BurstError
 from slurm_burst.core.hostlist import expand
 from slurm_burst.core.numbers import is_digits
+from slurm_burst.core.slurmsyntax import is_node_name
 
 
 class SchedulerError(BurstError):
@@ -43,6 +44,16 @@ def check_update(
     given = (state, reason, addrs, hostnames, comment, instance)
     if all(x is None for x in given):
         raise ValueError("nothing to update")
+
+
+def check_names(names: Sequence[str]) -> None:
+    """What ``Scheduler.create_nodes`` and ``delete_nodes`` refuse before asking Slurm:
+    no names, or one that is not a node name (it would reach scontrol as a hostlist)."""
+    if not names:
+        raise ValueError("no node names")
+    bad = next((n for n in names if not is_node_name(n)), None)
+    if bad is not None:
+        raise ValueError(f"{bad!r} is not a node name")
 
 
 # A node in one of these states (or with one of these flags) has not registered yet.

@@ -9,21 +9,28 @@ failure) and launches are refused. The group comes back after
 The node cap (``max_nodes`` below ``count``): each reconcile pass keeps the group's
 powered-down nodes beyond its room drained with a ``(Code:GroupAtCap)`` reason
 (:mod:`slurm_burst.core.cap`), and lifts that drain as instances are released.
+
+A dynamic group (``nodes = "dynamic"``) needs no such drain: slurmctld holds only its
+first ``max_nodes`` nodes, which each pass creates when missing and deletes past the
+limit once safe (:mod:`slurm_burst.core.dynamic`).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
 from slurm_burst.config import NodeGroup
+from slurm_burst.config.model import DYNAMIC_PREFIX
 from slurm_burst.core.cap import CapPlan, cap_reason, free, plan_cap
+from slurm_burst.core.dynamic import DynamicPlan, deletable, plan_dynamic, strays
 from slurm_burst.core.hostlist import compress
 from slurm_burst.core.nodestate import NodeState
 from slurm_burst.core.nodestate import reason as node_reason
 from slurm_burst.core.slurm import SchedulerError, SlurmNode
 from slurm_burst.ports import NodeStore, Scheduler
+from slurm_burst.services.slurmconf import node_settings
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +60,12 @@ class GroupControl:
             f"{self.protect_cooldown:g} s or 'slurm-burst group enable {group}'",
         )
         self.store.protect_group(group, now + self.protect_cooldown, text)
-        self.scheduler.update_nodes(g.node_names(), state="drain", reason=text)
+        names = g.node_names()
+        if g.dynamic:  # those slurmctld holds now (no more are made while protected)
+            held = {n.name for n in self.scheduler.nodes()}
+            names = [n for n in names if n in held]
+        if names:
+            self.scheduler.update_nodes(names, state="drain", reason=text)
         log.error("group.protected group=%s nodes=%s reason=%s", group, g.hostlist, why)
 
     def enable(self, group: str) -> list[str]:
@@ -123,6 +135,47 @@ class GroupControl:
                      group, g.limit, plan.holding, plan.room, compress(list(plan.drain)) or "-",
                      compress(released) or "-")  # fmt: skip
         return plan
+
+    def keep_dynamic(
+        self,
+        group: str,
+        states: Mapping[str, NodeState],
+        slurm: Mapping[str, SlurmNode],
+        *,
+        grow: bool = True,
+    ) -> DynamicPlan:
+        """One pass of a dynamic group: its nodes within max_nodes created in slurmctld
+        (one ``scontrol create``; not while ``grow`` is False: protected), those past it
+        deleted once safe. SchedulerError when Slurm refuses either (the next pass
+        tries again; Slurm deletes what it may of a refused batch)."""
+        g = self.groups[group]
+        plan = plan_dynamic(g.node_names(), g.limit, states, slurm, create=grow)
+        if plan.create:
+            # a create naming a node that exists fails, and on 24.11 deletes that node if
+            # it holds no job (test_slurm_versions): read again just before, make only
+            # what is still missing
+            here = {n.name for n in self.scheduler.nodes()}
+            plan = replace(plan, create=tuple(n for n in plan.create if n not in here))
+        if plan.create:
+            self.scheduler.create_nodes(list(plan.create), node_settings(g))
+            log.info("group.dynamic_created group=%s nodes=%s", group, compress(list(plan.create)))
+        if plan.delete:
+            self.scheduler.delete_nodes(list(plan.delete))
+            log.info("group.dynamic_deleted group=%s nodes=%s", group, compress(list(plan.delete)))
+        return plan
+
+    def delete_strays(
+        self, nodes: Sequence[SlurmNode], states: Mapping[str, NodeState]
+    ) -> list[str]:
+        """Delete the nodes of a dynamic group the config no longer has (its feature
+        ``sbdyn_<group>``) that are safe to delete; the names deleted."""
+        features = [g.nodeset for g in self.groups.values() if g.dynamic]
+        gone = [n.name for n in strays(nodes, features, DYNAMIC_PREFIX)
+                if deletable(n, states.get(n.name))]  # fmt: skip
+        if gone:
+            self.scheduler.delete_nodes(gone)
+            log.info("group.dynamic_strays_deleted nodes=%s", compress(gone))
+        return gone
 
     def _resume_one(self, name: str) -> bool:
         try:

@@ -29,6 +29,7 @@ from typing import Any
 from slurm_burst.config import Fleet
 from slurm_burst.core.cloud import CloudError, InUseError
 from slurm_burst.core.errors import BurstError
+from slurm_burst.core.hostlist import compress
 from slurm_burst.core.nodestate import LIVE, NodeState, Want
 from slurm_burst.core.placement import unheld
 from slurm_burst.core.reconcile import (
@@ -116,6 +117,7 @@ class Reconciler:
         self.metrics = ports.metrics
         self.groups = groups  # protected mode
         self.lifecycle = lifecycle  # the one writer of node records
+        self._all_nodes: list[Any] = []  # this pass's Slurm nodes, ours or not (strays)
 
     # -- observe ----------------------------------------------------------------
     def observe(self, report: PassReport) -> Snapshot:
@@ -131,6 +133,7 @@ class Reconciler:
 
         fleet = self.fleet
         nodes = read("slurm_nodes", self.scheduler.nodes)
+        self._all_nodes = list(nodes or ())
         ours = [n for n in nodes or () if fleet.group_of(n.name)]
         slurm_nodes = None if nodes is None else {n.name: n for n in ours}
         for (side, activity), n in node_activity(nodes or (), fleet.group_of).items():
@@ -280,7 +283,8 @@ class Reconciler:
         room comes back (GroupControl.keep_cap); a protected group is drained whole."""
         if snap.slurm_nodes is None:
             return  # Slurm unread: nothing is known of what it may power up
-        capped = [g for g in self.fleet.node_groups.values() if g.limit < g.count]
+        # a dynamic group's cap is the nodes slurmctld holds (keep_dynamic)
+        capped = [g for g in self.fleet.node_groups.values() if g.limit < g.count and not g.dynamic]
         if not capped:
             return
         groups = self.store.groups()  # read again: this pass may have protected one
@@ -305,6 +309,48 @@ class Reconciler:
             if self.metrics is not None:
                 self.metrics.cap(g.name, cap.room)
 
+    def keep_dynamic(self, snap: Snapshot, report: PassReport) -> None:
+        """Each dynamic group's nodes within max_nodes made in slurmctld, those past it
+        and those of a dynamic group no longer configured deleted once safe
+        (GroupControl.keep_dynamic, core.dynamic); a protected group makes none."""
+        if snap.slurm_nodes is None:
+            return  # Slurm unread: what it holds is not known
+        states = {r.name: r.state for r in snap.records.values()}
+        dynamic = [g for g in self.fleet.node_groups.values() if g.dynamic]
+        groups = self.store.groups() if dynamic else {}
+        for g in dynamic:
+            health = groups.get(g.name)
+            grow = health is None or not health.protected(snap.now)
+            try:
+                made = self.groups.keep_dynamic(g.name, states, snap.slurm_nodes, grow=grow)
+            except BurstError as exc:  # Slurm refused (MaxNodeCount, a node busy): next pass
+                self._dynamic_failed(f"dynamic.{g.name}", exc, snap, report)
+                continue
+            for kind, names in (("create_nodes", made.create), ("delete_nodes", made.delete)):
+                if names:
+                    report.actions[kind] = report.actions.get(kind, 0) + len(names)
+                    self.store.event(
+                        snap.now, f"dynamic.{kind}", "", f"{g.name}: {compress(list(names))}"
+                    )
+        try:
+            gone = self.groups.delete_strays(self._all_nodes, states)
+        except BurstError as exc:
+            self._dynamic_failed("dynamic.strays", exc, snap, report)
+            return
+        if gone:
+            report.actions["delete_nodes"] = report.actions.get("delete_nodes", 0) + len(gone)
+            self.store.event(
+                snap.now, "dynamic.delete_nodes", "", f"no dynamic group: {compress(gone)}"
+            )
+
+    def _dynamic_failed(
+        self, where: str, exc: BurstError, snap: Snapshot, report: PassReport
+    ) -> None:
+        report.errors[where] = str(exc)
+        log.warning("reconcile.dynamic_failed where=%s error=%s", where, exc)
+        if self.metrics is not None:
+            self.metrics.phase_error("dynamic")
+
     # -- one pass ----------------------------------------------------------------
     def pass_once(self) -> PassReport:
         report = PassReport(started=self.clock.now())
@@ -313,6 +359,7 @@ class Reconciler:
         p = plan(snap, self.policy)
         self.act(p, snap, report)
         self.keep_caps(snap, report)
+        self.keep_dynamic(snap, report)
         self.sweep_placements(snap, report)
         self.store.set_suspects(p.suspects)
         report.seconds = self.clock.monotonic() - t0

@@ -13,6 +13,7 @@ from pathlib import Path
 from string import Template
 
 from slurm_burst.config import Config, NodeGroup
+from slurm_burst.config.validate import dynamic_refusal
 from slurm_burst.core.errors import BadInput
 from slurm_burst.core.hostlist import compress
 from slurm_burst.core.pricing import billing_weight
@@ -47,16 +48,29 @@ def line(*pairs: tuple[str, object]) -> str:
     return " ".join(f"{key}={word(value, key)}" for key, value in pairs)
 
 
-def node_line(g: NodeGroup) -> str:
+def node_settings(g: NodeGroup) -> list[tuple[str, object]]:
+    """The settings of a NodeName line of group ``g`` after the name: slurm.conf's for a
+    declared group, ``scontrol create``'s for a dynamic one (its NodeSet's feature too)."""
     pairs: list[tuple[str, object]] = [
-        ("NodeName", g.hostlist), ("State", "CLOUD"), ("CPUs", g.cpus),
-        ("RealMemory", g.memory_mb),
+        ("State", "CLOUD"), ("CPUs", g.cpus), ("RealMemory", g.memory_mb),
     ]  # fmt: skip
-    if g.features:
-        pairs.append(("Features", ",".join(g.features)))
+    features = [*g.features, g.nodeset] if g.dynamic else list(g.features)
+    if features:
+        pairs.append(("Features", ",".join(features)))
     if g.gpus:
         pairs.append(("Gres", f"gpu:{g.gpu_type}:{g.gpus}" if g.gpu_type else f"gpu:{g.gpus}"))
-    return comment(f"# node group {g.name}: sizes {', '.join(g.sizes)}") + "\n" + line(*pairs)
+    return pairs
+
+
+def node_line(g: NodeGroup) -> str:
+    head = comment(f"# node group {g.name}: sizes {', '.join(g.sizes)}")
+    if g.dynamic:  # its nodes are made at run time (services/groups.py): the set is named
+        return (
+            f"{head}; dynamic: up to {g.limit} nodes {comment(g.hostlist)} created by the "
+            f"daemon with the feature {g.nodeset}\n"
+            + line(("NodeSet", g.nodeset), ("Feature", g.nodeset))
+        )
+    return head + "\n" + line(("NodeName", g.hostlist), *node_settings(g))
 
 
 def gres_line(g: NodeGroup) -> str:
@@ -67,14 +81,18 @@ def gres_line(g: NodeGroup) -> str:
 def partition_lines(cfg: Config) -> list[str]:
     lines = []
     for part in cfg.burst_partitions():
-        names = [n for g in cfg.node_groups.values() if g.partition == part for n in g.node_names()]
+        groups = [g for g in cfg.node_groups.values() if g.partition == part]
+        names = [n for g in groups if not g.dynamic for n in g.node_names()]
+        nodes = ",".join(
+            ([compress(names)] if names else []) + [g.nodeset for g in groups if g.dynamic]
+        )
         pcfg = cfg.partitions.get(part)
         suspend = (
             pcfg.suspend_time if pcfg and pcfg.suspend_time is not None else cfg.slurm.suspend_time
         )
         fields: list[tuple[str, object]] = [
             ("PartitionName", part),
-            ("Nodes", compress(names)),
+            ("Nodes", nodes),
             ("MaxTime", pcfg.max_time if pcfg else "INFINITE"),
             ("Default", "YES" if pcfg and pcfg.default else "NO"),
             ("SuspendTime", suspend),
@@ -202,11 +220,12 @@ FRAGMENT_KEYS = frozenset({
     "SuspendRate", "SuspendExcParts", "SuspendExcNodes", "SlurmctldParameters",
     "PrivateData", "TreeWidth", "CommunicationParameters", "GresTypes",
     "HealthCheckProgram", "HealthCheckInterval", "HealthCheckNodeState", "EnforcePartLimits",
-    "BurstBufferType",
+    "BurstBufferType", "MaxNodeCount",
 })  # fmt: skip
 NODE_KEYS = frozenset({"NodeName", "State", "CPUs", "RealMemory", "Features", "Gres"})
 PARTITION_KEYS = frozenset({"PartitionName", "Nodes", "MaxTime", "Default", "SuspendTime",
                             "State", "TRESBillingWeights", "DenyAccounts", "DenyQos"})  # fmt: skip
+NODESET_KEYS = frozenset({"NodeSet", "Feature"})
 GRES_KEYS = frozenset({"NodeName", "Name", "Type", "File"})
 
 
@@ -226,6 +245,8 @@ def check_rendered(name: str, text: str) -> None:
             allowed = NODE_KEYS
         elif head == "PartitionName":
             allowed = PARTITION_KEYS
+        elif head == "NodeSet":
+            allowed = NODESET_KEYS
         else:
             allowed = FRAGMENT_KEYS if len(settings) == 1 and head not in seen else frozenset()
             seen.add(head)
@@ -235,6 +256,23 @@ def check_rendered(name: str, text: str) -> None:
                 f"{name} line {settings[0].line} would set {stray[0] if stray else head} "
                 "as slurm-burst does not"
             )
+
+
+def dynamic_lines(cfg: Config, release: str) -> str:
+    """MaxNodeCount (room for the dynamic groups' nodes), or why none is written;
+    RenderError for a dynamic group on a release before 23.11."""
+    dynamic = [g.name for g in cfg.node_groups.values() if g.dynamic]
+    refused = dynamic_refusal(cfg, release)
+    if refused:
+        raise RenderError(f"{cfg.source}: {refused}")
+    n = cfg.slurm.max_node_count
+    if not n:
+        return "# MaxNodeCount: the site's own (no dynamic node group)"
+    return (
+        "# Room for the nodes the daemon creates (dynamic node groups: "
+        f"{', '.join(dynamic) or 'none'}); the site's and ours together\n"
+        + line(("MaxNodeCount", n))
+    )
 
 
 def _render(cfg: Config, release: str, kept_paths: Sequence[str] | None) -> dict[str, str]:
@@ -269,6 +307,7 @@ def _render(cfg: Config, release: str, kept_paths: Sequence[str] | None) -> dict
         comm_params=rel["comm_params"],
         suspend_exc_parts=exc,
         node_lines="\n".join(node_line(g) for g in cfg.node_groups.values()),
+        dynamic=dynamic_lines(cfg, release),
         partition_lines="\n".join(partition_lines(cfg)),
         health_check=health_check_lines(cfg),
         enforce=enforce_lines(cfg),

@@ -18,6 +18,7 @@ from slurm_burst.adapters.nodeapi import NodeApiServer
 from slurm_burst.adapters.ssh.session import SshConnector, generate_key
 from slurm_burst.adapters.stagepush import CliPusher
 from slurm_burst.config import Config, NodeGroup
+from slurm_burst.config.validate import dynamic_refusal
 from slurm_burst.core.cloud import CapacityError
 from slurm_burst.core.mesh import hub_address
 from slurm_burst.core.reconcile import Policy
@@ -385,7 +386,13 @@ def node_agents(
 
 
 def daemon(cfg: Config) -> Daemon:
-    """The daemon with every collaborator built from ``cfg`` (the hub is brought up)."""
+    """The daemon with every collaborator built from ``cfg`` (the hub is brought up).
+    RuntimeError, before anything is made, when the cluster's Slurm cannot run the
+    config's dynamic node groups."""
+    release = _release_or_none(cfg)
+    refused = dynamic_refusal(cfg, release) if release else None
+    if refused:
+        raise RuntimeError(refused)
     key_path = str(Path(cfg.daemon.state_dir) / "ssh" / "id_ed25519")
     ssh_public = generate_key(key_path)
     munge_key = Path(cfg.slurm.munge_key).read_bytes()
@@ -410,7 +417,7 @@ def daemon(cfg: Config) -> Daemon:
         sql_ledger=sql,
         metrics=prom,
         chargeback=chargeback(cfg, sql, prom),
-        slurm_release=_release_or_none(cfg),
+        slurm_release=release,
         steering=slurm,
         stager=stager(cfg) if cfg.staging.store else None,
         pusher=child if cfg.staging.store else None,

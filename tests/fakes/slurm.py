@@ -12,6 +12,7 @@ from slurm_burst.core.slurm import (
     SlurmJob,
     SlurmNode,
     SlurmPartition,
+    check_names,
     check_update,
 )
 
@@ -37,6 +38,11 @@ class FakeScheduler:
         self.scripts: dict[int, str] = {}  # job -> its batch script
         self.signals: list[tuple[int, str, bool]] = []  # (job, signal, batch only) sent
         self.requeued: list[int] = []
+        self.dynamic: set[str] = set()  # nodes made by create_nodes (deletable)
+        self.created: list[tuple[list[str], dict[str, str]]] = []  # each create_nodes call
+        self.deleted: list[list[str]] = []  # each delete_nodes call
+        # a created node's partitions by its last feature (its NodeSet's); default: all
+        self.dynamic_partitions: dict[str, tuple[str, ...]] = {}
         self._lock = threading.Lock()
 
     @classmethod
@@ -138,6 +144,50 @@ class FakeScheduler:
                     addrs[i] if addrs is not None else None,
                     hostnames[i] if hostnames is not None else None,
                 )
+
+    def create_nodes(self, names: Sequence[str], settings: Sequence[tuple[str, object]]) -> None:
+        """As slurmctld's create_nodes: State=CLOUD only; a name that exists fails the
+        call (the names before it are made, as Slurm's loop leaves them)."""
+        check_names(names)
+        given = {k: str(v) for k, v in settings}
+        with self._lock:
+            self.created.append((list(names), given))
+            if given.get("State", "").upper() != "CLOUD":
+                raise SchedulerError(
+                    "scontrol create: Only State=FUTURE, CLOUD, or EXTERNAL allowed"
+                )
+            parts = tuple(sorted({p for n in self._nodes.values() for p in n.partitions}))
+            features = tuple(given.get("Features", "").split(",")) if given.get("Features") else ()
+            for name in names:
+                if name in self._nodes:
+                    raise SchedulerError(f"scontrol create: Duplicate node name {name}")
+                self._nodes[name] = SlurmNode(
+                    name, "idle", frozenset({"CLOUD", "POWERED_DOWN", "DYNAMIC_NORM"}),
+                    self.dynamic_partitions.get(features[-1], parts) if features else parts,
+                    features=features, addr=name,
+                )  # fmt: skip
+                self.dynamic.add(name)
+
+    def delete_nodes(self, names: Sequence[str]) -> None:
+        """As slurmctld's delete_nodes: each dynamic node without a job or reservation
+        goes; the others are named in the error."""
+        check_names(names)
+        with self._lock:
+            self.deleted.append(list(names))
+            refused = []
+            for name in names:
+                n = self._nodes.get(name)
+                busy = n is not None and (
+                    n.state in ("allocated", "mixed", "completing")
+                    or bool(n.flags & {"RESERVED", "COMPLETING"})
+                )
+                if n is None or name not in self.dynamic or busy:
+                    refused.append(name)
+                    continue
+                del self._nodes[name]
+                self.dynamic.discard(name)
+            if refused:
+                raise SchedulerError(f"scontrol delete: failed to delete nodes {','.join(refused)}")
 
     def slurmd_registered(self, names: Sequence[str]) -> None:
         """What slurmctld does when the nodes' slurmd register: powered up, idle."""

@@ -27,12 +27,14 @@ from slurm_burst.core.slurm import (
     SlurmJob,
     SlurmNode,
     SlurmPartition,
+    check_names,
     check_update,
     parse_job_gpus,
     parse_job_owner,
     parse_queue,
     parse_state_field,
 )
+from slurm_burst.core.slurmsyntax import word
 
 log = logging.getLogger(__name__)
 
@@ -303,6 +305,25 @@ class SlurmCli:
                 "slurm.update nodes=%d hostlist=%s state=%s", len(chunk), compress(chunk), state
             )
             self._cmd("scontrol", *args)
+
+    def create_nodes(self, names: Sequence[str], settings: Sequence[tuple[str, object]]) -> None:
+        """Dynamic nodes: ``scontrol create NodeName=<names> Key=Value...`` in one call
+        (slurmctld parses it as a slurm.conf NodeName line). Each value must be one word
+        Slurm reads back as it is (SlurmSyntaxError before anything is asked)."""
+        check_names(names)
+        args = ["create", f"NodeName={compress(list(names))}"]
+        args += [f"{key}={word(value, key)}" for key, value in settings]
+        log.info("slurm.create nodes=%d hostlist=%s", len(names), compress(list(names)))
+        self._cmd("scontrol", *args)
+
+    def delete_nodes(self, names: Sequence[str]) -> None:
+        """``scontrol delete NodeName=<names>``, in batches: Slurm deletes each dynamic
+        node that holds no job and no reservation and names the rest in its error."""
+        check_names(names)
+        for start in range(0, len(names), self.batch):
+            chunk = list(names[start : start + self.batch])
+            log.info("slurm.delete nodes=%d hostlist=%s", len(chunk), compress(chunk))
+            self._cmd("scontrol", "delete", f"NodeName={compress(chunk)}")
 
 
 def parse_oneliners(text: str) -> dict[str, SlurmNode]:

@@ -1,0 +1,63 @@
+"""The lab's dynamic node group (Slurm 23.11 and newer): group ``dyn``, partition
+``burst-dyn``, whose nodes are in no slurm.conf line: the daemon creates them in
+slurmctld (``nodes = "dynamic"``, docs/configuration.md).
+
+A drop-in of the lab's config, written by ``lab up`` on a release that has dynamic
+nodes and removed on any other and by ``lab down``: 22.05's lab (the suite's, the
+demo's) stays as it was, and ``conf render`` on 22.05 would refuse the group.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+
+from slurm_burst.config import Config
+from slurm_burst.config.load import dropin_dir
+from slurm_burst.config.validate import DYNAMIC_SINCE
+from slurm_burst.core.slurm import release_key
+from slurm_burst.fileio import write_durable
+from slurm_burst_lab.components import onprem_names
+from slurm_burst_lab.config import settings
+
+DROPIN = "50-lab-dynamic.toml"
+GROUP = "dyn"
+PARTITION = "burst-dyn"
+COUNT = 4  # names burst-dyn-[1-4]
+MAX_NODES = 2  # made in slurmctld
+
+
+def wanted(release: str) -> bool:
+    return release_key(release) >= DYNAMIC_SINCE
+
+
+def enable(cfg: Config) -> Path:
+    """Write the drop-in; MaxNodeCount leaves room for every name of the group."""
+    declared = sum(g.count for g in cfg.node_groups.values() if not g.dynamic)
+    room = len(onprem_names(settings(cfg))) + declared + COUNT
+    where = dropin_dir(Path(cfg.source))
+    where.mkdir(mode=0o755, exist_ok=True)
+    body = (
+        "# written by 'lab up' on Slurm 23.11+ (lab/slurm_burst_lab/dynamic.py), removed by\n"
+        "# 'lab down': a node group whose nodes the daemon creates in slurmctld\n"
+        f"[slurm]\nmax_node_count = {room}\n\n"
+        f"[node_groups.{GROUP}]\n"
+        f'pattern = "burst-dyn-{{n}}"\ncount = {COUNT}\nmax_nodes = {MAX_NODES}\n'
+        f'nodes = "dynamic"\npartition = "{PARTITION}"\nproviders = ["lab"]\n'
+        'sizes = ["ns.cpu2"]\nimage = "host"\ncpus = 2\nmemory_mb = 1000\n'
+        'features = ["cloud", "cpu"]\nprice_per_hour = { "ns.cpu2" = 0.085 }\n\n'
+        f'[partitions.{PARTITION}]\nsuspend_time = 30\nmax_time = "1:00:00"\n'
+    )
+    return write_durable(where, DROPIN, body.encode(), 0o644)
+
+
+def disable(config: Path) -> bool:
+    """The drop-in removed (True), if there was one."""
+    where = dropin_dir(config)
+    try:
+        (where / DROPIN).unlink()
+    except FileNotFoundError:
+        return False
+    with contextlib.suppress(OSError):  # the directory, if nothing else is in it
+        where.rmdir()
+    return True
