@@ -90,7 +90,8 @@ VERSION_TESTS_24.11 := \
 	tests/lab/test_x_ec2.py::test_spot_withheld_falls_back_after_the_wait_and_the_job_runs \
 	tests/lab/test_x_azure.py::test_spot_withheld_falls_back_after_the_wait_and_the_job_runs \
 	tests/lab/test_x_azure.py::test_a_job_runs_on_azure_vms_on_a_newer_release \
-	tests/lab/test_x_mesh_direct.py
+	tests/lab/test_x_mesh_direct.py \
+	tests/lab/test_x_dynamic.py::test_a_job_bursts_onto_dynamic_nodes_through_a_slurmctld_restart
 # The suspend path (SuspendTime, the SuspendProgram's release) on 26.05 only: 24.11 and
 # 26.05 call it alike (the 23.02 interface); 22.05's own runs on the host.
 VERSION_TESTS_26.05 := \
@@ -104,7 +105,8 @@ VERSION_TESTS_26.05 := \
 	tests/lab/test_x_ec2.py::test_an_interruption_notice_signals_the_job_which_is_requeued_and_completes_elsewhere \
 	tests/lab/test_x_gce.py::test_spot_refused_runs_a_4_node_job_on_demand_in_one_compact_placement_policy \
 	tests/lab/test_x_gce.py::test_a_preemption_signals_the_job_which_is_requeued_and_completes_on_a_replacement \
-	tests/lab/test_x_cap.py
+	tests/lab/test_x_cap.py \
+	tests/lab/test_x_dynamic.py::test_a_lowered_limit_deletes_the_nodes_once_released
 # On the host's release and again on the newest: the README's make demo (scripts/demo.sh).
 NEWEST_TOO := tests/lab/test_zy_demo.py
 NEWEST := 26.05

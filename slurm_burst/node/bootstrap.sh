@@ -118,7 +118,8 @@ agent-start)
     ;;
 slurmd-start)
     # slurmd-start NODE CONF_SERVER [SLURMD_ARGS...]: start slurmd (once) in configless
-    # mode as NODE; on 23.11+ the instance's --instance-id, --instance-type and --extra
+    # mode as NODE; on 23.11+ the instance's --instance-id, --instance-type and --extra;
+    # a dynamic group's node: -Z and --conf (its settings: it is in no slurm.conf line)
     node=$1; server=$2; shift 2
     install -d -m 0755 /var/log/slurm /var/lib/slurm /run/slurm
     if pgrep -x slurmd >/dev/null 2>&1; then

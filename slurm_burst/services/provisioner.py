@@ -81,6 +81,7 @@ from slurm_burst.services.lifecycle import Lifecycle
 from slurm_burst.services.nodestage import NodeStaging
 from slurm_burst.services.outputs import Outputs
 from slurm_burst.services.runtimecheck import RuntimeCheck
+from slurm_burst.services.slurmconf import dynamic_slurmd_args
 
 log = logging.getLogger(__name__)
 
@@ -689,7 +690,8 @@ class Provisioner:
                 with self._timed(rec.name, "stage-in"):
                     self.staging.pull(sh, rec, deadline, lambda: self._check_want(rec.name))
             with self._timed(rec.name, "slurmd"):
-                self._step(sh, "slurmd-start", rec.name, hub_ip, *facts.slurmd_args)
+                args = (*dynamic_slurmd_args(group), *facts.slurmd_args)
+                self._step(sh, "slurmd-start", rec.name, hub_ip, *args)
         finally:
             sh.close()
         self.instances.record(rec, rec.instance_id, "joined", self.clock.now())

@@ -62,6 +62,20 @@ def node_settings(g: NodeGroup) -> list[tuple[str, object]]:
     return pairs
 
 
+def dynamic_slurmd_args(g: NodeGroup) -> tuple[str, ...]:
+    """slurmd's flags on a node of dynamic group ``g`` (none for a declared group): ``-Z``
+    and ``--conf`` with the settings ``scontrol create`` gave the node. Without them a
+    slurmd whose name is in no slurm.conf line exits at once ("Unable to find node
+    record", ``_read_config`` in slurmd.c); with them it builds its own record and
+    registers as the node slurmctld holds (``_slurm_rpc_node_registration``: an
+    existing name is validated as any node's registration)."""
+    if not g.dynamic:
+        return ()
+    conf = " ".join(f"{key}={word(value, key)}" for key, value in node_settings(g)
+                    if key != "State")  # fmt: skip
+    return ("-Z", "--conf", conf)
+
+
 def node_line(g: NodeGroup) -> str:
     head = comment(f"# node group {g.name}: sizes {', '.join(g.sizes)}")
     if g.dynamic:  # its nodes are made at run time (services/groups.py): the set is named

@@ -88,6 +88,18 @@ def test_a_job_bursts_onto_dynamic_nodes_as_onto_declared_ones(w: World) -> None
     assert [w.rec(n).state for n in NAMES[:2]] == [NodeState.JOINED] * 2
     assert {w.rec(n).group for n in NAMES[:2]} == {"dyn"}
     assert len(w.cloud.live()) == 2
+    # slurmd -Z with the node's settings: a name in no slurm.conf line needs them
+    started = [argv for node in w.connector.nodes.values() for argv in node.ran
+               if "slurmd-start" in argv]  # fmt: skip
+    assert len(started) == 2
+    for argv in started:
+        at = argv.index("-Z")
+        assert argv[at : at + 3] == [
+            "-Z",
+            "--conf",
+            "CPUs=2 RealMemory=1000 Features=cloud,sbdyn_dyn",
+        ]
+        assert "--instance-id" in argv  # 24.11: the instance's flags after them
 
 
 def test_a_lowered_limit_deletes_only_what_holds_no_instance_and_no_job(w: World) -> None:
