@@ -30,10 +30,12 @@ def pct(samples: list[float], p: float) -> float:
     return s[min(len(s) - 1, round(p / 100 * (len(s) - 1)))]
 
 
-def bench_hooks(calls: int = 1000, locked: bool = False) -> None:
+def bench_hooks(calls: int = 1000, locked: bool = False, dynamic_nodes: int = 0) -> None:
     """The resume hook run as slurmctld runs it, ``calls`` times; ``locked``: with the
     state database write-locked by another connection all along, so every request goes
-    to the spool after daemon.hook_db_timeout (0.5 s here) and must be found there."""
+    to the spool after daemon.hook_db_timeout (0.5 s here) and must be found there.
+    ``dynamic_nodes``: the config also has a dynamic group of that many nodes, and the
+    hook is asked for its nodes (benchmarks/dynamic.py)."""
     from slurm_burst.adapters.state.requestspool import RequestSpool
     from slurm_burst.adapters.state.store import Store
     from slurm_burst.core.records import StoreError
@@ -50,9 +52,15 @@ def bench_hooks(calls: int = 1000, locked: bool = False) -> None:
             # counts as alive for the whole run (here the spool is measured, not staleness)
             ("heartbeat_stale = 60", "heartbeat_stale = 600\nhook_db_timeout = 0.5" if locked
              else "heartbeat_stale = 60"),
+            *([("[slurm]\n", f"[slurm]\nmax_node_count = {dynamic_nodes + 1000}\n")]
+              if dynamic_nodes else []),
         ):  # fmt: skip
             assert old in text, old
             text = text.replace(old, new)
+        if dynamic_nodes:
+            from dynamic import group_toml
+
+            text += group_toml(dynamic_nodes)
         cfg = Path(tmp, "cfg.toml")
         cfg.write_text(text)
         prog = Path(tmp, "slurm-burst-resume")
@@ -77,7 +85,9 @@ def bench_hooks(calls: int = 1000, locked: bool = False) -> None:
         samples = []
         try:
             for i in range(calls):
-                node = f"burst-cpu-[{1 + i % 31}-{2 + i % 31}]"
+                k = i % min(31, dynamic_nodes - 1) if dynamic_nodes else i % 31
+                node = (f"dyn-[{1 + k:04d}-{2 + k:04d}]" if dynamic_nodes
+                        else f"burst-cpu-[{1 + k}-{2 + k}]")  # fmt: skip
                 started = time.perf_counter()
                 done = subprocess.run([str(prog), node], env={"PATH": "/usr/bin:/bin"},
                                       stderr=subprocess.PIPE, text=True)  # fmt: skip
@@ -93,7 +103,11 @@ def bench_hooks(calls: int = 1000, locked: bool = False) -> None:
     p50, p99 = pct(samples, 50) * 1000, pct(samples, 99) * 1000
     goal = 800 if locked else 300  # locked: hook_db_timeout (500 ms) + the spool's fsyncs
     verdict = "OK" if p99 < goal else "OVER GOAL"
-    what = f"resume hook, {calls} runs" + (", database locked" if locked else "")
+    what = (
+        f"resume hook, {calls} runs"
+        + (", database locked" if locked else "")
+        + (f", a {dynamic_nodes}-node dynamic group" if dynamic_nodes else "")
+    )
     print(
         f"{what:<46} p50 {p50:6.1f} ms  p99 {p99:6.1f} ms"
         f"  max {max(samples) * 1000:6.1f} ms  (goal p99 < {goal} ms)  {verdict}"

@@ -213,6 +213,9 @@ def main(quick: bool) -> int:
         bench_lab(runs=sizes.size(3, 1))
         # cloud-to-cloud throughput direct and through the hub; notice -> the job's signal
         script("cloudnet")
+        # dynamic nodes: scontrol create + delete of 1,000 on 24.11 and 26.05's slurmctld;
+        # the resume hook's p99 with and without a 1,000-node dynamic group
+        script("dynamic")
         # MPI across 4 cloud nodes: allreduce direct, through the hub, raw; steps/s on 2
         # and 4 nodes; make demo-training's reclaim (its notice -> training again)
         script("training", *(["--no-demo"] if quick else []))

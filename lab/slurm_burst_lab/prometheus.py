@@ -18,6 +18,7 @@ from slurm_burst_lab.config import settings
 RULES = Path(__file__).resolve().parents[2] / "slurm-conf" / "prometheus" / "slurm-burst.rules.yml"
 LAB_FOR = "2s"
 SCRAPE_JOB = "slurm-burst"  # the job name the shipped rules select
+SLURMCTLD_PORT = 6817  # the lab's slurm.conf.in
 FOR_LINE = re.compile(r"^(\s+for:\s*)\S+\s*$", re.M)
 
 
@@ -26,17 +27,30 @@ def lab_rules(shipped: str) -> str:
     return FOR_LINE.sub(lambda m: m.group(1) + LAB_FOR, shipped)
 
 
-def config_text(cfg: Config, rules: Path) -> str:
-    """prometheus.yml: one job, the daemon's /metrics, every second."""
+# slurmctld's own endpoints (slurm.metrics, 25.11+): one job each (a job has one path)
+SLURMCTLD_PATHS = ("jobs", "nodes", "partitions", "scheduler")
+SLURMCTLD_JOB = "slurmctld"  # the job label of its series: slurmctld, as a site names it
+
+
+def config_text(cfg: Config, rules: Path, slurmctld: str = "") -> str:
+    """prometheus.yml: the daemon's /metrics every second; with ``slurmctld`` (its
+    host:port, where slurm.metrics serves them) slurmctld's own endpoints too."""
+    jobs: list[dict[str, Any]] = [
+        {"job_name": SCRAPE_JOB, "static_configs": [{"targets": [cfg.daemon.metrics_listen]}]}
+    ]
+    if slurmctld and cfg.slurm.metrics != "off":
+        jobs += [
+            {
+                "job_name": f"{SLURMCTLD_JOB}-{path}",
+                "metrics_path": f"/metrics/{path}",
+                "static_configs": [{"targets": [slurmctld], "labels": {"source": SLURMCTLD_JOB}}],
+            }
+            for path in SLURMCTLD_PATHS
+        ]
     conf = {
         "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
         "rule_files": [str(rules)],
-        "scrape_configs": [
-            {
-                "job_name": SCRAPE_JOB,
-                "static_configs": [{"targets": [cfg.daemon.metrics_listen]}],
-            }
-        ],
+        "scrape_configs": jobs,
     }
     return json.dumps(conf, indent=2) + "\n"  # JSON is YAML
 
@@ -53,7 +67,7 @@ def argv(cfg: Config, state: Path) -> list[str]:
     rules = state / "slurm-burst.rules.yml"
     rules.write_text(lab_rules(RULES.read_text()))
     conf = state / "prometheus.yml"
-    conf.write_text(config_text(cfg, rules))
+    conf.write_text(config_text(cfg, rules, f"{cfg.cluster.controller_addr}:{SLURMCTLD_PORT}"))
     return [
         binary,
         f"--config.file={conf}",

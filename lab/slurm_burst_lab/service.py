@@ -29,7 +29,7 @@ from slurm_burst.services.slurmconf import install_hooks
 from slurm_burst.wiring.clouds import cloud_driver
 from slurm_burst.wiring.daemon import mesh_hub
 from slurm_burst.wiring.light import scheduler
-from slurm_burst_lab import accounting, dynamic, images, ociimage, runtimeref, simnvml
+from slurm_burst_lab import accounting, images, ociimage, runtimeref, simnvml, slurmfeatures
 from slurm_burst_lab import components as c
 from slurm_burst_lab.config import settings
 from slurm_burst_lab.labvms import register_image
@@ -190,13 +190,13 @@ class Lab:
         else:
             self.progress(f"slurm {root.release}: its image, the controller root at {root.root}")
         root.setup(self.cfg.slurm.hook_dir, [self.lab.shared_dir], self.progress)
-        dynamic.disable(Path(self.cfg.source))  # whatever an earlier up left
-        if dynamic.wanted(root.release):
+        slurmfeatures.disable(Path(self.cfg.source))  # whatever an earlier up left
+        if slurmfeatures.wanted(root.release):
             self.progress(
-                f"slurm: node group {dynamic.GROUP} is dynamic (Slurm {root.release}): "
+                f"slurm: node group {slurmfeatures.GROUP} is dynamic (Slurm {root.release}): "
                 "the daemon creates its nodes in slurmctld"
             )
-            dynamic.enable(self.cfg)
+            slurmfeatures.enable(self.cfg, root.release)
         self.cfg = load_config(Path(self.cfg.source))  # with the drop-ins as they are now
         self.progress("slurm: configuration and power-saving hooks")
         c.write_slurm_conf(self.cfg, self.paths)
@@ -383,7 +383,7 @@ class Lab:
             removed.append(self.lab.shared_dir)
         if ociimage.unpin(Path(self.cfg.source)):
             removed.append("the config's drop-in pinning the lab's image")
-        if dynamic.disable(Path(self.cfg.source)):
+        if slurmfeatures.disable(Path(self.cfg.source)):
             removed.append("the config's drop-in of the dynamic node group")
         for bridge in [c.LAN_BRIDGE, *record.get("bridges", [])]:
             if net.link_exists(bridge):

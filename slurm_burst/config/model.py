@@ -79,6 +79,23 @@ class SlurmConfig:
         "'conf render' emits. Empty: read from 'sinfo --version' in bin_dir.",
         default="",
     )
+    metrics: str = doc(
+        "slurmctld's own OpenMetrics (Slurm 25.11 and newer: MetricsType=metrics/"
+        "openmetrics, served on SlurmctldPort at /metrics/jobs, /metrics/nodes, "
+        "/metrics/partitions, /metrics/scheduler, /metrics/jobs-users-accts): 'off'; "
+        "'open', served without authentication to whoever reaches slurmctld's port, "
+        "every cloud node over the mesh included (MetricsParameters=ignore_private_data: "
+        "the fragment's PrivateData=cloud would restrict them), job counts by user and "
+        "account among them; 'users' (26.05+), to root, SlurmUser and metrics_users only "
+        "(MetricsAuthUsers), each scrape authenticated with a JWT from the site's "
+        "auth/jwt set-up (docs/observability.md, 'slurmctld's own metrics').",
+        default="off",
+    )
+    metrics_users: tuple[str, ...] = doc(
+        "With metrics = 'users': the users allowed to scrape (MetricsAuthUsers), e.g. "
+        "['prometheus'].",
+        default=(),
+    )
     max_node_count: int = doc(
         "MaxNodeCount for slurm.conf: every node slurmctld may hold, the site's own and "
         "ours, declared and dynamic. Needed with a dynamic node group (Slurm makes room "

@@ -244,6 +244,7 @@ def _slurm(cfg: Config, out: list[Problem]) -> None:
             out.append(Problem(f"{base}.suspend_time", "must be a positive number of seconds"))
     if s.release and s.release not in SUPPORTED_RELEASES:
         out.append(Problem("slurm.release", f"must be one of {', '.join(SUPPORTED_RELEASES)}"))
+    _metrics(cfg, out)
     if s.prolog_chain and not s.prolog_chain.startswith("/"):
         out.append(Problem("slurm.prolog_chain", "must be an absolute path (Slurm's PATH is bare)"))
     burst = set(cfg.burst_partitions())
@@ -353,10 +354,52 @@ def dynamic_refusal(cfg: Config, release: str) -> str | None:
     if release_key(release) >= DYNAMIC_SINCE:
         return None
     return (
-        f"node group {dynamic[0]} is dynamic: Slurm {release} has dynamic nodes only "
-        "with TreeWidth=65533 on the whole cluster (its fan-out off), which slurm-burst "
-        "does not impose on a site; they need Slurm 23.11 or newer: use nodes = 'declared'"
+        f"node group {dynamic[0]} is dynamic: before 23.11 Slurm ({release} here) has "
+        "dynamic nodes only with TreeWidth=65533 for the whole cluster (no fan-out to "
+        "any node, on-prem ones too); slurm-burst supports and tests them from Slurm "
+        "23.11: use nodes = 'declared'"
     )
+
+
+METRICS_SINCE = {"open": (25, 11), "users": (26, 5)}
+
+
+def metrics_refusal(cfg: Config, release: str) -> str | None:
+    """Why Slurm ``release`` cannot serve slurm.metrics as configured; None if it can."""
+    want = cfg.slurm.metrics
+    since = METRICS_SINCE.get(want)
+    if since is None or release not in SUPPORTED_RELEASES or release_key(release) >= since:
+        return None
+    what = "MetricsAuthUsers" if want == "users" else "slurmctld's OpenMetrics"
+    return (
+        f"slurm.metrics = '{want}' needs Slurm {since[0]}.{since[1]:02d} or newer "
+        f"({what}); this cluster runs {release}: use 'off'"
+    )
+
+
+def _metrics(cfg: Config, out: list[Problem]) -> None:
+    s = cfg.slurm
+    if s.metrics not in ("off", "open", "users"):
+        out.append(Problem("slurm.metrics", "must be 'off', 'open' or 'users'"))
+        return
+    refused = metrics_refusal(cfg, s.release)
+    if refused:
+        out.append(Problem("slurm.metrics", refused))
+    if s.metrics == "users" and not s.metrics_users:
+        out.append(Problem("slurm.metrics_users", "must name at least one user with 'users'"))
+    for user in s.metrics_users:
+        if not is_name(user):
+            out.append(Problem("slurm.metrics_users", f"{user!r} is not a user name"))
+    if s.metrics == "open":
+        out.append(
+            Problem(
+                "slurm.metrics",
+                "'open' serves slurmctld's metrics (job counts by user and account) "
+                "without authentication to every host that reaches its port, cloud nodes "
+                "included",
+                severity="warning",
+            )
+        )
 
 
 def _dynamic_group(cfg: Config, g: NodeGroup, base: str, out: list[Problem]) -> None:

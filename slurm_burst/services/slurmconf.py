@@ -13,7 +13,7 @@ from pathlib import Path
 from string import Template
 
 from slurm_burst.config import Config, NodeGroup
-from slurm_burst.config.validate import dynamic_refusal
+from slurm_burst.config.validate import dynamic_refusal, metrics_refusal
 from slurm_burst.core.errors import BadInput
 from slurm_burst.core.hostlist import compress
 from slurm_burst.core.pricing import billing_weight
@@ -234,7 +234,7 @@ FRAGMENT_KEYS = frozenset({
     "SuspendRate", "SuspendExcParts", "SuspendExcNodes", "SlurmctldParameters",
     "PrivateData", "TreeWidth", "CommunicationParameters", "GresTypes",
     "HealthCheckProgram", "HealthCheckInterval", "HealthCheckNodeState", "EnforcePartLimits",
-    "BurstBufferType", "MaxNodeCount",
+    "BurstBufferType", "MaxNodeCount", "MetricsType", "MetricsParameters", "MetricsAuthUsers",
 })  # fmt: skip
 NODE_KEYS = frozenset({"NodeName", "State", "CPUs", "RealMemory", "Features", "Gres"})
 PARTITION_KEYS = frozenset({"PartitionName", "Nodes", "MaxTime", "Default", "SuspendTime",
@@ -289,6 +289,32 @@ def dynamic_lines(cfg: Config, release: str) -> str:
     )
 
 
+def metrics_lines(cfg: Config, release: str) -> str:
+    """slurmctld's own OpenMetrics as slurm.metrics says; RenderError where the release
+    cannot serve them so."""
+    refused = metrics_refusal(cfg, release)
+    if refused:
+        raise RenderError(f"{cfg.source}: {refused}")
+    s = cfg.slurm
+    if s.metrics == "off":
+        return "# slurmctld's OpenMetrics: off (slurm.metrics)"
+    head = (
+        "# slurmctld's own OpenMetrics (/metrics/jobs, /nodes, /partitions, /scheduler) on\n"
+        "# SlurmctldPort, beside the daemon's: "
+    )
+    if s.metrics == "open":
+        return (
+            head + "served to whoever reaches that port, cloud nodes\n"
+            "# included (PrivateData=cloud above would restrict them): slurm.metrics = 'open'\n"
+            "MetricsType=metrics/openmetrics\nMetricsParameters=ignore_private_data"
+        )
+    return (
+        head + "root, SlurmUser and these users only, each scrape\n"
+        "# with a JWT (the site's auth/jwt set-up): slurm.metrics = 'users'\n"
+        "MetricsType=metrics/openmetrics\n" + line(("MetricsAuthUsers", ",".join(s.metrics_users)))
+    )
+
+
 def _render(cfg: Config, release: str, kept_paths: Sequence[str] | None) -> dict[str, str]:
     tdir = template_dir()
     rel = release_settings(release)
@@ -322,6 +348,7 @@ def _render(cfg: Config, release: str, kept_paths: Sequence[str] | None) -> dict
         suspend_exc_parts=exc,
         node_lines="\n".join(node_line(g) for g in cfg.node_groups.values()),
         dynamic=dynamic_lines(cfg, release),
+        metrics=metrics_lines(cfg, release),
         partition_lines="\n".join(partition_lines(cfg)),
         health_check=health_check_lines(cfg),
         enforce=enforce_lines(cfg),

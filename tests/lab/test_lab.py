@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from slurm_burst_lab import dynamic
+from slurm_burst_lab import slurmfeatures as dynamic
 from slurm_burst_lab.service import Lab
 
 from slurm_burst.adapters.proc import run

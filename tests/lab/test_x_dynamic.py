@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from slurm_burst_lab import dynamic
+from slurm_burst_lab import slurmfeatures as dynamic
 from slurm_burst_lab.service import Lab
 
 from slurm_burst.adapters.state.store import Store

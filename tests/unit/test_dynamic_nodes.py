@@ -242,7 +242,7 @@ def test_render_names_the_group_by_its_nodeset_and_makes_room(tmp_path: Path) ->
         ([("[slurm]\n", "[slurm]\nmax_node_count = 10\n")], DYN, "slurm.max_node_count",
          "below the node groups' own"),
         ([("[slurm]\n", '[slurm]\nmax_node_count = 200\nrelease = "22.05"\n')], DYN,
-         "node_groups.dyn.nodes", "23.11 or newer"),
+         "node_groups.dyn.nodes", "supports and tests them from Slurm"),
         ([ROOM], DYN.replace('"dynamic"', '"elastic"'), "node_groups.dyn.nodes",
          "'declared' or 'dynamic'"),
         ([ROOM], DYN + '[node_groups.dyn.warm.day]\nnodes = 1\nstart = "08:00"\nend = "18:00"\n',

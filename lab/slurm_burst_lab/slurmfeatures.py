@@ -1,10 +1,14 @@
-"""The lab's dynamic node group (Slurm 23.11 and newer): group ``dyn``, partition
-``burst-dyn``, whose nodes are in no slurm.conf line: the daemon creates them in
-slurmctld (``nodes = "dynamic"``, docs/configuration.md).
+"""Slurm's own cloud features in the lab, by release (issue 55):
 
-A drop-in of the lab's config, written by ``lab up`` on a release that has dynamic
-nodes and removed on any other and by ``lab down``: 22.05's lab (the suite's, the
-demo's) stays as it was, and ``conf render`` on 22.05 would refuse the group.
+- from 23.11, a dynamic node group: group ``dyn``, partition ``burst-dyn``, whose nodes
+  are in no slurm.conf line: the daemon creates them in slurmctld (``nodes =
+  "dynamic"``, docs/configuration.md);
+- from 25.11, slurmctld's own OpenMetrics (``slurm.metrics = "open"``), which the lab's
+  Prometheus scrapes beside the daemon (``lab.prometheus``).
+
+A drop-in of the lab's config, written by ``lab up`` on a release that has them and
+removed on any other and by ``lab down``: 22.05's lab (the suite's, the demo's) stays as
+it was, and ``conf render`` on 22.05 would refuse both.
 """
 
 from __future__ import annotations
@@ -14,13 +18,13 @@ from pathlib import Path
 
 from slurm_burst.config import Config
 from slurm_burst.config.load import dropin_dir
-from slurm_burst.config.validate import DYNAMIC_SINCE
+from slurm_burst.config.validate import DYNAMIC_SINCE, METRICS_SINCE
 from slurm_burst.core.slurm import release_key
 from slurm_burst.fileio import write_durable
 from slurm_burst_lab.components import onprem_names
 from slurm_burst_lab.config import settings
 
-DROPIN = "50-lab-dynamic.toml"
+DROPIN = "50-lab-slurm-features.toml"
 GROUP = "dyn"
 PARTITION = "burst-dyn"
 COUNT = 4  # names burst-dyn-[1-4]
@@ -28,19 +32,28 @@ MAX_NODES = 2  # made in slurmctld
 
 
 def wanted(release: str) -> bool:
+    """The release has dynamic nodes (and so the drop-in is written)."""
     return release_key(release) >= DYNAMIC_SINCE
 
 
-def enable(cfg: Config) -> Path:
+def metrics(release: str) -> bool:
+    """The release's slurmctld serves OpenMetrics."""
+    return release_key(release) >= METRICS_SINCE["open"]
+
+
+def enable(cfg: Config, release: str) -> Path:
     """Write the drop-in; MaxNodeCount leaves room for every name of the group."""
     declared = sum(g.count for g in cfg.node_groups.values() if not g.dynamic)
     room = len(onprem_names(settings(cfg))) + declared + COUNT
     where = dropin_dir(Path(cfg.source))
     where.mkdir(mode=0o755, exist_ok=True)
     body = (
-        "# written by 'lab up' on Slurm 23.11+ (lab/slurm_burst_lab/dynamic.py), removed by\n"
-        "# 'lab down': a node group whose nodes the daemon creates in slurmctld\n"
-        f"[slurm]\nmax_node_count = {room}\n\n"
+        "# written by 'lab up' on Slurm 23.11+ (lab/slurm_burst_lab/slurmfeatures.py), removed\n"
+        "# by 'lab down': a node group whose nodes the daemon creates in slurmctld, and\n"
+        "# from 25.11 slurmctld's own metrics\n"
+        f"[slurm]\nmax_node_count = {room}\n"
+        + ('metrics = "open"\n' if metrics(release) else "")
+        + "\n"
         f"[node_groups.{GROUP}]\n"
         f'pattern = "burst-dyn-{{n}}"\ncount = {COUNT}\nmax_nodes = {MAX_NODES}\n'
         f'nodes = "dynamic"\npartition = "{PARTITION}"\nproviders = ["lab"]\n'
