@@ -106,7 +106,8 @@ VERSION_TESTS_26.05 := \
 	tests/lab/test_x_gce.py::test_spot_refused_runs_a_4_node_job_on_demand_in_one_compact_placement_policy \
 	tests/lab/test_x_gce.py::test_a_preemption_signals_the_job_which_is_requeued_and_completes_on_a_replacement \
 	tests/lab/test_x_cap.py \
-	tests/lab/test_x_dynamic.py::test_a_lowered_limit_deletes_the_nodes_once_released
+	tests/lab/test_x_dynamic.py::test_a_lowered_limit_deletes_the_nodes_once_released \
+	tests/lab/test_x_observability.py::test_slurmctlds_own_series_feed_the_slurm_panels_and_the_down_alert
 # On the host's release and again on the newest: the README's make demo (scripts/demo.sh).
 NEWEST_TOO := tests/lab/test_zy_demo.py
 NEWEST := 26.05

@@ -96,7 +96,9 @@ def mesh_hub(cfg: Config) -> WireGuardHub:
 
 
 def metrics(cfg: Config) -> PromMetrics:
-    return PromMetrics(max_accounts=cfg.daemon.metrics_max_accounts)
+    m = PromMetrics(max_accounts=cfg.daemon.metrics_max_accounts)
+    m.burst_partitions((g.partition, g.name) for g in cfg.node_groups.values())
+    return m
 
 
 def agents_wanted(cfg: Config) -> bool:

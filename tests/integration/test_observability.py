@@ -207,3 +207,20 @@ def test_a_real_alertmanager_inhibits_symptoms_while_their_cause_fires(alertmana
     while (got := states()) != want and time.monotonic() < deadline:
         time.sleep(0.3)  # inhibition is worked out as the alerts arrive
     assert got == want
+
+
+SLURM_2605 = ROOT / "tests" / "data" / "slurm-26.05"
+
+
+def test_rules_and_dashboard_name_only_series_slurmctld_serves() -> None:
+    """Slurm's own series the dashboard and the rules use are among those 26.05's
+    slurmctld served in the lab (its four endpoints, recorded in tests/data)."""
+    served = set()
+    for path in sorted(SLURM_2605.glob("metrics-*.txt")):
+        served |= set(re.findall(r"^# TYPE (\w+) ", path.read_text(), re.M))
+    assert len(served) > 50, served  # the four endpoints, recorded
+    used = set(
+        re.findall(r"\bslurm_(?!burst_)\w+", RULES.read_text() + " ".join(dashboard_queries()))
+    )
+    assert used, "the dashboard uses slurmctld's own series"
+    assert used - served == set()

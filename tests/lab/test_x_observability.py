@@ -12,13 +12,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from slurm_burst_lab import slurmfeatures
 from slurm_burst_lab.config import settings
 from slurm_burst_lab.prometheus import api
 from slurm_burst_lab.service import Lab
 
 from slurm_burst.config import Config
 from tests.conftest import wait
-from tests.lab.conftest import sh
+from tests.lab.conftest import RELEASE, await_alert, sh
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "slurm-conf" / "grafana" / "slurm-burst.json"
 
@@ -95,3 +96,47 @@ def test_the_group_variable_resolves_through_the_label_api(prom: str, lab_config
     )
     values = api(prom, f"label/{label}/values?" + urllib.parse.urlencode({"match[]": metric}))
     assert set(values) == set(lab_config.node_groups)
+
+
+SLURM_PANELS = (
+    "Pending jobs by partition (slurmctld)",
+    "Burst partitions' nodes by state (slurmctld)",
+)
+
+
+@pytest.mark.skipif(
+    not slurmfeatures.metrics(RELEASE),
+    reason=f"slurmctld serves OpenMetrics from 25.11 (the lab runs {RELEASE}): its series "
+    "are scraped on 26.05 (make test's share)",
+)
+def test_slurmctlds_own_series_feed_the_slurm_panels_and_the_down_alert(
+    prom: str, lab: Lab, lab_config: Config, env: dict[str, str]
+) -> None:
+    """On 26.05 the lab's Prometheus scrapes slurmctld's four endpoints (slurm.metrics =
+    'open'); a held job in a burst partition shows in the pending panel as a burst
+    partition's, the nodes panel has the burst nodes, and a burst node set DOWN by hand
+    fires SlurmBurstPartitionNodesDown for its partition until it is back."""
+    up = 'up{job=~"slurmctld-.*"} == 1'
+    wait(lambda: len(query(prom, up)) == 4 or None, 60, "slurmctld's four endpoints scraped")
+    job = sh(env, "sbatch", "--parsable", "--hold", "-p", "burst-cpu", "-t", "1",
+             "-o", "/dev/null", "--wrap", "true").strip().split(";")[0]  # fmt: skip
+    node = "burst-cpu-32"
+    try:
+        panels = {p["title"]: p for p in json.loads(DASHBOARD.read_text())["panels"]}
+        pending = substituted(panels[SLURM_PANELS[0]]["targets"][0]["expr"])
+
+        def burst_cpu_pending() -> list[dict[str, Any]]:
+            found = query(prom, pending)
+            return [r for r in found if r["metric"].get("partition") == "burst-cpu"
+                    and float(r["value"][1]) >= 1]  # fmt: skip
+
+        wait(burst_cpu_pending, 30, "the held job in the pending panel's burst series")
+        nodes = [query(prom, substituted(t["expr"])) for t in panels[SLURM_PANELS[1]]["targets"]]
+        assert any(float(r["value"][1]) > 0 for rs in nodes for r in rs), nodes
+        sh(env, "scontrol", "update", f"nodename={node}", "state=down", "reason=observability test")
+        await_alert(lab_config, "SlurmBurstPartitionNodesDown", True, partition="burst-cpu")
+    finally:
+        sh(env, "scancel", job, check=False)
+        sh(env, "scontrol", "update", f"nodename={node}", "state=resume", check=False)
+        sh(env, "scontrol", "update", f"nodename={node}", "state=power_down_force", check=False)
+    await_alert(lab_config, "SlurmBurstPartitionNodesDown", False, partition="burst-cpu")

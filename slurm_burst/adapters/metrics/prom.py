@@ -9,7 +9,7 @@ series labelled by node, exists only when ``gpu.per_gpu_metrics`` asks for it.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 from prometheus_client.core import CounterMetricFamily
@@ -254,6 +254,13 @@ class Metrics:
             "slurm_burst_info", "The daemon's version (value 1).", ["version"], registry=r
         )
         self.info.labels(__version__).set(1)
+        self.partition_info = Gauge(
+            "slurm_burst_partition_info",
+            "Each burst partition and a node group in it (value 1): joined on partition, it "
+            "keeps the burst partitions of slurmctld's own slurm_partition_* series.",
+            ["partition", "group"],
+            registry=r,
+        )
 
         g = ["group"]
         self.gpu_count = Gauge(
@@ -371,6 +378,11 @@ class Metrics:
 
     def cap(self, group: str, room: int) -> None:
         self.cap_room.labels(group).set(room)
+
+    def burst_partitions(self, pairs: Iterable[tuple[str, str]]) -> None:
+        """The config's (partition, group) pairs, once at the start (they change with it)."""
+        for partition, group in pairs:
+            self.partition_info.labels(partition, group).set(1)
 
     def resume_over_cap(self, group: str) -> None:
         self.over_cap.labels(group).inc()
