@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from slurm_burst.config import Config
+from slurm_burst.core.hostlist import expand
 
 
 def _minutes(limit: str) -> int | None:
@@ -42,12 +43,10 @@ def check_read_back(cfg: Config, scontrol: Callable[[list[str]], str]) -> None:
         declared = ",".join(g.hostlist for g in groups if not g.dynamic)
         nodesets = ",".join(g.nodeset for g in groups if g.dynamic)
         assert shown.get("NodeSets", "(null)") == (nodesets or "(null)"), shown
-        if declared or nodesets:
-            assert (
-                shown["Nodes"] in (declared, "(null)")
-                if not declared
-                else shown["Nodes"] == declared
-            ), shown
+        # Nodes= lists the declared nodes and those the daemon has made so far
+        listed = set(expand(shown["Nodes"])) if shown["Nodes"] != "(null)" else set()
+        dynamic = {n for g in groups if g.dynamic for n in g.node_names()}
+        assert listed - dynamic == (set(expand(declared)) if declared else set()), shown
         assert _minutes(shown["MaxTime"]) == _minutes(pcfg.max_time), (part, shown["MaxTime"])
         assert shown["SuspendTime"] == str(pcfg.suspend_time), shown
         assert shown["DenyAccounts"] == ",".join(denied), shown
