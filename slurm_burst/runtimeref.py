@@ -9,7 +9,7 @@ import os
 import threading
 from pathlib import Path
 
-from slurm_burst.core.jsonread import read_json
+from slurm_burst.core.jsonread import BadJson, read_json
 from slurm_burst.core.runtime import Manifest, ManifestError, from_document
 from slurm_burst.core.slurmsyntax import is_node_name
 from slurm_burst.fileio import FileRefused, ensure_dir, file_error, write_durable
@@ -34,7 +34,11 @@ def read_manifest(path: str | os.PathLike[str], *, trusted: bool = True) -> tupl
         raise ManifestError(f"{where!r}: not a path") from None
     if trusted and why:
         raise ManifestError(f"{where}: {why}; slurm-burst does not act on it")
-    return from_document(read_json(data, where), where), data
+    try:
+        doc = read_json(data, where)
+    except BadJson as exc:  # not JSON, too deep, NaN...: this manifest's fault, said so
+        raise ManifestError(str(exc)) from None
+    return from_document(doc, where), data
 
 
 class References:

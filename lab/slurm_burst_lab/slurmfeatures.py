@@ -59,7 +59,7 @@ def enable(cfg: Config, release: str) -> Path:
         f'nodes = "dynamic"\npartition = "{PARTITION}"\nproviders = ["lab"]\n'
         'sizes = ["ns.cpu2"]\nimage = "host"\ncpus = 2\nmemory_mb = 1000\n'
         'features = ["cloud", "cpu"]\nprice_per_hour = { "ns.cpu2" = 0.085 }\n\n'
-        f'[partitions.{PARTITION}]\nsuspend_time = 30\nmax_time = "1:00:00"\n'
+        f'[partitions.{PARTITION}]\nsuspend_time = 15\nmax_time = "1:00:00"\n'
     )
     return write_durable(where, DROPIN, body.encode(), 0o644)
 

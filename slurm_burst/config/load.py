@@ -59,9 +59,11 @@ def resolve_config_path(explicit: str | None) -> Path:
 
 
 def check_config(
-    path: Path, driver_exists: Callable[[str], bool] | None = None
+    path: Path, driver_exists: Callable[[str], bool] | None = None, *, references: bool = True
 ) -> tuple[Config | None, list[Problem]]:
-    """Load ``path``; return the config (None if unusable) and every problem found."""
+    """Load ``path``; return the config (None if unusable) and every problem found.
+    ``references``: read each group's reference runtime manifest too (``config check``;
+    the daemon reads it at each join, and a hook never needs it)."""
     source = str(path)
     try:
         data, why = read_checked(path, Writers.us(), CONFIG_MAX, follow=True)
@@ -79,7 +81,7 @@ def check_config(
     problems += more
     if cfg is not None:
         problems += _credential_file_problems(cfg) + _program_problems(cfg)
-        problems += _group_problems(cfg) + _runtime_problems(cfg)
+        problems += _group_problems(cfg) + (_runtime_problems(cfg) if references else [])
     lines = dict(_key_lines(text))
     for overlay in overlays:  # a value a drop-in set is not on the config's line
         for key in _dotted(overlay):
@@ -96,7 +98,10 @@ def _dotted(table: Mapping[str, Any], prefix: str = "") -> list[str]:
 
 
 def load_config(path: Path, driver_exists: Callable[[str], bool] | None = None) -> Config:
-    cfg, problems = check_config(path, driver_exists)
+    """The config at ``path``; ConfigError with every error. A group's reference runtime
+    manifest is not read here: a bad one refuses that group's nodes at their join
+    (RuntimeReference), never every command and hook (``config check`` says it)."""
+    cfg, problems = check_config(path, driver_exists, references=False)
     errors = [p for p in problems if p.severity == "error"]
     if cfg is None or errors:
         raise ConfigError(str(path), errors)

@@ -76,7 +76,7 @@ def test_a_job_bursts_onto_dynamic_nodes_through_a_slurmctld_restart(
     for n in made.values():
         assert {"CLOUD", "DYNAMIC_NORM", "POWERED_DOWN"} <= set(n["State"].split("+")), n
         assert n["Partitions"] == dynamic.PARTITION and "sbdyn_dyn" in n["AvailableFeatures"]
-    job = submit(lab, env, "srun hostname; sleep 25")
+    job = submit(lab, env, "srun hostname; sleep 15")
     wait(lambda: job_fields(env, job).get("JobState") == "RUNNING", 120, f"job {job} running")
     assert job_fields(env, job)["NodeList"] == "burst-dyn-[1-2]"
 
@@ -118,7 +118,7 @@ def test_a_lowered_limit_deletes_the_nodes_once_released(
         # a job holds them: kept, however many passes go by
         wait(lambda: ended(env, job), 60, f"job {job} ending")
         assert set(shown(env)) == set(MADE), up
-        # released by Slurm (SuspendTime 30 s), torn down, then deleted
+        # released by Slurm (SuspendTime 15 s), torn down, then deleted
         wait(lambda: not shown(env), 150, "the group's nodes deleted after their release")
         for name in MADE:
             rec = store.node(name)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from slurm_burst.config import ConfigError, check_config, load_config
-from tests.conftest import LAB_CONFIG, invoke
+from tests.conftest import LAB_CONFIG, invoke, lab_config_in
 
 LAB = Path(__file__).resolve().parents[2] / "slurm-conf" / "lab" / "slurm-burst.toml"
 
@@ -503,3 +503,19 @@ def test_a_runtime_manifest_not_there_yet_is_a_warning_and_a_bad_one_an_error(
     _, problems = check_config(write(tmp_path, text))
     bad = [p for p in problems if p.path == "node_groups.gpu.runtime_manifest"]
     assert bad[0].severity == "error" and "os: must be text" in bad[0].message
+
+
+def test_a_bad_runtime_manifest_stops_no_command_only_its_groups_joins(tmp_path: Path) -> None:
+    """load_config (every command, every hook) does not read the reference manifests:
+    a bad one is config check's error and the runtime step's RuntimeReference, not a
+    config error that would stop the resume hook for every group."""
+    bad = tmp_path / "ref.json"
+    bad.write_text("{not json")
+    cfg = lab_config_in(
+        tmp_path,
+        edits=[("[node_groups.cpu]\n", f'[node_groups.cpu]\nruntime_manifest = "{bad}"\n')],
+    )
+    assert cfg.node_groups["cpu"].runtime_manifest == str(bad)
+    _, problems = check_config(Path(cfg.source))
+    assert any(p.path == "node_groups.cpu.runtime_manifest" and p.severity == "error"
+               for p in problems)  # fmt: skip

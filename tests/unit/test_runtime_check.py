@@ -151,3 +151,16 @@ def test_a_reference_that_does_not_read_refuses_the_groups_nodes_with_its_own_co
     w.request("burst-cpu-2")
     rec = w.prov.drive("burst-cpu-2")
     assert rec is not None and rec.error == "RuntimeReference" and "schema 1" in rec.message
+
+
+def test_a_reference_that_is_not_json_is_a_runtime_reference_error(tmp_path: Path) -> None:
+    """A malformed reference (not JSON at all) reads as ManifestError, so the join says
+    RuntimeReference and config check says which file, rather than BadJson escaping."""
+    from slurm_burst.core.runtime import ManifestError
+    from slurm_burst.runtimeref import read_manifest
+
+    for body in ("{not json", "[" * 10_000, '{"os": NaN}'):
+        bad = tmp_path / "ref.json"
+        bad.write_text(body)
+        with pytest.raises(ManifestError, match="runtime manifest"):
+            read_manifest(bad)
