@@ -47,12 +47,9 @@ RELEASES = ("24.11", "26.05")
 
 def group_toml(nodes: int) -> str:
     """A dynamic group of ``nodes`` names, all made (max_nodes = count)."""
-    return (
-        f'\n[node_groups.dyn]\npattern = "dyn-{{n:04d}}"\ncount = {nodes}\nnodes = "dynamic"\n'
-        'partition = "burst-dyn"\nproviders = ["lab"]\nsizes = ["ns.cpu2"]\nimage = "host"\n'
-        'cpus = 2\nmemory_mb = 1000\nfeatures = ["cloud"]\n'
-        'price_per_hour = { "ns.cpu2" = 0.085 }\n'
-    )
+    from slurm_burst_lab.slurmfeatures import group_toml as lab_group
+
+    return "\n" + lab_group(count=nodes, max_nodes=nodes, pattern="dyn-{n:04d}")
 
 
 def config_with_group(tmp: Path, nodes: int) -> Path:
@@ -99,7 +96,8 @@ def one_release(release: str, cfg_path: Path, nodes: int, each: int, work: Path)
     ctl.start()
     try:
         # chroot execs each daemon: the same processes
-        pids = {"ctld": ctl.procs[-1].pid, "dbd": ctl.procs[1].pid, "db": mariadb_pid()}
+        ctld = ctl.procs[-1].pid
+        pids = {"ctld": ctld, "dbd": ctl.procs[1].pid, "db": mariadb_pid()}
         cli = SlurmCli(timeout=300, runner=lambda argv, **kw: ctl.run(argv, **kw))
         settings = node_settings(g)
         out: dict[str, Any] = {"release": release, "nodes": nodes, "each": each}
@@ -116,12 +114,17 @@ def one_release(release: str, cfg_path: Path, nodes: int, each: int, work: Path)
         timed("create_all", lambda: cli.create_nodes(names, settings))
         held = {n.name for n in cli.nodes()}
         assert set(names) <= held, "not every node was made"
-        out["ctld_rss_mb"] = rss_mb(pids["ctld"])
+        out["ctld_rss_mb"] = rss_mb(ctld)
         timed("delete_all", lambda: cli.delete_nodes(names))
         assert not set(names) & {n.name for n in cli.nodes()}, "a node was left"
         some = names[:each]
-        timed("create_each", lambda: [cli.create_nodes([n], settings) for n in some])
-        timed("delete_each", lambda: [cli.delete_nodes([n]) for n in some])
+
+        def one_by_one(call: Any) -> None:
+            for n in some:
+                call([n])
+
+        timed("create_each", lambda: one_by_one(lambda n: cli.create_nodes(n, settings)))
+        timed("delete_each", lambda: one_by_one(cli.delete_nodes))
         for phase in ("create_each", "delete_each"):
             out[f"{phase}_ms"] = out.pop(f"{phase}_s") / each * 1e3
         out["ctld_errors"] = len(ctl.errors())

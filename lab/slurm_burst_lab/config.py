@@ -3,14 +3,18 @@ and checked by the product's loader like its own sections, and read with :func:`
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import re
 from dataclasses import dataclass
+from pathlib import Path
 
 from slurm_burst.config import Config
+from slurm_burst.config.load import dropin_dir
 from slurm_burst.config.model import doc
 from slurm_burst.config.schema import Problem
 from slurm_burst.core.slurmsyntax import is_name, is_path
+from slurm_burst.fileio import write_durable
 
 NAME = "lab"
 _DB_NAME = re.compile(r"[A-Za-z0-9_]{1,64}", re.ASCII)
@@ -101,6 +105,26 @@ class LabConfig:
     runtime_libraries: tuple[str, ...] = doc(
         "Shared libraries (sonames) the reference records, with their digests.", default=()
     )
+
+
+def write_dropin(config: Path, name: str, body: str) -> Path:
+    """A drop-in ``name`` of the lab's config ``config`` (durable; its directory made)."""
+    where = dropin_dir(config)
+    where.mkdir(mode=0o755, exist_ok=True)
+    return write_durable(where, name, body.encode(), 0o644)
+
+
+def remove_dropin(config: Path, name: str) -> bool:
+    """The drop-in ``name`` of ``config`` removed (True), if there was one; its directory
+    too when nothing else is in it."""
+    where = dropin_dir(config)
+    try:
+        (where / name).unlink()
+    except FileNotFoundError:
+        return False
+    with contextlib.suppress(OSError):
+        where.rmdir()
+    return True
 
 
 def settings(cfg: Config) -> LabConfig:

@@ -16,7 +16,6 @@ Only on the host's release: the other releases' images have no podman.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import io
 import json
@@ -24,8 +23,7 @@ import tarfile
 from pathlib import Path
 from typing import Any
 
-from slurm_burst.config.load import dropin_dir
-from slurm_burst.fileio import write_durable
+from slurm_burst_lab.config import remove_dropin, write_dropin
 from slurm_burst_lab.runtimeref import run_node_program
 
 REF = "localhost/lab/fingerprint"
@@ -104,8 +102,6 @@ def build(layout: Path) -> str:
 def pin(config: Path, layout: Path, digest: str) -> Path:
     """The drop-in of the lab's config that pins the image and gives it to group
     ``direct`` (removed by :func:`unpin`)."""
-    where = dropin_dir(config)
-    where.mkdir(mode=0o755, exist_ok=True)
     body = (
         "# written by 'lab up' (lab/slurm_burst_lab/ociimage.py), removed by 'lab down':\n"
         "# the lab's container image, pinned as a site pins its images by digest (this\n"
@@ -113,19 +109,12 @@ def pin(config: Path, layout: Path, digest: str) -> Path:
         f'[images.{KEY}]\nref = "{REF}"\ndigest = "{digest}"\nlayout = "{layout}"\n\n'
         f'[node_groups.{GROUP}]\nimages = ["{KEY}"]\n'
     )
-    return write_durable(where, DROPIN, body.encode(), 0o644)
+    return write_dropin(config, DROPIN, body)
 
 
 def unpin(config: Path) -> bool:
     """The drop-in removed (True), if there was one."""
-    where = dropin_dir(config)
-    try:
-        (where / DROPIN).unlink()
-    except FileNotFoundError:
-        return False
-    with contextlib.suppress(OSError):  # the directory, if nothing else is in it
-        where.rmdir()
-    return True
+    return remove_dropin(config, DROPIN)
 
 
 def load_onprem(onprem: dict[str, dict[str, Any]], layout: Path, digest: str) -> None:

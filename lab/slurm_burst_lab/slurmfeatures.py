@@ -13,16 +13,13 @@ it was, and ``conf render`` on 22.05 would refuse both.
 
 from __future__ import annotations
 
-import contextlib
 from pathlib import Path
 
 from slurm_burst.config import Config
-from slurm_burst.config.load import dropin_dir
 from slurm_burst.config.validate import DYNAMIC_SINCE, METRICS_SINCE
 from slurm_burst.core.slurm import release_key
-from slurm_burst.fileio import write_durable
 from slurm_burst_lab.components import onprem_names
-from slurm_burst_lab.config import settings
+from slurm_burst_lab.config import remove_dropin, settings, write_dropin
 
 DROPIN = "50-lab-slurm-features.toml"
 GROUP = "dyn"
@@ -41,12 +38,25 @@ def metrics(release: str) -> bool:
     return release_key(release) >= METRICS_SINCE["open"]
 
 
+def group_toml(
+    count: int = COUNT, max_nodes: int = MAX_NODES, pattern: str = "burst-dyn-{n}"
+) -> str:
+    """The lab's dynamic group as config TOML (its partition's SuspendTime 15 s); the
+    tests and the benchmark make theirs of other sizes with it."""
+    return (
+        f'[node_groups.{GROUP}]\npattern = "{pattern}"\ncount = {count}\n'
+        f'max_nodes = {max_nodes}\nnodes = "dynamic"\npartition = "{PARTITION}"\n'
+        'providers = ["lab"]\nsizes = ["ns.cpu2"]\nimage = "host"\ncpus = 2\n'
+        'memory_mb = 1000\nfeatures = ["cloud", "cpu"]\n'
+        'price_per_hour = { "ns.cpu2" = 0.085 }\n\n'
+        f'[partitions.{PARTITION}]\nsuspend_time = 15\nmax_time = "1:00:00"\n'
+    )
+
+
 def enable(cfg: Config, release: str) -> Path:
     """Write the drop-in; MaxNodeCount leaves room for every name of the group."""
     declared = sum(g.count for g in cfg.node_groups.values() if not g.dynamic)
     room = len(onprem_names(settings(cfg))) + declared + COUNT
-    where = dropin_dir(Path(cfg.source))
-    where.mkdir(mode=0o755, exist_ok=True)
     body = (
         "# written by 'lab up' on Slurm 23.11+ (lab/slurm_burst_lab/slurmfeatures.py), removed\n"
         "# by 'lab down': a node group whose nodes the daemon creates in slurmctld, and\n"
@@ -54,23 +64,11 @@ def enable(cfg: Config, release: str) -> Path:
         f"[slurm]\nmax_node_count = {room}\n"
         + ('metrics = "open"\n' if metrics(release) else "")
         + "\n"
-        f"[node_groups.{GROUP}]\n"
-        f'pattern = "burst-dyn-{{n}}"\ncount = {COUNT}\nmax_nodes = {MAX_NODES}\n'
-        f'nodes = "dynamic"\npartition = "{PARTITION}"\nproviders = ["lab"]\n'
-        'sizes = ["ns.cpu2"]\nimage = "host"\ncpus = 2\nmemory_mb = 1000\n'
-        'features = ["cloud", "cpu"]\nprice_per_hour = { "ns.cpu2" = 0.085 }\n\n'
-        f'[partitions.{PARTITION}]\nsuspend_time = 15\nmax_time = "1:00:00"\n'
+        + group_toml()
     )
-    return write_durable(where, DROPIN, body.encode(), 0o644)
+    return write_dropin(Path(cfg.source), DROPIN, body)
 
 
 def disable(config: Path) -> bool:
     """The drop-in removed (True), if there was one."""
-    where = dropin_dir(config)
-    try:
-        (where / DROPIN).unlink()
-    except FileNotFoundError:
-        return False
-    with contextlib.suppress(OSError):  # the directory, if nothing else is in it
-        where.rmdir()
-    return True
+    return remove_dropin(config, DROPIN)

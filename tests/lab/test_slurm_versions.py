@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from slurm_burst_lab import images
+from slurm_burst_lab import images, slurmfeatures
 from slurm_burst_lab.versioned import VersionedController
 
 from slurm_burst.adapters.slurm.cli import SlurmCli
@@ -37,25 +37,7 @@ EDGES = (
     ("[slurm]\n", "[slurm]\nmax_node_count = 200\n"),  # room for the dynamic group
 )  # fmt: skip
 # A dynamic node group (23.11+, as both releases here are): a NodeSet, no NodeName line
-DYNAMIC = """
-[node_groups.dyn]
-pattern = "burst-dyn-{n}"
-count = 4
-max_nodes = 2
-nodes = "dynamic"
-partition = "burst-dyn"
-providers = ["lab"]
-sizes = ["ns.cpu2"]
-image = "host"
-cpus = 2
-memory_mb = 1000
-features = ["cloud", "cpu"]
-price_per_hour = { "ns.cpu2" = 0.085 }
-
-[partitions.burst-dyn]
-suspend_time = 30
-max_time = "1:00:00"
-"""
+DYNAMIC = "\n" + slurmfeatures.group_toml()
 
 
 @pytest.fixture(scope="module")

@@ -9,6 +9,7 @@ import dataclasses
 from pathlib import Path
 
 import pytest
+from slurm_burst_lab import slurmfeatures
 
 from slurm_burst.config.load import check_config
 from slurm_burst.config.validate import validate
@@ -19,21 +20,7 @@ from slurm_burst.services.slurmconf import RenderError, check_rendered, render
 from tests.conftest import LAB_CONFIG, lab_config_in
 from tests.fakes.world import World, make_world
 
-DYN = """
-[node_groups.dyn]
-pattern = "burst-dyn-{n}"
-count = 6
-max_nodes = 3
-nodes = "dynamic"
-partition = "burst-dyn"
-providers = ["lab"]
-sizes = ["ns.cpu2"]
-image = "host"
-cpus = 2
-memory_mb = 1000
-features = ["cloud"]
-price_per_hour = { "ns.cpu2" = 0.085 }
-"""
+DYN = "\n" + slurmfeatures.group_toml(count=6, max_nodes=3)
 ROOM = ("[slurm]\n", "[slurm]\nmax_node_count = 200\n")
 NAMES = [f"burst-dyn-{i}" for i in range(1, 7)]
 
@@ -70,7 +57,7 @@ def test_the_first_pass_creates_the_groups_nodes_in_slurm_as_its_nodeset_names_t
     names, settings = w.slurm.created[0]
     assert names == NAMES[:3]
     assert settings == {"State": "CLOUD", "CPUs": "2", "RealMemory": "1000",
-                        "Features": "cloud,sbdyn_dyn"}  # fmt: skip
+                        "Features": "cloud,cpu,sbdyn_dyn"}  # fmt: skip
     node = w.slurm.node(NAMES[0])
     assert node.powered_down and node.is_cloud and node.partitions == ("burst-dyn",)
     again = w.daemon.reconciler.pass_once()  # nothing missing: no second create
@@ -97,7 +84,7 @@ def test_a_job_bursts_onto_dynamic_nodes_as_onto_declared_ones(w: World) -> None
         assert argv[at : at + 3] == [
             "-Z",
             "--conf",
-            "CPUs=2 RealMemory=1000 Features=cloud,sbdyn_dyn",
+            "CPUs=2 RealMemory=1000 Features=cloud,cpu,sbdyn_dyn",
         ]
         assert "--instance-id" in argv  # 24.11: the instance's flags after them
 
