@@ -40,7 +40,7 @@ from slurm_burst.core.reconcile import (
     findings,
     plan,
 )
-from slurm_burst.core.slurm import SchedulerError, node_activity
+from slurm_burst.core.slurm import SchedulerError, SlurmNode, node_activity
 from slurm_burst.core.usage import InstanceEvent
 from slurm_burst.ports import AccountingLedger, Clock, Cloud, Mesh, Metrics, NodeStore, Scheduler
 from slurm_burst.services.fleetview import FleetView
@@ -117,7 +117,7 @@ class Reconciler:
         self.metrics = ports.metrics
         self.groups = groups  # protected mode
         self.lifecycle = lifecycle  # the one writer of node records
-        self._all_nodes: list[Any] = []  # this pass's Slurm nodes, ours or not (strays)
+        self._all_nodes: list[SlurmNode] = []  # this pass's Slurm nodes, ours or not (strays)
 
     # -- observe ----------------------------------------------------------------
     def observe(self, report: PassReport) -> Snapshot:
