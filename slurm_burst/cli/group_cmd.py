@@ -28,8 +28,9 @@ def group() -> None:
 @json_option
 @click.pass_context
 def list_groups(ctx: click.Context, as_json: bool) -> None:
-    """Each node group: warm nodes wanted now (of its pool), failed launches in a row,
-    protected until."""
+    """Each node group: its nodes (a dynamic group's: the names it may use, of which
+    slurmctld holds max_nodes), warm nodes wanted now (of its pool), failed launches in
+    a row, protected until."""
     from slurm_burst.services.warmpool import wanted
 
     cfg = app(ctx).config
@@ -43,6 +44,8 @@ def list_groups(ctx: click.Context, as_json: bool) -> None:
             "warm_pool": len(g.warm_pool()),
             "partition": g.partition,
             "nodes": g.hostlist,
+            "slurm_nodes": g.nodes,  # declared in slurm.conf, or dynamic (made by the daemon)
+            "max_nodes": g.limit,
             "failures_in_a_row": health[name].failures if name in health else 0,
             "protected": name in health and health[name].protected(now),
             "protected_until": health[name].protected_until if name in health else 0,
@@ -58,7 +61,8 @@ def list_groups(ctx: click.Context, as_json: bool) -> None:
             [
                 r["group"],
                 r["partition"],
-                r["nodes"],
+                r["nodes"]
+                + (f" (dynamic, {r['max_nodes']} made)" if r["slurm_nodes"] == "dynamic" else ""),
                 f"{r['warm_now']}/{r['warm_pool']}" if r["warm_pool"] else "-",
                 r["failures_in_a_row"],
                 ts(r["protected_until"]) if r["protected"] else "-",

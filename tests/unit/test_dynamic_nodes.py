@@ -282,3 +282,22 @@ def test_the_cli_asks_scontrol_create_and_delete_with_one_argv_element_each() ->
     with pytest.raises(ValueError):
         cli.delete_nodes(["n1,n2"])
     assert len(asked) == 3  # nothing hostile reached scontrol
+
+
+def test_group_list_says_which_groups_are_dynamic(tmp_path: Path) -> None:
+    import json
+
+    from tests.conftest import invoke
+
+    cfg = lab_config_in(tmp_path, DYN, [ROOM])
+    state = Path(cfg.daemon.state_dir)
+    state.mkdir(parents=True, exist_ok=True)
+    from slurm_burst.adapters.state.store import Store
+
+    Store(state / "state.db")  # as the daemon makes it
+    rows = {r["group"]: r for r in json.loads(
+        invoke(["--config", cfg.source, "group", "list", "--json"]).stdout)}  # fmt: skip
+    assert (rows["dyn"]["slurm_nodes"], rows["dyn"]["max_nodes"]) == ("dynamic", 3)
+    assert rows["cpu"]["slurm_nodes"] == "declared"
+    shown = invoke(["--config", cfg.source, "group", "list"]).stdout
+    assert "burst-dyn-[1-6] (dynamic, 3 made)" in shown
