@@ -29,7 +29,7 @@ def lab_rules(shipped: str) -> str:
 
 # slurmctld's own endpoints (slurm.metrics, 25.11+): one job each (a job has one path)
 SLURMCTLD_PATHS = ("jobs", "nodes", "partitions", "scheduler")
-SLURMCTLD_JOB = "slurmctld"  # the job label of its series: slurmctld, as a site names it
+SLURMCTLD_JOB = "slurmctld"  # its jobs are slurmctld-<path>, as a site names them
 
 
 def config_text(cfg: Config, rules: Path, slurmctld: str = "") -> str:
@@ -43,7 +43,7 @@ def config_text(cfg: Config, rules: Path, slurmctld: str = "") -> str:
             {
                 "job_name": f"{SLURMCTLD_JOB}-{path}",
                 "metrics_path": f"/metrics/{path}",
-                "static_configs": [{"targets": [slurmctld], "labels": {"source": SLURMCTLD_JOB}}],
+                "static_configs": [{"targets": [slurmctld]}],
             }
             for path in SLURMCTLD_PATHS
         ]

@@ -287,8 +287,7 @@ class Lab:
         except SchedulerError:
             return False
         onprem = set(c.onprem_names(self.lab))
-        burst = {n for g in self.cfg.node_groups.values()
-                 for n in (g.node_names()[: g.limit] if g.dynamic else g.node_names())}  # fmt: skip
+        burst = {n for g in self.cfg.node_groups.values() for n in g.slurm_names()}
         seen = {n.name: n for n in nodes}
         return all(
             n in seen and seen[n].state == "idle" and not seen[n].flags & {"NOT_RESPONDING"}

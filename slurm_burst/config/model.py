@@ -432,6 +432,11 @@ class NodeGroup:
         """Created in slurmctld at run time (``nodes = "dynamic"``), not in slurm.conf."""
         return self.nodes == "dynamic"
 
+    def slurm_names(self) -> list[str]:
+        """The nodes slurmctld holds once settled: a declared group's every node, a
+        dynamic group's first max_nodes (the daemon makes them)."""
+        return self.node_names()[: self.limit] if self.dynamic else self.node_names()
+
     @property
     def nodeset(self) -> str:
         """A dynamic group's NodeSet name and the feature its nodes carry (one word)."""

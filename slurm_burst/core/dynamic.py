@@ -61,11 +61,9 @@ def plan_dynamic(
     ``limit`` its max_nodes, ``states`` our records' states, ``slurm`` what slurmctld
     holds of them. ``create``: False while the group may not grow (protected). A node
     deleted under a live instance of ours is made again once that is torn down."""
-    wanted = names[:limit]
     # a name whose instance is still ours waits for its teardown (SlurmNodeGone) first
-    missing = tuple(n for n in wanted if n not in slurm
+    missing = tuple(n for n in names[:limit] if create and n not in slurm
                     and states.get(n, NodeState.TERMINATED) == NodeState.TERMINATED)  # fmt: skip
-    missing = missing if create else ()
     past = [n for n in names[limit:] if n in slurm]
     delete = tuple(n for n in past if deletable(slurm[n], states.get(n)))
     return DynamicPlan(missing, delete, tuple(n for n in past if n not in delete))

@@ -40,6 +40,7 @@ from slurm_burst.core.reconcile import (
     findings,
     plan,
 )
+from slurm_burst.core.records import GroupHealth
 from slurm_burst.core.slurm import SchedulerError, SlurmNode, node_activity
 from slurm_burst.core.usage import InstanceEvent
 from slurm_burst.ports import AccountingLedger, Clock, Cloud, Mesh, Metrics, NodeStore, Scheduler
@@ -278,16 +279,18 @@ class Reconciler:
             self.store.event(snap.now, "placement.deleted", "", f"{provider}/{name}")
             report.actions["delete_placement"] = report.actions.get("delete_placement", 0) + 1
 
-    def keep_caps(self, snap: Snapshot, report: PassReport) -> None:
+    def keep_caps(
+        self, snap: Snapshot, report: PassReport, groups: Mapping[str, GroupHealth]
+    ) -> None:
         """Each capped group's powered-down nodes past its room drained, and undrained as
-        room comes back (GroupControl.keep_cap); a protected group is drained whole."""
+        room comes back (GroupControl.keep_cap); a protected group is drained whole.
+        ``groups``: the groups' protected mode as this pass left it."""
         if snap.slurm_nodes is None:
             return  # Slurm unread: nothing is known of what it may power up
         # a dynamic group's cap is the nodes slurmctld holds (keep_dynamic)
         capped = [g for g in self.fleet.node_groups.values() if g.limit < g.count and not g.dynamic]
         if not capped:
             return
-        groups = self.store.groups()  # read again: this pass may have protected one
         states: dict[str, dict[str, NodeState]] = {g.name: {} for g in capped}
         for r in snap.records.values():  # the records by group, once for every group
             if r.group in states:
@@ -309,15 +312,17 @@ class Reconciler:
             if self.metrics is not None:
                 self.metrics.cap(g.name, cap.room)
 
-    def keep_dynamic(self, snap: Snapshot, report: PassReport) -> None:
+    def keep_dynamic(
+        self, snap: Snapshot, report: PassReport, groups: Mapping[str, GroupHealth]
+    ) -> None:
         """Each dynamic group's nodes within max_nodes made in slurmctld, those past it
         and those of a dynamic group no longer configured deleted once safe
-        (GroupControl.keep_dynamic, core.dynamic); a protected group makes none."""
+        (GroupControl.keep_dynamic, core.dynamic); a protected group (``groups``, as
+        this pass left them) makes none."""
         if snap.slurm_nodes is None:
             return  # Slurm unread: what it holds is not known
         states = {r.name: r.state for r in snap.records.values()}
         dynamic = [g for g in self.fleet.node_groups.values() if g.dynamic]
-        groups = self.store.groups() if dynamic else {}
         for g in dynamic:
             health = groups.get(g.name)
             grow = health is None or not health.protected(snap.now)
@@ -358,8 +363,12 @@ class Reconciler:
         snap = self.observe(report)
         p = plan(snap, self.policy)
         self.act(p, snap, report)
-        self.keep_caps(snap, report)
-        self.keep_dynamic(snap, report)
+        # protected mode read again (this pass may have protected a group), once for the
+        # cap's drain and the dynamic groups' nodes, when a group has either
+        kept = any(g.dynamic or g.limit < g.count for g in self.fleet.node_groups.values())
+        groups = self.store.groups() if kept else {}
+        self.keep_caps(snap, report, groups)
+        self.keep_dynamic(snap, report, groups)
         self.sweep_placements(snap, report)
         self.store.set_suspects(p.suspects)
         report.seconds = self.clock.monotonic() - t0

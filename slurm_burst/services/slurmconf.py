@@ -71,9 +71,7 @@ def dynamic_slurmd_args(g: NodeGroup) -> tuple[str, ...]:
     existing name is validated as any node's registration)."""
     if not g.dynamic:
         return ()
-    conf = " ".join(f"{key}={word(value, key)}" for key, value in node_settings(g)
-                    if key != "State")  # fmt: skip
-    return ("-Z", "--conf", conf)
+    return ("-Z", "--conf", line(*(pair for pair in node_settings(g) if pair[0] != "State")))
 
 
 def node_line(g: NodeGroup) -> str:

@@ -156,7 +156,7 @@ def test_dynamic_nodes_are_made_and_deleted_through_the_port(
     nodes made CLOUD and powered down in the group's partition (its NodeSet's feature),
     a name made twice refused, a declared node never deleted, the made ones deleted."""
     g = controller.cfg.node_groups["dyn"]
-    made = g.node_names()[: g.limit]
+    made = g.slurm_names()
     scheduler.create_nodes(made, node_settings(g))
     try:
         nodes = {n.name: n for n in scheduler.nodes()}

@@ -306,8 +306,7 @@ def test_idle_nodes_are_suspended_and_everything_released(
     lab: Lab, lab_config: Config, env: dict[str, str], store: Store, cloud: Any, launched: None
 ) -> None:
     # a dynamic group: the nodes the daemon made (test_x_dynamic)
-    burst = [n for g in lab_config.node_groups.values()
-             for n in (g.node_names()[: g.limit] if g.dynamic else g.node_names())]  # fmt: skip
+    burst = [n for g in lab_config.node_groups.values() for n in g.slurm_names()]
     # a capped group's nodes past its room stay drained by the cap (test_x_cap)
     capped = {n for g in lab_config.node_groups.values() if g.limit < g.count
               for n in g.node_names()}  # fmt: skip
