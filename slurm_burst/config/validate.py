@@ -347,14 +347,17 @@ DYNAMIC_SINCE = (23, 11)
 
 def dynamic_refusal(cfg: Config, release: str) -> str | None:
     """Why Slurm ``release`` cannot run the config's dynamic node groups; None if it can
-    (or there are none). Said by config check, conf render and the daemon's start."""
-    dynamic = [g.name for g in cfg.node_groups.values() if g.dynamic]
-    if not dynamic or release not in SUPPORTED_RELEASES:
-        return None
-    if release_key(release) >= DYNAMIC_SINCE:
+    (or there are none). Said by conf render and the daemon's start."""
+    first = next((g for g in cfg.node_groups.values() if g.dynamic), None)
+    return None if first is None else _dynamic_refused(first.name, release)
+
+
+def _dynamic_refused(group: str, release: str) -> str | None:
+    """Why Slurm ``release`` cannot run dynamic node group ``group``; None if it can."""
+    if release not in SUPPORTED_RELEASES or release_key(release) >= DYNAMIC_SINCE:
         return None
     return (
-        f"node group {dynamic[0]} is dynamic: before 23.11 Slurm ({release} here) has "
+        f"node group {group} is dynamic: before 23.11 Slurm ({release} here) has "
         "dynamic nodes only with TreeWidth=65533 for the whole cluster (no fan-out to "
         "any node, on-prem ones too); slurm-burst supports and tests them from Slurm "
         "23.11: use nodes = 'declared'"
@@ -409,7 +412,7 @@ def _dynamic_group(cfg: Config, g: NodeGroup, base: str, out: list[Problem]) -> 
         return
     if not g.dynamic:
         return
-    refused = dynamic_refusal(cfg, cfg.slurm.release)
+    refused = _dynamic_refused(g.name, cfg.slurm.release)
     if refused:
         out.append(Problem(f"{base}.nodes", refused))
     if g.warm:

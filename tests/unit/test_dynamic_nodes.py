@@ -251,6 +251,22 @@ def test_config_check_says_what_a_dynamic_group_needs(
     assert any(p.path == key and words in p.message for p in problems), problems
 
 
+def test_each_dynamic_group_refused_on_an_old_release_is_named_in_its_own_problem(
+    tmp_path: Path,
+) -> None:
+    other = DYN.split("[partitions.")[0].replace("[node_groups.dyn]", "[node_groups.dyb]")
+    text = LAB_CONFIG.read_text().replace("/var/lib/slurm-burst-lab", f"{tmp_path}/lab")
+    text = text.replace("[slurm]\n", '[slurm]\nmax_node_count = 200\nrelease = "22.05"\n', 1)
+    path = tmp_path / "case.toml"
+    path.write_text(text + DYN + other.replace("burst-dyn-{n}", "burst-dyb-{n}"))
+    path.chmod(0o640)
+    _cfg, problems = check_config(path)
+    said = {p.path: p.message for p in problems if p.path.endswith(".nodes")}
+    assert said.keys() == {"node_groups.dyn.nodes", "node_groups.dyb.nodes"}, said
+    for group in ("dyn", "dyb"):
+        assert said[f"node_groups.{group}.nodes"].startswith(f"node group {group} is dynamic")
+
+
 def test_the_cli_asks_scontrol_create_and_delete_with_one_argv_element_each() -> None:
     from slurm_burst.adapters.proc import Result
     from slurm_burst.adapters.slurm.cli import SlurmCli
