@@ -110,6 +110,7 @@ class Snapshot:
     now: float
     records: Mapping[str, Tracked]
     slurm_nodes: Mapping[str, SlurmNode] | None = None  # burst nodes only
+    slurm_all: Sequence[SlurmNode] = ()  # every node Slurm holds (a removed group's too)
     instances: Mapping[str, Sequence[Instance]] | None = None  # by provider; absent = unread
     peers: Sequence[Peer] | None = None
     addresses: Mapping[str, str] | None = None  # node -> mesh address

@@ -41,7 +41,7 @@ from slurm_burst.core.reconcile import (
     plan,
 )
 from slurm_burst.core.records import GroupHealth
-from slurm_burst.core.slurm import SchedulerError, SlurmNode, node_activity
+from slurm_burst.core.slurm import SchedulerError, node_activity
 from slurm_burst.core.usage import InstanceEvent
 from slurm_burst.ports import AccountingLedger, Clock, Cloud, Mesh, Metrics, NodeStore, Scheduler
 from slurm_burst.services.fleetview import FleetView
@@ -118,7 +118,6 @@ class Reconciler:
         self.metrics = ports.metrics
         self.groups = groups  # protected mode
         self.lifecycle = lifecycle  # the one writer of node records
-        self._all_nodes: list[SlurmNode] = []  # this pass's Slurm nodes, ours or not (strays)
 
     # -- observe ----------------------------------------------------------------
     def observe(self, report: PassReport) -> Snapshot:
@@ -134,7 +133,6 @@ class Reconciler:
 
         fleet = self.fleet
         nodes = read("slurm_nodes", self.scheduler.nodes)
-        self._all_nodes = list(nodes or ())
         ours = [n for n in nodes or () if fleet.group_of(n.name)]
         slurm_nodes = None if nodes is None else {n.name: n for n in ours}
         for (side, activity), n in node_activity(nodes or (), fleet.group_of).items():
@@ -169,6 +167,7 @@ class Reconciler:
             now=self.clock.now(),
             records={r.name: r for r in records},
             slurm_nodes=slurm_nodes,
+            slurm_all=nodes or (),
             instances=instances,
             peers=peers,
             addresses=addresses,
@@ -338,7 +337,7 @@ class Reconciler:
                         snap.now, f"dynamic.{kind}", "", f"{g.name}: {compress(list(names))}"
                     )
         try:
-            gone = self.groups.delete_strays(self._all_nodes, states)
+            gone = self.groups.delete_strays(snap.slurm_all, states)
         except BurstError as exc:
             self._dynamic_failed("dynamic.strays", exc, snap, report)
             return
